@@ -1,0 +1,87 @@
+"""The ``lora-otel`` command. One function per subcommand; its docstring is the help."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a command with lora_otel active in it (and in every Python process it starts).
+
+    Everything after ``--`` is the command, passed through untouched, e.g.
+    ``lora-otel run -- python train.py --log run.log``. The journal goes where the program's
+    ``--log`` points, else to ``--dir`` / ``$LORA_OTEL_DIR``, else ``./lora-otel/``.
+    """
+    from lora_otel.export.supervisor import run_command
+
+    return run_command(args)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Print a journal's span tree, open spans marked, with where the process is or was stuck.
+
+    The first line says where the process is or was stuck, e.g.
+    ``stuck in import bitsandbytes for 312 s (process gone)``. ``--json`` prints the schema
+    documented in docs/journal.md.
+    """
+    from lora_otel.export.inspect import run_inspect
+
+    return run_inspect(args)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Send a journal's spans to the OTLP endpoint set by the standard OTEL_EXPORTER_OTLP_* variables.
+
+    http/protobuf by default; gRPC when OTEL_EXPORTER_OTLP_PROTOCOL=grpc. Spans still open in the
+    journal go out once as incomplete (status ERROR, lora_otel.incomplete=true), ending at the
+    journal's last evidence.
+    """
+    from lora_otel.export.replay import run_replay
+
+    return run_replay(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lora-otel",
+        description="Make silent hangs of training jobs visible: trace a process from its first "
+        "instruction into a local journal, and export it as OpenTelemetry traces.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def add(name: str, func, **kw) -> argparse.ArgumentParser:
+        doc = (func.__doc__ or "").strip()
+        p = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("run", cmd_run)
+    p.add_argument("--dir", help="directory for journals (default: beside --log, else ./lora-otel/)")
+    p.add_argument("--journal", help="exact journal path for the top process")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    p = add("inspect", cmd_inspect)
+    p.add_argument("journal", help="a journal file (*.otel.jsonl)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = add("replay", cmd_replay)
+    p.add_argument("journal", help="a journal file (*.otel.jsonl)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("lora-otel: interrupted", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
