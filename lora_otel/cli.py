@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("run", cmd_run)
     p.add_argument("--dir", help="directory for journals (default: beside --log, else ./lora-otel/)")
     p.add_argument("--journal", help="exact journal path for the top process")
+    p.add_argument("--tree", action="store_true", help="print the span tree when the command ends")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     p = add("inspect", cmd_inspect)

@@ -1,0 +1,316 @@
+"""The in-process runtime: journal writer, human lines, and span records.
+
+Everything here runs inside the training process, so it imports only what the interpreter has
+already loaded (``os``, ``sys``, ``time``, ``_thread``) and never raises into the program: every
+failure becomes one English line on stderr (see :func:`fail_open`). A fact is written with one
+``os.write`` on an ``O_APPEND`` descriptor *before* the work it describes starts, so a freeze or a
+SIGKILL cannot take it back.
+
+Not a general tracing API: spans live in a flat table keyed by span id, with one stack of open
+spans per thread to pick parents. That is all a journal needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from _thread import get_ident
+
+from lora_otel._boot.jsonl import dumps_line
+
+FORMAT_VERSION = 1
+
+# --- state (module globals: this is a per-process singleton) -------------------------------
+active = False
+pid = 0
+trace_id = ""
+root_id = ""
+sampled = True
+journal_path = ""
+log_path: str | None = None
+import_threshold_ms = 5.0
+
+_journal_fd = -1
+_log_fd = -1
+_journal_failed = False
+_log_failed = False
+_stdout_failed = False
+
+# span_id -> (name, parent_id, thread id); only open spans
+open_spans: dict = {}
+# thread id -> list of open span ids (innermost last)
+_stacks: dict = {}
+
+steps = 0
+last_step_ns: int | None = None
+metrics: dict = {}
+
+
+def _under_pytest() -> bool:
+    return "PYTEST_CURRENT_TEST" in os.environ
+
+
+class fail_open:
+    """Context manager for code that runs inside the user's program.
+
+    Swallows any exception and reports it as one line on stderr, naming ``where``; under pytest
+    (``PYTEST_CURRENT_TEST`` set) it re-raises so that bugs fail tests instead of hiding.
+    """
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, ev, tb) -> bool:
+        if et is None:
+            return False
+        if _under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
+            return False
+        try:
+            error_line("internal error in %s: %s: %s (instrumentation continues without it)"
+                       % (self.where, et.__name__, ev))
+        except Exception:  # noqa: BLE001 - reporting must not raise either
+            pass
+        return True
+
+
+# --- ids and time ----------------------------------------------------------------------------
+
+def new_span_id() -> str:
+    while True:
+        s = os.urandom(8).hex()
+        if s != "0000000000000000":
+            return s
+
+
+def new_trace_id() -> str:
+    while True:
+        s = os.urandom(16).hex()
+        if s != "0" * 32:
+            return s
+
+
+def iso_ms(ns: int) -> str:
+    """``2026-11-30T22:13:48.123Z`` for a Unix time in nanoseconds."""
+    s, rem = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + ".%03dZ" % (rem // 1_000_000)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def _stderr(text: str) -> None:
+    try:
+        os.write(2, text.encode("utf-8", "backslashreplace"))
+    except Exception:  # noqa: BLE001 - nowhere left to report
+        pass
+
+
+def open_journal(path: str) -> str:
+    """Open (create) the journal at ``path``; on failure fall back to a temp dir, saying so.
+
+    Returns the path actually opened, or "" when no journal could be opened at all.
+    """
+    global _journal_fd, journal_path
+    tried = []
+    candidates = [path]
+    fallback_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid()
+                                if hasattr(os, "getuid") else "lora-otel")
+    candidates.append(os.path.join(fallback_dir, os.path.basename(path)))
+    for cand in candidates:
+        try:
+            d = os.path.dirname(cand)
+            if d and not os.path.isdir(d):
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            fd = os.open(cand, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as e:
+            tried.append("%s (%s)" % (cand, e.strerror or e))
+            continue
+        _journal_fd = fd
+        journal_path = cand
+        if tried:
+            error_line("cannot write journal at %s; using %s instead" % (tried[0], cand))
+        return cand
+    error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk"
+               % "; ".join(tried))
+    journal_path = ""
+    return ""
+
+
+def write(rec: dict) -> None:
+    """Append one record to the journal with a single ``os.write``. Never raises."""
+    global _journal_failed
+    if _journal_fd < 0:
+        return
+    try:
+        data = dumps_line(rec)
+        n = os.write(_journal_fd, data)
+        if n != len(data):  # short write: the disk filled mid-record; end the broken line
+            os.write(_journal_fd, b"\n")
+            raise OSError(28, "short write (disk full?)")
+        if _journal_failed:
+            _journal_failed = False
+    except Exception as e:  # noqa: BLE001 - the program must go on
+        if not _journal_failed:
+            _journal_failed = True
+            _stderr(_format_line("journal write failed (%s): %s; the program goes on"
+                                 % (getattr(e, "strerror", None) or e, journal_path)))
+
+
+def _format_line(msg: str) -> str:
+    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(time.time_ns()), msg)
+
+
+def open_log(path: str) -> None:
+    """Also append human lines to ``path`` (the program's ``--log`` file)."""
+    global _log_fd, _log_failed
+    try:
+        d = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(d):
+            os.makedirs(d, exist_ok=True)
+        _log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        _log_failed = True
+        _stderr(_format_line("cannot append to log file %s (%s); lines go to the terminal only"
+                             % (path, e.strerror or e)))
+
+
+def _emit(msg: str, level: str) -> None:
+    global _stdout_failed, _log_failed
+    text = _format_line(msg)
+    stream = sys.stdout if level == "info" else sys.stderr
+    ok = False
+    if not (_stdout_failed and level == "info"):
+        try:
+            if stream is not None:
+                stream.write(text)
+                stream.flush()
+                ok = True
+        except Exception:  # noqa: BLE001 - closed pipe, None stdout, bad encoding...
+            pass
+        if not ok:
+            try:
+                os.write(1 if level == "info" else 2, text.encode("utf-8", "backslashreplace"))
+                ok = True
+            except Exception:  # noqa: BLE001
+                pass
+        if not ok and level == "info":
+            _stdout_failed = True
+            _stderr(_format_line("cannot write to stdout; lines go to stderr from now on"))
+    if not ok:
+        _stderr(text)
+    if _log_fd >= 0:
+        try:
+            os.write(_log_fd, text.encode("utf-8", "backslashreplace"))
+        except Exception as e:  # noqa: BLE001
+            if not _log_failed:
+                _log_failed = True
+                _stderr(_format_line("cannot append to log file %s (%s)" % (log_path, getattr(e, "strerror", e))))
+
+
+def info_line(msg: str) -> None:
+    """Print an English line to stdout (flushed) and the ``--log`` file, and journal it."""
+    _emit(msg, "info")
+    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
+
+
+def error_line(msg: str) -> None:
+    """Print an English line to stderr and the ``--log`` file, and journal it."""
+    _emit(msg, "error")
+    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
+
+
+# --- spans -------------------------------------------------------------------------------------
+
+def current_span_id() -> str:
+    """The innermost open span of the calling thread, else the root span."""
+    stack = _stacks.get(get_ident())
+    return stack[-1] if stack else root_id
+
+
+def span_start(name: str, attrs: dict | None = None, parent_id: str | None = None,
+               ts: int | None = None, push: bool = True) -> str:
+    """Write a span's start record and return its id. The record is on disk when this returns."""
+    sid = new_span_id()
+    tid = get_ident()
+    parent = parent_id or current_span_id()
+    write({"v": FORMAT_VERSION, "k": "start", "ts": ts or time.time_ns(), "trace_id": trace_id,
+           "span_id": sid, "parent_id": parent, "name": name, "attrs": attrs or {}})
+    open_spans[sid] = (name, parent, tid)
+    if push:
+        _stacks.setdefault(tid, []).append(sid)
+    return sid
+
+
+def span_end(sid: str, status: str = "ok", message: str | None = None,
+             attrs: dict | None = None, ts: int | None = None) -> None:
+    """Write a span's end record (once; a second end for the same span is ignored)."""
+    info = open_spans.pop(sid, None)
+    if info is None:
+        return
+    stack = _stacks.get(info[2])
+    if stack and sid in stack:
+        stack.remove(sid)
+    rec = {"v": FORMAT_VERSION, "k": "end", "ts": ts or time.time_ns(), "span_id": sid, "status": status}
+    if message:
+        rec["message"] = message
+    if attrs:
+        rec["attrs"] = attrs
+    write(rec)
+
+
+def span_event(sid: str, name: str, attrs: dict | None = None) -> None:
+    write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name,
+           "attrs": attrs or {}})
+
+
+def span_attrs(sid: str, attrs: dict) -> None:
+    write({"v": FORMAT_VERSION, "k": "attrs", "ts": time.time_ns(), "span_id": sid, "attrs": attrs})
+
+
+def find_open(name: str) -> str | None:
+    """The id of an open span called ``name`` (the most recent), or None."""
+    found = None
+    for sid, info in list(open_spans.items()):
+        if info[0] == name:
+            found = sid
+    return found
+
+
+def training_attrs() -> dict:
+    """The step counters, as attributes for the end of a ``training`` span."""
+    attrs: dict = {"lora_otel.training.steps": steps}
+    if last_step_ns is not None:
+        attrs["lora_otel.training.last_step"] = iso_ms(last_step_ns)
+    for k, v in metrics.items():
+        attrs["lora_otel.metric." + k] = v
+    return attrs
+
+
+def beat() -> None:
+    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps,
+           "last_step_ts": last_step_ns}
+    if metrics:
+        rec["metrics"] = dict(metrics)
+    write(rec)
+
+
+def reset_for_child(new_pid: int) -> None:
+    """After ``fork``: forget the parent's open spans, descriptors stay until reopened."""
+    global pid, _journal_fd, steps, last_step_ns, _stacks
+    pid = new_pid
+    try:
+        if _journal_fd >= 0:
+            os.close(_journal_fd)
+    except OSError:
+        pass
+    _journal_fd = -1
+    open_spans.clear()
+    _stacks = {}
+    steps = 0
+    last_step_ns = None
+    metrics.clear()

@@ -1,0 +1,331 @@
+"""Hooks that turn what the program does into spans, with no change to its code.
+
+- **imports**: ``builtins.__import__`` is wrapped; each *top-level* import statement the program
+  makes of a module not yet loaded becomes a span ``import <module>`` (nested imports run inside
+  it untraced). ``importlib.import_module`` does not go through ``__import__`` and is not traced.
+- **argparse**: ``ArgumentParser.parse_known_args`` (which ``parse_args`` calls) is wrapped as
+  soon as the program imports argparse; the first outermost return ends the ``arguments`` span.
+- **torch**: as soon as torch is loaded, a global optimizer step hook (``torch.optim``'s
+  ``register_optimizer_step_pre_hook``/``post_hook``) counts steps and opens ``training`` at the
+  first one; ``torch.cuda._lazy_init`` is wrapped into the ``cuda init`` span and the first
+  ``torch.cuda.is_available()`` into a ``cuda probe`` span.
+
+Every wrapper runs its own bookkeeping inside :class:`~lora_otel._boot.core.fail_open` and calls
+the original exactly once, whatever happens to the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+import time
+from _thread import get_ident
+
+from lora_otel._boot import core
+
+_orig_import = builtins.__import__
+_importing: dict = {}  # thread id -> True while a traced import runs in that thread
+_argparse_done = False
+_torch_done = False
+_modules = sys.modules
+# Imports made by the standard library itself (argparse's lazy ``import shutil``, site's
+# ``import sitecustomize``) and by lora_otel are not the program's: they are not traced.
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _after_import() -> None:
+    """Install the hooks for modules that have just become available (cheap when none have)."""
+    if not _argparse_done and "argparse" in _modules:
+        with core.fail_open("argparse hook"):
+            install_argparse_hook()
+    if not _torch_done and "torch" in _modules:
+        torch = _modules["torch"]
+        if getattr(torch, "optim", None) is not None and getattr(torch, "cuda", None) is not None:
+            with core.fail_open("torch hooks"):
+                install_torch_hooks(torch)
+
+
+def _module_facts(name: str) -> dict:
+    attrs: dict = {}
+    mod = _modules.get(name)
+    top = name.partition(".")[0]
+    version = getattr(_modules.get(top), "__version__", None)
+    if not isinstance(version, str):
+        from lora_otel._boot import envfacts
+        version = envfacts.package_version(top)
+    if version:
+        attrs["lora_otel.package.version"] = str(version)
+    f = getattr(mod, "__file__", None)
+    if isinstance(f, str):
+        attrs["code.filepath"] = f
+    return attrs
+
+
+def _program_import(globals) -> bool:
+    """Whether an import statement with these module globals is the program's own."""
+    if not globals:
+        return True
+    modname = globals.get("__name__") or ""
+    if modname.startswith("lora_otel"):
+        return False
+    f = globals.get("__file__")
+    if isinstance(f, str) and f.startswith(_STDLIB_DIR) and "-packages" not in f:
+        return False
+    return True
+
+
+def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
+    """``builtins.__import__`` replacement: a span around each top-level import of a new module."""
+    if level or name in _modules or not core.active:
+        return _orig_import(name, globals, locals, fromlist, level)
+    tid = get_ident()
+    if tid in _importing or not _program_import(globals):
+        return _orig_import(name, globals, locals, fromlist, level)
+    _importing[tid] = True
+    sid = None
+    try:
+        with core.fail_open("import hook"):
+            sid = core.span_start("import " + name, {"lora_otel.module": name})
+        try:
+            mod = _orig_import(name, globals, locals, fromlist, level)
+        except BaseException as e:
+            if sid is not None:
+                with core.fail_open("import hook"):
+                    core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e))
+            raise
+        if sid is not None:
+            with core.fail_open("import hook"):
+                core.span_end(sid, "ok", attrs=_module_facts(name))
+    finally:
+        _importing.pop(tid, None)
+    _after_import()
+    return mod
+
+
+def install_import_hook() -> None:
+    if builtins.__import__ is not traced_import:
+        builtins.__import__ = traced_import
+    _after_import()
+
+
+# --- argparse ------------------------------------------------------------------------------
+
+_parse_depth: dict = {}
+
+
+def install_argparse_hook() -> None:
+    global _argparse_done
+    _argparse_done = True
+    import argparse
+
+    cls = argparse.ArgumentParser
+    # parse_args calls parse_known_args and may then exit on leftovers; wrap both, and let only
+    # the outermost call of a thread decide.
+    for attr in ("parse_args", "parse_known_args", "parse_intermixed_args", "parse_known_intermixed_args"):
+        orig = getattr(cls, attr, None)
+        if orig is not None and not getattr(orig, "_lora_otel", False):
+            setattr(cls, attr, _wrap_parser_method(orig))
+
+
+def _wrap_parser_method(orig):
+    def method(self, *args, **kwargs):
+        tid = get_ident()
+        if _parse_depth.get(tid):
+            return orig(self, *args, **kwargs)
+        _parse_depth[tid] = 1
+        try:
+            result = orig(self, *args, **kwargs)
+        except SystemExit as e:
+            code = e.code
+            with core.fail_open("argparse hook"):
+                failed = code not in (0, None)
+                arguments_done("argparse", "error" if failed else "ok",
+                               "argparse exited with status %s" % code if failed else None)
+            raise
+        finally:
+            _parse_depth.pop(tid, None)
+        with core.fail_open("argparse hook"):
+            arguments_done("argparse")
+        return result
+
+    method._lora_otel = True  # type: ignore[attr-defined]
+    method.__wrapped__ = orig  # type: ignore[attr-defined]
+    method.__name__ = orig.__name__
+    method.__doc__ = orig.__doc__
+    return method
+
+
+def arguments_done(how: str, status: str = "ok", message: str | None = None) -> None:
+    """End the ``arguments`` span (first call only)."""
+    sid = core.find_open("arguments")
+    if sid is not None:
+        core.span_end(sid, status, message, {"lora_otel.arguments.parser": how})
+
+
+# --- torch -----------------------------------------------------------------------------------
+
+_training_id: str | None = None
+
+
+def on_step_pre(*_args) -> None:
+    global _training_id
+    if _training_id is None or _training_id not in core.open_spans:
+        with core.fail_open("optimizer step hook"):
+            if core.find_open("training") is None:
+                arguments_done("none seen before training")
+                _training_id = core.span_start("training", {"lora_otel.training.started_by": "optimizer step"},
+                                               parent_id=core.root_id, push=False)
+                core.info_line("training started (first optimizer step)")
+
+
+def on_step_post(*_args) -> None:
+    core.steps += 1
+    core.last_step_ns = time.time_ns()
+
+
+def install_torch_hooks(torch) -> None:
+    global _torch_done
+    _torch_done = True
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    except ImportError:
+        core.error_line("this torch (%s) has no global optimizer step hooks; use lora_otel.progress()"
+                        % getattr(torch, "__version__", "?"))
+    else:
+        register_optimizer_step_pre_hook(on_step_pre)
+        register_optimizer_step_post_hook(on_step_post)
+    _install_cuda_hooks(torch)
+
+
+def _cuda_absent_reason(torch) -> str:
+    from lora_otel._boot import envfacts
+
+    if getattr(torch.version, "cuda", None) is None:
+        if getattr(torch.version, "hip", None):
+            return "ROCm build of torch (%s); no NVIDIA CUDA" % torch.__version__
+        return "CPU build of torch (%s)" % torch.__version__
+    if not envfacts.driver_facts().get("lora_otel.nvidia.driver_version") and not os.path.exists("/dev/nvidiactl"):
+        return "no NVIDIA driver (/proc/driver/nvidia/version missing)"
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1", "none", "NoDevFiles"):
+        return "no visible device (CUDA_VISIBLE_DEVICES=%r)" % cvd
+    return "no visible device"
+
+
+def _cuda_facts(torch) -> dict:
+    from lora_otel._boot import envfacts, gpu
+
+    attrs: dict = {
+        "lora_otel.torch.version": str(torch.__version__),
+        "lora_otel.cuda.version": str(torch.version.cuda),
+    }
+    with core.fail_open("cuda facts"):
+        v = torch.backends.cudnn.version()
+        if v:
+            attrs["lora_otel.cudnn.version"] = str(v)
+    drv = envfacts.driver_facts().get("lora_otel.nvidia.driver_version")
+    if drv:
+        attrs["lora_otel.nvidia.driver_version"] = drv
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    attrs["lora_otel.cuda.visible_devices"] = cvd if cvd is not None else "(unset)"
+    n = torch.cuda.device_count()
+    attrs["lora_otel.cuda.device_count"] = n
+    names, caps, totals, frees = [], [], [], []
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        names.append(str(p.name))
+        caps.append("%d.%d" % (p.major, p.minor))
+        totals.append(int(p.total_memory))
+        uuid = getattr(p, "uuid", None)
+        free = gpu.free_memory(str(uuid) if uuid is not None else None, i)
+        frees.append(-1 if free is None else int(free))
+    attrs["lora_otel.cuda.device_names"] = names
+    attrs["lora_otel.cuda.capabilities"] = caps
+    attrs["lora_otel.cuda.total_memory_bytes"] = totals
+    attrs["lora_otel.cuda.free_memory_bytes"] = frees
+    return attrs
+
+
+def _install_cuda_hooks(torch) -> None:
+    tc = torch.cuda
+    orig_init = getattr(tc, "_lazy_init", None)
+    if orig_init is not None and not getattr(orig_init, "_lora_otel", False):
+        state = {"done": False}
+
+        def _lazy_init():
+            if state["done"]:
+                return orig_init()
+            try:
+                initialized = tc.is_initialized()
+            except Exception:  # noqa: BLE001
+                initialized = False
+            if initialized:
+                state["done"] = True
+                return orig_init()
+            sid = None
+            with core.fail_open("cuda init hook"):
+                sid = core.span_start("cuda init", {
+                    "lora_otel.cuda.visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")})
+                core.info_line("cuda init: starting")
+            try:
+                result = orig_init()
+            except BaseException as e:
+                state["done"] = True
+                if sid is not None:
+                    with core.fail_open("cuda init hook"):
+                        reason = _cuda_absent_reason(torch)
+                        core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e),
+                                      {"lora_otel.cuda.available": False, "lora_otel.cuda.absent_reason": reason,
+                                       "lora_otel.torch.version": str(torch.__version__)})
+                        core.error_line("cuda init failed: %s: %s (%s)" % (type(e).__name__, e, reason))
+                raise
+            state["done"] = True
+            if sid is not None:
+                with core.fail_open("cuda init hook"):
+                    facts = _cuda_facts(torch)
+                    facts["lora_otel.cuda.available"] = True
+                    core.span_end(sid, "ok", attrs=facts)
+                    core.info_line("cuda init: done, %d device(s): %s" % (
+                        facts["lora_otel.cuda.device_count"], ", ".join(facts["lora_otel.cuda.device_names"])))
+            return result
+
+        _lazy_init._lora_otel = True  # type: ignore[attr-defined]
+        _lazy_init.__wrapped__ = orig_init  # type: ignore[attr-defined]
+        # Modules that did ``from torch.cuda import _lazy_init`` hold their own reference.
+        for modname, mod in list(_modules.items()):
+            if (modname == "torch.cuda" or modname.startswith("torch.cuda.")) and \
+                    getattr(mod, "_lazy_init", None) is orig_init:
+                setattr(mod, "_lazy_init", _lazy_init)
+
+    orig_avail = getattr(tc, "is_available", None)
+    if orig_avail is not None and not getattr(orig_avail, "_lora_otel", False):
+        probed = {"done": False}
+
+        def is_available():
+            if probed["done"]:
+                return orig_avail()
+            probed["done"] = True
+            sid = None
+            with core.fail_open("cuda probe hook"):
+                sid = core.span_start("cuda probe", {})
+            try:
+                result = orig_avail()
+            except BaseException as e:
+                if sid is not None:
+                    with core.fail_open("cuda probe hook"):
+                        core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e))
+                raise
+            if sid is not None:
+                with core.fail_open("cuda probe hook"):
+                    attrs = {"lora_otel.cuda.available": bool(result),
+                             "lora_otel.torch.version": str(torch.__version__)}
+                    if not result:
+                        attrs["lora_otel.cuda.absent_reason"] = _cuda_absent_reason(torch)
+                        core.info_line("CUDA not available: %s" % attrs["lora_otel.cuda.absent_reason"])
+                    core.span_end(sid, "ok", attrs=attrs)
+            return result
+
+        is_available._lora_otel = True  # type: ignore[attr-defined]
+        is_available.__wrapped__ = orig_avail  # type: ignore[attr-defined]
+        tc.is_available = is_available

@@ -1,0 +1,50 @@
+"""Where a process's journal and human log go. Shared by the preamble and ``lora-otel run``."""
+
+from __future__ import annotations
+
+import os
+import time
+
+JOURNAL_SUFFIX = ".otel.jsonl"
+
+
+def log_path_from_argv(argv: list) -> str | None:
+    """The value of ``--log PATH`` or ``--log=PATH`` in a program's argv, or None."""
+    n = len(argv)
+    for i in range(1, n):
+        a = argv[i]
+        if a == "--":
+            break
+        if a == "--log" and i + 1 < n:
+            return argv[i + 1] or None
+        if a.startswith("--log="):
+            return a[6:] or None
+    return None
+
+
+def journal_name(pid: int, now_s: float) -> str:
+    """``<UTC time>-<pid>.otel.jsonl``, e.g. ``20261130T221348Z-4242.otel.jsonl``."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s)) + "-%d%s" % (pid, JOURNAL_SUFFIX)
+
+
+def choose_journal_path(argv: list, environ, pid: int, now_s: float, cwd: str | None = None) -> str:
+    """The journal path for a process, first match wins (see docs/journal.md).
+
+    1. ``LORA_OTEL_JOURNAL``; 2. ``--log PATH`` in argv → ``PATH.otel.jsonl``;
+    3. ``LORA_OTEL_DIR``/<name>; 4. ``./lora-otel/``/<name>.
+    """
+    exact = environ.get("LORA_OTEL_JOURNAL")
+    if exact:
+        return os.path.abspath(exact)
+    log = log_path_from_argv(argv)
+    if log:
+        return os.path.abspath(log) + JOURNAL_SUFFIX
+    base = environ.get("LORA_OTEL_DIR") or os.path.join(cwd or os.getcwd(), "lora-otel")
+    return os.path.join(os.path.abspath(base), journal_name(pid, now_s))
+
+
+def child_journal_path(parent_path: str, pid: int) -> str:
+    """A forked child's journal: the parent's with ``.<pid>`` before the suffix."""
+    if parent_path.endswith(JOURNAL_SUFFIX):
+        return parent_path[: -len(JOURNAL_SUFFIX)] + ".%d%s" % (pid, JOURNAL_SUFFIX)
+    return parent_path + ".%d" % pid

@@ -1,0 +1,310 @@
+"""The preamble: what runs first in a traced process, however lora_otel was activated.
+
+Order matters and is the point of this module:
+
+1. the journal is opened and the root span ``process`` is written (its start is the
+   interpreter's real start, read from ``/proc/self/stat``), then one line goes to stdout —
+   the first evidence, before anything else is imported;
+2. the import hook goes in, so the program's first import is already traced;
+3. ``arguments`` opens; argv (redacted), the environment self-check and the process attributes
+   are added to ``process``; children get ``TRACEPARENT``;
+4. exit, exception, fork and beat machinery.
+
+Imports only what the interpreter has already loaded, plus ``_thread`` and ``atexit``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from lora_otel._boot import core, paths
+
+_started_ns = 0
+_exit_code: object = None
+_exception: str | None = None
+_fork_parent_span: str | None = None
+_beat_interval = 1.0
+
+
+def parse_traceparent(value: str | None) -> tuple:
+    """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent``, or ``(None, None, True)``."""
+    if not value:
+        return None, None, True
+    parts = value.strip().split("-")
+    hexdigits = "0123456789abcdef"
+    if (len(parts) >= 4 and len(parts[0]) == 2 and parts[0] != "ff" and len(parts[1]) == 32
+            and len(parts[2]) == 16 and len(parts[3]) == 2
+            and all(c in hexdigits for c in parts[1] + parts[2] + parts[3] + parts[0])
+            and parts[1] != "0" * 32 and parts[2] != "0" * 16):
+        return parts[1], parts[2], bool(int(parts[3], 16) & 1)
+    return None, None, True
+
+
+def _process_start(now_ns: int) -> tuple:
+    """``(start_ns, start_ticks)``: when this process really started (Linux), else now."""
+    try:
+        fd = os.open("/proc/self/stat", os.O_RDONLY)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        ticks = int(data[data.rindex(b")") + 2:].split()[19])
+        hz = os.sysconf("SC_CLK_TCK")
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        start = now_ns - int((since_boot - ticks / hz) * 1e9)
+        return min(start, now_ns), ticks
+    except Exception:  # noqa: BLE001 - not Linux, or /proc not mounted
+        return now_ns, None
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+        if v < 0 or v != v:
+            raise ValueError
+        return v
+    except ValueError:
+        core.error_line("%s=%r is not a non-negative number; using %s" % (name, raw, default))
+        return default
+
+
+def _service_name(argv: list) -> str:
+    name = os.environ.get("OTEL_SERVICE_NAME")
+    if name:
+        return name
+    script = argv[0] if argv else ""
+    if script in ("", "-c", "-m", "-"):
+        return "python"
+    base = os.path.basename(script)
+    return base[:-3] if base.endswith(".py") else base
+
+
+def start(how: str) -> None:
+    """Run the preamble once in this process; ``how`` names the activation (pth, run, -m, import)."""
+    if core.active or os.environ.get("LORA_OTEL_SIDECAR") or \
+            os.path.basename(sys.argv[0] if sys.argv else "") == "lora-otel":
+        return  # lora_otel's own processes are not traced
+    try:
+        _start(how)
+    except Exception as e:  # noqa: BLE001 - never break interpreter start
+        if core._under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
+            raise
+        core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
+
+
+def _start(how: str) -> None:
+    global _started_ns, _beat_interval
+    t0 = time.perf_counter_ns()
+    now = time.time_ns()
+    _started_ns = now
+    core.active = True
+    core.pid = os.getpid()
+    argv = list(sys.argv)
+    env = os.environ
+
+    # 1. First evidence: the root span on disk, then one line on stdout.
+    trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
+    core.trace_id = trace_id or core.new_trace_id()
+    core.sampled = sampled
+    core.root_id = core.new_span_id()
+    core.log_path = paths.log_path_from_argv(argv)
+    if core.log_path:
+        core.open_log(core.log_path)
+    core.open_journal(paths.choose_journal_path(argv, env, core.pid, now / 1e9))
+    core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
+    start_ns, ticks = _process_start(now)
+    core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
+                "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
+                "ppid": os.getppid(), "start_ticks": ticks, "sampled": sampled,
+                "config": {"import_threshold_ms": core.import_threshold_ms},
+                "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
+                          "lora_otel.activation": how}})
+    core.open_spans[core.root_id] = ("process", parent, 0)
+    core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
+    first_evidence_us = (time.perf_counter_ns() - t0) // 1000
+
+    # 2. The program's first import is traced from here on.
+    from lora_otel._boot import hooks
+
+    hooks.install_import_hook()
+
+    # 3. arguments, process attributes, self-check, propagation.
+    arguments_id = core.span_start("arguments", {}, parent_id=core.root_id, ts=start_ns, push=False)
+    del arguments_id
+    _describe_process(argv, how)
+    if env.get("LORA_OTEL_JOURNAL"):
+        # An exact path is for this process only; its children write beside it.
+        env.pop("LORA_OTEL_JOURNAL", None)
+        if core.journal_path and not env.get("LORA_OTEL_DIR"):
+            env["LORA_OTEL_DIR"] = os.path.dirname(core.journal_path)
+    env["TRACEPARENT"] = "00-%s-%s-%s" % (core.trace_id, core.root_id, "01" if sampled else "00")
+
+    # 4. Exit, exceptions, fork, beat.
+    _install_exit_hooks()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+    _beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
+    _start_beat()
+    core.span_attrs(core.root_id, {
+        "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
+        "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
+
+
+def _describe_process(argv: list, how: str) -> None:
+    from lora_otel._boot import envfacts, redact
+
+    clean_argv = redact.redact_argv([a for a in argv])
+    exe = sys.executable or ""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = "(deleted)"
+    u = os.uname()
+    attrs: dict = {
+        "process.executable.path": exe,
+        "process.executable.name": os.path.basename(exe),
+        "process.command": clean_argv[0] if clean_argv else "",
+        "process.command_args": [exe] + clean_argv,
+        "process.parent_pid": os.getppid(),
+        "process.working_directory": redact.redact_value(cwd),
+        "host.name": u.nodename,
+        "lora_otel.journal.path": core.journal_path,
+    }
+    try:
+        import pwd
+
+        attrs["process.owner"] = pwd.getpwuid(os.getuid()).pw_name
+    except Exception:  # noqa: BLE001 - no passwd entry in containers
+        pass
+    if core.log_path:
+        attrs["lora_otel.log.path"] = core.log_path
+    facts = envfacts.collect(os.environ, redact.redact_env)
+    attrs.update(facts)
+    core.span_attrs(core.root_id, attrs)
+    core.info_line("argv: %s" % " ".join(clean_argv))
+    core.info_line("cwd: %s" % attrs["process.working_directory"])
+    for line in envfacts.lines(facts):
+        core.info_line(line)
+
+
+# --- exit -----------------------------------------------------------------------------------
+
+def _install_exit_hooks() -> None:
+    import atexit
+
+    atexit.register(_on_exit)
+    orig_hook = sys.excepthook
+
+    def excepthook(et, ev, tb):
+        global _exception
+        with core.fail_open("excepthook"):
+            from lora_otel._boot import redact
+
+            _exception = redact.redact_text("%s: %s" % (et.__name__, ev))
+        return orig_hook(et, ev, tb)
+
+    sys.excepthook = excepthook
+    orig_exit = sys.exit
+
+    def exit(code=None):  # noqa: A001 - mirrors sys.exit
+        global _exit_code
+        _exit_code = code
+        orig_exit(code)
+
+    exit.__wrapped__ = orig_exit  # type: ignore[attr-defined]
+    sys.exit = exit
+
+
+def _on_exit() -> None:
+    with core.fail_open("exit hook"):
+        if not core.active or os.getpid() != core.pid:
+            return
+        code = _exit_code
+        if _exception is not None:
+            how, status_code, message = "exception", 1, "uncaught %s" % _exception
+        elif code is None or code == 0:
+            how, status_code, message = "normal", 0, None
+        elif isinstance(code, int):
+            how, status_code, message = "normal", code, "exit code %d" % code
+        else:
+            how, status_code, message = "normal", 1, "exit: %s" % code
+        from lora_otel._boot import hooks
+
+        hooks.arguments_done("none seen")
+        for sid, info in reversed(list(core.open_spans.items())):
+            if sid != core.root_id:
+                core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
+        elapsed = (time.time_ns() - _started_ns) / 1e9
+        if message:
+            core.error_line("exiting: %s after %.1f s" % (message, elapsed))
+        else:
+            core.info_line("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
+        core.beat()
+        core.span_end(core.root_id, "error" if message else "ok", message,
+                      {"process.exit.code": status_code})
+        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
+        if message:
+            rec["message"] = message
+        core.write(rec)
+        core.active = False
+
+
+# --- fork -----------------------------------------------------------------------------------
+
+def _before_fork() -> None:
+    global _fork_parent_span
+    _fork_parent_span = core.current_span_id() if core.active else None
+
+
+def _after_fork_child() -> None:
+    with core.fail_open("fork hook"):
+        if not core.active:
+            return
+        parent_path = core.journal_path
+        parent_span = _fork_parent_span or core.root_id
+        core.reset_for_child(os.getpid())
+        from lora_otel._boot import hooks
+
+        hooks._training_id = None
+        hooks._importing.clear()
+        now = time.time_ns()
+        core.root_id = core.new_span_id()
+        core.open_journal(paths.child_journal_path(parent_path, core.pid) if parent_path
+                          else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9))
+        core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": now, "trace_id": core.trace_id,
+                    "span_id": core.root_id, "parent_id": parent_span, "name": "process",
+                    "pid": core.pid, "ppid": os.getppid(), "start_ticks": _process_start(now)[1],
+                    "sampled": core.sampled, "config": {"import_threshold_ms": core.import_threshold_ms},
+                    "attrs": {"service.name": _service_name(sys.argv), "process.pid": core.pid,
+                              "process.parent_pid": os.getppid(), "lora_otel.activation": "fork"}})
+        core.open_spans[core.root_id] = ("process", parent_span, 0)
+        os.environ["TRACEPARENT"] = "00-%s-%s-%s" % (core.trace_id, core.root_id, "01" if core.sampled else "00")
+        _start_beat()
+
+
+# --- beat -----------------------------------------------------------------------------------
+
+def _beat_loop(my_pid: int) -> None:
+    from lora_otel._boot import hooks
+
+    while core.active and os.getpid() == my_pid:
+        time.sleep(_beat_interval)
+        if not core.active or os.getpid() != my_pid:
+            return
+        try:
+            core.beat()
+            if not hooks._importing:
+                hooks._after_import()
+        except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
+            core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
+
+
+def _start_beat() -> None:
+    import _thread
+
+    _thread.start_new_thread(_beat_loop, (core.pid,))

@@ -1,0 +1,89 @@
+"""``lora-otel run``: start a command with the preamble active in it, and report on it.
+
+The command inherits stdin, stdout and stderr untouched; SIGINT and SIGTERM sent to the supervisor
+are forwarded; the command's exit status is passed through (a death by signal is repeated on the
+supervisor, so the launcher above sees the same signal). Live export and stall detection come with
+the next stage of this module; today it prints the span tree afterwards when asked (``--tree``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from lora_otel._boot import paths
+
+
+def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
+    env = dict(os.environ)
+    env["LORA_OTEL"] = "1"
+    env.pop("LORA_OTEL_SIDECAR", None)
+    if getattr(args, "dir", None):
+        env["LORA_OTEL_DIR"] = os.path.abspath(args.dir)
+    if getattr(args, "journal", None):
+        env["LORA_OTEL_JOURNAL"] = os.path.abspath(args.journal)
+    journal = paths.choose_journal_path(cmd, env, os.getpid(), time.time())
+    # Name the top process's journal here, so we know where to look afterwards.
+    env["LORA_OTEL_JOURNAL"] = journal
+    return env, journal
+
+
+def run_command(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd or [])
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("lora-otel run: no command given; usage: lora-otel run [options] -- python train.py ...",
+              file=sys.stderr)
+        return 2
+    env, journal = _child_env(cmd, args)
+    try:
+        child = subprocess.Popen(cmd, env=env)
+    except OSError as e:
+        print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126
+
+    def forward(signum, _frame):
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        old[sig] = signal.signal(sig, forward)
+    # The terminal sends Ctrl-C to the whole foreground group, the child included; a SIGINT sent
+    # to the supervisor alone is forwarded.
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, forward)
+    try:
+        rc = child.wait()
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+    if getattr(args, "tree", False):
+        _print_tree(journal)
+    if rc < 0:
+        sig = -rc
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return 128 + sig
+    return rc
+
+
+def _print_tree(journal: str) -> None:
+    if not os.path.exists(journal):
+        print("lora-otel run: no journal was written at %s; is lora_otel installed in the Python that "
+              "ran the command?" % journal, file=sys.stderr)
+        return
+    from lora_otel.export.inspect import render_text
+    from lora_otel.export.reader import read_journal
+
+    sys.stdout.write(render_text(read_journal(journal)))
+    sys.stdout.flush()

@@ -1,0 +1,211 @@
+"""Every way of switching lora_otel on runs the same preamble before the program's first import."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+from procs import LINE_RE, PYTHON, clean_env, journals, only_journal, run_traced, span_named
+
+SCRIPT = textwrap.dedent("""
+    import argparse
+    import json
+    p = argparse.ArgumentParser()
+    p.add_argument("--name", default="x")
+    p.add_argument("--log")
+    a = p.parse_args()
+    print("PROGRAM", a.name, flush=True)
+""")
+
+
+def write_script(tmp_path: Path, body: str = SCRIPT, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def assert_traced_run(out: str, j, script_name: str = "train.py") -> None:
+    first = out.splitlines()[0]
+    m = re.match(LINE_RE, first)
+    assert m, "first stdout line is not a lora-otel line: %r" % first
+    assert "started pid" in m.group(3)
+    assert "PROGRAM" in out
+    root = j.root
+    assert root.name == "process" and root.parent_id is None
+    assert root.status == "ok" and root.end_ns is not None
+    assert root.attrs["service.name"] == script_name[:-3]
+    args = span_named(j, "arguments")
+    assert args.parent_id == root.span_id and args.status == "ok"
+    assert args.attrs["lora_otel.arguments.parser"] == "argparse"
+    imp = span_named(j, "import json")
+    assert imp.parent_id == root.span_id and imp.end_ns is not None
+    assert imp.attrs["code.filepath"].endswith("json/__init__.py")
+    assert j.exit is not None and j.exit["code"] == 0
+
+
+class TestActivation:
+    def test_env_variable_and_pth_hook(self, tmp_path: Path) -> None:
+        """LORA_OTEL=1 alone traces a plain `python train.py`: line first, journal in ./lora-otel/."""
+        script = write_script(tmp_path)
+        r = run_traced([str(script), "--name", "a"], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr == ""
+        found = journals(tmp_path / "lora-otel")
+        assert len(found) == 1
+        assert re.fullmatch(r"\d{8}T\d{6}Z-\d+\.otel\.jsonl", found[0].name)
+        assert_traced_run(r.stdout, only_journal(tmp_path / "lora-otel"))
+
+    def test_unset_variable_does_nothing(self, tmp_path: Path) -> None:
+        """Without LORA_OTEL the hook is silent: no line, no journal, output untouched."""
+        script = write_script(tmp_path)
+        r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+        assert r.returncode == 0
+        assert r.stdout == "PROGRAM x\n" and r.stderr == ""
+        assert not (tmp_path / "lora-otel").exists()
+
+    def test_zero_variable_does_nothing(self, tmp_path: Path) -> None:
+        """LORA_OTEL=0 is off."""
+        script = write_script(tmp_path)
+        r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(LORA_OTEL="0"),
+                           capture_output=True, text=True)
+        assert r.stdout == "PROGRAM x\n"
+        assert not (tmp_path / "lora-otel").exists()
+
+    def test_python_dash_m(self, tmp_path: Path) -> None:
+        """`python -m lora_otel train.py ARGS` traces the script with its own argv."""
+        script = write_script(tmp_path)
+        r = subprocess.run([PYTHON, "-m", "lora_otel", str(script), "--name", "m"], cwd=tmp_path,
+                           env=clean_env(), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "PROGRAM m" in r.stdout
+        assert_traced_run(r.stdout, only_journal(tmp_path / "lora-otel"))
+
+    def test_import_auto(self, tmp_path: Path) -> None:
+        """`import lora_otel.auto` as a script's first line traces it."""
+        script = write_script(tmp_path, "import lora_otel.auto\n" + SCRIPT)
+        r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        j = only_journal(tmp_path / "lora-otel")
+        assert_traced_run(r.stdout, j)
+        assert j.root.attrs["lora_otel.activation"] == "import lora_otel.auto"
+
+    def test_lora_otel_run(self, tmp_path: Path) -> None:
+        """`lora-otel run -- python train.py` traces the child and passes its exit status through."""
+        script = write_script(tmp_path, SCRIPT + "import sys\nsys.exit(3)\n")
+        r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, str(script)], cwd=tmp_path,
+                           env=clean_env(), capture_output=True, text=True)
+        assert r.returncode == 3, r.stderr
+        j = only_journal(tmp_path / "lora-otel")
+        assert j.exit["code"] == 3
+        assert j.root.status == "error" and "exit code 3" in (j.root.message or "")
+
+    def test_run_tree_prints_the_tree(self, tmp_path: Path) -> None:
+        """`lora-otel run --tree` prints the span tree after the command ends."""
+        script = write_script(tmp_path)
+        r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--tree", "--", PYTHON, str(script)],
+                           cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "arguments" in r.stdout and "import json" in r.stdout
+
+    def test_log_flag_gets_lines_and_journal(self, tmp_path: Path) -> None:
+        """`--log PATH` in the program's argv: lines appended there, journal at PATH.otel.jsonl."""
+        script = write_script(tmp_path)
+        log = tmp_path / "logs" / "run.log"
+        r = run_traced([str(script), "--log", str(log)], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        text = log.read_text(encoding="utf-8")
+        assert re.match(LINE_RE, text.splitlines()[0])
+        assert "started pid" in text
+        assert Path(str(log) + ".otel.jsonl").exists()
+        assert not (tmp_path / "lora-otel").exists()
+
+    def test_log_equals_form(self, tmp_path: Path) -> None:
+        """`--log=PATH` works the same as `--log PATH`."""
+        script = write_script(tmp_path)
+        log = tmp_path / "eq.log"
+        r = run_traced([str(script), "--log=%s" % log], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "started pid" in log.read_text(encoding="utf-8")
+        assert Path(str(log) + ".otel.jsonl").exists()
+
+    def test_exact_journal_path_and_dir(self, tmp_path: Path) -> None:
+        """LORA_OTEL_JOURNAL names the exact file; LORA_OTEL_DIR a directory."""
+        script = write_script(tmp_path)
+        exact = tmp_path / "exact.otel.jsonl"
+        assert run_traced([str(script)], cwd=tmp_path, LORA_OTEL_JOURNAL=str(exact)).returncode == 0
+        assert exact.exists()
+        d = tmp_path / "jdir"
+        assert run_traced([str(script)], cwd=tmp_path, LORA_OTEL_DIR=str(d)).returncode == 0
+        assert len(journals(d)) == 1
+
+    def test_traceparent_is_continued_and_passed_on(self, tmp_path: Path) -> None:
+        """A TRACEPARENT in the environment sets trace id and parent; children get ours."""
+        script = write_script(tmp_path, "import os\nprint('CHILD_TP', os.environ['TRACEPARENT'])\n")
+        tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        r = run_traced([str(script)], cwd=tmp_path, TRACEPARENT=tp)
+        j = only_journal(tmp_path / "lora-otel")
+        assert j.root.trace_id == "0af7651916cd43dd8448eb211c80319c"
+        assert j.root.parent_id == "b7ad6b7169203331"
+        child_tp = [ln for ln in r.stdout.splitlines() if ln.startswith("CHILD_TP")][0].split()[1]
+        assert child_tp == "00-0af7651916cd43dd8448eb211c80319c-%s-01" % j.root.span_id
+
+    def test_bad_traceparent_starts_a_new_trace(self, tmp_path: Path) -> None:
+        """A malformed TRACEPARENT is ignored: a fresh valid trace id."""
+        script = write_script(tmp_path, "pass\n")
+        run_traced([str(script)], cwd=tmp_path, TRACEPARENT="00-zz-nonsense-01")
+        j = only_journal(tmp_path / "lora-otel")
+        assert re.fullmatch(r"[0-9a-f]{32}", j.root.trace_id) and j.root.parent_id is None
+
+    def test_uncaught_exception_marks_process_failed(self, tmp_path: Path) -> None:
+        """An uncaught exception: exit record `exception`, process span error naming it."""
+        script = write_script(tmp_path, "raise RuntimeError('boom')\n")
+        r = run_traced([str(script)], cwd=tmp_path)
+        assert r.returncode == 1 and "RuntimeError: boom" in r.stderr
+        j = only_journal(tmp_path / "lora-otel")
+        assert j.exit["how"] == "exception"
+        assert j.root.status == "error" and "RuntimeError: boom" in j.root.message
+
+
+class TestBrokenInstall:
+    def test_broken_package_does_not_break_interpreter_start(self, tmp_path: Path) -> None:
+        """A lora_otel that fails to import: one stderr line, then the program runs normally."""
+        broken = tmp_path / "shadow" / "lora_otel"
+        broken.mkdir(parents=True)
+        (broken / "__init__.py").write_text("raise ImportError('half-installed')\n")
+        script = write_script(tmp_path, "print('PROGRAM ran')\n")
+        env = clean_env(LORA_OTEL="1", PYTHONPATH=str(tmp_path / "shadow"))
+        r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert r.returncode == 0
+        assert r.stdout == "PROGRAM ran\n"
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("[lora-otel] not started: ImportError: half-installed")
+
+    def test_missing_package_does_not_break_interpreter_start(self, tmp_path: Path) -> None:
+        """The .pth left behind by an uninstall: one stderr line, program unaffected."""
+        pth = (Path(__file__).resolve().parent.parent / "lora_otel_hook.pth").read_text()
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "lora_otel_hook.pth").write_text(pth)
+        code = "import site, sys; site.addsitedir(%r); print('PROGRAM ran')" % str(site)
+        # -I: isolated, so the real lora_otel is not importable
+        r = subprocess.run([PYTHON, "-I", "-S", "-c", code], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
+                           capture_output=True, text=True)
+        assert r.returncode == 0
+        assert r.stdout == "PROGRAM ran\n"
+        assert r.stderr.startswith("[lora-otel] not started: ModuleNotFoundError")
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_journal_lines_are_versioned_json(tmp_path: Path) -> None:
+    """Every journal line is a JSON object with the format version and a known kind."""
+    script = write_script(tmp_path)
+    run_traced([str(script)], cwd=tmp_path)
+    path = journals(tmp_path / "lora-otel")[0]
+    for line in path.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        assert rec["v"] == 1 and rec["k"] in {"start", "end", "event", "attrs", "beat", "line", "exit"}
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"

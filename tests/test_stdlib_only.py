@@ -1,0 +1,72 @@
+"""The code that runs inside the training process loads nothing but the standard library."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from procs import PYTHON, clean_env
+
+PROBE = r"""
+import sys, importlib.abc, importlib.machinery
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "opentelemetry" or name.startswith("opentelemetry."):
+            raise ImportError("opentelemetry is made unimportable for this test")
+        return None
+
+sys.meta_path.insert(0, Block())
+before = set(sys.modules)
+import lora_otel.auto                       # the preamble
+import lora_otel
+with lora_otel.stage("work", n=1):
+    lora_otel.mark("arguments parsed")
+    lora_otel.progress(step=1, loss=0.5)
+import json                                 # a traced import, after which the hooks run
+import argparse
+argparse.ArgumentParser().parse_args([])    # the argparse hook
+new = sorted(set(sys.modules) - before)
+print("MODULES=" + json.dumps(new))
+"""
+
+
+def _stdlib_names() -> set:
+    names = set(getattr(sys, "stdlib_module_names", ()))
+    names.update(sys.builtin_module_names)
+    return names
+
+
+@pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+ to list the stdlib")
+def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
+    """With opentelemetry unimportable, the preamble, API and hooks load only stdlib and lora_otel modules."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    r = subprocess.run([PYTHON, "probe.py"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("MODULES=")][0]
+    loaded = json.loads(line[len("MODULES="):])
+    stdlib = _stdlib_names()
+    outside = [m for m in loaded if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel"]
+    assert outside == [], "lora_otel loaded non-stdlib modules in-process: %s" % outside
+    assert "lora_otel._boot.preamble" in loaded
+
+
+@pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+ to list the stdlib")
+def test_pth_activation_loads_only_stdlib(tmp_path: Path) -> None:
+    """`LORA_OTEL=1 python -X importtime -c pass`: every module imported is stdlib or lora_otel."""
+    r = subprocess.run([PYTHON, "-X", "importtime", "-c", "pass"], cwd=tmp_path,
+                       env=clean_env(LORA_OTEL="1"), capture_output=True, text=True)
+    assert r.returncode == 0
+    mods = [ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")]
+    mods = [m for m in mods if m and m != "imported package"]
+    assert "lora_otel._boot.preamble" in mods
+    stdlib = _stdlib_names() | {"sitecustomize", "usercustomize", "_distutils_hack"}
+    outside = [m for m in mods if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel"
+               and not m.startswith("_editable_impl")]
+    assert outside == [], outside
+    assert not any(m.startswith(("opentelemetry", "json", "re", "threading", "importlib.metadata"))
+                   for m in mods if m.split(".")[0] != "lora_otel"), mods
