@@ -1,0 +1,99 @@
+"""Unwritable paths and full disks: the program finishes, one clear line, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from procs import PYTHON, clean_env, journals, only_journal
+
+SCRIPT = "import json\nprint('PROGRAM done')\n"
+
+needs_non_root = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+
+
+def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    (tmp_path / "job.py").write_text(SCRIPT)
+    return subprocess.run([PYTHON, "job.py", *args], cwd=tmp_path, env=clean_env(LORA_OTEL="1", **env),
+                          capture_output=True, text=True, timeout=60)
+
+
+def lora_errors(stderr: str) -> list:
+    return [ln for ln in stderr.splitlines() if ln.startswith("[lora-otel]")]
+
+
+def test_journal_on_a_full_disk(tmp_path: Path) -> None:
+    """LORA_OTEL_JOURNAL=/dev/full: every write fails; the program runs; one line says so."""
+    r = run(tmp_path, LORA_OTEL_JOURNAL="/dev/full")
+    assert r.returncode == 0
+    assert "PROGRAM done" in r.stdout
+    assert "Traceback" not in r.stderr
+    errs = [ln for ln in lora_errors(r.stderr) if "journal write failed" in ln]
+    assert len(errs) == 1 and "/dev/full" in errs[0]
+
+
+def test_journal_directory_is_a_file(tmp_path: Path) -> None:
+    """A journal directory that cannot be created: fall back to a temp dir, and say where."""
+    blocker = tmp_path / "blocked"
+    blocker.write_text("not a directory")
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    r = run(tmp_path, LORA_OTEL_DIR=str(blocker / "sub"), TMPDIR=str(tmpdir))
+    assert r.returncode == 0 and "PROGRAM done" in r.stdout
+    assert "Traceback" not in r.stderr
+    [line] = [ln for ln in lora_errors(r.stderr) if "cannot write journal" in ln]
+    assert str(tmpdir) in line
+    j = only_journal(tmpdir)
+    assert j.exit is not None and j.exit["code"] == 0
+
+
+def test_nowhere_to_write_a_journal(tmp_path: Path) -> None:
+    """Neither the journal dir nor the temp fallback is writable: the program still runs."""
+    blocker = tmp_path / "blocked"
+    blocker.write_text("x")
+    r = run(tmp_path, LORA_OTEL_DIR=str(blocker / "a"), TMPDIR=str(blocker / "b"))
+    assert r.returncode == 0 and "PROGRAM done" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert any("cannot write a journal anywhere" in ln for ln in lora_errors(r.stderr))
+
+
+def test_log_file_that_cannot_be_opened(tmp_path: Path) -> None:
+    """`--log` pointing under a regular file: lines go to the terminal, one line says why."""
+    blocker = tmp_path / "blocked"
+    blocker.write_text("x")
+    r = run(tmp_path, "--log", str(blocker / "run.log"), LORA_OTEL_DIR=str(tmp_path / "j"))
+    assert r.returncode == 0 and "PROGRAM done" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert [ln for ln in lora_errors(r.stderr) if "cannot append to log file" in ln]
+    # the journal falls back (the --log directory is unusable) but is still written
+    assert "started pid" in r.stdout
+
+
+def test_log_file_on_a_full_disk(tmp_path: Path) -> None:
+    """`--log /dev/full`: appends fail once, reported once; the program runs."""
+    r = run(tmp_path, "--log", "/dev/full", LORA_OTEL_JOURNAL=str(tmp_path / "j.otel.jsonl"))
+    assert r.returncode == 0 and "PROGRAM done" in r.stdout
+    errs = [ln for ln in lora_errors(r.stderr) if "cannot append to log file /dev/full" in ln]
+    assert len(errs) == 1
+
+
+def test_closed_stdout(tmp_path: Path) -> None:
+    """stdout closed by the launcher: the program runs; lines fall back to stderr."""
+    (tmp_path / "job.py").write_text("import sys\nsys.stderr.write('PROGRAM ran\\n')\n")
+    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                       preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0
+    assert "PROGRAM ran" in r.stderr and "Traceback" not in r.stderr
+    assert journals(tmp_path / "lora-otel")
+
+
+def test_bad_config_values_warn_and_use_defaults(tmp_path: Path) -> None:
+    """A bad LORA_OTEL_IMPORT_THRESHOLD_MS: one line naming it, default 5 used."""
+    r = run(tmp_path, LORA_OTEL_IMPORT_THRESHOLD_MS="fast")
+    assert r.returncode == 0
+    assert any("LORA_OTEL_IMPORT_THRESHOLD_MS='fast'" in ln for ln in lora_errors(r.stderr))
+    assert only_journal(tmp_path / "lora-otel").config["import_threshold_ms"] == 5.0
