@@ -1,0 +1,299 @@
+"""``lora-otel inspect``: where a process is or was stuck, and its span tree, from its journal.
+
+The first line of the text output is one sentence about the *deepest open span* (the most recently
+started open span with no open child), or about how the process ended:
+
+- ``stuck in import bitsandbytes for 312 s (process gone)``: open for last evidence − start when
+  the process is gone, now − start while it runs (``no beat for N s`` when it froze);
+- ``still in training for 20 s (process running, 1200 steps, last step 400 ms ago)`` while steps
+  advance; ``died in training after 3600 s (process gone, …)`` when they did until the end;
+- ``ended with spans open: process (process gone)`` when it died between stages;
+- ``finished normally in 12.3 s (exit code 0)``, ``failed: <message> (exit code 1)``,
+  ``failed with exit code 3``, ``ended with spans open: a, b (exit code 1)``;
+- ``empty journal: no records``.
+
+Then come the journal line, the span tree, and the journal's problems as ``note:`` lines.
+``--json`` prints the schema documented in docs/journal.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from lora_otel.export.reader import (
+    Journal,
+    JournalError,
+    ProcessState,
+    Span,
+    format_duration,
+    process_state,
+    read_journal,
+)
+
+STEP_STALE_S = 60
+"""Steps count as advancing while the last one is at most this many seconds old (at the end of the
+journal, for a process that is gone): ``still in training`` / ``died in training``, not ``stuck``."""
+
+KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "import": ("lora_otel.package.version",),
+    "cuda init": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason", "lora_otel.cuda.device_count",
+                  "lora_otel.cuda.device_names", "lora_otel.cuda.version", "lora_otel.nvidia.driver_version"),
+}
+"""Attributes shown on a span's tree line, by span kind (``import`` stands for every ``import X``)."""
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Print the journal ``args.journal`` as text, or as JSON when ``args.json``.
+
+    Returns:
+        0, or 2 when the journal cannot be read (one line on stderr).
+    """
+    try:
+        journal = read_journal(args.journal)
+    except JournalError as e:
+        print(f"lora-otel inspect: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        text = json.dumps(render_json(journal), indent=2) + "\n"  # ensure_ascii keeps lone surrogates as \udcXX
+    else:
+        text = render_text(journal)
+    _write(text)
+    return 0
+
+
+def render_text(journal: Journal, now_ns: Optional[int] = None) -> str:
+    """The text report (first line, journal line, span tree, notes), ending with a newline."""
+    return "\n".join(_view(journal, now_ns).text_lines()) + "\n"
+
+
+def render_json(journal: Journal, now_ns: Optional[int] = None) -> dict[str, Any]:
+    """The ``--json`` document (docs/journal.md) as a dict."""
+    return _view(journal, now_ns).to_json()
+
+
+def _view(journal: Journal, now_ns: Optional[int]) -> View:
+    return View(journal, process_state(journal), time.time_ns() if now_ns is None else now_ns)
+
+
+@dataclass
+class View:
+    """A journal as seen at ``now_ns`` by a process whose state is ``state``."""
+
+    journal: Journal
+    state: ProcessState
+    now_ns: int
+
+    @property
+    def reference_ns(self) -> int:
+        """The time open spans are open *until*: now while running, else the last evidence."""
+        if self.state == "running":
+            return self.now_ns
+        return self.journal.last_evidence_ns or 0
+
+    def open_for_ns(self, span: Span) -> Optional[int]:
+        return max(self.reference_ns - span.start_ns, 0) if span.is_open else None
+
+    # --- the first line --------------------------------------------------------------------
+
+    def stuck(self) -> str:
+        """One sentence: where the process is or was stuck, or how it ended."""
+        journal = self.journal
+        if not journal.spans:
+            return "empty journal: no spans" if journal.last_evidence_ns is not None else "empty journal: no records"
+        if journal.exit is not None:
+            return self._ended(journal.exit, [span for span in journal.spans if span.is_open])
+        deepest = deepest_open_span(journal)
+        if deepest is None:
+            return f"ended without an exit record after {self._lifetime()} (process {self.state})"
+        if deepest is journal.root:
+            return f"ended with spans open: {_display(deepest.name)} (process {self.state})"
+        open_for = format_duration(self.open_for_ns(deepest) or 0)
+        if not self._steps_advancing():
+            return f"stuck in {_display(deepest.name)} for {open_for} ({self._process_clause()})"
+        if self.state == "running":
+            return f"still in {_display(deepest.name)} for {open_for} ({self._process_clause()})"
+        return f"died in {_display(deepest.name)} after {open_for} ({self._process_clause()})"
+
+    def _ended(self, exit_: dict[str, Any], open_spans: list[Span]) -> str:
+        code = exit_["code"]
+        code_text = f"exit code {code}" if code is not None else "no exit code"
+        if open_spans:
+            names = ", ".join(_display(span.name) for span in open_spans)
+            return f"ended with spans open: {names} ({code_text})"
+        if exit_["how"] == "normal" and code in (0, None):
+            return f"finished normally in {self._lifetime()} ({code_text})"
+        message = self._failure_message(exit_)
+        return f"failed: {_display(message)} ({code_text})" if message else f"failed with {code_text}"
+
+    def _failure_message(self, exit_: dict[str, Any]) -> Optional[str]:
+        """The exit message, unless it only repeats the code; else the last failed stage's."""
+        message = exit_["message"]
+        if message and message != f"exit code {exit_['code']}":
+            return str(message)
+        failed = [span for span in self.journal.spans
+                  if span.status == "error" and span.message and span is not self.journal.root]
+        return f"{failed[-1].name}: {failed[-1].message}" if failed else None
+
+    def _lifetime(self) -> str:
+        root = self.journal.root or self.journal.spans[0]
+        exit_ = self.journal.exit
+        end = exit_["ts"] if exit_ is not None else (root.end_ns or self.reference_ns)
+        return format_duration(end - root.start_ns)
+
+    def _process_clause(self) -> str:
+        """``process running, 1200 steps, last step 400 ms ago``."""
+        parts = [f"process {self.state}"]
+        journal = self.journal
+        if self.state == "running" and journal.last_beat_ns is not None:
+            silent_ns = self.now_ns - journal.last_beat_ns
+            if silent_ns > 5 * 1_000_000_000:  # beats come every second; a frozen process stops them
+                parts.append(f"no beat for {format_duration(silent_ns)}")
+        if journal.steps:
+            parts.append(f"{journal.steps} steps")
+            if journal.last_step_ns is not None:
+                age = format_duration(self.reference_ns - journal.last_step_ns)
+                parts.append(f"last step {age} ago" if self.state == "running"
+                             else f"last step {age} before the journal ends")
+        return ", ".join(parts)
+
+    def _steps_advancing(self) -> bool:
+        """Whether optimizer steps were still coming, now or when the journal ends."""
+        last_step = self.journal.last_step_ns
+        return last_step is not None and self.reference_ns - last_step <= STEP_STALE_S * 1_000_000_000
+
+    # --- the tree --------------------------------------------------------------------------
+
+    def text_lines(self) -> list[str]:
+        journal = self.journal
+        lines = [self.stuck(), f"journal: {_display(journal.path)}" + self._identity()]
+        for depth, span in walk_tree(journal):
+            lines.append("  " * depth + self._span_line(span))
+        if journal.beats:
+            lines.append(f"beats: {journal.beats}, steps: {journal.steps}")
+        lines.extend(f"note: {_display(problem)}" for problem in journal.problems)
+        return lines
+
+    def _identity(self) -> str:
+        journal = self.journal
+        parts = [f"pid {journal.pid}"] if journal.pid is not None else []
+        if journal.root is not None:
+            parts.append(f"trace {journal.root.trace_id}, started {iso_time(journal.root.start_ns)}")
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def _span_line(self, span: Span) -> str:
+        open_for = self.open_for_ns(span)
+        if open_for is not None:
+            mark = f"OPEN for {format_duration(open_for)}"
+        else:
+            mark = format_duration((span.end_ns or span.start_ns) - span.start_ns)
+            if span.status == "error":
+                mark += "  ERROR" + (f": {span.message}" if span.message else "")
+            else:
+                mark += "  ok"
+        extras = "  ".join(f"{key}={_scalar(value)}" for key, value in key_attributes(span))
+        return "  ".join(part for part in (_display(span.name), _display(mark), _display(extras)) if part)
+
+    # --- JSON ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        journal = self.journal
+        return {
+            "journal": journal.path,
+            "trace_id": journal.trace_id,
+            "pid": journal.pid,
+            "process_state": self.state,
+            "stuck": self.stuck(),
+            "exit": journal.exit and {**journal.exit, "ts": iso_time(journal.exit["ts"])},
+            "steps": journal.steps,
+            "problems": list(journal.problems),
+            "spans": [self._span_json(span) for span in journal.spans],
+        }
+
+    def _span_json(self, span: Span) -> dict[str, Any]:
+        open_for = self.open_for_ns(span)
+        return {
+            "name": span.name,
+            "span_id": span.span_id,
+            "parent_id": span.parent_id,
+            "start": iso_time(span.start_ns),
+            "end": iso_time(span.end_ns) if span.end_ns is not None else None,
+            "status": "open" if span.is_open else span.status,
+            "message": span.message,
+            "attributes": span.attrs,
+            "events": [{"name": name, "time": iso_time(ts), "attributes": attrs}
+                       for ts, name, attrs in span.events],
+            "open_for_s": round(open_for / 1e9, 3) if open_for is not None else None,
+        }
+
+
+def deepest_open_span(journal: Journal) -> Optional[Span]:
+    """The most recently started open span that has no open child, or None if none is open."""
+    open_spans = [span for span in journal.spans if span.is_open]
+    open_parents = {span.parent_id for span in open_spans}
+    leaves = [span for span in open_spans if span.span_id not in open_parents]
+    return max(leaves, key=lambda span: span.start_ns, default=None)
+
+
+def walk_tree(journal: Journal) -> list[tuple[int, Span]]:
+    """``(depth, span)`` in tree order: children under their parent, siblings in start order.
+
+    Spans whose parent is not in the journal are top-level; so are spans caught in a parent cycle
+    (which a sane journal never has), so that every span appears exactly once.
+    """
+    ids = {span.span_id for span in journal.spans}
+    children: dict[Optional[str], list[Span]] = {}
+    for span in journal.spans:
+        children.setdefault(span.parent_id if span.parent_id in ids else None, []).append(span)
+    order: list[tuple[int, Span]] = []
+    seen: set[str] = set()
+    pending = [span for span in journal.spans if span.parent_id not in ids]
+    pending += [span for span in journal.spans if span.parent_id in ids]  # only reached if in a cycle
+    for top in pending:
+        if top.span_id in seen:
+            continue
+        stack = [(0, top)]
+        while stack:
+            depth, span = stack.pop()
+            if span.span_id in seen:
+                continue
+            seen.add(span.span_id)
+            order.append((depth, span))
+            stack.extend((depth + 1, child) for child in reversed(children.get(span.span_id, [])))
+    return order
+
+
+def key_attributes(span: Span) -> list[tuple[str, Any]]:
+    """The few attributes worth a place on the span's tree line, ``lora_otel.`` left off."""
+    kind = "import" if span.name.startswith("import ") else span.name
+    keys = [key for key in KEY_ATTRIBUTES.get(kind, ()) if key in span.attrs]
+    return [(key[len("lora_otel."):] if key.startswith("lora_otel.") else key, span.attrs[key]) for key in keys]
+
+
+def iso_time(ns: int) -> str:
+    """``2026-11-30T22:13:48.123Z``: ISO-8601 UTC with milliseconds."""
+    seconds, rest = divmod(ns, 1_000_000_000)
+    moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
+    return f"{moment:%Y-%m-%dT%H:%M:%S}.{rest // 1_000_000:03d}Z"
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _display(text: str) -> str:
+    """Text safe for one terminal line: control characters and lone surrogates become escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _write(text: str) -> None:
+    """Write to stdout whatever its encoding; unencodable characters become escapes."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))

@@ -1,0 +1,215 @@
+"""Translate a journal into OpenTelemetry spans, and build the OTLP exporter from the environment.
+
+The spans keep the journal's exact trace and span ids, so that a span exported from a journal is
+the same span wherever else it is seen. Rules (docs/journal.md):
+
+- The ``process`` span's ``service.*``, ``process.*``, ``host.*``, ``os.*`` and ``container.*``
+  attributes become the resource, merged by ``Resource.create`` with ``OTEL_RESOURCE_ATTRIBUTES``
+  and ``OTEL_SERVICE_NAME`` (the journal's values win, as attributes given in code do in the SDK).
+- Successful ``import ...`` spans shorter than ``config.import_threshold_ms`` (default 5) are
+  dropped; their children, if any, move up to the nearest kept ancestor. Failed imports are kept.
+- A span still open goes out once as *incomplete*: status ERROR with the description
+  ``incomplete: <name> open for N s (no end recorded)``, attribute ``lora_otel.incomplete=true``,
+  ending at the journal's last evidence.
+- ``error`` spans get StatusCode.ERROR with their message; ``ok`` spans keep status UNSET, as
+  OpenTelemetry asks of instrumentation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
+
+from lora_otel._version import __version__
+from lora_otel.export.reader import Journal, Span, format_duration
+
+INCOMPLETE_ATTRIBUTE = "lora_otel.incomplete"
+DEFAULT_IMPORT_THRESHOLD_MS = 5
+RESOURCE_PREFIXES = ("service.", "process.", "host.", "os.", "container.")
+PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+
+_SCOPE = InstrumentationScope("lora_otel", __version__)
+_INT64 = range(-(2**63), 2**63)
+
+
+class ExporterConfigError(ValueError):
+    """The OTLP exporter settings in the environment are not usable. One-line message."""
+
+
+@dataclass
+class Translation:
+    """The spans to export, and what happened on the way."""
+
+    spans: list[ReadableSpan]
+    incomplete: int
+    dropped_imports: int
+
+
+def translate(journal: Journal) -> Translation:
+    """The journal's spans as OpenTelemetry `ReadableSpan` objects, ready for ``exporter.export``."""
+    dropped = {span.span_id: span for span in journal.spans if _is_short_import(span, journal)}
+    kept = [span for span in journal.spans if span.span_id not in dropped]
+    translator = _Translator(journal, dropped)
+    return Translation([translator.readable(span) for span in kept],
+                       incomplete=sum(span.is_open for span in kept), dropped_imports=len(dropped))
+
+
+class _Translator:
+    """What every span of one journal shares: resource, trace flags, the dropped imports."""
+
+    def __init__(self, journal: Journal, dropped: dict[str, Span]) -> None:
+        self.journal = journal
+        self.dropped = dropped
+        self.resource = make_resource(journal)
+        self.trace_flags = TraceFlags(TraceFlags.SAMPLED if journal.sampled else TraceFlags.DEFAULT)
+        self.known = {span.span_id for span in journal.spans}
+
+    def readable(self, span: Span) -> ReadableSpan:
+        attributes = otel_attributes(span.attrs)
+        if span is self.journal.root:
+            attributes = {key: value for key, value in attributes.items() if not _is_resource_key(key)}
+        end_ns = span.end_ns
+        if end_ns is None:
+            end_ns = max(self.journal.last_evidence_ns or span.start_ns, span.start_ns)
+            attributes[INCOMPLETE_ATTRIBUTE] = True
+            status = Status(StatusCode.ERROR, f"incomplete: {clean_text(span.name)} open for "
+                                              f"{format_duration(end_ns - span.start_ns)} (no end recorded)")
+        elif span.status == "error":
+            status = Status(StatusCode.ERROR, clean_text(span.message or "error"))
+        else:
+            status = Status(StatusCode.UNSET)
+        return ReadableSpan(
+            name=clean_text(span.name),
+            context=self._context(span.trace_id, span.span_id, is_remote=False),
+            parent=self._parent(span),
+            resource=self.resource,
+            attributes=attributes,
+            events=[Event(clean_text(name), otel_attributes(attrs), ts) for ts, name, attrs in span.events],
+            kind=SpanKind.INTERNAL,
+            status=status,
+            start_time=span.start_ns,
+            end_time=end_ns,
+            instrumentation_scope=_SCOPE,
+        )
+
+    def _parent(self, span: Span) -> Optional[SpanContext]:
+        """The nearest kept ancestor; remote when it is not in this journal (e.g. TRACEPARENT's)."""
+        parent_id = span.parent_id
+        seen = {span.span_id}
+        while parent_id in self.dropped and parent_id not in seen:
+            seen.add(parent_id)
+            parent_id = self.dropped[parent_id].parent_id
+        if parent_id is None or parent_id in seen:
+            return None
+        return self._context(span.trace_id, parent_id, is_remote=parent_id not in self.known)
+
+    def _context(self, trace_id: str, span_id: str, *, is_remote: bool) -> SpanContext:
+        return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=is_remote, trace_flags=self.trace_flags)
+
+
+def make_resource(journal: Journal) -> Resource:
+    """The resource: the ``process`` span's resource attributes, merged with the OTEL_* variables."""
+    attrs = otel_attributes(journal.root.attrs) if journal.root is not None else {}
+    return Resource.create({key: value for key, value in attrs.items() if _is_resource_key(key)})
+
+
+def make_exporter() -> SpanExporter:
+    """The OTLP span exporter the standard environment asks for.
+
+    http/protobuf by default; gRPC when ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` or else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` is ``grpc``. The exporter classes read their own endpoint,
+    headers, timeout and TLS variables.
+
+    Raises:
+        ExporterConfigError: the protocol is neither ``http/protobuf`` nor ``grpc``.
+    """
+    variable, protocol = _protocol_setting()
+    if protocol.lower() == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
+        return HTTPExporter()
+    if protocol.lower() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
+
+        return GRPCExporter()
+    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
+                              "use 'http/protobuf' (the default) or 'grpc'")
+
+
+def _protocol_setting() -> tuple[str, str]:
+    """``(variable, value)`` of the first protocol variable set, else the default."""
+    for variable in PROTOCOL_VARIABLES:
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return variable, value
+    return "", "http/protobuf"
+
+
+def describe_endpoint(exporter: SpanExporter) -> str:
+    """Where the exporter sends, for messages: the URL, or ``host:port (gRPC)``."""
+    # The SDK exporters resolve the endpoint from the environment and keep it only privately.
+    endpoint = str(getattr(exporter, "_endpoint", "") or "the OTLP endpoint")
+    if "grpc" in type(exporter).__module__:
+        return f"{endpoint} (gRPC)"
+    return endpoint
+
+
+def otel_attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
+    """Journal attributes as valid OpenTelemetry attributes.
+
+    Strings become valid UTF-8 (lone surrogates as ``\\udcXX`` text); integers beyond 64 bits,
+    objects and mixed lists become JSON text; nulls are left out.
+    """
+    result: dict[str, AttributeValue] = {}
+    for key, value in attrs.items():
+        converted = _otel_value(value)
+        if converted is not None:
+            result[clean_text(key)] = converted
+    return result
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode: lone surrogates (from non-UTF-8 argv) become ``\\udcXX`` text."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _otel_value(value: Any) -> Optional[AttributeValue]:
+    if value is None:
+        return None
+    if _is_scalar(value):
+        return clean_text(value) if isinstance(value, str) else value
+    if isinstance(value, list) and value:
+        kinds = {type(item) for item in value}
+        if all(_is_scalar(item) for item in value):
+            if len(kinds) == 1:
+                return [clean_text(item) if isinstance(item, str) else item for item in value]
+            if kinds == {int, float}:
+                return [float(item) for item in value]
+    return clean_text(json.dumps(value, sort_keys=True))
+
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value in _INT64
+    return isinstance(value, (str, bool, float))
+
+
+def _is_resource_key(key: str) -> bool:
+    return key.startswith(RESOURCE_PREFIXES)
+
+
+def _is_short_import(span: Span, journal: Journal) -> bool:
+    threshold_ms = journal.config.get("import_threshold_ms", DEFAULT_IMPORT_THRESHOLD_MS)
+    if isinstance(threshold_ms, bool) or not isinstance(threshold_ms, (int, float)):
+        threshold_ms = DEFAULT_IMPORT_THRESHOLD_MS
+    return (span.name.startswith("import ") and span.end_ns is not None and span.status == "ok"
+            and span.end_ns - span.start_ns < threshold_ms * 1_000_000)

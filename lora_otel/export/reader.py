@@ -1,0 +1,453 @@
+"""Read a journal (docs/journal.md) into spans, tolerating whatever a crash or a disk left behind.
+
+The reader never raises on bad content: a truncated last line, a corrupt line, an unknown record
+kind, undecodable bytes, a duplicate span or an ``end`` for a span that never started are each
+skipped and described in ``Journal.problems`` as one line naming the line number. Only a journal
+that cannot be opened at all raises `JournalError`.
+
+Standard library only: the exporting side may run in the same broken environment it diagnoses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+FORMAT_VERSION = 1
+"""The journal format version this reader understands."""
+
+KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit")
+
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "start": ("trace_id", "span_id", "name"),
+    "end": ("span_id",),
+    "event": ("span_id", "name"),
+    "attrs": ("span_id", "attrs"),
+    "beat": ("steps",),
+    "line": ("msg",),
+    "exit": (),
+}
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_SPAN_ID = re.compile(r"[0-9a-f]{16}")
+_MAX_TS = 2**63 - 1  # OTLP timestamps are 64-bit; this is the year 2262
+_NOT_UTF8 = "not valid UTF-8 (undecodable bytes replaced)"
+
+ProcessState = Literal["exited", "running", "gone"]
+SpanStatus = Literal["ok", "error", "unset"]
+
+
+class JournalError(Exception):
+    """The journal cannot be read at all (missing, a directory, no permission). One-line message."""
+
+
+@dataclass
+class Span:
+    """One span as the journal tells it. ``end_ns`` is None while the span is open.
+
+    ``status`` is ``"unset"`` while open, else ``"ok"`` or ``"error"`` (with ``message``).
+    ``events`` holds ``(ts_ns, name, attrs)`` tuples in journal order.
+    """
+
+    name: str
+    span_id: str
+    parent_id: Optional[str]
+    trace_id: str
+    start_ns: int
+    end_ns: Optional[int] = None
+    status: SpanStatus = "unset"
+    message: Optional[str] = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def is_open(self) -> bool:
+        return self.end_ns is None
+
+
+@dataclass
+class Line:
+    """A human line the process printed (``line`` record)."""
+
+    ts: int
+    level: str
+    msg: str
+
+
+@dataclass
+class Journal:
+    """Everything a journal says, plus the problems found while reading it.
+
+    ``spans`` are ordered by start time; ``root`` is the ``process`` span (None when the journal
+    lacks one). ``pid``, ``start_ticks``, ``config`` and ``sampled`` come from the ``process``
+    start record. ``exit`` is the ``exit`` record as ``{"ts", "code", "how", "message"}``, or None.
+    ``last_evidence_ns`` is the ``ts`` of the last readable record of any kind.
+    """
+
+    path: str
+    spans: list[Span] = field(default_factory=list)
+    root: Optional[Span] = None
+    pid: Optional[int] = None
+    start_ticks: Optional[int] = None
+    config: dict[str, Any] = field(default_factory=dict)
+    sampled: bool = True
+    beats: int = 0
+    last_beat_ns: Optional[int] = None
+    steps: int = 0
+    last_step_ns: Optional[int] = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    lines: list[Line] = field(default_factory=list)
+    exit: Optional[dict[str, Any]] = None
+    last_evidence_ns: Optional[int] = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def trace_id(self) -> Optional[str]:
+        return self.root.trace_id if self.root is not None else None
+
+    def span(self, span_id: str) -> Optional[Span]:
+        """The span with this id, or None."""
+        for span in self.spans:
+            if span.span_id == span_id:
+                return span
+        return None
+
+
+class _BadRecord(Exception):
+    """A record that is valid JSON but not a valid journal record; the message says why."""
+
+
+def read_journal(path: str | os.PathLike[str]) -> Journal:
+    """Read the journal at ``path``.
+
+    Args:
+        path: a journal file (``*.otel.jsonl``).
+
+    Returns:
+        The journal; every line that could not be used is described in ``problems``.
+
+    Raises:
+        JournalError: the file cannot be read (missing, a directory, no permission).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise JournalError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise JournalError(f"{path}: is a directory, not a journal file") from None
+    except PermissionError:
+        raise JournalError(f"{path}: permission denied") from None
+    except OSError as e:
+        raise JournalError(f"{path}: cannot read: {e.strerror or e}") from None
+    builder = _JournalBuilder(path)
+    raw_lines = data.split(b"\n")
+    # A journal ends with a newline; whatever follows the last one is a partly written record.
+    tail = raw_lines.pop()
+    for number, raw in enumerate(raw_lines, start=1):
+        builder.feed_line(number, raw)
+    if tail:
+        builder.feed_line(len(raw_lines) + 1, tail, is_unterminated_tail=True)
+    return builder.finish()
+
+
+def process_state(journal: Journal) -> ProcessState:
+    """Whether the journal's process has ``"exited"``, is ``"running"`` or is ``"gone"``.
+
+    ``exited``: the journal has an ``exit`` record. ``running``: ``/proc/<pid>/stat`` exists and its
+    start time equals the journal's ``start_ticks`` (so a re-used pid does not count); when
+    ``start_ticks`` is null (no ``/proc``), any process with that pid counts. ``gone`` otherwise.
+    """
+    if journal.exit is not None:
+        return "exited"
+    pid = journal.pid
+    if pid is None or pid <= 0:
+        return "gone"
+    if journal.start_ticks is None:
+        return "running" if _pid_exists(pid) else "gone"
+    ticks = _read_start_ticks(pid)
+    return "running" if ticks is not None and ticks == journal.start_ticks else "gone"
+
+
+def start_ticks_from_stat(stat: str) -> Optional[int]:
+    """Field 22 (start time in clock ticks) of a ``/proc/<pid>/stat`` line, or None if malformed.
+
+    Field 2 is ``(comm)``, which may itself contain spaces and parentheses, so the fields are
+    counted from after the *last* ``)``.
+    """
+    _, paren, rest = stat.rpartition(")")
+    fields = rest.split()
+    # rest starts at field 3 (state); field 22 is the 20th from there.
+    if not paren or len(fields) < 20:
+        return None
+    try:
+        return int(fields[19])
+    except ValueError:
+        return None
+
+
+def format_duration(ns: int) -> str:
+    """A short human duration: ``14 ms``, ``2.31 s``, ``12.3 s``, ``312 s``. Negative counts as 0."""
+    seconds = max(ns, 0) / 1e9
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    ms = seconds * 1000
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    if ms >= 1:
+        return f"{ms:.3g} ms"
+    return f"{ms:.2g} ms"
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # it exists, it is just not ours
+    except (OSError, OverflowError):
+        return False
+    return True
+
+
+def _read_start_ticks(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return start_ticks_from_stat(f.read())
+    except OSError:
+        return None
+
+
+def _decode(raw: bytes) -> tuple[str, bool]:
+    """A line as text, and whether undecodable bytes had to be replaced."""
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="replace"), True
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class _JournalBuilder:
+    """Turns records into a `Journal`, one line at a time."""
+
+    def __init__(self, path: str) -> None:
+        self.journal = Journal(path=path)
+        self._spans: dict[str, Span] = {}
+        self._warned_versions: set[int] = set()
+
+    # --- lines -----------------------------------------------------------------------------
+
+    def feed_line(self, number: int, raw: bytes, *, is_unterminated_tail: bool = False) -> None:
+        """Read one line. The unterminated tail is a record only if it parses; else it was cut short."""
+        text, replaced = _decode(raw)
+        if replaced and not is_unterminated_tail:
+            self._problem(number, _NOT_UTF8)
+        if not text.strip():
+            if not is_unterminated_tail:
+                self._problem(number, "empty line")
+            return
+        try:
+            record = json.loads(text, parse_constant=_reject_constant)
+        except json.JSONDecodeError as e:
+            if is_unterminated_tail:
+                self._problem(number, "truncated (incomplete last record)")
+            else:
+                self._problem(number, f"not JSON: {e.msg} (column {e.colno})")
+            return
+        except (ValueError, RecursionError) as e:
+            self._problem(number, f"not JSON: {e if isinstance(e, ValueError) else 'nested too deeply'}")
+            return
+        if replaced and is_unterminated_tail:  # a whole record after all, just without its newline
+            self._problem(number, _NOT_UTF8)
+        try:
+            self._feed_record(number, record)
+        except _BadRecord as e:
+            self._problem(number, str(e))
+
+    def finish(self) -> Journal:
+        journal = self.journal
+        journal.spans.sort(key=lambda span: span.start_ns)  # stable: file order breaks ties
+        if journal.spans and journal.root is None:
+            journal.problems.append("no 'process' span: the journal's first record is missing")
+        return journal
+
+    def _problem(self, number: int, text: str) -> None:
+        self.journal.problems.append(f"line {number}: {text}")
+
+    # --- records ---------------------------------------------------------------------------
+
+    def _feed_record(self, number: int, record: Any) -> None:
+        if not isinstance(record, dict):
+            raise _BadRecord(f"not a record (a JSON {type(record).__name__}, not an object)")
+        for key in ("v", "k", "ts"):
+            if key not in record:
+                raise _BadRecord(f"record has no {key!r}")
+        version = _int(record, "v")
+        if version < 1:
+            raise _BadRecord(f"unknown format version {version}")
+        if version > FORMAT_VERSION and version not in self._warned_versions:
+            self._warned_versions.add(version)
+            self._problem(number, f"format version {version} is newer than this reader "
+                                  f"({FORMAT_VERSION}); reading what it can")
+        kind = record["k"]
+        if kind not in KINDS:
+            raise _BadRecord(f"unknown record kind {_short(kind)}")
+        for key in _REQUIRED[kind]:
+            if key not in record:
+                raise _BadRecord(f"{kind!r} record has no {key!r}")
+        ts = _int(record, "ts")
+        if not 0 <= ts <= _MAX_TS:
+            raise _BadRecord(f"'ts' out of range: {ts}")
+        getattr(self, f"_on_{kind}")(number, ts, record)
+        self.journal.last_evidence_ns = ts
+
+    def _on_start(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        span_id = _span_id(record, "span_id")
+        parent_id = record.get("parent_id")
+        if parent_id is not None:
+            parent_id = _span_id(record, "parent_id")
+            if parent_id == span_id:
+                raise _BadRecord(f"span {span_id} names itself as its parent")
+        name = _str(record, "name")
+        trace_id = _str(record, "trace_id")
+        if not _TRACE_ID.fullmatch(trace_id) or trace_id == "0" * 32:
+            raise _BadRecord(f"'trace_id' is not 32 lowercase hex digits: {_short(trace_id)}")
+        if span_id in self._spans:
+            first = self._spans[span_id]
+            raise _BadRecord(f"duplicate start of span {span_id} ({_short(name)}); "
+                             f"the first ({_short(first.name)}) is kept")
+        span = Span(name=name, span_id=span_id, parent_id=parent_id, trace_id=trace_id,
+                    start_ns=ts, attrs=self._attrs(number, record))
+        self._spans[span_id] = span
+        self.journal.spans.append(span)
+        if name == "process" and self.journal.root is None:
+            self._take_process_facts(number, span, record)
+
+    def _take_process_facts(self, number: int, span: Span, record: dict[str, Any]) -> None:
+        journal = self.journal
+        journal.root = span
+        pid, ticks, config, sampled = (record.get(key) for key in ("pid", "start_ticks", "config", "sampled"))
+        if _is_int(pid) and pid > 0:
+            journal.pid = pid
+        else:
+            self._problem(number, f"process start has no valid 'pid': {_short(pid)}")
+        if _is_int(ticks):
+            journal.start_ticks = ticks
+        elif ticks is not None:
+            self._problem(number, f"process start has an invalid 'start_ticks': {_short(ticks)}")
+        if isinstance(config, dict):
+            journal.config = config
+        elif config is not None:
+            self._problem(number, f"process start has an invalid 'config': {_short(config)}")
+        if isinstance(sampled, bool):
+            journal.sampled = sampled
+
+    def _on_end(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        span = self._known_span(record, "end")
+        if not span.is_open:
+            raise _BadRecord(f"second end of span {span.span_id} ({_short(span.name)}); the first is kept")
+        status = record.get("status")
+        message = record.get("message")
+        span.end_ns = max(ts, span.start_ns)
+        span.message = message if isinstance(message, str) else None
+        if status in ("ok", "error"):
+            span.status = status
+        else:
+            span.status = "error"
+            span.message = span.message or f"unknown end status {_short(status)}"
+            self._problem(number, f"end of span {span.span_id} has unknown status {_short(status)}; "
+                                  "read as error")
+        span.attrs.update(self._attrs(number, record))
+
+    def _on_event(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        span = self._known_span(record, "event")
+        span.events.append((ts, _str(record, "name"), self._attrs(number, record)))
+
+    def _on_attrs(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        span = self._known_span(record, "attrs")
+        span.attrs.update(self._attrs(number, record))
+
+    def _on_beat(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        journal = self.journal
+        steps = _int(record, "steps")
+        last_step = record.get("last_step_ts")
+        if last_step is not None and not _is_int(last_step):
+            raise _BadRecord(f"'last_step_ts' is not an integer: {_short(last_step)}")
+        journal.beats += 1
+        journal.last_beat_ns = ts
+        journal.steps = steps
+        journal.last_step_ns = last_step
+        metrics = record.get("metrics")
+        if isinstance(metrics, dict):
+            journal.metrics = metrics
+
+    def _on_line(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        level = record.get("level")
+        self.journal.lines.append(Line(ts, level if isinstance(level, str) else "info", _str(record, "msg")))
+
+    def _on_exit(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        if self.journal.exit is not None:
+            raise _BadRecord("second exit record; the first is kept")
+        code, how, message = record.get("code"), record.get("how"), record.get("message")
+        self.journal.exit = {
+            "ts": ts,
+            "code": code if _is_int(code) else None,
+            "how": how if isinstance(how, str) else "normal",
+            "message": message if isinstance(message, str) else None,
+        }
+
+    # --- fields ----------------------------------------------------------------------------
+
+    def _known_span(self, record: dict[str, Any], kind: str) -> Span:
+        span_id = _span_id(record, "span_id")
+        span = self._spans.get(span_id)
+        if span is None:
+            raise _BadRecord(f"{kind} for unknown span {span_id}")
+        return span
+
+    def _attrs(self, number: int, record: dict[str, Any]) -> dict[str, Any]:
+        attrs = record.get("attrs")
+        if attrs is None:
+            return {}
+        if not isinstance(attrs, dict):
+            self._problem(number, f"'attrs' is not an object: {_short(attrs)}; ignored")
+            return {}
+        return attrs
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(record: dict[str, Any], key: str) -> int:
+    value = record.get(key)
+    if not _is_int(value):
+        raise _BadRecord(f"{key!r} is not an integer: {_short(value)}")
+    return value
+
+
+def _str(record: dict[str, Any], key: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str):
+        raise _BadRecord(f"{key!r} is not a string: {_short(value)}")
+    return value
+
+
+def _span_id(record: dict[str, Any], key: str) -> str:
+    value = _str(record, key)
+    if not _SPAN_ID.fullmatch(value) or value == "0" * 16:
+        raise _BadRecord(f"{key!r} is not 16 lowercase hex digits: {_short(value)}")
+    return value
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr`` of a value from the journal, cut to ``limit`` characters for a problem line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,193 @@
+"""A real OpenTelemetry collector for tests: the ``rotel`` agent from PyPI, on loopback ports.
+
+The ``rotel`` package ships its binary as ``rotel/rotel-agent`` inside the package directory (no
+console script). It runs in the foreground with
+
+    rotel-agent start --otlp-grpc-endpoint 127.0.0.1:P1 --otlp-http-endpoint 127.0.0.1:P2
+        --exporter blackhole --debug-log traces --debug-log-verbosity detailed
+
+and prints every span it receives on stdout, in the OpenTelemetry Collector's "debug exporter"
+text layout, which `parse_debug_log` reads back::
+
+    ResourceSpans #0
+    Resource attributes:
+         -> service.name: Str(train.py)
+    Span #0
+        Trace ID       : 4bf92f3577b34da6a3ce929d0e0e4736
+        Parent ID      : 00f067aa0ba902b7
+        ID             : 53995c3f42cd8ad8
+        Name           : import torch
+        Status code    : STATUS_CODE_ERROR
+        Status message : boom
+    Attributes:
+         -> lora_otel.incomplete: Bool(true)
+    Events:
+    SpanEvent #0
+         -> Name: mark
+
+rotel has no file exporter, so this text is the record. Attribute values that contain a newline
+continue on the next line and are cut at the first one here; tests avoid them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+
+def rotel_agent_path() -> Optional[Path]:
+    """The ``rotel-agent`` binary inside the installed ``rotel`` package, or None."""
+    spec = importlib.util.find_spec("rotel")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "rotel-agent"
+    return path if path.is_file() else None
+
+
+@dataclass
+class ReceivedSpan:
+    """A span as the collector printed it. ``attributes`` values are typed (``Int(3)`` → 3)."""
+
+    name: str = ""
+    trace_id: str = ""
+    span_id: str = ""
+    parent_id: Optional[str] = None
+    status_code: str = ""
+    status_message: str = ""
+    start_ns: int = 0
+    end_ns: int = 0
+    attributes: dict[str, Any] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+_SPAN_FIELDS = {"Trace ID": "trace_id", "Parent ID": "parent_id", "ID": "span_id", "Name": "name",
+                "Status code": "status_code", "Status message": "status_message"}
+_FIELD = re.compile(r"^\s+(Trace ID|Parent ID|ID|Name|Kind|Status code|Status message)\s*: ?(.*)$")
+_TIME = re.compile(r"^(Start|End) time: (\d+)$")
+_ARROW = re.compile(r"^\s+-> ([^:]+): (.*)$")
+_TYPED = re.compile(r"^(Str|Int|Double|Bool)\((.*)\)$")
+
+
+def parse_debug_log(text: str) -> list[ReceivedSpan]:
+    """The spans in rotel's ``--debug-log traces --debug-log-verbosity detailed`` output."""
+    spans: list[ReceivedSpan] = []
+    resource: dict[str, Any] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.lstrip("\0")  # a file truncated under a running writer starts with NULs
+        if line.startswith("ResourceSpans #"):
+            resource, section = {}, "resource"
+        elif line.startswith("Span #"):
+            spans.append(ReceivedSpan(resource=resource))
+            section = "span"
+        elif line.startswith(("Attributes:", "Events:", "SpanEvent #", "Links:")):
+            section = line.split()[0].rstrip(":")
+        elif section == "span" and (m := _FIELD.match(line)) and m.group(1) in _SPAN_FIELDS:
+            label, value = m.group(1), m.group(2).strip()
+            setattr(spans[-1], _SPAN_FIELDS[label], (value or None) if label == "Parent ID" else value)
+        elif spans and (m := _TIME.match(line)):
+            setattr(spans[-1], "start_ns" if m.group(1) == "Start" else "end_ns", int(m.group(2)))
+        elif m := _ARROW.match(line):
+            key, value = m.group(1).strip(), _typed(m.group(2))
+            if section == "resource":
+                resource[key] = value
+            elif section == "Attributes" and spans:
+                spans[-1].attributes[key] = value
+            elif section == "SpanEvent" and spans and key == "Name":
+                spans[-1].events.append(str(value))
+    return spans
+
+
+def _typed(text: str) -> Any:
+    m = _TYPED.match(text)
+    if not m:
+        return text
+    kind, value = m.groups()
+    if kind == "Int":
+        return int(value)
+    if kind == "Double":
+        return float(value)
+    if kind == "Bool":
+        return value == "true"
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Collector:
+    """A running rotel agent on two free loopback ports; its debug output goes to a file."""
+
+    def __init__(self, binary: Path, workdir: Path) -> None:
+        self.grpc_port, self.http_port = free_port(), free_port()
+        self.output = workdir / "rotel.out"
+        self._out = open(self.output, "wb")
+        self.process = subprocess.Popen(
+            [str(binary), "start",
+             "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
+             "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
+             "--exporter", "blackhole", "--debug-log", "traces", "--debug-log-verbosity", "detailed",
+             "--pid-file", str(workdir / "rotel.pid"), "--log-file", str(workdir / "rotel.log")],
+            stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        try:
+            self._wait_listening(timeout=20)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    def _wait_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = {self.grpc_port, self.http_port}
+        while waiting:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"rotel exited with {self.process.returncode}: {self.output.read_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rotel is not listening on {sorted(waiting)} after {timeout} s")
+            for port in list(waiting):
+                with socket.socket() as s:
+                    s.settimeout(0.2)
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                        waiting.discard(port)
+            time.sleep(0.05)
+
+    def spans(self) -> list[ReceivedSpan]:
+        """Every span received so far."""
+        return parse_debug_log(self.output.read_bytes().decode("utf-8", "replace"))
+
+    def wait_for_spans(self, count: int, timeout: float = 15) -> list[ReceivedSpan]:
+        """The spans received, once there are at least ``count`` (rotel batches for 200 ms)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            spans = self.spans()
+            if len(spans) >= count or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._out.close()
