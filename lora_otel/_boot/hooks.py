@@ -75,6 +75,16 @@ def _program_import(globals) -> bool:
     return True
 
 
+def _importer(globals) -> str:
+    return str((globals or {}).get("__name__") or "?")
+
+
+def _library_import(globals) -> bool:
+    """Whether the importing code lives in an installed package (site-packages/dist-packages)."""
+    f = (globals or {}).get("__file__")
+    return isinstance(f, str) and "-packages" in f
+
+
 def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
     """``builtins.__import__`` replacement: a span around each top-level import of a new module."""
     if level or name in _modules or not core.active:
@@ -92,11 +102,19 @@ def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
         except BaseException as e:
             if sid is not None:
                 with core.fail_open("import hook"):
-                    core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e))
+                    text = "%s: %s" % (type(e).__name__, e)
+                    if isinstance(e, ImportError) and _library_import(globals):
+                        # A library probing for an optional package: a fact, not the job's error.
+                        core.span_end(sid, "ok", attrs={"lora_otel.import.error": text,
+                                                        "lora_otel.import.by": _importer(globals)})
+                    else:
+                        core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(globals)})
             raise
         if sid is not None:
             with core.fail_open("import hook"):
-                core.span_end(sid, "ok", attrs=_module_facts(name))
+                facts = _module_facts(name)
+                facts["lora_otel.import.by"] = _importer(globals)
+                core.span_end(sid, "ok", attrs=facts)
     finally:
         _importing.pop(tid, None)
     _after_import()

@@ -44,6 +44,8 @@ KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "import": ("lora_otel.package.version",),
     "cuda init": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason", "lora_otel.cuda.device_count",
                   "lora_otel.cuda.device_names", "lora_otel.cuda.version", "lora_otel.nvidia.driver_version"),
+    "cuda probe": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason"),
+    "training": ("lora_otel.training.steps",),
 }
 """Attributes shown on a span's tree line, by span kind (``import`` stands for every ``import X``)."""
 
