@@ -209,3 +209,18 @@ def test_journal_lines_are_versioned_json(tmp_path: Path) -> None:
         rec = json.loads(line)
         assert rec["v"] == 1 and rec["k"] in {"start", "end", "event", "attrs", "beat", "line", "exit"}
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+
+
+def test_two_runs_with_the_same_log_get_two_journals(tmp_path: Path) -> None:
+    """A re-run with the same `--log` keeps the first journal and writes a second of its own."""
+    script = write_script(tmp_path)
+    log = tmp_path / "run.log"
+    for _ in range(2):
+        assert run_traced([str(script), "--log", str(log)], cwd=tmp_path).returncode == 0
+    found = journals(tmp_path)
+    assert len(found) == 2
+    from lora_otel.export.reader import read_journal
+
+    pids = {read_journal(p).pid for p in found}
+    assert len(pids) == 2
+    assert all(read_journal(p).problems == [] for p in found)

@@ -110,13 +110,28 @@ def _stderr(text: str) -> None:
         pass
 
 
-def open_journal(path: str) -> str:
+def open_journal(path: str, fresh: bool = False) -> str:
     """Open (create) the journal at ``path``; on failure fall back to a temp dir, saying so.
 
-    Returns the path actually opened, or "" when no journal could be opened at all.
+    With ``fresh``, a file that already exists (another process's journal) is left alone and a
+    unique name beside it is used instead. Returns the path actually opened, or "" when no
+    journal could be opened at all.
     """
     global _journal_fd, journal_path
     tried = []
+    if fresh:
+        from lora_otel._boot.paths import unique_variant
+
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except FileExistsError:
+            path = unique_variant(path, os.getpid(), time.time())
+        except OSError:
+            pass  # reported by the attempt below
+        else:
+            _journal_fd = fd
+            journal_path = path
+            return path
     candidates = [path]
     fallback_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid()
                                 if hasattr(os, "getuid") else "lora-otel")

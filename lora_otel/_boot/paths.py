@@ -48,3 +48,13 @@ def child_journal_path(parent_path: str, pid: int) -> str:
     if parent_path.endswith(JOURNAL_SUFFIX):
         return parent_path[: -len(JOURNAL_SUFFIX)] + ".%d%s" % (pid, JOURNAL_SUFFIX)
     return parent_path + ".%d" % pid
+
+
+def unique_variant(path: str, pid: int, now_s: float) -> str:
+    """``run.log.otel.jsonl`` → ``run.log.<UTC time>-<pid>.otel.jsonl``: for when the first is taken.
+
+    Several processes can share one ``--log`` (ranks of one job, or a re-run of the same job);
+    each still gets a journal of its own.
+    """
+    stem = path[: -len(JOURNAL_SUFFIX)] if path.endswith(JOURNAL_SUFFIX) else path
+    return "%s.%s" % (stem, journal_name(pid, now_s))

@@ -115,7 +115,9 @@ def _start(how: str) -> None:
     core.log_path = paths.log_path_from_argv(argv)
     if core.log_path:
         core.open_log(core.log_path)
-    core.open_journal(paths.choose_journal_path(argv, env, core.pid, now / 1e9))
+    # Beside --log, the name is shared by every process given that --log: first come keeps it.
+    core.open_journal(paths.choose_journal_path(argv, env, core.pid, now / 1e9),
+                      fresh=not env.get("LORA_OTEL_JOURNAL") and core.log_path is not None)
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,

@@ -27,6 +27,8 @@ def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
     if getattr(args, "journal", None):
         env["LORA_OTEL_JOURNAL"] = os.path.abspath(args.journal)
     journal = paths.choose_journal_path(cmd, env, os.getpid(), time.time())
+    if os.path.exists(journal) and not getattr(args, "journal", None):
+        journal = paths.unique_variant(journal, os.getpid(), time.time())  # a re-run: keep the old one
     # Name the top process's journal here, so we know where to look afterwards.
     env["LORA_OTEL_JOURNAL"] = journal
     return env, journal
