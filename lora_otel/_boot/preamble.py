@@ -84,6 +84,22 @@ def _service_name(argv: list) -> str:
     return base[:-3] if base.endswith(".py") else base
 
 
+def _traceparent() -> str:
+    """The W3C ``traceparent`` that makes this process's root span the parent of its children."""
+    return "00-%s-%s-%s" % (core.trace_id, core.root_id, "01" if core.sampled else "00")
+
+
+def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
+    """The journal's first record: the root span ``process`` (see docs/journal.md)."""
+    core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
+                "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
+                "ppid": os.getppid(), "start_ticks": ticks, "sampled": core.sampled,
+                "config": {"import_threshold_ms": core.import_threshold_ms},
+                "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
+                          "process.parent_pid": os.getppid(), "lora_otel.activation": how}})
+    core.open_spans[core.root_id] = ("process", parent, 0)
+
+
 def start(how: str) -> None:
     """Run the preamble once in this process; ``how`` names the activation (pth, run, -m, import)."""
     if core.active or os.environ.get("LORA_OTEL_SIDECAR") or \
@@ -120,13 +136,7 @@ def _start(how: str) -> None:
                       fresh=not env.get("LORA_OTEL_JOURNAL") and core.log_path is not None)
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
-    core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
-                "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
-                "ppid": os.getppid(), "start_ticks": ticks, "sampled": sampled,
-                "config": {"import_threshold_ms": core.import_threshold_ms},
-                "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
-                          "lora_otel.activation": how}})
-    core.open_spans[core.root_id] = ("process", parent, 0)
+    _write_root_start(start_ns, parent, ticks, how, argv)
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
     first_evidence_us = (time.perf_counter_ns() - t0) // 1000
 
@@ -144,7 +154,7 @@ def _start(how: str) -> None:
         env.pop("LORA_OTEL_JOURNAL", None)
         if core.journal_path and not env.get("LORA_OTEL_DIR"):
             env["LORA_OTEL_DIR"] = os.path.dirname(core.journal_path)
-    env["TRACEPARENT"] = "00-%s-%s-%s" % (core.trace_id, core.root_id, "01" if sampled else "00")
+    env["TRACEPARENT"] = _traceparent()
 
     # 4. Exit, exceptions, fork, beat.
     _install_exit_hooks()
@@ -278,14 +288,8 @@ def _after_fork_child() -> None:
         core.root_id = core.new_span_id()
         core.open_journal(paths.child_journal_path(parent_path, core.pid) if parent_path
                           else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9))
-        core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": now, "trace_id": core.trace_id,
-                    "span_id": core.root_id, "parent_id": parent_span, "name": "process",
-                    "pid": core.pid, "ppid": os.getppid(), "start_ticks": _process_start(now)[1],
-                    "sampled": core.sampled, "config": {"import_threshold_ms": core.import_threshold_ms},
-                    "attrs": {"service.name": _service_name(sys.argv), "process.pid": core.pid,
-                              "process.parent_pid": os.getppid(), "lora_otel.activation": "fork"}})
-        core.open_spans[core.root_id] = ("process", parent_span, 0)
-        os.environ["TRACEPARENT"] = "00-%s-%s-%s" % (core.trace_id, core.root_id, "01" if core.sampled else "00")
+        _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
+        os.environ["TRACEPARENT"] = _traceparent()
         _start_beat()
 
 
