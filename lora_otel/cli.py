@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lora-otel",
         description="Make silent hangs of training jobs visible: trace a process from its first "
         "instruction into a local journal, and export it as OpenTelemetry traces.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  lora-otel run --tree -- python train.py --log runs/a.log   trace one job, print its tree\n"
+        "  LORA_OTEL=1 python train.py                                 the same with no wrapper\n"
+        "  lora-otel inspect runs/a.log.otel.jsonl                     where is it stuck?\n"
+        "  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\\n"
+        "    lora-otel replay runs/a.log.otel.jsonl                    ship it to Jaeger/Tempo\n"
+        "\njournals: beside --log, else $LORA_OTEL_DIR, else ./lora-otel/ (docs/journal.md)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
