@@ -149,3 +149,29 @@ def test_non_utf8_argv(tmp_path: Path, seed: int) -> None:
     j = read_journal(jp)
     assert j.problems == []
     assert "\udcff\udcfe\udc80bad" in j.root.attrs["process.command_args"]
+
+
+def test_sigusr1_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
+    """SIGUSR1 to a process frozen with the GIL held: its Python stack lands beside the journal."""
+    make_module(tmp_path, "frozenmod", """
+        import ctypes
+        def hold_the_gil():
+            while True:  # pause() returns after any signal; go straight back
+                ctypes.PyDLL(None).pause()
+        hold_the_gil()
+    """)
+    proc = start_traced(tmp_path, "import frozenmod\n")
+    try:
+        wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
+        [path] = journals(tmp_path / "lora-otel")
+        stacks = Path(str(path)[: -len(".otel.jsonl")] + ".stacks.txt")
+        assert read_journal(path).root.attrs["lora_otel.stacks.path"] == str(stacks)
+        time.sleep(0.3)  # let pause() take hold
+        os.kill(proc.pid, signal.SIGUSR1)
+        text = wait_for(lambda: stacks.exists() and "hold_the_gil" in stacks.read_text() and stacks.read_text(),
+                        what="stack dump", timeout=10)
+        assert "frozenmod.py" in text and "job.py" in text
+        assert proc.poll() is None, "the dump must not kill the process"
+        assert oct(os.stat(stacks).st_mode & 0o777) == "0o600"
+    finally:
+        kill_and_reap(proc)

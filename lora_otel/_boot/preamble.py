@@ -148,6 +148,7 @@ def _start(how: str) -> None:
     # 3. arguments, process attributes, self-check, propagation.
     arguments_id = core.span_start("arguments", {}, parent_id=core.root_id, ts=start_ns, push=False)
     del arguments_id
+    _register_stack_dump()
     _describe_process(argv, how)
     if env.get("LORA_OTEL_JOURNAL"):
         # An exact path is for this process only; its children write beside it.
@@ -165,6 +166,47 @@ def _start(how: str) -> None:
     core.span_attrs(core.root_id, {
         "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
         "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
+
+
+def stacks_path(journal_path: str) -> str:
+    """``run.log.otel.jsonl`` → ``run.log.stacks.txt``: where SIGUSR1 dumps Python stacks."""
+    stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
+    return stem + ".stacks.txt"
+
+
+_stacks_fd = -1
+
+
+def _register_stack_dump() -> None:
+    """SIGUSR1 → ``faulthandler`` writes every thread's Python stack beside the journal.
+
+    faulthandler's handler runs in C without the GIL, so it works on a frozen process (GIL held
+    in native code) too: the exporting side sends the signal when it declares a stall. Skipped
+    when the program already handles SIGUSR1.
+    """
+    global _stacks_fd
+    import _signal
+    import faulthandler
+
+    if not core.journal_path or not hasattr(_signal, "SIGUSR1"):
+        return
+    if _signal.getsignal(_signal.SIGUSR1) not in (_signal.SIG_DFL, None):
+        core.info_line("SIGUSR1 is already handled by the program; no stack dumps on demand")
+        return
+    path = stacks_path(core.journal_path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        core.error_line("cannot open stack dump file %s (%s); no stack dumps on demand" % (path, e.strerror or e))
+        return
+    if _stacks_fd >= 0:
+        try:
+            os.close(_stacks_fd)
+        except OSError:
+            pass
+    _stacks_fd = fd
+    faulthandler.register(_signal.SIGUSR1, file=fd, all_threads=True, chain=False)
+    core.span_attrs(core.root_id, {"lora_otel.stacks.path": path})
 
 
 def _describe_process(argv: list, how: str) -> None:
@@ -289,6 +331,7 @@ def _after_fork_child() -> None:
         core.open_journal(paths.child_journal_path(parent_path, core.pid) if parent_path
                           else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9))
         _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
+        _register_stack_dump()
         os.environ["TRACEPARENT"] = _traceparent()
         _start_beat()
 
