@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional
 FORMAT_VERSION = 1
 """The journal format version this reader understands."""
 
+STEP_SAMPLES = 300
 KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit")
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -98,6 +99,8 @@ class Journal:
     steps: int = 0
     last_step_ns: Optional[int] = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # (beat ts, steps) of the last STEP_SAMPLES beats: enough to estimate the step time.
+    step_samples: list[tuple[int, int]] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
     exit: Optional[dict[str, Any]] = None
     last_evidence_ns: Optional[int] = None
@@ -384,6 +387,9 @@ class _JournalBuilder:
         journal.last_beat_ns = ts
         journal.steps = steps
         journal.last_step_ns = last_step
+        journal.step_samples.append((ts, steps))
+        if len(journal.step_samples) > STEP_SAMPLES:
+            del journal.step_samples[0]
         metrics = record.get("metrics")
         if isinstance(metrics, dict):
             journal.metrics = metrics

@@ -1,0 +1,106 @@
+"""Stall detection on real processes: a stage past its limit (alive) and a stopped beat (frozen)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from lora_otel.export.reader import read_journal
+from lora_otel.export.stall import StallConfigError, detect, parse_limits
+from procs import journal_has_open, journals, wait_for
+from test_hangs import kill_and_reap, make_module, start_traced
+
+
+def journal_of(tmp_path: Path):
+    found = wait_for(lambda: journals(tmp_path / "lora-otel"), what="a journal")
+    [path] = found
+    return read_journal(path)
+
+
+class TestLimits:
+    def test_defaults(self) -> None:
+        """Defaults from the issue: arguments 60 s, import 120 s, cuda init 120 s, training floor 120 s."""
+        limits = parse_limits(None)
+        assert (limits["arguments"], limits["import"], limits["cuda init"], limits["training"]) == (60, 120, 120, 120)
+
+    def test_one_number_for_all_and_per_stage(self) -> None:
+        """`300` sets every stage; `import=5,my stage=9` sets those and keeps the other defaults."""
+        assert set(parse_limits("300").values()) == {300.0}
+        limits = parse_limits("import=5, my stage=9")
+        assert limits["import"] == 5 and limits["my stage"] == 9 and limits["arguments"] == 60
+
+    @pytest.mark.parametrize("bad", ["import", "import=soon", "import=-1", "=5", "0", "nan"])
+    def test_bad_values_are_one_line_errors(self, bad: str) -> None:
+        """A malformed limit is a StallConfigError whose message is one line naming the problem."""
+        with pytest.raises(StallConfigError) as e:
+            parse_limits(bad)
+        assert "\n" not in str(e.value)
+
+
+class TestDetection:
+    def test_sleeping_import_is_an_alive_stall(self, tmp_path: Path) -> None:
+        """An import sleeping past a 1 s limit: kind `alive`, on that import span; not before the limit."""
+        make_module(tmp_path, "slowmod", "import time\ntime.sleep(600)\n")
+        proc = start_traced(tmp_path, "import slowmod\n")
+        try:
+            wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import slowmod"), what="import span")
+            limits = parse_limits("import=1.5")
+            j = journal_of(tmp_path)
+            assert detect(j, time.time_ns(), alive=True, limits=limits) is None
+            time.sleep(1.7)
+            stall = detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits)
+            assert stall is not None and stall.kind == "alive"
+            assert stall.span.name == "import slowmod" and stall.open_for_s >= 1.5
+            assert stall.status_message.startswith("stalled: import slowmod open for ")
+        finally:
+            kill_and_reap(proc)
+        # gone: no stall is reported for a process that no longer exists (death is handled apart)
+        assert detect(journal_of(tmp_path), time.time_ns(), alive=False) is None
+
+    def test_gil_held_import_is_frozen(self, tmp_path: Path) -> None:
+        """GIL held in C: the beat stops, and the process is frozen after the (shortened) 2 s."""
+        make_module(tmp_path, "frozenmod", "import ctypes\nctypes.PyDLL(None).pause()\n")
+        proc = start_traced(tmp_path, "import frozenmod\n")
+        try:
+            wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
+            stall = wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2),
+                             what="frozen", timeout=15)
+            assert stall.kind == "frozen" and stall.span.name == "import frozenmod"
+        finally:
+            kill_and_reap(proc)
+
+    def test_sigstopped_process_is_frozen(self, tmp_path: Path) -> None:
+        """SIGSTOP in the middle of a stage: frozen; after SIGCONT the beat resumes and it is not."""
+        proc = start_traced(tmp_path, "import lora_otel, time\nwith lora_otel.stage('load model'):\n"
+                                      "    time.sleep(600)\n")
+        try:
+            wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "load model"), what="stage")
+            os.kill(proc.pid, signal.SIGSTOP)
+            stall = wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2),
+                             what="frozen", timeout=15)
+            assert stall.kind == "frozen" and stall.span.name == "load model"
+            os.kill(proc.pid, signal.SIGCONT)
+            wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2) is None,
+                     what="thawed", timeout=10)
+        finally:
+            kill_and_reap(proc)
+
+    def test_training_that_stops_stepping(self, tmp_path: Path) -> None:
+        """Steps every 50 ms, then none: stalled once the gap passes max(floor, 20 x median step)."""
+        proc = start_traced(tmp_path, "import lora_otel, time\n"
+                                      "for i in range(60):\n    lora_otel.progress(step=i + 1)\n    time.sleep(0.05)\n"
+                                      "time.sleep(600)\n")
+        try:
+            wait_for(lambda: journal_of(tmp_path).steps >= 60, what="60 steps", timeout=30)
+            limits = parse_limits("training=1")
+            assert detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits) is None
+            stall = wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits),
+                             what="training stall", timeout=15)
+            assert stall.kind == "alive" and stall.span.name == "training"
+            assert stall.limit_s >= 1 and "no optimizer step for" in stall.reason
+        finally:
+            kill_and_reap(proc)
