@@ -1,0 +1,56 @@
+"""Evidence gathered from outside real stalled processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from lora_otel.export.evidence import PREFIX, gather, network_facts, process_facts
+from lora_otel.export.reader import read_journal
+from procs import journal_has_open, journals, wait_for
+from test_hangs import kill_and_reap, make_module, start_traced
+
+
+def test_sleeping_import_evidence(tmp_path: Path) -> None:
+    """A process sleeping in an import: state sleeping, ~0 % CPU, RSS and threads, its stack names the import."""
+    make_module(tmp_path, "slowmod", "import time\ndef wait_for_hub():\n    time.sleep(600)\nwait_for_hub()\n")
+    proc = start_traced(tmp_path, "import slowmod\n")
+    try:
+        wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import slowmod"), what="import span")
+        [path] = journals(tmp_path / "lora-otel")
+        stacks = read_journal(path).root.attrs["lora_otel.stacks.path"]
+        ev = gather(proc.pid, stacks)
+        assert ev[PREFIX + "process.state"].startswith("S")
+        assert ev[PREFIX + "process.cpu_percent"] < 20
+        assert ev[PREFIX + "process.rss_bytes"] > 1_000_000
+        assert ev[PREFIX + "process.threads"] >= 2  # main + beat
+        assert "wait_for_hub" in ev[PREFIX + "python.stacks"] and "slowmod.py" in ev[PREFIX + "python.stacks"]
+        assert PREFIX + "net.received_bytes" in ev
+        assert proc.poll() is None
+    finally:
+        kill_and_reap(proc)
+
+
+def test_busy_and_stopped_processes(tmp_path: Path) -> None:
+    """A spinning import shows high CPU; once SIGSTOPped its state says stopped and the stack request times out."""
+    make_module(tmp_path, "busymod", "while True:\n    pass\n")
+    proc = start_traced(tmp_path, "import busymod\n")
+    try:
+        wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import busymod"), what="import span")
+        assert process_facts(proc.pid, sample_s=0.5)[PREFIX + "process.cpu_percent"] > 50
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: process_facts(proc.pid, 0.05)[PREFIX + "process.state"].startswith("T"), what="stopped")
+        [path] = journals(tmp_path / "lora-otel")
+        ev = gather(proc.pid, read_journal(path).root.attrs["lora_otel.stacks.path"])
+        assert "no dump" in ev[PREFIX + "python.stacks.error"]
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        kill_and_reap(proc)
+
+
+def test_gone_process_gives_errors_not_exceptions() -> None:
+    """A pid that does not exist: error entries, never an exception."""
+    ev = process_facts(2 ** 22 + 12345, sample_s=0)
+    assert PREFIX + "process.error" in ev
+    assert PREFIX + "net.error" in network_facts(2 ** 22 + 12345)
