@@ -86,7 +86,52 @@ def network_facts(pid: int) -> dict[str, Any]:
         out[PREFIX + "net.sent_bytes"] = tx
     except (OSError, ValueError, IndexError) as e:
         out[PREFIX + "net.error"] = str(e)
+        return out
+    conns = tcp_connections(pid)
+    if conns:
+        out[PREFIX + "net.tcp_connections"] = conns[:20]
     return out
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+               "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
+               "0B": "CLOSING"}
+
+
+def _addr(hexaddr: str) -> str:
+    ip, _, port = hexaddr.partition(":")
+    if len(ip) == 8:
+        host = ".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    else:
+        host = "[ipv6]"
+    return "%s:%d" % (host, int(port, 16))
+
+
+def tcp_connections(pid: int) -> list:
+    """The process's own TCP sockets as ``"local -> remote STATE"`` (from its fds and /proc/net/tcp*)."""
+    try:
+        inodes = set()
+        fd_dir = "/proc/%d/fd" % pid
+        for fd in os.listdir(fd_dir):
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        out = []
+        for table in ("tcp", "tcp6"):
+            try:
+                rows = _read("/proc/%d/net/%s" % (pid, table)).splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                cols = row.split()
+                if len(cols) > 9 and cols[9] in inodes:
+                    out.append("%s -> %s %s" % (_addr(cols[1]), _addr(cols[2]), _TCP_STATES.get(cols[3], cols[3])))
+        return out
+    except OSError:
+        return []
 
 
 def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 2.0) -> dict[str, Any]:
