@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
+from lora_otel.export.inspect import deepest_open_span
 from lora_otel.export.reader import Journal, Span
 
 DEFAULT_LIMITS_S: dict[str, float] = {
@@ -102,20 +103,13 @@ def median_step_s(journal: Journal) -> Optional[float]:
     return statistics.median(per_step) if per_step else None
 
 
-def deepest_open(journal: Journal) -> Optional[Span]:
-    open_spans = [s for s in journal.spans if s.end_ns is None]
-    parents = {s.parent_id for s in open_spans}
-    leaves = [s for s in open_spans if s.span_id not in parents]
-    return max(leaves, key=lambda s: s.start_ns, default=None)
-
-
 def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str, float]] = None,
            frozen_after_s: float = FROZEN_AFTER_S) -> Optional[Stall]:
     """The stall in ``journal`` at ``now_ns``, or None. ``alive``: the process still exists."""
     if not alive or journal.exit is not None:
         return None
     limits = limits or DEFAULT_LIMITS_S
-    span = deepest_open(journal)
+    span = deepest_open_span(journal)
     if span is None:
         return None
     last_beat = journal.last_beat_ns or (journal.root.start_ns if journal.root else span.start_ns)
