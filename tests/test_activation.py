@@ -224,3 +224,12 @@ def test_two_runs_with_the_same_log_get_two_journals(tmp_path: Path) -> None:
     pids = {read_journal(p).pid for p in found}
     assert len(pids) == 2
     assert all(read_journal(p).problems == [] for p in found)
+
+
+def test_run_passes_death_by_signal_through(tmp_path: Path) -> None:
+    """A child killed by SIGKILL: `lora-otel run` dies by SIGKILL too, so the launcher sees the same status."""
+    script = write_script(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, str(script)], cwd=tmp_path,
+                       env=clean_env(), capture_output=True, text=True)
+    assert r.returncode == -9, r.stderr
+    assert "Traceback" not in r.stderr

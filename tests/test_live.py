@@ -80,3 +80,26 @@ def test_stage_that_stalls_then_recovers(tmp_path: Path, collector) -> None:
     assert cont[0].start_ns >= stalled[0].end_ns - 1
     # the process span was exported incomplete with the stall, so its normal end is a continuation too
     assert [s.name for s in received].count("process (continued)") == 1
+
+
+def test_lora_otel_run_exports_a_stall_and_the_kill(tmp_path: Path, collector) -> None:
+    """`lora-otel run` with an OTLP endpoint: the stalled import reaches the collector while the job
+    runs, the SIGKILL that ends it finalises the rest, and the exit status is the child's."""
+    import subprocess
+    import sys
+
+    from procs import clean_env
+
+    make_module(tmp_path, "slowmod", "import os, signal, time\ntime.sleep(3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    (tmp_path / "job.py").write_text("import slowmod\n")
+    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, LORA_OTEL_STALL_AFTER="import=1")
+    r = subprocess.run([sys.executable, "-m", "lora_otel", "run", "--", sys.executable, "job.py"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == -9, r.stderr  # the supervisor dies by the same signal
+    received = wait_for(lambda: [s for s in collector.spans() if s.name == "arguments"] and collector.spans(),
+                        what="finalised spans", timeout=10)
+    ids = [s.span_id for s in received]
+    assert len(ids) == len(set(ids))
+    by_name = {s.name: s for s in received}
+    assert by_name["import slowmod"].status_message.startswith("stalled: import slowmod open for")
+    assert "killed by SIGKILL" in by_name["arguments"].status_message

@@ -55,6 +55,7 @@ def run_command(args: argparse.Namespace) -> int:
         except OSError:
             pass
 
+    live = _start_live_export(journal)
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         old[sig] = signal.signal(sig, forward)
@@ -67,13 +68,18 @@ def run_command(args: argparse.Namespace) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
 
+    if live is not None:
+        live.finish(rc)
     if getattr(args, "tree", False):
         _print_tree(journal)
     if rc < 0:
         sig = -rc
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.signal(sig, signal.SIG_DFL)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be handled, so they already act by default
         os.kill(os.getpid(), sig)
         return 128 + sig
     return rc
@@ -89,3 +95,70 @@ def _print_tree(journal: str) -> None:
 
     sys.stdout.write(render_text(read_journal(journal)))
     sys.stdout.flush()
+
+
+def describe_status(rc: int) -> str:
+    """``0`` → "exit code 0"; ``-9`` → "killed by SIGKILL"."""
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit code %d" % rc
+
+
+class _LiveExport:
+    """Follows the top process's journal in a thread and exports it live (stalls included)."""
+
+    POLL_S = 0.5
+    FINISH_TIMEOUT_S = 3.0
+
+    def __init__(self, journal: str) -> None:
+        import threading
+
+        self.journal = journal
+        self.done = threading.Event()
+        self.rc: int | None = None
+        self.thread = threading.Thread(target=self._run, name="lora-otel-live", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from lora_otel.export.live import Follower
+        from lora_otel.export.otlp import make_exporter
+
+        try:
+            exporter = make_exporter()
+        except Exception as e:  # noqa: BLE001 - bad settings: say so once, the job goes on
+            print("lora-otel run: live export off: %s" % e, file=sys.stderr)
+            return
+        follower = None
+        while not self.done.wait(self.POLL_S):
+            if follower is None and os.path.exists(self.journal):
+                follower = Follower(self.journal, exporter)
+            if follower is not None:
+                try:
+                    follower.poll()
+                except Exception as e:  # noqa: BLE001 - keep following; the journal remains for replay
+                    print("lora-otel run: live export: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        if follower is None and os.path.exists(self.journal):
+            follower = Follower(self.journal, exporter)
+        if follower is not None and self.rc is not None:
+            try:
+                follower.finalize(describe_status(self.rc))
+            except Exception as e:  # noqa: BLE001
+                print("lora-otel run: final export: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        exporter.shutdown()
+
+    def finish(self, rc: int) -> None:
+        self.rc = rc
+        self.done.set()
+        self.thread.join(self.FINISH_TIMEOUT_S)
+
+
+def _start_live_export(journal: str) -> "_LiveExport | None":
+    """Live export when an OTLP endpoint is configured by the standard variables; else journal only."""
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return None
+    if os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return None
+    return _LiveExport(journal)
