@@ -212,7 +212,7 @@ def _register_stack_dump() -> None:
 def _describe_process(argv: list, how: str) -> None:
     from lora_otel._boot import envfacts, redact
 
-    clean_argv = redact.redact_argv([a for a in argv])
+    clean_argv = redact.redact_argv(argv)
     exe = sys.executable or ""
     try:
         cwd = os.getcwd()

@@ -62,20 +62,21 @@ class Follower:
         """Read the journal, export what is new; returns what was sent (or tried)."""
         journal = read_journal(self.path)
         now = now_ns or time.time_ns()
-        out = self._ended(journal)
+        tr, dropped = self._translator(journal)
+        out = self._ended(journal, tr, dropped)
         alive = process_state(journal) == "running"
         stalled_now = {s.span.span_id for s in self.stalls}
         stall = detect(journal, now, alive, self.limits, self.frozen_after_s)
         if stall is not None and stall.span.span_id not in stalled_now and stall.span.span_id not in self.exported:
-            out += self._stall(journal, stall, now)
+            out += self._stall(journal, tr, stall, now)
         self._send(out)
         return out
 
     def finalize(self, how: str) -> list[ReadableSpan]:
         """The process is gone: export every span never exported, once, as incomplete. ``how``: e.g. "killed by SIGKILL"."""
         journal = read_journal(self.path)
-        out = self._ended(journal)
-        tr, _ = self._translator(journal)
+        tr, dropped = self._translator(journal)
+        out = self._ended(journal, tr, dropped)
         for span in journal.spans:
             if span.end_ns is None and span.span_id not in self.exported:
                 end = max(journal.last_evidence_ns or span.start_ns, span.start_ns)
@@ -94,8 +95,7 @@ class Follower:
         dropped = {s.span_id: s for s in journal.spans if otlp._is_short_import(s, journal)}
         return otlp._Translator(journal, dropped), dropped
 
-    def _ended(self, journal: Journal) -> list[ReadableSpan]:
-        tr, dropped = self._translator(journal)
+    def _ended(self, journal: Journal, tr, dropped: dict) -> list[ReadableSpan]:
         out = []
         for span in journal.spans:
             if span.end_ns is None or span.span_id in dropped:
@@ -117,9 +117,8 @@ class Follower:
         tr.known.add(span.span_id)
         return tr.readable(rest)
 
-    def _stall(self, journal: Journal, stall: Stall, now: int) -> list[ReadableSpan]:
+    def _stall(self, journal: Journal, tr, stall: Stall, now: int) -> list[ReadableSpan]:
         self.stalls.append(stall)
-        tr, _ = self._translator(journal)
         chain = []
         span: Optional[Span] = stall.span
         while span is not None:

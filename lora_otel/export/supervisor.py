@@ -2,8 +2,9 @@
 
 The command inherits stdin, stdout and stderr untouched; SIGINT and SIGTERM sent to the supervisor
 are forwarded; the command's exit status is passed through (a death by signal is repeated on the
-supervisor, so the launcher above sees the same signal). Live export and stall detection come with
-the next stage of this module; today it prints the span tree afterwards when asked (``--tree``).
+supervisor, so the launcher above sees the same signal). When an OTLP endpoint is configured by the
+standard ``OTEL_EXPORTER_OTLP_*`` variables it follows the top process's journal and exports it live
+(stalls included, see :mod:`lora_otel.export.live`); ``--tree`` prints the span tree afterwards.
 """
 
 from __future__ import annotations
