@@ -53,15 +53,13 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
     def __enter__(self) -> "stage":
         if core.active:
             with core.fail_open("stage"):
-                if self.name == "training":
-                    from lora_otel._boot import hooks
+                from lora_otel._boot import hooks
 
+                if self.name == "training":
                     hooks.arguments_done("none seen before training")
                 attrs = _clean_attrs(self.attrs) if self.attrs else {}
                 self._sid = core.span_start(self.name, attrs)
                 if self.name == "training":
-                    from lora_otel._boot import hooks
-
                     hooks._training_id = self._sid
         return self
 
@@ -116,13 +114,7 @@ def progress(step: int | None = None, **metrics: float) -> None:
     with core.fail_open("progress"):
         from lora_otel._boot import hooks
 
-        if hooks._training_id is None or hooks._training_id not in core.open_spans:
-            if core.find_open("training") is None:
-                hooks.arguments_done("none seen before training")
-                hooks._training_id = core.span_start(
-                    "training", {"lora_otel.training.started_by": "lora_otel.progress"},
-                    parent_id=core.root_id, push=False)
-                core.info_line("training started (lora_otel.progress)")
+        hooks.ensure_training("lora_otel.progress", "lora_otel.progress")
         if step is not None:
             core.steps = step
             core.last_step_ns = time.time_ns()

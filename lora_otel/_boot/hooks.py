@@ -186,15 +186,22 @@ def arguments_done(how: str, status: str = "ok", message: str | None = None) -> 
 _training_id: str | None = None
 
 
-def on_step_pre(*_args) -> None:
+def ensure_training(started_by: str, why: str) -> None:
+    """Open the ``training`` span under ``process`` unless one is open (ends ``arguments`` first)."""
     global _training_id
+    if _training_id is not None and _training_id in core.open_spans:
+        return
+    if core.find_open("training") is None:
+        arguments_done("none seen before training")
+        _training_id = core.span_start("training", {"lora_otel.training.started_by": started_by},
+                                       parent_id=core.root_id, push=False)
+        core.info_line("training started (%s)" % why)
+
+
+def on_step_pre(*_args) -> None:
     if _training_id is None or _training_id not in core.open_spans:
         with core.fail_open("optimizer step hook"):
-            if core.find_open("training") is None:
-                arguments_done("none seen before training")
-                _training_id = core.span_start("training", {"lora_otel.training.started_by": "optimizer step"},
-                                               parent_id=core.root_id, push=False)
-                core.info_line("training started (first optimizer step)")
+            ensure_training("optimizer step", "first optimizer step")
 
 
 def on_step_post(*_args) -> None:
