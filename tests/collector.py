@@ -6,7 +6,7 @@ console script). It runs in the foreground with
     rotel-agent start --otlp-grpc-endpoint 127.0.0.1:P1 --otlp-http-endpoint 127.0.0.1:P2
         --exporter blackhole --debug-log traces --debug-log-verbosity detailed
 
-and prints every span it receives on stdout, in the OpenTelemetry Collector's "debug exporter"
+(and ``--debug-log logs``) and prints every span and log record it receives on stdout, in the OpenTelemetry Collector's "debug exporter"
 text layout, which `parse_debug_log` reads back::
 
     ResourceSpans #0
@@ -75,6 +75,55 @@ _ARROW = re.compile(r"^\s+-> ([^:]+): (.*)$")
 _TYPED = re.compile(r"^(Str|Int|Double|Bool)\((.*)\)$")
 
 
+@dataclass
+class ReceivedLog:
+    """A log record as the collector printed it."""
+
+    body: str = ""
+    severity: str = ""
+    trace_id: str = ""
+    span_id: str = ""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    resource: dict[str, Any] = field(default_factory=dict)
+
+
+_LOG_FIELD = re.compile(r"^\s*(SeverityText|Body|Trace ID|Span ID)\s*: ?(.*)$")
+
+
+def parse_debug_log_records(text: str) -> list[ReceivedLog]:
+    """The log records in rotel's ``--debug-log logs --debug-log-verbosity detailed`` output."""
+    logs: list[ReceivedLog] = []
+    resource: dict[str, Any] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.lstrip("\0")
+        if line.startswith(("ResourceLog #", "ResourceLogs #", "ResourceSpans #")):
+            resource, section = {}, "resource" if line.startswith("ResourceLog") else "other"
+        elif line.startswith("LogRecord #"):
+            logs.append(ReceivedLog(resource=resource))
+            section = "log"
+        elif line.startswith(("Span #", "ScopeSpans #")):
+            section = "other"
+        elif line.startswith("Attributes:") and section in ("log", "log-attributes"):
+            section = "log-attributes"
+        elif section in ("log", "log-attributes") and (m := _LOG_FIELD.match(line)):
+            key, value = m.groups()
+            if key == "SeverityText":
+                logs[-1].severity = value.strip()
+            elif key == "Body":
+                logs[-1].body = str(_typed(value.strip()))
+            elif key == "Trace ID":
+                logs[-1].trace_id = value.strip()
+            else:
+                logs[-1].span_id = value.strip()
+        elif (m := _ARROW.match(line)) and section in ("resource", "log-attributes"):
+            if section == "resource":
+                resource[m.group(1).strip()] = _typed(m.group(2))
+            else:
+                logs[-1].attributes[m.group(1).strip()] = _typed(m.group(2))
+    return logs
+
+
 def parse_debug_log(text: str) -> list[ReceivedSpan]:
     """The spans in rotel's ``--debug-log traces --debug-log-verbosity detailed`` output."""
     spans: list[ReceivedSpan] = []
@@ -84,9 +133,13 @@ def parse_debug_log(text: str) -> list[ReceivedSpan]:
         line = line.lstrip("\0")  # a file truncated under a running writer starts with NULs
         if line.startswith("ResourceSpans #"):
             resource, section = {}, "resource"
+        elif line.startswith(("ResourceLog #", "ResourceLogs #", "LogRecord #")):
+            section = "logs"  # parse_debug_log_records reads these
         elif line.startswith("Span #"):
             spans.append(ReceivedSpan(resource=resource))
             section = "span"
+        elif section == "logs":
+            continue
         elif line.startswith(("Attributes:", "Events:", "SpanEvent #", "Links:")):
             section = line.split()[0].rstrip(":")
         elif section == "span" and (m := _FIELD.match(line)) and m.group(1) in _SPAN_FIELDS:
@@ -136,7 +189,7 @@ class Collector:
             [str(binary), "start",
              "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
              "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
-             "--exporter", "blackhole", "--debug-log", "traces", "--debug-log-verbosity", "detailed",
+             "--exporter", "blackhole", "--debug-log", "traces", "--debug-log", "logs", "--debug-log-verbosity", "detailed",
              "--pid-file", str(workdir / "rotel.pid"), "--log-file", str(workdir / "rotel.log")],
             stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
@@ -172,6 +225,10 @@ class Collector:
     def spans(self) -> list[ReceivedSpan]:
         """Every span received so far."""
         return parse_debug_log(self.output.read_bytes().decode("utf-8", "replace"))
+
+    def logs(self) -> list[ReceivedLog]:
+        """Every log record received so far."""
+        return parse_debug_log_records(self.output.read_bytes().decode("utf-8", "replace"))
 
     def wait_for_spans(self, count: int, timeout: float = 15) -> list[ReceivedSpan]:
         """The spans received, once there are at least ``count`` (rotel batches for 200 ms)."""

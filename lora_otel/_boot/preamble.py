@@ -156,6 +156,7 @@ def _start(how: str) -> None:
         if core.journal_path and not env.get("LORA_OTEL_DIR"):
             env["LORA_OTEL_DIR"] = os.path.dirname(core.journal_path)
     env["TRACEPARENT"] = _traceparent()
+    _start_sidecar(env)
 
     # 4. Exit, exceptions, fork, beat.
     _install_exit_hooks()
@@ -166,6 +167,29 @@ def _start(how: str) -> None:
     core.span_attrs(core.root_id, {
         "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
         "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
+
+
+def _start_sidecar(env) -> None:
+    """Live export from a detached sidecar, when an OTLP endpoint is configured (see ``spawn``).
+
+    Before any thread exists (the sidecar is started by a double fork). If it cannot start, one
+    line says so and the program goes on; the journal remains for ``lora-otel replay``.
+    """
+    if not core.journal_path or not (env.get("LORA_OTEL_LIVE") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or
+                                     env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return  # the common case costs no import
+    from lora_otel._boot import spawn
+
+    if not spawn.wanted(env):
+        return
+    with core.fail_open("live export"):
+        pid, why = spawn.start(core.journal_path, core.pid, env)
+        if pid is None:
+            core.error_line("live export off: %s; the journal remains for `lora-otel replay %s`"
+                            % (why, core.journal_path))
+        else:
+            core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid,
+                                           "lora_otel.sidecar.log": spawn.log_path(core.journal_path)})
 
 
 def stacks_path(journal_path: str) -> str:

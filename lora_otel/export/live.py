@@ -6,30 +6,39 @@ The rule that shapes this module (DESIGN.md principle 5): **no span ID reaches a
 - When :func:`~lora_otel.export.stall.detect` declares a stall, the open spans from the root to the
   stalled one go out once as *incomplete*: status ERROR "stalled: <stage> open for N s",
   ``lora_otel.incomplete=true``, ``lora_otel.stall.kind`` = ``alive``/``frozen``, ending now; the
-  stalled span carries the evidence and the diagnosis as an event.
+  stalled span carries the evidence and the diagnosis as an event, and a WARN log record
+  "stall detected" says the same in one sentence.
 - If such a span later ends, the rest of its time goes out as a new child span
   ``<name> (continued)``, from the incomplete export's end to the real end.
 - When the process is gone (:meth:`Follower.finalize`), every span never exported goes out once as
   incomplete, with how the process ended.
+- The human lines the process printed go out as OTLP log records, tied to the trace.
 
-Not thread-safe: one follower per journal, polled from one thread.
+Nothing here waits on the network: what is to be sent goes into an `Outbox`, a bounded queue that
+its own thread drains, retrying with backoff while the backend is unreachable. A batch leaves the
+queue only when the backend accepted it, so nothing is lost across an outage the queue can hold;
+when the queue overflows the oldest items are dropped and counted.
+
+A `Follower` is polled from one thread.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from lora_otel.export import otlp
 from lora_otel.export.diagnose import diagnose
 from lora_otel.export.evidence import gather
-from lora_otel.export.reader import Journal, Span, process_state, read_journal
+from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
 from lora_otel.export.stall import FROZEN_AFTER_S, Stall, detect, parse_limits
 
 
@@ -41,14 +50,183 @@ def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: l
                         start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope)
 
 
+DEFAULT_QUEUE_SIZE = 20000
+BATCH = 512
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def _queue_size() -> int:
+    try:
+        return max(1, int(os.environ.get("LORA_OTEL_QUEUE_SIZE", DEFAULT_QUEUE_SIZE)))
+    except ValueError:
+        return DEFAULT_QUEUE_SIZE
+
+
+class Outbox:
+    """A bounded queue in front of an exporter, drained by its own thread, retried with backoff.
+
+    ``put`` never blocks. Items leave the queue only once ``exporter.export`` reported success
+    (an SDK exporter returns a result whose ``name`` is ``SUCCESS``); a failed batch stays at the
+    front and is tried again after 0.5, 1, 2, 4, 8, 8, ... s. Beyond ``max_items`` the oldest
+    items are dropped and counted in ``dropped``.
+    """
+
+    def __init__(self, exporter: Any, what: str = "spans", max_items: Optional[int] = None,
+                 backoff_s: Sequence[float] = BACKOFF_S) -> None:
+        self.exporter = exporter
+        self.what = what
+        self.max_items = max_items or _queue_size()
+        self.backoff_s = tuple(backoff_s)
+        self.sent = 0
+        self.dropped = 0
+        self.failures = 0
+        self.last_error: Optional[str] = None
+        self._items: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="lora-otel-outbox-" + what, daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Items not yet accepted by the backend (queued or in flight)."""
+        with self._cond:
+            return len(self._items)
+
+    def put(self, items: Sequence[Any]) -> None:
+        if not items:
+            return
+        with self._cond:
+            self._items.extend(items)
+            while len(self._items) > self.max_items:
+                # Drop the oldest item that is not in flight (an in-flight batch is at the front).
+                del self._items[self._in_flight if self._in_flight < len(self._items) else 0]
+                self.dropped += 1
+            self._cond.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """Try to send everything left for up to ``timeout`` s; True when nothing is left unsent."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            while self._items and time.monotonic() < deadline:
+                self._cond.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+            self.unsent = len(self._items)
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(max(deadline - time.monotonic(), 0) + 0.2)
+        try:
+            self.exporter.shutdown()
+        except Exception:  # noqa: BLE001 - shutting down is best effort
+            pass
+        return self.unsent == 0
+
+    _in_flight = 0
+    _stop = False
+    unsent = 0
+
+    def _run(self) -> None:
+        attempt = 0
+        while True:
+            with self._cond:
+                while not self._items and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                batch = [self._items[i] for i in range(min(BATCH, len(self._items)))]
+                self._in_flight = len(batch)
+            ok = self._export(batch)
+            with self._cond:
+                self._in_flight = 0
+                if ok:
+                    for _ in batch:  # the batch is still at the front: put() never drops in-flight items
+                        self._items.popleft()
+                    self.sent += len(batch)
+                    attempt = 0
+                    self._cond.notify_all()
+                    continue
+                self.failures += 1
+                wait = self.backoff_s[min(attempt, len(self.backoff_s) - 1)]
+                attempt += 1
+                end = time.monotonic() + wait
+                while not self._stop and time.monotonic() < end:
+                    self._cond.wait(end - time.monotonic())
+
+    def _export(self, batch: list) -> bool:
+        try:
+            result = self.exporter.export(batch)
+        except Exception as e:  # noqa: BLE001 - an exporter bug is a failed attempt, not a dead thread
+            self.last_error = "%s: %s" % (type(e).__name__, e)
+            return False
+        ok = getattr(result, "name", "") == "SUCCESS"
+        if not ok:
+            self.last_error = "the backend did not accept the %s (%s)" % (self.what, result)
+        return ok
+
+
+class _QueueingLogExporter:
+    """A log record exporter for the SDK's SimpleLogRecordProcessor that only puts into an Outbox."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+
+    def export(self, batch: Sequence[Any]) -> Any:
+        from opentelemetry.sdk._logs.export import LogExportResult
+
+        self.outbox.put(list(batch))
+        return LogExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class LogSink:
+    """OTLP log records for one journal: its human lines, stalls and the end of the process."""
+
+    SEVERITY = {"info": "INFO", "warn": "WARN", "error": "ERROR"}
+
+    def __init__(self, outbox: Outbox, resource: Any) -> None:
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+        self.provider = LoggerProvider(resource=resource)
+        self.provider.add_log_record_processor(SimpleLogRecordProcessor(_QueueingLogExporter(outbox)))
+        self.logger = self.provider.get_logger("lora_otel", otlp.__version__)
+
+    def emit(self, ts_ns: int, level: str, body: str, trace_id: Optional[str], span_id: Optional[str],
+             attrs: Optional[dict[str, Any]] = None) -> None:
+        from opentelemetry import trace
+        from opentelemetry._logs import LogRecord, SeverityNumber
+
+        severity = self.SEVERITY.get(level, "INFO")
+        context = None
+        if trace_id and span_id:
+            sc = trace.SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False,
+                                   trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+            context = trace.set_span_in_context(trace.NonRecordingSpan(sc))
+        self.logger.emit(LogRecord(timestamp=ts_ns, observed_timestamp=time.time_ns(), context=context,
+                                   severity_text=severity, severity_number=getattr(SeverityNumber, severity),
+                                   body=otlp.clean_text(body), attributes=otlp.otel_attributes(attrs or {})))
+
+
 class Follower:
     """Export one journal's spans as they happen, under the one-export-per-span-ID rule."""
 
     def __init__(self, path: str, exporter: SpanExporter, limits: Optional[dict[str, float]] = None,
                  frozen_after_s: float = FROZEN_AFTER_S,
-                 evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather) -> None:
+                 evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather,
+                 log_exporter: Any = None) -> None:
         self.path = path
-        self.exporter = exporter
+        self.tail = JournalTail(path)
+        self.spans_out = Outbox(exporter, "spans")
+        self.logs_out = Outbox(log_exporter, "log records") if log_exporter is not None else None
+        self._logs: Optional[LogSink] = None
+        self._lines_sent = 0
+        self._resource = None
         self.limits = limits or parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER"))
         self.frozen_after_s = frozen_after_s
         self.evidence = evidence
@@ -56,11 +234,11 @@ class Follower:
         self.incomplete_end: dict[str, int] = {}  # span id -> the end its incomplete export used
         self.continued: set[str] = set()
         self.stalls: list[Stall] = []
-        self.failed_exports = 0
+        self.journal: Optional[Journal] = None
 
     def poll(self, now_ns: Optional[int] = None) -> list[ReadableSpan]:
-        """Read the journal, export what is new; returns what was sent (or tried)."""
-        journal = read_journal(self.path)
+        """Read what the journal gained, queue what is new for export; returns the spans queued."""
+        journal = self.journal = self.tail.read()
         now = now_ns or time.time_ns()
         tr, dropped = self._translator(journal)
         out = self._ended(journal, tr, dropped)
@@ -70,13 +248,15 @@ class Follower:
         if stall is not None and stall.span.span_id not in stalled_now and stall.span.span_id not in self.exported:
             out += self._stall(journal, tr, stall, now)
         self._send(out)
+        self._send_lines(journal, tr)
         return out
 
     def finalize(self, how: str) -> list[ReadableSpan]:
         """The process is gone: export every span never exported, once, as incomplete. ``how``: e.g. "killed by SIGKILL"."""
-        journal = read_journal(self.path)
+        journal = self.journal = self.tail.read()
         tr, dropped = self._translator(journal)
         out = self._ended(journal, tr, dropped)
+        still_open = [span.name for span in journal.spans if span.end_ns is None]
         for span in journal.spans:
             if span.end_ns is None and span.span_id not in self.exported:
                 end = max(journal.last_evidence_ns or span.start_ns, span.start_ns)
@@ -87,13 +267,35 @@ class Follower:
                 out.append(rs)
                 self.exported.add(span.span_id)
         self._send(out)
+        self._send_lines(journal, tr)
+        if still_open and journal.root is not None:
+            self._log(tr, journal.last_evidence_ns or time.time_ns(), "error",
+                      "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
+                      journal.root.span_id, {"lora_otel.process.end": how})
         return out
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Send what is queued, for up to ``timeout`` s; True when everything went out."""
+        deadline = time.monotonic() + timeout
+        ok = self.spans_out.close(timeout)
+        if self.logs_out is not None:
+            ok = self.logs_out.close(max(deadline - time.monotonic(), 0.1)) and ok
+        if self._logs is not None:
+            try:
+                self._logs.provider.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        return ok
 
     # --- internals -------------------------------------------------------------------------------
 
     def _translator(self, journal: Journal):
         dropped = {s.span_id: s for s in journal.spans if otlp._is_short_import(s, journal)}
-        return otlp._Translator(journal, dropped), dropped
+        if self._resource is None and journal.root is not None:
+            # Built once: Resource.create runs the resource detectors. The process span's resource
+            # attributes are all written before the sidecar starts following.
+            self._resource = otlp.make_resource(journal)
+        return otlp._Translator(journal, dropped, self._resource), dropped
 
     def _ended(self, journal: Journal, tr, dropped: dict) -> list[ReadableSpan]:
         out = []
@@ -127,6 +329,13 @@ class Follower:
         stacks = journal.root.attrs.get("lora_otel.stacks.path") if journal.root else None
         evidence = self.evidence(journal.pid, stacks) if journal.pid else {}
         sentence = diagnose(stall, evidence)
+        duration_s = (now - stall.span.start_ns) / 1e9
+        self._log(tr, now, "warn", "stall detected: %s open for %s (%s): %s"
+                  % (stall.span.name, format_duration(now - stall.span.start_ns), stall.kind, sentence),
+                  stall.span.span_id,
+                  {"lora_otel.stall.stage": stall.span.name, "lora_otel.stall.duration_s": round(duration_s, 3),
+                   "lora_otel.stall.kind": stall.kind, "lora_otel.diagnosis": sentence,
+                   "lora_otel.stall.message": stall.status_message})
         out = []
         for span in reversed(chain):  # root to leaf
             if span.span_id in self.exported or span.end_ns is not None:
@@ -146,5 +355,19 @@ class Follower:
         return out
 
     def _send(self, spans: list[ReadableSpan]) -> None:
-        if spans and self.exporter.export(spans) is not SpanExportResult.SUCCESS:
-            self.failed_exports += 1
+        self.spans_out.put(spans)
+
+    def _send_lines(self, journal: Journal, tr) -> None:
+        root = journal.root.span_id if journal.root is not None else None
+        for line in journal.lines[self._lines_sent:]:
+            self._log(tr, line.ts, line.level, line.msg, root)
+        self._lines_sent = len(journal.lines)
+
+    def _log(self, tr, ts: int, level: str, body: str, span_id: Optional[str],
+             attrs: Optional[dict[str, Any]] = None) -> None:
+        if self.logs_out is None:
+            return
+        if self._logs is None:
+            self._logs = LogSink(self.logs_out, tr.resource)
+        trace_id = self.journal.trace_id if self.journal is not None else None
+        self._logs.emit(ts, level, body, trace_id, span_id, attrs)

@@ -66,10 +66,10 @@ def translate(journal: Journal) -> Translation:
 class _Translator:
     """What every span of one journal shares: resource, trace flags, the dropped imports."""
 
-    def __init__(self, journal: Journal, dropped: dict[str, Span]) -> None:
+    def __init__(self, journal: Journal, dropped: dict[str, Span], resource: Optional[Resource] = None) -> None:
         self.journal = journal
         self.dropped = dropped
-        self.resource = make_resource(journal)
+        self.resource = resource if resource is not None else make_resource(journal)
         self.trace_flags = TraceFlags(TraceFlags.SAMPLED if journal.sampled else TraceFlags.DEFAULT)
         self.known = {span.span_id for span in journal.spans}
 
@@ -122,32 +122,60 @@ def make_resource(journal: Journal) -> Resource:
     return Resource.create({key: value for key, value in attrs.items() if _is_resource_key(key)})
 
 
-def make_exporter() -> SpanExporter:
+def make_exporter(timeout: Optional[float] = None) -> SpanExporter:
     """The OTLP span exporter the standard environment asks for.
 
     http/protobuf by default; gRPC when ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` or else
     ``OTEL_EXPORTER_OTLP_PROTOCOL`` is ``grpc``. The exporter classes read their own endpoint,
-    headers, timeout and TLS variables.
+    headers, timeout and TLS variables; ``timeout`` (seconds) applies only when no
+    ``OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT`` is set.
 
     Raises:
         ExporterConfigError: the protocol is neither ``http/protobuf`` nor ``grpc``.
     """
-    variable, protocol = _protocol_setting()
+    variable, protocol = _protocol_setting(PROTOCOL_VARIABLES)
+    kwargs = _timeout_kwargs(timeout, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
     if protocol.lower() == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
-        return HTTPExporter()
+        return HTTPExporter(**kwargs)
     if protocol.lower() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
 
-        return GRPCExporter()
+        return GRPCExporter(**kwargs)
     raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
                               "use 'http/protobuf' (the default) or 'grpc'")
 
 
-def _protocol_setting() -> tuple[str, str]:
+def make_log_exporter(timeout: Optional[float] = None) -> Any:
+    """The OTLP log record exporter the standard environment asks for (``OTEL_EXPORTER_OTLP_LOGS_*``).
+
+    Raises:
+        ExporterConfigError: the protocol is neither ``http/protobuf`` nor ``grpc``.
+    """
+    variable, protocol = _protocol_setting(("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"))
+    kwargs = _timeout_kwargs(timeout, "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT")
+    if protocol.lower() == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HTTPLogExporter
+
+        return HTTPLogExporter(**kwargs)
+    if protocol.lower() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GRPCLogExporter
+
+        return GRPCLogExporter(**kwargs)
+    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
+                              "use 'http/protobuf' (the default) or 'grpc'")
+
+
+def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, float]:
+    if timeout is None or os.environ.get(signal_variable) or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
+        return {}
+    return {"timeout": timeout}
+
+
+def _protocol_setting(variables: tuple[str, ...]) -> tuple[str, str]:
     """``(variable, value)`` of the first protocol variable set, else the default."""
-    for variable in PROTOCOL_VARIABLES:
+    for variable in variables:
         value = os.environ.get(variable, "").strip()
         if value:
             return variable, value

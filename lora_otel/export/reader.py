@@ -157,6 +157,66 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     return builder.finish()
 
 
+class JournalTail:
+    """Read a growing journal incrementally: each `read` parses only the bytes added since the last.
+
+    For followers (the sidecar, ``watch``) that poll a long job's journal every fraction of a second;
+    `read_journal` would re-parse the whole file each time. The journal returned is the same object
+    each time, updated in place; a partly written last line is kept back until its newline arrives.
+    If the file shrinks or is replaced, reading starts again from the top.
+    """
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._restart()
+
+    def _restart(self) -> None:
+        self._builder = _JournalBuilder(self.path)
+        self._offset = 0
+        self._pending = b""
+        self._number = 0
+        self._ino: Optional[int] = None
+
+    def read(self) -> Journal:
+        """The journal as it stands now. Raises `JournalError` like `read_journal`."""
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if (self._ino is not None and st.st_ino != self._ino) or st.st_size < self._offset:
+                    self._restart()
+                self._ino = st.st_ino
+                f.seek(self._offset)
+                while True:
+                    data = f.read(self.CHUNK)
+                    if not data:
+                        break
+                    self._offset += len(data)
+                    self._feed(data)
+        except FileNotFoundError:
+            raise JournalError(f"{self.path}: no such file") from None
+        except IsADirectoryError:
+            raise JournalError(f"{self.path}: is a directory, not a journal file") from None
+        except PermissionError:
+            raise JournalError(f"{self.path}: permission denied") from None
+        except OSError as e:
+            raise JournalError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        journal = self._builder.journal
+        journal.spans.sort(key=lambda span: span.start_ns)
+        missing = "no 'process' span: the journal's first record is missing"
+        if journal.spans and journal.root is None and missing not in journal.problems:
+            journal.problems.append(missing)
+        return journal
+
+    def _feed(self, data: bytes) -> None:
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()
+        for raw in lines:
+            self._number += 1
+            self._builder.feed_line(self._number, raw)
+
+
 def process_state(journal: Journal) -> ProcessState:
     """Whether the journal's process has ``"exited"``, is ``"running"`` or is ``"gone"``.
 
@@ -218,11 +278,16 @@ def _pid_exists(pid: int) -> bool:
 
 
 def _read_start_ticks(pid: int) -> Optional[int]:
+    """The process's start time in ticks; None when it is gone or a zombie (exited, not yet reaped)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            return start_ticks_from_stat(f.read())
+            stat = f.read()
     except OSError:
         return None
+    state = stat.rpartition(")")[2].split()[:1]
+    if state and state[0] in ("Z", "X", "x"):
+        return None
+    return start_ticks_from_stat(stat)
 
 
 def _decode(raw: bytes) -> tuple[str, bool]:

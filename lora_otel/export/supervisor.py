@@ -2,9 +2,13 @@
 
 The command inherits stdin, stdout and stderr untouched; SIGINT and SIGTERM sent to the supervisor
 are forwarded; the command's exit status is passed through (a death by signal is repeated on the
-supervisor, so the launcher above sees the same signal). When an OTLP endpoint is configured by the
-standard ``OTEL_EXPORTER_OTLP_*`` variables it follows the top process's journal and exports it live
-(stalls included, see :mod:`lora_otel.export.live`); ``--tree`` prints the span tree afterwards.
+supervisor, so the launcher above sees the same signal). ``--tree`` prints the span tree afterwards.
+
+It exports nothing itself: when an OTLP endpoint is configured by the standard ``OTEL_EXPORTER_OTLP_*``
+variables, the traced process starts its own detached sidecar (``lora_otel._boot.spawn``), exactly
+as in zero-code mode. So the supervisor exits the moment its child does and never holds the
+launcher's pipes past that. What only the parent can know, the supervisor adds to the journal as
+it exits: an ``exit`` record for a child that died by a signal or left without one.
 """
 
 from __future__ import annotations
@@ -56,7 +60,6 @@ def run_command(args: argparse.Namespace) -> int:
         except OSError:
             pass
 
-    live = _start_live_export(journal)
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         old[sig] = signal.signal(sig, forward)
@@ -69,8 +72,7 @@ def run_command(args: argparse.Namespace) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
 
-    if live is not None:
-        live.finish(rc)
+    record_exit(journal, rc)
     if getattr(args, "tree", False):
         _print_tree(journal)
     if rc < 0:
@@ -108,58 +110,33 @@ def describe_status(rc: int) -> str:
     return "exit code %d" % rc
 
 
-class _LiveExport:
-    """Follows the top process's journal in a thread and exports it live (stalls included)."""
+def record_exit(journal: str, rc: int) -> bool:
+    """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``).
 
-    POLL_S = 0.5
-    FINISH_TIMEOUT_S = 3.0
+    One ``O_APPEND`` write after the child is gone, so it cannot interleave with the child's own
+    records. Nothing is written when the journal already ends with an exit record or does not exist.
+    Returns True when a record was written.
+    """
+    try:
+        fd = os.open(journal, os.O_RDWR | os.O_APPEND)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(size - 65536, 0), os.SEEK_SET)
+        if b'"k":"exit"' in os.read(fd, 65536):
+            return False
+        rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": "lora-otel run"}
+        if rc < 0:
+            rec.update(code=128 - rc, how="signal", message=describe_status(rc))
+        else:
+            rec.update(code=rc, how="no exit record",
+                       message="exit code %d without running exit handlers (os._exit?)" % rc)
+        import json
 
-    def __init__(self, journal: str) -> None:
-        import threading
-
-        self.journal = journal
-        self.done = threading.Event()
-        self.rc: int | None = None
-        self.thread = threading.Thread(target=self._run, name="lora-otel-live", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        from lora_otel.export.live import Follower
-        from lora_otel.export.otlp import make_exporter
-
-        try:
-            exporter = make_exporter()
-        except Exception as e:  # noqa: BLE001 - bad settings: say so once, the job goes on
-            print("lora-otel run: live export off: %s" % e, file=sys.stderr)
-            return
-        follower = None
-        while not self.done.wait(self.POLL_S):
-            if follower is None and os.path.exists(self.journal):
-                follower = Follower(self.journal, exporter)
-            if follower is not None:
-                try:
-                    follower.poll()
-                except Exception as e:  # noqa: BLE001 - keep following; the journal remains for replay
-                    print("lora-otel run: live export: %s: %s" % (type(e).__name__, e), file=sys.stderr)
-        if follower is None and os.path.exists(self.journal):
-            follower = Follower(self.journal, exporter)
-        if follower is not None and self.rc is not None:
-            try:
-                follower.finalize(describe_status(self.rc))
-            except Exception as e:  # noqa: BLE001
-                print("lora-otel run: final export: %s: %s" % (type(e).__name__, e), file=sys.stderr)
-        exporter.shutdown()
-
-    def finish(self, rc: int) -> None:
-        self.rc = rc
-        self.done.set()
-        self.thread.join(self.FINISH_TIMEOUT_S)
-
-
-def _start_live_export(journal: str) -> "_LiveExport | None":
-    """Live export when an OTLP endpoint is configured by the standard variables; else journal only."""
-    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
-        return None
-    if os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
-        return None
-    return _LiveExport(journal)
+        os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -1,0 +1,180 @@
+"""Start the live-export sidecar for this process: detached, holding nothing of the launcher's.
+
+Standard library only; called once by the preamble, before any thread starts. The sidecar
+(``python -m lora_otel.export.sidecar``) is started by a double fork: the intermediate child
+calls ``setsid`` and forks the sidecar, then exits at once and is reaped here, so the sidecar is
+never this process's child (``os.wait()`` in the user's program never sees it) and has its own
+session (a terminal's Ctrl-C or a launcher killing the process group does not reach it). Before
+``exec`` the sidecar's stdin and stdout become ``/dev/null``, stderr its own log file beside the
+journal, and every other descriptor is closed: it never holds the launcher's pipes.
+
+When is it started: ``LORA_OTEL_LIVE=1`` always, ``LORA_OTEL_LIVE=0`` never, and by default when an
+OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._TRACES_ENDPOINT``) and neither
+``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none`` is set. ``LORA_OTEL_SIDECAR_PYTHON``
+names the Python that runs it (default: this one), e.g. a separate virtual environment with
+``lora_otel`` and the OpenTelemetry SDK installed, so that the training environment needs neither.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lora_otel._boot import paths
+
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+
+
+def wanted(env) -> bool:
+    """Whether this process should start a sidecar (see the module docstring)."""
+    live = env.get("LORA_OTEL_LIVE", "").strip().lower()
+    if live in _OFF:
+        return False
+    if live in _ON:
+        return True
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or
+                env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+
+
+def log_path(journal_path: str) -> str:
+    """``run.log.otel.jsonl`` → ``run.log.sidecar.log``: where the sidecar says what it did."""
+    stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
+    return stem + ".sidecar.log"
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _has_sdk(python: str) -> bool:
+    """For this interpreter: is the OpenTelemetry SDK on its path? (a stat per entry, no import)"""
+    if python != sys.executable:
+        return True  # another environment: trust the user's setting; the sidecar log says otherwise
+    for entry in sys.path:
+        if os.path.isdir(os.path.join(entry or ".", "opentelemetry", "sdk")):
+            return True
+    return False
+
+
+def start(journal_path: str, watched_pid: int, env=None) -> tuple:
+    """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start."""
+    env = os.environ if env is None else env
+    python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
+    if not python or not os.access(python, os.X_OK):
+        return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if \
+            env.get("LORA_OTEL_SIDECAR_PYTHON") else "no Python executable to run the sidecar"
+    if not _has_sdk(python):
+        return None, ("the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
+                      "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
+    argv = [python, "-m", "lora_otel.export.sidecar", "--journal", os.path.abspath(journal_path),
+            "--pid", str(watched_pid)]
+    child_env = dict(env)
+    for name in ("LORA_OTEL", "LORA_OTEL_JOURNAL"):
+        child_env.pop(name, None)
+    child_env["LORA_OTEL_SIDECAR"] = "1"  # lora_otel's own processes are not traced
+    if python == sys.executable:
+        # The sidecar runs from "/": make this lora_otel importable there as it is here.
+        root = _package_root()
+        old = child_env.get("PYTHONPATH")
+        child_env["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+    try:
+        log_fd = os.open(log_path(journal_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError:
+        log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        open_fds = None
+    err_fd = os.dup(2) if _fd_ok(2) else -1  # not inheritable: closed by a successful exec
+    pid_r, pid_w = os.pipe()
+    keep = {log_fd, err_fd, pid_w}
+    try:
+        import warnings  # already loaded by the interpreter's start
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
+            first = os.fork()
+    except OSError as e:
+        for fd in (log_fd, err_fd, pid_r, pid_w):
+            _close(fd)
+        return None, "fork failed: %s" % (e.strerror or e)
+    if first == 0:  # intermediate child
+        try:
+            os.setsid()
+            second = os.fork()
+            if second:
+                os.write(pid_w, str(second).encode())
+                os._exit(0)
+            _exec_sidecar(python, argv, child_env, log_fd, err_fd, keep, open_fds)
+        finally:
+            os._exit(0)
+    os.close(pid_w)
+    for fd in (log_fd, err_fd):
+        _close(fd)
+    os.waitpid(first, 0)
+    try:
+        data = os.read(pid_r, 32)
+    finally:
+        os.close(pid_r)
+    try:
+        return int(data), None
+    except ValueError:
+        return None, "the sidecar's intermediate process failed"
+
+
+def _exec_sidecar(python, argv, env, log_fd, err_fd, keep, open_fds) -> None:
+    """In the grandchild: /dev/null and the log file on 0-2, every other descriptor closed, exec."""
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(log_fd, 2)
+        keep = set(keep) | {0, 1, 2}
+        if open_fds is None:
+            for lo, hi in _gaps(sorted(keep), 1 << 16):
+                os.closerange(lo, hi)
+        else:
+            for fd in open_fds:
+                if fd not in keep:
+                    _close(fd)
+        for fd in keep - {0, 1, 2, err_fd}:
+            _close(fd)
+        os.chdir("/")
+        os.execve(python, argv, env)
+    except BaseException as e:  # noqa: BLE001 - exec failed: one line on the program's stderr
+        if err_fd >= 0:
+            msg = ("[lora-otel] live export off: cannot start the sidecar %s: %s; the journal remains "
+                   "for `lora-otel replay`\n" % (python, getattr(e, "strerror", None) or e))
+            try:
+                os.write(err_fd, msg.encode("utf-8", "replace"))
+            except OSError:
+                pass
+
+
+def _gaps(keep: list, top: int):
+    lo = 0
+    for fd in keep + [top]:
+        if fd > lo:
+            yield lo, fd
+        lo = fd + 1
+
+
+def _fd_ok(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -1,0 +1,138 @@
+"""The sidecar: a detached process that follows one traced process's journal and exports it live.
+
+    python -m lora_otel.export.sidecar --journal PATH --pid PID
+
+The traced process starts it (see ``lora_otel._boot.spawn``) when an OTLP endpoint is configured.
+It runs in its own session with ``/dev/null`` for stdin and stdout and its own log file
+(``<journal stem>.sidecar.log``) for stderr, so it never holds the launcher's pipes. It is the only
+process that imports the OpenTelemetry SDK. It polls the journal (`lora_otel.export.live.Follower`:
+spans as they end, stalls as incomplete spans with evidence, human lines and stalls as log
+records), and once the watched process is gone it finalises the spans still open with how the
+process ended, sends what is queued (for up to ``LORA_OTEL_DRAIN_S``, default 30 s, while the
+backend is unreachable) and exits.
+
+It can run from another virtual environment than the training process: set
+``LORA_OTEL_SIDECAR_PYTHON`` to a Python that has ``lora_otel`` with its dependencies installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Optional
+
+from lora_otel.export.reader import JournalError, process_state
+
+POLL_S = 0.5
+DRAIN_S = 30.0
+EXIT_GRACE_S = 0.3  # `lora-otel run` appends the exit record of a child killed by a signal right after reaping it
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+    sys.stderr.flush()
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def describe_end(journal) -> str:
+    """How the process ended, from its exit record; or that it vanished without one."""
+    exit_ = journal.exit
+    if exit_ is None:
+        return "vanished without an exit record: killed by SIGKILL (the OOM killer?) or os._exit"
+    if exit_.get("message"):
+        return exit_["message"]
+    code = exit_.get("code")
+    return "exit code %s" % code if code is not None else "exited"
+
+
+def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S) -> int:
+    """Follow until the process is gone, finalise, drain. Returns 0 when everything was delivered."""
+    from lora_otel.export.live import Follower
+    from lora_otel.export.otlp import ExporterConfigError, describe_endpoint, make_exporter, make_log_exporter
+
+    try:
+        exporter = make_exporter(timeout=5)
+    except ExporterConfigError as e:
+        _say("live export off: %s; the journal remains for `lora-otel replay %s`" % (e, journal_path))
+        return 2
+    log_exporter = None
+    if os.environ.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none":
+        try:
+            log_exporter = make_log_exporter(timeout=5)
+        except Exception as e:  # noqa: BLE001 - log records are extra; spans go on
+            _say("log records off: %s" % e)
+    _say("following %s (pid %s), exporting to %s" % (journal_path, pid, describe_endpoint(exporter)))
+    follower = Follower(journal_path, exporter, log_exporter=log_exporter)
+    reported_failures = 0
+    while True:
+        try:
+            follower.poll()
+        except JournalError as e:
+            _say("cannot read the journal: %s" % e)
+            return 1
+        journal = follower.journal
+        if journal is not None and process_state(journal) != "running":
+            time.sleep(EXIT_GRACE_S)
+            break
+        if journal is None or (pid is not None and journal.pid is None and not _pid_alive(pid)):
+            break
+        failures = follower.spans_out.failures
+        if failures and failures != reported_failures and reported_failures == 0:
+            _say("the backend is not accepting exports (%s); queueing and retrying"
+                 % follower.spans_out.last_error)
+        reported_failures = failures
+        time.sleep(poll_s)
+    how = describe_end(follower.tail.read())
+    follower.finalize(how)
+    delivered = follower.close(drain_s)
+    spans, logs = follower.spans_out, follower.logs_out
+    _say("process ended (%s); %d spans%s sent, %d dropped by a full queue, %d unsent"
+         % (how, spans.sent, " and %d log records" % logs.sent if logs else "", spans.dropped, spans.unsent))
+    if not delivered:
+        _say("not everything reached the backend (%s); the journal remains for `lora-otel replay %s`"
+             % (spans.last_error, journal_path))
+    return 0 if delivered else 1
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lora_otel.export.sidecar",
+                                     description="Follow a traced process's journal and export it live over OTLP.")
+    parser.add_argument("--journal", required=True, help="the journal to follow (*.otel.jsonl)")
+    parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
+    parser.add_argument("--poll", type=float, default=_float_env("LORA_OTEL_POLL_S", POLL_S),
+                        help="seconds between reads of the journal (default 0.5)")
+    args = parser.parse_args(argv)
+    # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
+    # sidecar reports the outage once itself.
+    logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+    try:
+        return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - say it in the log file, once
+        _say("stopped by %s: %s; the journal remains for `lora-otel replay %s`" % (type(e).__name__, e, args.journal))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
