@@ -43,6 +43,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run_replay(args)
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Follow running jobs live: the span tree updating, open spans counting up, stalls highlighted.
+
+    JOURNAL|DIR: a journal, or a directory whose *.otel.jsonl journals are all followed (new ones picked
+    up as they appear). On a terminal the view is redrawn every --interval seconds; anywhere else
+    (a launcher's log panel, a pipe) one plain line is printed per change, then the final tree.
+    Watch ends when no followed process is running any more.
+    """
+    from lora_otel.export.watch import run_watch
+
+    return run_watch(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lora-otel",
@@ -79,6 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("replay", cmd_replay)
     p.add_argument("journal", help="a journal file (*.otel.jsonl)")
+
+    p = add("watch", cmd_watch, epilog="examples:\n"
+            "  lora-otel watch runs/                          follow every job journaling into runs/\n"
+            "  lora-otel watch runs/a.log.otel.jsonl          follow one job\n"
+            "  lora-otel watch lora-otel/ --stall-after 300   call any stage open 5 minutes a stall\n"
+            "  lora-otel watch runs/ --once                   print the current state once and exit\n"
+            "  lora-otel watch runs/ >> watch.log             one line per event, no screens\n"
+            "\nexit status: 0 all finished normally, 1 some failed, 3 some killed or vanished without an "
+            "exit record,\n2 usage error, 130 Ctrl-C. Colour is off with --no-color or NO_COLOR set.")
+    p.add_argument("path", metavar="JOURNAL|DIR", help="a journal file, or a directory of *.otel.jsonl journals")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between updates (default 1)")
+    p.add_argument("--stall-after", metavar="SPEC",
+                   help="stall limits: 300, or import=300,training=900 (default: $LORA_OTEL_STALL_AFTER, "
+                        "else import 120 s, training 120 s or 20x the median step, ...)")
+    p.add_argument("--once", action="store_true", help="print the current view once and exit")
+    p.add_argument("--no-color", action="store_true", help="no colour on a terminal (also: NO_COLOR=1)")
     return parser
 
 

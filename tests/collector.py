@@ -181,8 +181,8 @@ def free_port() -> int:
 class Collector:
     """A running rotel agent on two free loopback ports; its debug output goes to a file."""
 
-    def __init__(self, binary: Path, workdir: Path) -> None:
-        self.grpc_port, self.http_port = free_port(), free_port()
+    def __init__(self, binary: Path, workdir: Path, http_port: Optional[int] = None) -> None:
+        self.grpc_port, self.http_port = free_port(), http_port or free_port()
         self.output = workdir / "rotel.out"
         self._out = open(self.output, "wb")
         self.process = subprocess.Popen(

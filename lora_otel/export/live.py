@@ -39,7 +39,7 @@ from lora_otel.export import otlp
 from lora_otel.export.diagnose import diagnose
 from lora_otel.export.evidence import gather
 from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall, detect, parse_limits
+from lora_otel.export.stall import Stall, detect, frozen_after_from_env, parse_limits
 
 
 def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
@@ -122,6 +122,8 @@ class Outbox:
             pass
         return self.unsent == 0
 
+    on_change = None
+    """Called from the outbox's thread with one line when an outage starts or ends."""
     _in_flight = 0
     _stop = False
     unsent = 0
@@ -143,10 +145,15 @@ class Outbox:
                     for _ in batch:  # the batch is still at the front: put() never drops in-flight items
                         self._items.popleft()
                     self.sent += len(batch)
+                    if attempt and self.on_change is not None:
+                        self.on_change("the backend accepts the %s again after %d failed attempts" % (self.what, attempt))
                     attempt = 0
                     self._cond.notify_all()
                     continue
                 self.failures += 1
+                if attempt == 0 and self.on_change is not None:
+                    self.on_change("the backend is not accepting the %s (%s); queueing (%d waiting) and retrying"
+                                   % (self.what, self.last_error, len(self._items)))
                 wait = self.backoff_s[min(attempt, len(self.backoff_s) - 1)]
                 attempt += 1
                 end = time.monotonic() + wait
@@ -217,7 +224,7 @@ class Follower:
     """Export one journal's spans as they happen, under the one-export-per-span-ID rule."""
 
     def __init__(self, path: str, exporter: SpanExporter, limits: Optional[dict[str, float]] = None,
-                 frozen_after_s: float = FROZEN_AFTER_S,
+                 frozen_after_s: Optional[float] = None,
                  evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather,
                  log_exporter: Any = None) -> None:
         self.path = path
@@ -228,7 +235,7 @@ class Follower:
         self._lines_sent = 0
         self._resource = None
         self.limits = limits or parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER"))
-        self.frozen_after_s = frozen_after_s
+        self.frozen_after_s = frozen_after_s if frozen_after_s is not None else frozen_after_from_env()
         self.evidence = evidence
         self.exported: set[str] = set()
         self.incomplete_end: dict[str, int] = {}  # span id -> the end its incomplete export used

@@ -70,9 +70,18 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             log_exporter = make_log_exporter(timeout=5)
         except Exception as e:  # noqa: BLE001 - log records are extra; spans go on
             _say("log records off: %s" % e)
+    from lora_otel.export.stall import FROZEN_AFTER_S, StallConfigError, frozen_after_from_env, parse_limits
+
+    try:
+        limits, frozen_after = parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER")), frozen_after_from_env()
+    except StallConfigError as e:
+        _say("%s; using the default limits" % e)
+        limits, frozen_after = parse_limits(None), FROZEN_AFTER_S
     _say("following %s (pid %s), exporting to %s" % (journal_path, pid, describe_endpoint(exporter)))
-    follower = Follower(journal_path, exporter, log_exporter=log_exporter)
-    reported_failures = 0
+    follower = Follower(journal_path, exporter, limits=limits, frozen_after_s=frozen_after, log_exporter=log_exporter)
+    follower.spans_out.on_change = _say
+    if follower.logs_out is not None:
+        follower.logs_out.on_change = _say
     while True:
         try:
             follower.poll()
@@ -85,11 +94,6 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             break
         if journal is None or (pid is not None and journal.pid is None and not _pid_alive(pid)):
             break
-        failures = follower.spans_out.failures
-        if failures and failures != reported_failures and reported_failures == 0:
-            _say("the backend is not accepting exports (%s); queueing and retrying"
-                 % follower.spans_out.last_error)
-        reported_failures = failures
         time.sleep(poll_s)
     how = describe_end(follower.tail.read())
     follower.finalize(how)

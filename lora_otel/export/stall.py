@@ -8,7 +8,8 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
   ``training`` the time since the last optimizer step, max(120 s, 20 × the median step time);
   user stages have no limit unless one is configured.
 - ``frozen``: the process exists but its once-per-second beat has stopped for 10 s (the GIL held in
-  C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in.
+  C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in. ``LORA_OTEL_FROZEN_AFTER``
+  changes the 10 s.
 
 Limits are configured by ``--stall-after``/``LORA_OTEL_STALL_AFTER``: a number of seconds for
 every stage (``300``), or per stage (``import=300,cuda init=60,training=900,default=600``); a
@@ -33,6 +34,22 @@ DEFAULT_LIMITS_S: dict[str, float] = {
 }
 FROZEN_AFTER_S = 10.0
 TRAINING_STEP_FACTOR = 20.0
+
+
+def frozen_after_from_env(environ=None) -> float:
+    """``LORA_OTEL_FROZEN_AFTER`` (seconds without a beat before a live process counts as frozen), default 10."""
+    import os
+
+    text = (os.environ if environ is None else environ).get("LORA_OTEL_FROZEN_AFTER", "").strip()
+    if not text:
+        return FROZEN_AFTER_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise StallConfigError("LORA_OTEL_FROZEN_AFTER=%r is not a number of seconds" % text) from None
+    if not value > 0:
+        raise StallConfigError("LORA_OTEL_FROZEN_AFTER=%r must be more than 0 seconds" % text)
+    return value
 
 
 class StallConfigError(ValueError):

@@ -1,0 +1,292 @@
+"""``lora-otel watch``: follow running jobs live, their span trees updating and stalls highlighted.
+
+PATH is one journal, or a directory whose ``*.otel.jsonl`` files (not recursive) are all followed,
+new ones picked up as they appear. Every ``--interval`` seconds each journal's new bytes are read
+(`JournalTail`) and its stall checked (`stall.detect`, limits from ``--stall-after`` or
+``LORA_OTEL_STALL_AFTER``; a process whose beat stopped counts as frozen).
+
+- On a terminal the whole view is redrawn (ANSI clear + home): per process a heading (pid, state)
+  and inspect's report, open spans counting up, a stalled span red and bold with the stall message.
+  ``--no-color`` or a non-empty ``NO_COLOR`` turns colour off (a stalled span is still marked).
+- Anywhere else (a launcher's log panel, a pipe, a file) no escape codes are written, only one line
+  per change: ``[watch] 4242 started: import torch``, ``[watch] 4242 ended: import torch (2.31 s)``,
+  ``[watch] 4242 STALLED: stalled: import slowmod open for 121 s (alive, limit 120 s)``,
+  ``[watch] 4242 process exited: finished normally in 12.3 s (exit code 0)``; then the final tree.
+
+Watch ends when no followed process is running any more (``--once``: at once). Exit status: 0 all
+finished normally, 1 some failed (non-zero exit code or exception), 3 some ended without an exit
+record or were killed by a signal (this wins over 1), 2 usage error, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from lora_otel._boot.paths import JOURNAL_SUFFIX
+from lora_otel.export.inspect import View, _display, _write
+from lora_otel.export.reader import Journal, JournalError, JournalTail, Span, format_duration, process_state
+from lora_otel.export.stall import FROZEN_AFTER_S, Stall, StallConfigError, detect, parse_limits
+
+CLEAR = "\x1b[H\x1b[2J"
+RED_BOLD, YELLOW, BOLD, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
+STARTING_GRACE_S = 10.0
+"""A journal with no records yet counts as a process starting up for this long, then as gone."""
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """Follow ``args.path`` until every process has ended; returns the exit status (module docstring)."""
+    try:
+        return _watch(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `lora-otel watch DIR | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _watch(args: argparse.Namespace) -> int:
+    def usage(message: object) -> int:
+        print(f"lora-otel watch: {message}", file=sys.stderr)
+        return 2
+
+    if not 0 < args.interval <= 3600:
+        return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
+    if not os.path.exists(args.path):
+        return usage(f"{args.path}: no such file or directory")
+    try:
+        spec = args.stall_after if args.stall_after is not None else os.environ.get("LORA_OTEL_STALL_AFTER")
+        watcher = Watcher(args.path, parse_limits(spec))
+        watcher.poll(time.time_ns())
+        if not watcher.is_dir:
+            watcher.check_is_journal()
+    except (StallConfigError, JournalError) as e:
+        return usage(e)
+    tty = sys.stdout.isatty()
+    color = tty and not args.no_color and not os.environ.get("NO_COLOR")
+    while True:
+        now = time.time_ns()
+        if args.once:
+            _out(watcher.screen(now, color))
+            return watcher.exit_status()
+        if tty:
+            _out(CLEAR + watcher.screen(now, color, header=f"every {args.interval:g} s, Ctrl-C to stop"))
+        else:
+            _out("".join(f"[watch] {line}\n" for line in watcher.changes(now)))
+        if watcher.finished():
+            break
+        time.sleep(args.interval)
+        watcher.poll(time.time_ns())
+    if not tty:
+        _out("[watch] every process has ended\n" + watcher.screen(time.time_ns(), False))
+    return watcher.exit_status()
+
+
+@dataclass
+class Followed:
+    """One followed journal, its state at the last poll, and what the line output has said of it."""
+
+    tail: JournalTail
+    first_seen_ns: int
+    journal: Optional[Journal] = None
+    state: str = "starting"  # a ProcessState, or "starting" while the journal has no records yet
+    stall: Optional[Stall] = None
+    error: Optional[str] = None
+    said: set[str] = field(default_factory=set)
+    problems_said: int = 0
+
+    @property
+    def who(self) -> str:
+        """The pid, or the file name while the journal does not name one."""
+        pid = self.journal.pid if self.journal is not None else None
+        return str(pid) if pid is not None else _display(os.path.basename(self.tail.path))
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("running", "starting")
+
+
+class Watcher:
+    """The journals under a path, polled together."""
+
+    def __init__(self, path: str, limits: dict[str, float], frozen_after_s: float = FROZEN_AFTER_S) -> None:
+        self.path = path
+        self.is_dir = os.path.isdir(path)
+        self.limits = limits
+        self.frozen_after_s = frozen_after_s
+        self.followed: dict[str, Followed] = {}
+
+    def poll(self, now_ns: int) -> None:
+        """Pick up new journals (directory), read what each gained, and check for stalls."""
+        paths = sorted(glob.glob(os.path.join(glob.escape(self.path), "*" + JOURNAL_SUFFIX))) if self.is_dir \
+            else [self.path]
+        for path in paths:
+            if path not in self.followed and os.path.isfile(path):
+                self.followed[path] = Followed(JournalTail(path), now_ns)
+        for f in self.followed.values():
+            self._refresh(f, now_ns)
+
+    def _refresh(self, f: Followed, now_ns: int) -> None:
+        try:
+            journal = f.tail.read()
+            state: str = process_state(journal)
+            if state == "gone":  # it may have written its exit record just after that read
+                state = process_state(f.tail.read())
+            f.error = None
+        except JournalError as e:  # deleted or made unreadable while followed: keep what was read
+            f.error = str(e)
+            if f.journal is None:
+                f.state = "gone"
+                return
+            journal, state = f.journal, process_state(f.journal)
+        if journal.last_evidence_ns is None and state == "gone" and \
+                now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9:
+            state = "starting"
+        f.journal, f.state = journal, state
+        f.stall = detect(journal, now_ns, state == "running", self.limits, self.frozen_after_s)
+
+    def check_is_journal(self) -> None:
+        """Raise `JournalError` when the one file followed has lines but not one journal record."""
+        for f in self.followed.values():
+            journal = f.journal
+            if journal is not None and journal.last_evidence_ns is None and journal.problems:
+                raise JournalError(f"{f.tail.path}: not a journal ({journal.problems[0]})")
+
+    def ordered(self) -> list[Followed]:
+        """Followed journals by process start time (journals without a process span last)."""
+        def key(f: Followed) -> tuple[float, str]:
+            root = f.journal.root if f.journal is not None else None
+            return (root.start_ns if root is not None else float("inf"), f.tail.path)
+        return sorted(self.followed.values(), key=key)
+
+    def finished(self) -> bool:
+        return bool(self.followed) and not any(f.running for f in self.followed.values())
+
+    def exit_status(self) -> int:
+        statuses = {_status(f) for f in self.followed.values()}
+        return 3 if 3 in statuses else 1 if 1 in statuses else 0
+
+    # --- the terminal view -----------------------------------------------------------------
+
+    def screen(self, now_ns: int, color: bool, header: Optional[str] = None) -> str:
+        """Every followed process one after another: heading, report, stall; ends with a newline."""
+        lines = [f"lora-otel watch {_display(self.path)}  {time.strftime('%H:%M:%S')}  {header}"] if header else []
+        if not self.followed:
+            lines.append(f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}")
+        for f in self.ordered():
+            if lines:
+                lines.append("")
+            lines.append(_paint(f"pid {f.who}: {f.state}", BOLD, color))
+            if f.journal is not None:
+                lines.extend(self._report(f, now_ns, color))
+            if f.error:
+                lines.append(f"note: {_display(f.error)}")
+        return "\n".join(lines) + "\n"
+
+    def _report(self, f: Followed, now_ns: int, color: bool) -> list[str]:
+        """inspect's text report, its notes replaced by their count, the stall under it."""
+        journal = f.journal
+        assert journal is not None
+        view = _WatchView(journal, "running" if f.state == "starting" else f.state,  # type: ignore[arg-type]
+                          now_ns, f.stall, color)
+        lines = view.text_lines()
+        if journal.problems:
+            del lines[len(lines) - len(journal.problems):]
+            lines.append(f"problems: {len(journal.problems)} (lora-otel inspect lists them)")
+        if f.stall is not None:
+            lines.append(_paint(f"STALLED ({f.stall.kind}): {_display(f.stall.reason)}", RED_BOLD, color))
+        return lines
+
+    # --- the line output -------------------------------------------------------------------
+
+    def changes(self, now_ns: int) -> list[str]:
+        """One line per change since the last call, for output that is not a terminal."""
+        lines: list[str] = []
+        for f in self.ordered():
+            lines.extend(f"{f.who} {line}" for line in self._changes(f, now_ns))
+        return lines
+
+    def _changes(self, f: Followed, now_ns: int) -> list[str]:
+        journal, out = f.journal, []
+        if "following" not in f.said:
+            f.said.add("following")
+            out.append(f"following {_display(f.tail.path)} ({f.state})")
+            if journal is not None:  # what ended before watch started, or before the file was found, is history
+                f.said.update(f"{'s' if span.is_open else 'e'}:{span.span_id}" for span in journal.spans
+                              if not span.is_open or not f.running)
+        if journal is not None:
+            timed: list[tuple[int, str]] = []
+            for span in journal.spans:
+                if span is journal.root:
+                    continue
+                if span.is_open and f"s:{span.span_id}" not in f.said:
+                    f.said.add(f"s:{span.span_id}")
+                    timed.append((span.start_ns, f"started: {_display(span.name)}"))
+                elif not span.is_open and f"e:{span.span_id}" not in f.said:
+                    f.said.add(f"e:{span.span_id}")
+                    timed.append((span.end_ns or span.start_ns, f"ended: {_ended(span)}"))
+            out.extend(text for _, text in sorted(timed, key=lambda pair: pair[0]))
+            if len(journal.problems) > f.problems_said:
+                f.problems_said = len(journal.problems)
+                out.append(f"journal problems: {f.problems_said} (lora-otel inspect lists them)")
+        stall = f.stall
+        if stall is not None and f"x:{stall.span.span_id}:{stall.kind}" not in f.said:
+            f.said.add(f"x:{stall.span.span_id}:{stall.kind}")
+            detail = f"limit {stall.limit_s:g} s" if stall.kind == "alive" else f"no beat for {stall.limit_s:g} s"
+            out.append(f"STALLED: {_display(stall.status_message)} ({stall.kind}, {detail})")
+        if f.error and f"!{f.error}" not in f.said:
+            f.said.add(f"!{f.error}")
+            out.append(f"note: {_display(f.error)}")
+        if not f.running and "end" not in f.said:
+            f.said.add("end")
+            stuck = View(journal, f.state, now_ns).stuck() if journal is not None else "journal unreadable"  # type: ignore[arg-type]
+            out.append(f"process exited: {stuck}" if f.state == "exited"
+                       else f"process gone without an exit record (killed or vanished): {stuck}")
+        return out
+
+
+@dataclass
+class _WatchView(View):
+    """inspect's `View`, with open spans yellow and the stalled span red, bold and marked."""
+
+    stall: Optional[Stall] = None
+    color: bool = False
+
+    def _span_line(self, span: Span) -> str:
+        line = super()._span_line(span)
+        if self.stall is not None and span is self.stall.span:
+            return _paint(f"{line}  <- STALLED: {_display(self.stall.status_message)}", RED_BOLD, self.color)
+        return _paint(line, YELLOW, self.color) if span.is_open else line
+
+
+def _status(f: Followed) -> int:
+    """0 finished normally (or still running), 1 failed, 3 killed or vanished."""
+    exit_ = f.journal.exit if f.journal is not None else None
+    if f.running:
+        return 0
+    if exit_ is None or exit_["how"] == "signal":
+        return 3
+    return 1 if exit_["how"] == "exception" or exit_["code"] not in (0, None) else 0
+
+
+def _ended(span: Span) -> str:
+    """``import torch (2.31 s)``, or ``load model (1.5 s, error: OSError: EIO)``."""
+    text = f"{_display(span.name)} ({format_duration((span.end_ns or span.start_ns) - span.start_ns)}"
+    if span.status == "error":
+        text += ", error" + (f": {_display(span.message)}" if span.message else "")
+    return text + ")"
+
+
+def _paint(text: str, code: str, color: bool) -> str:
+    return f"{code}{text}{RESET}" if color else text
+
+
+def _out(text: str) -> None:
+    if text:
+        _write(text)
+        sys.stdout.flush()
