@@ -262,3 +262,45 @@ def test_outage_longer_than_the_queue(tmp_path: Path) -> None:
     assert len(received) == 10 and "22 dropped by a full queue" in log, log
     # queued in start order (process, arguments, step 0..29): the last ten queued are kept
     assert sorted(s.name for s in received) == sorted("step %d" % i for i in range(20, 30))
+
+
+def _make_memory_cgroup(limit_bytes: int) -> Path:
+    """A child memory cgroup of ours with a limit; skips where cgroups cannot be written (not root)."""
+    from lora_otel.export.evidence import memory_cgroup
+
+    base = memory_cgroup(os.getpid())
+    if base is None:
+        pytest.skip("no memory cgroup visible here")
+    cg = Path(base) / ("lora-otel-test-%d" % os.getpid())
+    try:
+        cg.mkdir(exist_ok=True)
+        for name in ("memory.limit_in_bytes", "memory.max", "memory.memsw.limit_in_bytes", "memory.swap.max"):
+            if (cg / name).exists():
+                (cg / name).write_text("0" if name == "memory.swap.max" else str(limit_bytes))
+    except OSError as e:
+        pytest.skip("cannot create a memory cgroup here: %s" % e)
+    return cg
+
+
+def test_oom_killer(tmp_path: Path, collector) -> None:
+    """A job the kernel's OOM killer kills (a real memory cgroup with a 200 MB limit, the job and its
+    sidecar inside it, as in a container): the sidecar finalises the open stage as killed by the OOM
+    killer, from the cgroup's oom_kill count."""
+    cg = _make_memory_cgroup(200 * 2**20)
+    (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('load model'):\n    hog = []\n"
+                                     "    while True:\n        hog.append(bytearray(16 * 2**20))\n")
+    env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
+    proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py', str(cg), PYTHON],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        wait_gone(sidecar_pid(tmp_path))
+    finally:
+        if proc.poll() is None:
+            kill_and_reap(proc)
+        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), what="the cgroup to empty")
+        cg.rmdir()
+    stage = by_name(collector.spans())["load model"]
+    assert stage.attributes["lora_otel.incomplete"] is True
+    assert "killed by the OOM killer" in stage.status_message and "137" in stage.status_message, stage.status_message

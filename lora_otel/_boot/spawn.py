@@ -73,6 +73,13 @@ def start(journal_path: str, watched_pid: int, env=None) -> tuple:
                       "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
     argv = [python, "-m", "lora_otel.export.sidecar", "--journal", os.path.abspath(journal_path),
             "--pid", str(watched_pid)]
+    from lora_otel._boot import cgroup
+
+    memory = cgroup.memory_cgroup()
+    kills = cgroup.oom_kill_count(memory)
+    if memory is not None and kills is not None:
+        # The baseline from now: a job can be OOM-killed before the sidecar has even started.
+        argv += ["--cgroup", memory, "--oom-kills", str(kills)]
     child_env = dict(env)
     for name in ("LORA_OTEL", "LORA_OTEL_JOURNAL"):
         child_env.pop(name, None)

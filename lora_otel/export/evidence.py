@@ -23,6 +23,8 @@ import subprocess
 import time
 from typing import Any, Optional
 
+from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
+
 PREFIX = "lora_otel.evidence."
 
 
@@ -201,3 +203,28 @@ def gather(pid: int, stacks_path: Optional[str]) -> dict[str, Any]:
     out.update(python_stacks(pid, stacks_path))
     out.update(gpu_facts(pid))
     return out
+
+
+class OomWatch:
+    """Tells afterwards whether the OOM killer struck the memory cgroup a process was last seen in.
+
+    Call `see` while the process lives (it may be moved between cgroups) and `struck` after it is
+    gone: True when that cgroup's ``oom_kill`` count rose meanwhile. The count is per cgroup, so an
+    OOM kill of another process in the same cgroup counts too; callers say "in its memory cgroup".
+    """
+
+    def __init__(self, cgroup: Optional[str] = None, before: Optional[int] = None) -> None:
+        self.cgroup = cgroup
+        self.before = before
+
+    def see(self, pid: int) -> None:
+        cgroup = memory_cgroup(pid)
+        if cgroup is not None and cgroup != self.cgroup:
+            self.cgroup, self.before = cgroup, oom_kill_count(cgroup)
+
+    def struck(self) -> Optional[str]:
+        """A phrase like ``"the OOM killer (oom_kill 0 → 1 in its memory cgroup)"``, or None."""
+        after = oom_kill_count(self.cgroup)
+        if self.before is None or after is None or after <= self.before:
+            return None
+        return "the OOM killer (oom_kill %d \u2192 %d in its memory cgroup)" % (self.before, after)

@@ -43,18 +43,24 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def describe_end(journal) -> str:
-    """How the process ended, from its exit record; or that it vanished without one."""
+def describe_end(journal, oom: Optional[str] = None) -> str:
+    """How the process ended, from its exit record; or that it vanished without one.
+
+    ``oom``: the OOM killer's trace in the process's memory cgroup, when it rose meanwhile.
+    """
     exit_ = journal.exit
     if exit_ is None:
-        return "vanished without an exit record: killed by SIGKILL (the OOM killer?) or os._exit"
+        if oom:
+            return "killed by %s: SIGKILL, exit status 137" % oom
+        return "vanished without an exit record: killed by SIGKILL or os._exit"
     if exit_.get("message"):
         return exit_["message"]
     code = exit_.get("code")
     return "exit code %s" % code if code is not None else "exited"
 
 
-def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S) -> int:
+def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S,
+           cgroup: Optional[str] = None, oom_kills: Optional[int] = None) -> int:
     """Follow until the process is gone, finalise, drain. Returns 0 when everything was delivered."""
     from lora_otel.export.live import Follower
     from lora_otel.export.otlp import ExporterConfigError, describe_endpoint, make_exporter, make_log_exporter
@@ -79,6 +85,11 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
         limits, frozen_after = parse_limits(None), FROZEN_AFTER_S
     _say("following %s (pid %s), exporting to %s" % (journal_path, pid, describe_endpoint(exporter)))
     follower = Follower(journal_path, exporter, limits=limits, frozen_after_s=frozen_after, log_exporter=log_exporter)
+    from lora_otel.export.evidence import OomWatch
+
+    oom = OomWatch(cgroup, oom_kills)  # to tell a death by the OOM killer from other SIGKILLs
+    if pid is not None:
+        oom.see(pid)
     follower.spans_out.on_change = _say
     if follower.logs_out is not None:
         follower.logs_out.on_change = _say
@@ -89,13 +100,15 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             _say("cannot read the journal: %s" % e)
             return 1
         journal = follower.journal
+        if pid is not None:
+            oom.see(pid)
         if journal is not None and process_state(journal) != "running":
             time.sleep(EXIT_GRACE_S)
             break
         if journal is None or (pid is not None and journal.pid is None and not _pid_alive(pid)):
             break
         time.sleep(poll_s)
-    how = describe_end(follower.tail.read())
+    how = describe_end(follower.tail.read(), oom.struck())
     follower.finalize(how)
     delivered = follower.close(drain_s)
     spans, logs = follower.spans_out, follower.logs_out
@@ -124,13 +137,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
     parser.add_argument("--poll", type=float, default=_float_env("LORA_OTEL_POLL_S", POLL_S),
                         help="seconds between reads of the journal (default 0.5)")
+    parser.add_argument("--cgroup", help="the process's memory cgroup when it started")
+    parser.add_argument("--oom-kills", type=int, help="that cgroup's oom_kill count when the process started")
     args = parser.parse_args(argv)
     # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
     # sidecar reports the outage once itself.
     logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     try:
-        return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S))
+        return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
+                      args.cgroup, args.oom_kills)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - say it in the log file, once

@@ -48,6 +48,10 @@ def run_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     env, journal = _child_env(cmd, args)
+    from lora_otel.export.evidence import OomWatch
+
+    oom = OomWatch()
+    oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
@@ -72,7 +76,7 @@ def run_command(args: argparse.Namespace) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
 
-    record_exit(journal, rc)
+    record_exit(journal, rc, oom.struck() if rc == -signal.SIGKILL else None)
     if getattr(args, "tree", False):
         _print_tree(journal)
     if rc < 0:
@@ -110,7 +114,7 @@ def describe_status(rc: int) -> str:
     return "exit code %d" % rc
 
 
-def record_exit(journal: str, rc: int) -> bool:
+def record_exit(journal: str, rc: int, killer: "str | None" = None) -> bool:
     """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``).
 
     One ``O_APPEND`` write after the child is gone, so it cannot interleave with the child's own
@@ -128,7 +132,7 @@ def record_exit(journal: str, rc: int) -> bool:
             return False
         rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": "lora-otel run"}
         if rc < 0:
-            rec.update(code=128 - rc, how="signal", message=describe_status(rc))
+            rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:
             rec.update(code=rc, how="no exit record",
                        message="exit code %d without running exit handlers (os._exit?)" % rc)
