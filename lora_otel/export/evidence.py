@@ -136,9 +136,25 @@ def tcp_connections(pid: int) -> list:
         return []
 
 
-def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 2.0) -> dict[str, Any]:
-    """Ask the process for its stacks (SIGUSR1) and read what its faulthandler wrote; py-spy too."""
+def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5) -> dict[str, Any]:
+    """Ask the process for its stacks (SIGUSR1) and read what its faulthandler wrote; py-spy too.
+
+    A stopped process (SIGSTOP, a debugger) cannot answer until it continues, so it is not waited
+    for: the signal stays pending and the dump lands in the stacks file when it resumes.
+    """
     out: dict[str, Any] = {}
+    try:
+        state = _stat_fields(pid)[0]
+    except (OSError, IndexError):
+        state = ""
+    if stacks_path and state in ("T", "t"):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+        out[PREFIX + "python.stacks.error"] = ("the process is stopped; its stacks will be written to %s "
+                                              "when it continues" % stacks_path)
+        stacks_path = None
     if stacks_path:
         try:
             before = os.path.getsize(stacks_path) if os.path.exists(stacks_path) else 0
@@ -163,7 +179,7 @@ def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 2.0) -> 
     if spy:
         try:
             r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
-                               timeout=20)
+                               timeout=10)
             if r.returncode == 0:
                 out[PREFIX + "py_spy.dump"] = r.stdout[-16000:]
             else:
