@@ -30,8 +30,11 @@ def traced(tmp_path: Path, script: str, endpoint: str, **env: str) -> subprocess
 
 
 def sidecar_pid(tmp_path: Path) -> int:
+    """The pid of the sidecar of the job whose journals are under tmp_path/lora-otel (or tmp_path)."""
+    where = tmp_path / "lora-otel" if (tmp_path / "lora-otel").exists() else tmp_path
+
     def find():
-        for path in journals(tmp_path / "lora-otel"):
+        for path in journals(where):
             j = read_journal(path)
             if j.root is not None and "lora_otel.sidecar.pid" in j.root.attrs:
                 return j.root.attrs["lora_otel.sidecar.pid"]
@@ -304,3 +307,27 @@ def test_oom_killer(tmp_path: Path, collector) -> None:
     stage = by_name(collector.spans())["load model"]
     assert stage.attributes["lora_otel.incomplete"] is True
     assert "killed by the OOM killer" in stage.status_message and "137" in stage.status_message, stage.status_message
+
+
+def test_sidecar_from_another_environment(tmp_path: Path, collector) -> None:
+    """The training environment has no OpenTelemetry at all (a bare venv, lora_otel on PYTHONPATH);
+    LORA_OTEL_SIDECAR_PYTHON names a Python that has it: spans arrive, and the job never imported
+    opentelemetry. Without the setting, one line says live export is off and why."""
+    from procs import REPO
+
+    venv = tmp_path / "trainenv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    bare = str(venv / "bin" / "python")
+    (tmp_path / "job.py").write_text("import sys, lora_otel\nwith lora_otel.stage('train'):\n    pass\n"
+                                     "print('otel modules:', sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
+    base = dict(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, PYTHONPATH=str(REPO))
+    r = subprocess.run([bare, "-m", "lora_otel", "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=clean_env(LORA_OTEL_SIDECAR_PYTHON=sys.executable, LORA_OTEL_DIR="with", **base))
+    assert r.returncode == 0 and "otel modules: []" in r.stdout, r.stderr
+    wait_gone(sidecar_pid(tmp_path / "with"))
+    assert {"process", "arguments", "train"} <= set(by_name(collector.spans()))
+    r = subprocess.run([bare, "-m", "lora_otel", "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=clean_env(LORA_OTEL_DIR="without", **base))
+    assert r.returncode == 0
+    [line] = [line for line in r.stderr.splitlines() if "live export off" in line]
+    assert "OpenTelemetry SDK is not installed for %s" % bare in line and "LORA_OTEL_SIDECAR_PYTHON" in line
