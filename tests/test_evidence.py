@@ -33,7 +33,8 @@ def test_sleeping_import_evidence(tmp_path: Path) -> None:
 
 
 def test_busy_and_stopped_processes(tmp_path: Path) -> None:
-    """A spinning import shows high CPU; once SIGSTOPped its state says stopped and the stack request times out."""
+    """A spinning import shows high CPU; once SIGSTOPped its state says stopped, the stacks are not
+    waited for, and they land in the stacks file once the process continues."""
     make_module(tmp_path, "busymod", "while True:\n    pass\n")
     proc = start_traced(tmp_path, "import busymod\n")
     try:
@@ -43,7 +44,10 @@ def test_busy_and_stopped_processes(tmp_path: Path) -> None:
         wait_for(lambda: process_facts(proc.pid, 0.05)[PREFIX + "process.state"].startswith("T"), what="stopped")
         [path] = journals(tmp_path / "lora-otel")
         ev = gather(proc.pid, read_journal(path).root.attrs["lora_otel.stacks.path"])
-        assert "no dump" in ev[PREFIX + "python.stacks.error"]
+        stacks = read_journal(path).root.attrs["lora_otel.stacks.path"]
+        assert "the process is stopped" in ev[PREFIX + "python.stacks.error"]
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: os.path.exists(stacks) and "busymod" in Path(stacks).read_text(), what="the deferred dump")
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         kill_and_reap(proc)

@@ -127,6 +127,8 @@ class View:
         code_text = f"exit code {code}" if code is not None else "no exit code"
         if open_spans:
             names = ", ".join(_display(span.name) for span in open_spans)
+            if exit_["how"] == "signal" and exit_["message"]:  # written by `lora-otel run`
+                return f"{_display(exit_['message'])} with spans open: {names} (exit status {code})"
             return f"ended with spans open: {names} ({code_text})"
         if exit_["how"] == "normal" and code in (0, None):
             return f"finished normally in {self._lifetime()} ({code_text})"

@@ -1,21 +1,19 @@
 """``lora-otel watch``: follow running jobs live, their span trees updating and stalls highlighted.
 
-PATH is one journal, or a directory whose ``*.otel.jsonl`` files (not recursive) are all followed,
-new ones picked up as they appear. Every ``--interval`` seconds each journal's new bytes are read
-(`JournalTail`) and its stall checked (`stall.detect`, limits from ``--stall-after`` or
-``LORA_OTEL_STALL_AFTER``; a process whose beat stopped counts as frozen).
+PATH is a journal, or a directory whose ``*.otel.jsonl`` files (not recursive) are all followed,
+new ones picked up as they appear. Every ``--interval`` s each journal's new bytes are read
+(`JournalTail`) and stalls checked by `stall.detect` (``--stall-after``/``LORA_OTEL_STALL_AFTER``,
+``LORA_OTEL_FROZEN_AFTER``).
 
 - On a terminal the whole view is redrawn (ANSI clear + home): per process a heading (pid, state)
-  and inspect's report, open spans counting up, a stalled span red and bold with the stall message.
-  ``--no-color`` or a non-empty ``NO_COLOR`` turns colour off (a stalled span is still marked).
-- Anywhere else (a launcher's log panel, a pipe, a file) no escape codes are written, only one line
-  per change: ``[watch] 4242 started: import torch``, ``[watch] 4242 ended: import torch (2.31 s)``,
-  ``[watch] 4242 STALLED: stalled: import slowmod open for 121 s (alive, limit 120 s)``,
-  ``[watch] 4242 process exited: finished normally in 12.3 s (exit code 0)``; then the final tree.
+  and inspect's report, open spans counting up, a stalled span red and bold with its stall message
+  (``--no-color`` or a non-empty ``NO_COLOR``: no colour, the stalled span still marked).
+- Anywhere else (a launcher's log panel, a pipe) no escape codes, one line per change, e.g.
+  ``[watch] 4242 started: import torch``, ``... ended: import torch (2.31 s)``, ``... STALLED: stalled:
+  import x open for 121 s (alive, limit 120 s)``, ``... process exited: ...``; then the final tree.
 
 Watch ends when no followed process is running any more (``--once``: at once). Exit status: 0 all
-finished normally, 1 some failed (non-zero exit code or exception), 3 some ended without an exit
-record or were killed by a signal (this wins over 1), 2 usage error, 130 Ctrl-C.
+finished normally, 1 some failed, 3 some killed or gone without an exit record (wins over 1), 2 usage.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,8 +29,10 @@ from typing import Optional
 
 from lora_otel._boot.paths import JOURNAL_SUFFIX
 from lora_otel.export.inspect import View, _display, _write
-from lora_otel.export.reader import Journal, JournalError, JournalTail, Span, format_duration, process_state
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall, StallConfigError, detect, parse_limits
+from lora_otel.export.reader import (Journal, JournalError, JournalTail, ProcessState, Span, format_duration,
+                                     process_state)
+from lora_otel.export.stall import (FROZEN_AFTER_S, Stall, StallConfigError, detect, frozen_after_from_env,
+                                    parse_limits)
 
 CLEAR = "\x1b[H\x1b[2J"
 RED_BOLD, YELLOW, BOLD, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
@@ -54,31 +55,36 @@ def _watch(args: argparse.Namespace) -> int:
     def usage(message: object) -> int:
         print(f"lora-otel watch: {message}", file=sys.stderr)
         return 2
-
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
     if not os.path.exists(args.path):
         return usage(f"{args.path}: no such file or directory")
+    given = "--stall-after" if args.stall_after is not None else "LORA_OTEL_STALL_AFTER"
     try:
-        spec = args.stall_after if args.stall_after is not None else os.environ.get("LORA_OTEL_STALL_AFTER")
-        watcher = Watcher(args.path, parse_limits(spec))
+        limits = parse_limits(args.stall_after if args.stall_after is not None else os.environ.get(given))
+    except StallConfigError as e:
+        return usage(f"{given}: {e}")
+    try:
+        watcher = Watcher(args.path, limits, frozen_after_from_env())
         watcher.poll(time.time_ns())
-        if not watcher.is_dir:
-            watcher.check_is_journal()
+        for f in watcher.followed.values():  # the file named has lines, but not one record
+            if not watcher.is_dir and f.journal and f.journal.last_evidence_ns is None and f.journal.problems:
+                raise JournalError(f"{f.tail.path}: not a journal ({f.journal.problems[0]})")
     except (StallConfigError, JournalError) as e:
         return usage(e)
     tty = sys.stdout.isatty()
     color = tty and not args.no_color and not os.environ.get("NO_COLOR")
     while True:
-        now = time.time_ns()
+        now, done = time.time_ns(), watcher.finished()
         if args.once:
             _out(watcher.screen(now, color))
             return watcher.exit_status()
         if tty:
-            _out(CLEAR + watcher.screen(now, color, header=f"every {args.interval:g} s, Ctrl-C to stop"))
+            screen = watcher.screen(now, color, header=f"every {args.interval:g} s, Ctrl-C to stop")
+            _out(CLEAR + (screen if done else _fit(screen)))
         else:
             _out("".join(f"[watch] {line}\n" for line in watcher.changes(now)))
-        if watcher.finished():
+        if done:
             break
         time.sleep(args.interval)
         watcher.poll(time.time_ns())
@@ -94,11 +100,11 @@ class Followed:
     tail: JournalTail
     first_seen_ns: int
     journal: Optional[Journal] = None
-    state: str = "starting"  # a ProcessState, or "starting" while the journal has no records yet
+    state: ProcessState = "running"
+    starting: bool = True  # no records yet, for at most STARTING_GRACE_S
     stall: Optional[Stall] = None
     error: Optional[str] = None
     said: set[str] = field(default_factory=set)
-    problems_said: int = 0
 
     @property
     def who(self) -> str:
@@ -108,18 +114,22 @@ class Followed:
 
     @property
     def running(self) -> bool:
-        return self.state in ("running", "starting")
+        return self.state == "running" or self.starting
+
+    def once(self, key: str) -> bool:
+        """True the first time it is asked about ``key``: so the line output says each thing once."""
+        new = key not in self.said
+        self.said.add(key)
+        return new
 
 
 class Watcher:
     """The journals under a path, polled together."""
 
     def __init__(self, path: str, limits: dict[str, float], frozen_after_s: float = FROZEN_AFTER_S) -> None:
-        self.path = path
-        self.is_dir = os.path.isdir(path)
-        self.limits = limits
-        self.frozen_after_s = frozen_after_s
+        self.path, self.is_dir, self.limits, self.frozen_after_s = path, os.path.isdir(path), limits, frozen_after_s
         self.followed: dict[str, Followed] = {}
+        self.said_waiting = False
 
     def poll(self, now_ns: int) -> None:
         """Pick up new journals (directory), read what each gained, and check for stalls."""
@@ -134,35 +144,26 @@ class Watcher:
     def _refresh(self, f: Followed, now_ns: int) -> None:
         try:
             journal = f.tail.read()
-            state: str = process_state(journal)
+            state = process_state(journal)
             if state == "gone":  # it may have written its exit record just after that read
                 state = process_state(f.tail.read())
             f.error = None
         except JournalError as e:  # deleted or made unreadable while followed: keep what was read
             f.error = str(e)
             if f.journal is None:
-                f.state = "gone"
+                f.state, f.starting = "gone", False
                 return
             journal, state = f.journal, process_state(f.journal)
-        if journal.last_evidence_ns is None and state == "gone" and \
-                now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9:
-            state = "starting"
+        f.starting = (journal.last_evidence_ns is None and state == "gone"
+                      and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9)
         f.journal, f.state = journal, state
         f.stall = detect(journal, now_ns, state == "running", self.limits, self.frozen_after_s)
 
-    def check_is_journal(self) -> None:
-        """Raise `JournalError` when the one file followed has lines but not one journal record."""
-        for f in self.followed.values():
-            journal = f.journal
-            if journal is not None and journal.last_evidence_ns is None and journal.problems:
-                raise JournalError(f"{f.tail.path}: not a journal ({journal.problems[0]})")
-
     def ordered(self) -> list[Followed]:
         """Followed journals by process start time (journals without a process span last)."""
-        def key(f: Followed) -> tuple[float, str]:
-            root = f.journal.root if f.journal is not None else None
-            return (root.start_ns if root is not None else float("inf"), f.tail.path)
-        return sorted(self.followed.values(), key=key)
+        return sorted(self.followed.values(), key=lambda f: (
+            f.journal.root.start_ns if f.journal is not None and f.journal.root is not None else float("inf"),
+            f.tail.path))
 
     def finished(self) -> bool:
         return bool(self.followed) and not any(f.running for f in self.followed.values())
@@ -170,8 +171,6 @@ class Watcher:
     def exit_status(self) -> int:
         statuses = {_status(f) for f in self.followed.values()}
         return 3 if 3 in statuses else 1 if 1 in statuses else 0
-
-    # --- the terminal view -----------------------------------------------------------------
 
     def screen(self, now_ns: int, color: bool, header: Optional[str] = None) -> str:
         """Every followed process one after another: heading, report, stall; ends with a newline."""
@@ -181,20 +180,17 @@ class Watcher:
         for f in self.ordered():
             if lines:
                 lines.append("")
-            lines.append(_paint(f"pid {f.who}: {f.state}", BOLD, color))
+            heading = f"{'pid ' if f.who.isdigit() else ''}{f.who}: {'starting' if f.starting else f.state}"
+            lines.append(_paint(heading, BOLD, color))
             if f.journal is not None:
-                lines.extend(self._report(f, now_ns, color))
+                lines.extend(self._report(f, f.journal, now_ns, color))
             if f.error:
                 lines.append(f"note: {_display(f.error)}")
         return "\n".join(lines) + "\n"
 
-    def _report(self, f: Followed, now_ns: int, color: bool) -> list[str]:
+    def _report(self, f: Followed, journal: Journal, now_ns: int, color: bool) -> list[str]:
         """inspect's text report, its notes replaced by their count, the stall under it."""
-        journal = f.journal
-        assert journal is not None
-        view = _WatchView(journal, "running" if f.state == "starting" else f.state,  # type: ignore[arg-type]
-                          now_ns, f.stall, color)
-        lines = view.text_lines()
+        lines = _WatchView(journal, f.state, now_ns, f.stall, color).text_lines()
         if journal.problems:
             del lines[len(lines) - len(journal.problems):]
             lines.append(f"problems: {len(journal.problems)} (lora-otel inspect lists them)")
@@ -202,20 +198,17 @@ class Watcher:
             lines.append(_paint(f"STALLED ({f.stall.kind}): {_display(f.stall.reason)}", RED_BOLD, color))
         return lines
 
-    # --- the line output -------------------------------------------------------------------
-
     def changes(self, now_ns: int) -> list[str]:
         """One line per change since the last call, for output that is not a terminal."""
-        lines: list[str] = []
-        for f in self.ordered():
-            lines.extend(f"{f.who} {line}" for line in self._changes(f, now_ns))
-        return lines
+        if not self.followed and not self.said_waiting:
+            self.said_waiting = True
+            return [f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}"]
+        return [f"{f.who} {line}" for f in self.ordered() for line in self._changes(f, now_ns)]
 
     def _changes(self, f: Followed, now_ns: int) -> list[str]:
         journal, out = f.journal, []
-        if "following" not in f.said:
-            f.said.add("following")
-            out.append(f"following {_display(f.tail.path)} ({f.state})")
+        if f.once("following"):
+            out.append(f"following {_display(f.tail.path)} ({'starting' if f.starting else f.state})")
             if journal is not None:  # what ended before watch started, or before the file was found, is history
                 f.said.update(f"{'s' if span.is_open else 'e'}:{span.span_id}" for span in journal.spans
                               if not span.is_open or not f.running)
@@ -224,27 +217,21 @@ class Watcher:
             for span in journal.spans:
                 if span is journal.root:
                     continue
-                if span.is_open and f"s:{span.span_id}" not in f.said:
-                    f.said.add(f"s:{span.span_id}")
+                if span.is_open and f.once(f"s:{span.span_id}"):
                     timed.append((span.start_ns, f"started: {_display(span.name)}"))
-                elif not span.is_open and f"e:{span.span_id}" not in f.said:
-                    f.said.add(f"e:{span.span_id}")
+                elif not span.is_open and f.once(f"e:{span.span_id}"):
                     timed.append((span.end_ns or span.start_ns, f"ended: {_ended(span)}"))
             out.extend(text for _, text in sorted(timed, key=lambda pair: pair[0]))
-            if len(journal.problems) > f.problems_said:
-                f.problems_said = len(journal.problems)
-                out.append(f"journal problems: {f.problems_said} (lora-otel inspect lists them)")
+            if journal.problems and f.once(f"problems {len(journal.problems)}"):
+                out.append(f"journal problems: {len(journal.problems)} (lora-otel inspect lists them)")
         stall = f.stall
-        if stall is not None and f"x:{stall.span.span_id}:{stall.kind}" not in f.said:
-            f.said.add(f"x:{stall.span.span_id}:{stall.kind}")
+        if stall is not None and f.once(f"x:{stall.span.span_id}:{stall.kind}"):
             detail = f"limit {stall.limit_s:g} s" if stall.kind == "alive" else f"no beat for {stall.limit_s:g} s"
             out.append(f"STALLED: {_display(stall.status_message)} ({stall.kind}, {detail})")
-        if f.error and f"!{f.error}" not in f.said:
-            f.said.add(f"!{f.error}")
+        if f.error and f.once(f"!{f.error}"):
             out.append(f"note: {_display(f.error)}")
-        if not f.running and "end" not in f.said:
-            f.said.add("end")
-            stuck = View(journal, f.state, now_ns).stuck() if journal is not None else "journal unreadable"  # type: ignore[arg-type]
+        if not f.running and f.once("end"):
+            stuck = View(journal, f.state, now_ns).stuck() if journal is not None else "journal unreadable"
             out.append(f"process exited: {stuck}" if f.state == "exited"
                        else f"process gone without an exit record (killed or vanished): {stuck}")
         return out
@@ -280,6 +267,18 @@ def _ended(span: Span) -> str:
     if span.status == "error":
         text += ", error" + (f": {_display(span.message)}" if span.message else "")
     return text + ")"
+
+
+def _fit(screen: str) -> str:
+    """The screen cut to the terminal's height, so that redrawing it does not scroll: the top lines
+    (heading, where it is stuck) and the newest at the bottom (open spans, the stall) are kept."""
+    lines, rows = screen.splitlines(), shutil.get_terminal_size().lines
+    if len(lines) < rows:
+        return screen
+    head = min(4, rows // 3)
+    tail = max(rows - 2 - head, 0)
+    hidden = f"... {len(lines) - head - tail} lines hidden (a taller window shows them)"
+    return "\n".join(lines[:head] + [hidden] + lines[len(lines) - tail:]) + "\n"
 
 
 def _paint(text: str, code: str, color: bool) -> str:

@@ -1,0 +1,42 @@
+"""`lora-otel run` writes the exit record its child could not: deaths by signal and os._exit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from procs import PYTHON, clean_env, only_journal
+
+
+def run(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    (tmp_path / "job.py").write_text(script)
+    return subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"], cwd=tmp_path,
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_killed_child_gets_an_exit_record(tmp_path: Path) -> None:
+    """SIGKILL: the journal ends with the supervisor's exit record, and inspect says killed."""
+    r = run(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    assert r.returncode == -9
+    j = only_journal(tmp_path / "lora-otel")
+    assert j.exit == {"ts": j.exit["ts"], "code": 137, "how": "signal", "message": "killed by SIGKILL"}
+    assert not j.problems
+    out = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(j.path)], capture_output=True, text=True,
+                         env=clean_env())
+    assert "killed by SIGKILL" in out.stdout.splitlines()[0], out.stdout
+
+
+def test_os_exit_gets_an_exit_record_with_the_code(tmp_path: Path) -> None:
+    """os._exit(3) skips exit handlers: the supervisor records code 3; the launcher sees 3."""
+    r = run(tmp_path, "import os\nos._exit(3)\n")
+    assert r.returncode == 3
+    j = only_journal(tmp_path / "lora-otel")
+    assert j.exit["code"] == 3 and j.exit["how"] == "no exit record"
+
+
+def test_normal_exit_is_not_recorded_twice(tmp_path: Path) -> None:
+    """A child that exits normally wrote its own record: no second one (no reader problem)."""
+    r = run(tmp_path, "import sys\nsys.exit(4)\n")
+    assert r.returncode == 4
+    j = only_journal(tmp_path / "lora-otel")
+    assert j.exit["code"] == 4 and j.exit["how"] == "normal" and not j.problems
