@@ -80,7 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = add("run", cmd_run)
+    p = add("run", cmd_run, epilog="examples:\n"
+            "  lora-otel run --tree -- python train.py --log runs/a.log\n"
+            "  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\\n"
+            "    lora-otel run --stall-after import=300,training=900 -- accelerate launch train.py\n"
+            "\nWith an OTLP endpoint set, each traced process starts a detached sidecar that exports\n"
+            "live (stalls as incomplete spans with evidence); see README 'Live export and stalls'.")
+    p.add_argument("--stall-after", metavar="SPEC",
+                   help="stall limits for live export: 300, or import=300,cuda init=60,training=900 "
+                        "(sets $LORA_OTEL_STALL_AFTER for the job)")
     p.add_argument("--dir", help="directory for journals (default: beside --log, else ./lora-otel/)")
     p.add_argument("--journal", help="exact journal path for the top process")
     p.add_argument("--tree", action="store_true", help="print the span tree when the command ends")

@@ -92,8 +92,9 @@ def test_lora_otel_run_exports_a_stall_and_the_kill(tmp_path: Path, collector) -
 
     make_module(tmp_path, "slowmod", "import os, signal, time\ntime.sleep(3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
     (tmp_path / "job.py").write_text("import slowmod\n")
-    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, LORA_OTEL_STALL_AFTER="import=1")
-    r = subprocess.run([sys.executable, "-m", "lora_otel", "run", "--", sys.executable, "job.py"], cwd=tmp_path,
+    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
+    r = subprocess.run([sys.executable, "-m", "lora_otel", "run", "--stall-after", "import=1", "--",
+                        sys.executable, "job.py"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == -9, r.stderr  # the supervisor dies by the same signal
     received = wait_for(lambda: [s for s in collector.spans() if s.name == "arguments"] and collector.spans(),

@@ -40,3 +40,12 @@ def test_normal_exit_is_not_recorded_twice(tmp_path: Path) -> None:
     assert r.returncode == 4
     j = only_journal(tmp_path / "lora-otel")
     assert j.exit["code"] == 4 and j.exit["how"] == "normal" and not j.problems
+
+
+def test_bad_stall_after_is_one_line(tmp_path: Path) -> None:
+    """A bad --stall-after: exit status 2, one line naming the problem, the job not started."""
+    (tmp_path / "job.py").write_text("open('ran', 'w').close()\n")
+    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--stall-after", "import=soon", "--", PYTHON, "job.py"],
+                       cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and not (tmp_path / "ran").exists()
+    assert r.stderr.strip().count("\n") == 0 and "--stall-after" in r.stderr and "'soon'" in r.stderr

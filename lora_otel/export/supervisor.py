@@ -31,6 +31,8 @@ def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
         env["LORA_OTEL_DIR"] = os.path.abspath(args.dir)
     if getattr(args, "journal", None):
         env["LORA_OTEL_JOURNAL"] = os.path.abspath(args.journal)
+    if getattr(args, "stall_after", None) is not None:
+        env["LORA_OTEL_STALL_AFTER"] = args.stall_after
     journal = paths.choose_journal_path(cmd, env, os.getpid(), time.time())
     if os.path.exists(journal) and not getattr(args, "journal", None):
         journal = paths.unique_variant(journal, os.getpid(), time.time())  # a re-run: keep the old one
@@ -47,6 +49,14 @@ def run_command(args: argparse.Namespace) -> int:
         print("lora-otel run: no command given; usage: lora-otel run [options] -- python train.py ...",
               file=sys.stderr)
         return 2
+    if getattr(args, "stall_after", None) is not None:
+        from lora_otel.export.stall import StallConfigError, parse_limits
+
+        try:
+            parse_limits(args.stall_after)
+        except StallConfigError as e:
+            print("lora-otel run: --stall-after: %s" % e, file=sys.stderr)
+            return 2
     env, journal = _child_env(cmd, args)
     from lora_otel.export.evidence import OomWatch
 
