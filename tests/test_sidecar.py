@@ -263,8 +263,8 @@ def test_outage_longer_than_the_queue(tmp_path: Path) -> None:
     log = next((tmp_path / "lora-otel").glob("*.sidecar.log")).read_text()
     assert_unique(received)
     assert len(received) == 10 and "22 dropped by a full queue" in log, log
-    # queued in start order (process, arguments, step 0..29): the last ten queued are kept
-    assert sorted(s.name for s in received) == sorted("step %d" % i for i in range(20, 30))
+    # kept: the last ten to end (step 22..29, then arguments and process at exit)
+    assert sorted(s.name for s in received) == sorted(["step %d" % i for i in range(22, 30)] + ["arguments", "process"])
 
 
 def _make_memory_cgroup(limit_bytes: int) -> Path:
@@ -290,8 +290,10 @@ def test_oom_killer(tmp_path: Path, collector) -> None:
     sidecar inside it, as in a container): the sidecar finalises the open stage as killed by the OOM
     killer, from the cgroup's oom_kill count."""
     cg = _make_memory_cgroup(200 * 2**20)
-    (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('load model'):\n    hog = []\n"
-                                     "    while True:\n        hog.append(bytearray(16 * 2**20))\n")
+    # The job grows once its sidecar is up (~40 MB), so the OOM killer picks the job, as it would
+    # pick a training process many times the sidecar's size.
+    (tmp_path / "job.py").write_text("import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(1.5)\n"
+                                     "    hog = []\n    while True:\n        hog.append(bytearray(16 * 2**20))\n")
     env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
     proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py', str(cg), PYTHON],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

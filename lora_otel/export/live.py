@@ -220,8 +220,28 @@ class LogSink:
                                    body=otlp.clean_text(body), attributes=otlp.otel_attributes(attrs or {})))
 
 
+class _NotRemote:
+    """``parent_id in known`` for a journal: every parent is in it except the root's (TRACEPARENT's)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def __contains__(self, parent_id: object) -> bool:
+        root = self.journal.root
+        return root is None or parent_id != root.parent_id
+
+    def add(self, _span_id: str) -> None:
+        pass
+
+
 class Follower:
-    """Export one journal's spans as they happen, under the one-export-per-span-ID rule."""
+    """Export one journal's spans as they happen, under the one-export-per-span-ID rule.
+
+    Costs stay flat over a long job: each poll handles only what the journal gained (spans that
+    ended, new lines), and spans are forgotten once queued. Spans that ended but do not fit in the
+    outbox wait in ``backlog`` (the journal on disk is the real buffer); beyond ``max_items`` of
+    them the oldest are dropped and counted in ``dropped``.
+    """
 
     def __init__(self, path: str, exporter: SpanExporter, limits: Optional[dict[str, float]] = None,
                  frozen_after_s: Optional[float] = None,
@@ -232,23 +252,26 @@ class Follower:
         self.spans_out = Outbox(exporter, "spans")
         self.logs_out = Outbox(log_exporter, "log records") if log_exporter is not None else None
         self._logs: Optional[LogSink] = None
-        self._lines_sent = 0
         self._resource = None
+        self._tr = None
         self.limits = limits or parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER"))
         self.frozen_after_s = frozen_after_s if frozen_after_s is not None else frozen_after_from_env()
         self.evidence = evidence
-        self.exported: set[str] = set()
+        self.exported: set[str] = set()  # open spans sent as incomplete (stalls); forgotten once they end
         self.incomplete_end: dict[str, int] = {}  # span id -> the end its incomplete export used
-        self.continued: set[str] = set()
+        self.dropped_imports: dict[str, Span] = {}  # short imports: never exported, their children move up
+        self.backlog: collections.OrderedDict[str, Span] = collections.OrderedDict()
+        self.dropped = 0  # spans and lines dropped because even the backlog was full
         self.stalls: list[Stall] = []
         self.journal: Optional[Journal] = None
+        self._forget: set[str] = set()
 
     def poll(self, now_ns: Optional[int] = None) -> list[ReadableSpan]:
         """Read what the journal gained, queue what is new for export; returns the spans queued."""
-        journal = self.journal = self.tail.read()
+        journal = self._read()
         now = now_ns or time.time_ns()
-        tr, dropped = self._translator(journal)
-        out = self._ended(journal, tr, dropped)
+        tr = self._translator(journal)
+        out = self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending)
         alive = process_state(journal) == "running"
         stalled_now = {s.span.span_id for s in self.stalls}
         stall = detect(journal, now, alive, self.limits, self.frozen_after_s)
@@ -256,13 +279,15 @@ class Follower:
             out += self._stall(journal, tr, stall, now)
         self._send(out)
         self._send_lines(journal, tr)
+        self.tail.forget(self._forget)
+        self._forget = set()
         return out
 
     def finalize(self, how: str) -> list[ReadableSpan]:
         """The process is gone: export every span never exported, once, as incomplete. ``how``: e.g. "killed by SIGKILL"."""
-        journal = self.journal = self.tail.read()
-        tr, dropped = self._translator(journal)
-        out = self._ended(journal, tr, dropped)
+        journal = self._read()
+        tr = self._translator(journal)
+        out = self._take_backlog(tr, len(self.backlog))
         still_open = [span.name for span in journal.spans if span.end_ns is None]
         for span in journal.spans:
             if span.end_ns is None and span.span_id not in self.exported:
@@ -274,7 +299,7 @@ class Follower:
                 out.append(rs)
                 self.exported.add(span.span_id)
         self._send(out)
-        self._send_lines(journal, tr)
+        self._send_lines(journal, tr, everything=True)
         if still_open and journal.root is not None:
             self._log(tr, journal.last_evidence_ns or time.time_ns(), "error",
                       "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
@@ -296,36 +321,53 @@ class Follower:
 
     # --- internals -------------------------------------------------------------------------------
 
-    def _translator(self, journal: Journal):
-        dropped = {s.span_id: s for s in journal.spans if otlp._is_short_import(s, journal)}
-        if self._resource is None and journal.root is not None:
-            # Built once: Resource.create runs the resource detectors. The process span's resource
-            # attributes are all written before the sidecar starts following.
-            self._resource = otlp.make_resource(journal)
-        return otlp._Translator(journal, dropped, self._resource), dropped
-
-    def _ended(self, journal: Journal, tr, dropped: dict) -> list[ReadableSpan]:
-        out = []
-        for span in journal.spans:
-            if span.end_ns is None or span.span_id in dropped:
-                continue
+    def _read(self) -> Journal:
+        """Read the journal's new records; spans that ended join the backlog (short imports excepted)."""
+        journal = self.journal = self.tail.read()
+        for span in self.tail.take_ended():
             sid = span.span_id
-            if sid in self.incomplete_end:
-                if sid not in self.continued:
-                    out.append(self._continued(tr, span, self.incomplete_end[sid]))
-                    self.continued.add(sid)
+            if otlp._is_short_import(span, journal):
+                self.dropped_imports[sid] = span
+                self._forget.add(sid)
+            else:
+                self.backlog[sid] = span
+        while len(self.backlog) > self.spans_out.max_items:
+            sid, _ = self.backlog.popitem(last=False)
+            self._forget.add(sid)
+            self.dropped += 1
+        return journal
+
+    def _translator(self, journal: Journal):
+        if self._tr is None or self._tr.journal is not journal:
+            if self._resource is None and journal.root is not None:
+                # Built once: Resource.create runs the resource detectors. The process span's resource
+                # attributes are all written before the sidecar starts following.
+                self._resource = otlp.make_resource(journal)
+            tr = otlp._Translator(journal, self.dropped_imports, self._resource)
+            tr.known = _NotRemote(journal)
+            if journal.root is None:
+                return tr  # not yet: the trace flags come from the process span
+            self._tr = tr
+        return self._tr
+
+    def _take_backlog(self, tr, room: int) -> list[ReadableSpan]:
+        out = []
+        while self.backlog and room > 0:
+            sid, span = self.backlog.popitem(last=False)
+            if sid in self.incomplete_end:  # sent as a stall earlier: the rest of it
+                out.append(self._continued(tr, span, self.incomplete_end.pop(sid)))
+                self.exported.discard(sid)
             elif sid not in self.exported:
                 out.append(tr.readable(span))
-                self.exported.add(sid)
+            self._forget.add(sid)
+            room -= 1
         return out
 
     def _continued(self, tr, span: Span, since_ns: int) -> ReadableSpan:
         rest = replace(span, name=span.name + " (continued)", span_id=os.urandom(8).hex(), parent_id=span.span_id,
                        start_ns=min(since_ns, span.end_ns or since_ns), events=[e for e in span.events if e[0] >= since_ns],
                        attrs={"lora_otel.continues": span.span_id})
-        tr.known.add(span.span_id)
         return tr.readable(rest)
-
     def _stall(self, journal: Journal, tr, stall: Stall, now: int) -> list[ReadableSpan]:
         self.stalls.append(stall)
         chain = []
@@ -364,11 +406,20 @@ class Follower:
     def _send(self, spans: list[ReadableSpan]) -> None:
         self.spans_out.put(spans)
 
-    def _send_lines(self, journal: Journal, tr) -> None:
+    def _send_lines(self, journal: Journal, tr, everything: bool = False) -> None:
+        """Human lines → log records, as many as the log outbox has room for; sent lines are forgotten."""
+        lines = journal.lines
+        if self.logs_out is None:
+            lines.clear()
+            return
+        room = len(lines) if everything else self.logs_out.max_items - self.logs_out.pending
         root = journal.root.span_id if journal.root is not None else None
-        for line in journal.lines[self._lines_sent:]:
+        for line in lines[:max(room, 0)]:
             self._log(tr, line.ts, line.level, line.msg, root)
-        self._lines_sent = len(journal.lines)
+        del lines[:max(room, 0)]
+        if len(lines) > self.logs_out.max_items:
+            self.dropped += len(lines) - self.logs_out.max_items
+            del lines[:len(lines) - self.logs_out.max_items]
 
     def _log(self, tr, ts: int, level: str, body: str, span_id: Optional[str],
              attrs: Optional[dict[str, Any]] = None) -> None:

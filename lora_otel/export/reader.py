@@ -203,11 +203,30 @@ class JournalTail:
         except OSError as e:
             raise JournalError(f"{self.path}: cannot read: {e.strerror or e}") from None
         journal = self._builder.journal
-        journal.spans.sort(key=lambda span: span.start_ns)
+        if self._builder.spans_added:
+            journal.spans.sort(key=lambda span: span.start_ns)
+            self._builder.spans_added = False
         missing = "no 'process' span: the journal's first record is missing"
         if journal.spans and journal.root is None and missing not in journal.problems:
             journal.problems.append(missing)
         return journal
+
+    def take_ended(self) -> list[Span]:
+        """The spans whose end record was read since the last call, in file order."""
+        ended, self._builder.ended = self._builder.ended, []
+        return ended
+
+    def forget(self, span_ids: set[str]) -> None:
+        """Drop these (ended, already handled) spans from memory, so a follower of a long job stays small.
+
+        A later record naming a forgotten span is reported in ``problems`` like any unknown span.
+        """
+        if not span_ids:
+            return
+        for span_id in span_ids:
+            self._builder._spans.pop(span_id, None)
+        journal = self._builder.journal
+        journal.spans = [span for span in journal.spans if span.span_id not in span_ids]
 
     def _feed(self, data: bytes) -> None:
         lines = (self._pending + data).split(b"\n")
@@ -309,6 +328,8 @@ class _JournalBuilder:
         self.journal = Journal(path=path)
         self._spans: dict[str, Span] = {}
         self._warned_versions: set[int] = set()
+        self.ended: list[Span] = []  # spans whose end record was read, in file order (for JournalTail)
+        self.spans_added = False
 
     # --- lines -----------------------------------------------------------------------------
 
@@ -395,6 +416,7 @@ class _JournalBuilder:
                     start_ns=ts, attrs=self._attrs(number, record))
         self._spans[span_id] = span
         self.journal.spans.append(span)
+        self.spans_added = True
         if name == "process" and self.journal.root is None:
             self._take_process_facts(number, span, record)
 
@@ -433,6 +455,7 @@ class _JournalBuilder:
             self._problem(number, f"end of span {span.span_id} has unknown status {_short(status)}; "
                                   "read as error")
         span.attrs.update(self._attrs(number, record))
+        self.ended.append(span)
 
     def _on_event(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span = self._known_span(record, "event")

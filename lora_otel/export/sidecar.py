@@ -112,11 +112,14 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     follower.finalize(how)
     delivered = follower.close(drain_s)
     spans, logs = follower.spans_out, follower.logs_out
-    _say("process ended (%s); %d spans%s sent, %d dropped by a full queue, %d unsent"
-         % (how, spans.sent, " and %d log records" % logs.sent if logs else "", spans.dropped, spans.unsent))
+    sent_logs = logs.sent if logs else 0
+    unsent = spans.unsent + (logs.unsent if logs else 0)
+    dropped = follower.dropped + spans.dropped + (logs.dropped if logs else 0)
+    _say("process ended (%s); sent %d spans and %d log records; %d dropped by a full queue, %d unsent"
+         % (how, spans.sent, sent_logs, dropped, unsent))
     if not delivered:
         _say("not everything reached the backend (%s); the journal remains for `lora-otel replay %s`"
-             % (spans.last_error, journal_path))
+             % (spans.last_error or (logs.last_error if logs else None), journal_path))
     return 0 if delivered else 1
 
 
