@@ -297,3 +297,24 @@ def test_fuzz_records_never_raise(tmp_path, text):
     j = read_journal(path)
     assert len({s.span_id for s in j.spans}) == len(j.spans)
     process_state(j)
+
+
+def test_tail_reads_only_what_was_added_and_bounds_events(journal) -> None:
+    """JournalTail: appended records show up on the next read, a partial last line waits for its
+    newline, and with max_events a span keeps its first and latest events and counts the rest."""
+    from lora_otel.export.reader import EVENTS_DROPPED, JournalTail
+
+    root = journal.process()
+    tail = JournalTail(journal.path, max_events=4)
+    assert [s.name for s in tail.read().spans] == ["process"]
+    for i in range(10):
+        journal.event(root, 0.1 * i, "e%d" % i)
+    journal.raw(b'{"v":1,"k":"end","ts":%d,"span_id":"%s","sta' % (journal.ns(2), root.encode()))
+    j = tail.read()
+    assert [e[1] for e in j.root.events] == ["e0", "e1", "e8", "e9"] and j.root.attrs[EVENTS_DROPPED] == 6
+    assert j.root.end_ns is None and not j.problems  # the cut line waits
+    journal.raw(b'tus":"ok"}\n')
+    j = tail.read()
+    assert j.root.end_ns == journal.ns(2) and [s.name for s in tail.take_ended()] == ["process"]
+    tail.forget({root})
+    assert tail.read().spans == []

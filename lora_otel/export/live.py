@@ -50,7 +50,9 @@ def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: l
                         start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope)
 
 
+MAX_EVENTS = 128  # per span, as the OpenTelemetry SDK's default span limits
 DEFAULT_QUEUE_SIZE = 20000
+OUTBOX_ITEMS = 2048
 BATCH = 512
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -128,8 +130,14 @@ class Outbox:
     _stop = False
     unsent = 0
 
+    @property
+    def failing(self) -> bool:
+        """The last export attempt failed (an outage is going on)."""
+        return self.attempt > 0
+
+    attempt = 0
+
     def _run(self) -> None:
-        attempt = 0
         while True:
             with self._cond:
                 while not self._items and not self._stop:
@@ -145,17 +153,18 @@ class Outbox:
                     for _ in batch:  # the batch is still at the front: put() never drops in-flight items
                         self._items.popleft()
                     self.sent += len(batch)
-                    if attempt and self.on_change is not None:
-                        self.on_change("the backend accepts the %s again after %d failed attempts" % (self.what, attempt))
-                    attempt = 0
+                    if self.attempt and self.on_change is not None:
+                        self.on_change("the backend accepts the %s again after %d failed attempts"
+                                       % (self.what, self.attempt))
+                    self.attempt = 0
                     self._cond.notify_all()
                     continue
                 self.failures += 1
-                if attempt == 0 and self.on_change is not None:
+                if self.attempt == 0 and self.on_change is not None:
                     self.on_change("the backend is not accepting the %s (%s); queueing (%d waiting) and retrying"
                                    % (self.what, self.last_error, len(self._items)))
-                wait = self.backoff_s[min(attempt, len(self.backoff_s) - 1)]
-                attempt += 1
+                wait = self.backoff_s[min(self.attempt, len(self.backoff_s) - 1)]
+                self.attempt += 1
                 end = time.monotonic() + wait
                 while not self._stop and time.monotonic() < end:
                     self._cond.wait(end - time.monotonic())
@@ -239,8 +248,9 @@ class Follower:
 
     Costs stay flat over a long job: each poll handles only what the journal gained (spans that
     ended, new lines), and spans are forgotten once queued. Spans that ended but do not fit in the
-    outbox wait in ``backlog`` (the journal on disk is the real buffer); beyond ``max_items`` of
-    them the oldest are dropped and counted in ``dropped``.
+    outbox wait in ``backlog``. While the backend is failing, at most ``LORA_OTEL_QUEUE_SIZE``
+    (``capacity``) spans are held unsent, outbox and backlog together; beyond that the oldest in
+    the backlog are dropped and counted in ``dropped``. While it accepts, nothing is dropped.
     """
 
     def __init__(self, path: str, exporter: SpanExporter, limits: Optional[dict[str, float]] = None,
@@ -248,9 +258,12 @@ class Follower:
                  evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather,
                  log_exporter: Any = None) -> None:
         self.path = path
-        self.tail = JournalTail(path)
-        self.spans_out = Outbox(exporter, "spans")
-        self.logs_out = Outbox(log_exporter, "log records") if log_exporter is not None else None
+        self.tail = JournalTail(path, max_events=MAX_EVENTS)
+        self.capacity = _queue_size()
+        # Few items in flight as ReadableSpans (heavier); the rest wait as journal spans.
+        self.spans_out = Outbox(exporter, "spans", max_items=min(self.capacity, OUTBOX_ITEMS))
+        self.logs_out = (Outbox(log_exporter, "log records", max_items=min(self.capacity, OUTBOX_ITEMS))
+                         if log_exporter is not None else None)
         self._logs: Optional[LogSink] = None
         self._resource = None
         self._tr = None
@@ -287,7 +300,7 @@ class Follower:
         """The process is gone: export every span never exported, once, as incomplete. ``how``: e.g. "killed by SIGKILL"."""
         journal = self._read()
         tr = self._translator(journal)
-        out = self._take_backlog(tr, len(self.backlog))
+        out = self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending)
         still_open = [span.name for span in journal.spans if span.end_ns is None]
         for span in journal.spans:
             if span.end_ns is None and span.span_id not in self.exported:
@@ -299,7 +312,7 @@ class Follower:
                 out.append(rs)
                 self.exported.add(span.span_id)
         self._send(out)
-        self._send_lines(journal, tr, everything=True)
+        self._send_lines(journal, tr)
         if still_open and journal.root is not None:
             self._log(tr, journal.last_evidence_ns or time.time_ns(), "error",
                       "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
@@ -307,9 +320,17 @@ class Follower:
         return out
 
     def close(self, timeout: float = 10.0) -> bool:
-        """Send what is queued, for up to ``timeout`` s; True when everything went out."""
+        """Send the backlog and what is queued, for up to ``timeout`` s; True when everything went out."""
         deadline = time.monotonic() + timeout
-        ok = self.spans_out.close(timeout)
+        while (self.backlog or (self.journal is not None and self.journal.lines)) and time.monotonic() < deadline:
+            tr = self._translator(self.journal)
+            self._trim()
+            self._send(self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending))
+            self._send_lines(self.journal, tr)
+            time.sleep(0.05)
+        self.dropped += len(self.backlog)  # the time is up: what never reached the outbox
+        self.backlog.clear()
+        ok = self.spans_out.close(max(deadline - time.monotonic(), 0.1))
         if self.logs_out is not None:
             ok = self.logs_out.close(max(deadline - time.monotonic(), 0.1)) and ok
         if self._logs is not None:
@@ -331,11 +352,16 @@ class Follower:
                 self._forget.add(sid)
             else:
                 self.backlog[sid] = span
-        while len(self.backlog) > self.spans_out.max_items:
+        self._trim()
+        return journal
+
+    def _trim(self) -> None:
+        """While the backend fails, hold at most ``capacity`` unsent spans: drop the oldest waiting."""
+        while self.backlog and self.spans_out.failing and \
+                len(self.backlog) + self.spans_out.pending > self.capacity:
             sid, _ = self.backlog.popitem(last=False)
             self._forget.add(sid)
             self.dropped += 1
-        return journal
 
     def _translator(self, journal: Journal):
         if self._tr is None or self._tr.journal is not journal:
@@ -406,20 +432,20 @@ class Follower:
     def _send(self, spans: list[ReadableSpan]) -> None:
         self.spans_out.put(spans)
 
-    def _send_lines(self, journal: Journal, tr, everything: bool = False) -> None:
+    def _send_lines(self, journal: Journal, tr) -> None:
         """Human lines → log records, as many as the log outbox has room for; sent lines are forgotten."""
         lines = journal.lines
         if self.logs_out is None:
             lines.clear()
             return
-        room = len(lines) if everything else self.logs_out.max_items - self.logs_out.pending
+        room = self.logs_out.max_items - self.logs_out.pending
         root = journal.root.span_id if journal.root is not None else None
         for line in lines[:max(room, 0)]:
             self._log(tr, line.ts, line.level, line.msg, root)
         del lines[:max(room, 0)]
-        if len(lines) > self.logs_out.max_items:
-            self.dropped += len(lines) - self.logs_out.max_items
-            del lines[:len(lines) - self.logs_out.max_items]
+        if self.logs_out.failing and len(lines) > self.capacity:
+            self.dropped += len(lines) - self.capacity
+            del lines[:len(lines) - self.capacity]
 
     def _log(self, tr, ts: int, level: str, body: str, span_id: Optional[str],
              attrs: Optional[dict[str, Any]] = None) -> None:

@@ -20,6 +20,8 @@ FORMAT_VERSION = 1
 """The journal format version this reader understands."""
 
 STEP_SAMPLES = 300
+EVENTS_DROPPED = "lora_otel.events.dropped"
+"""Span attribute: how many events a `JournalTail` with ``max_events`` left out of the middle."""
 KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit")
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -160,6 +162,10 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
 class JournalTail:
     """Read a growing journal incrementally: each `read` parses only the bytes added since the last.
 
+    ``max_events``: keep at most this many events per span in memory (the first half and the
+    latest half; the count left out is the span attribute ``lora_otel.events.dropped``), as the
+    OpenTelemetry SDK's span limits do (128 by default).
+
     For followers (the sidecar, ``watch``) that poll a long job's journal every fraction of a second;
     `read_journal` would re-parse the whole file each time. The journal returned is the same object
     each time, updated in place; a partly written last line is kept back until its newline arrives.
@@ -168,12 +174,14 @@ class JournalTail:
 
     CHUNK = 1 << 20
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], max_events: Optional[int] = None) -> None:
         self.path = os.fspath(path)
+        self.max_events = max_events
         self._restart()
 
     def _restart(self) -> None:
         self._builder = _JournalBuilder(self.path)
+        self._builder.max_events = self.max_events
         self._offset = 0
         self._pending = b""
         self._number = 0
@@ -457,9 +465,15 @@ class _JournalBuilder:
         span.attrs.update(self._attrs(number, record))
         self.ended.append(span)
 
+    max_events: Optional[int] = None
+    """Set by JournalTail: per span keep the first half and the latest half of this many events."""
+
     def _on_event(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span = self._known_span(record, "event")
         span.events.append((ts, _str(record, "name"), self._attrs(number, record)))
+        if self.max_events is not None and len(span.events) > self.max_events:
+            del span.events[self.max_events // 2]
+            span.attrs[EVENTS_DROPPED] = span.attrs.get(EVENTS_DROPPED, 0) + 1
 
     def _on_attrs(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span = self._known_span(record, "attrs")
