@@ -56,10 +56,13 @@ def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+ to list the stdlib")
-def test_pth_activation_loads_only_stdlib(tmp_path: Path) -> None:
-    """`LORA_OTEL=1 python -X importtime -c pass`: every module imported is stdlib or lora_otel."""
+@pytest.mark.parametrize("live", [False, True], ids=["journal only", "starting the sidecar"])
+def test_pth_activation_loads_only_stdlib(tmp_path: Path, live: bool) -> None:
+    """`LORA_OTEL=1 python -X importtime -c pass`: every module imported is stdlib or lora_otel, and
+    none of the slow ones (json, re, typing, threading...), also when it starts the sidecar."""
+    extra = dict(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", LORA_OTEL_SIDECAR_PYTHON="/bin/true") if live else {}
     r = subprocess.run([PYTHON, "-X", "importtime", "-c", "pass"], cwd=tmp_path,
-                       env=clean_env(LORA_OTEL="1"), capture_output=True, text=True)
+                       env=clean_env(LORA_OTEL="1", **extra), capture_output=True, text=True)
     assert r.returncode == 0
     mods = [ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")]
     mods = [m for m in mods if m and m != "imported package"]
@@ -68,5 +71,6 @@ def test_pth_activation_loads_only_stdlib(tmp_path: Path) -> None:
     outside = [m for m in mods if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel"
                and not m.startswith("_editable_impl")]
     assert outside == [], outside
-    assert not any(m.startswith(("opentelemetry", "json", "re", "threading", "importlib.metadata"))
-                   for m in mods if m.split(".")[0] != "lora_otel"), mods
+    slow = ("opentelemetry", "json", "re", "typing", "threading", "subprocess", "importlib.metadata")
+    assert not [m for m in mods if m.split(".")[0] in slow or m.startswith("importlib.metadata")], mods
+    assert ("lora_otel._boot.spawn" in mods) == live

@@ -1,9 +1,12 @@
-"""The memory cgroup of a process and its OOM-kill count (cgroup v2 and v1). Standard library only."""
+"""The memory cgroup of a process and its OOM-kill count (cgroup v2 and v1).
+
+Standard library only, and not even `typing` (9 ms to import): the preamble uses it.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+
 
 
 def _read(path: str) -> str:
