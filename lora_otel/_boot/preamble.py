@@ -233,6 +233,26 @@ def _register_stack_dump() -> None:
     core.span_attrs(core.root_id, {"lora_otel.stacks.path": path})
 
 
+_RANK_VARIABLES = (
+    # attribute, then the variables that carry it: torchrun/accelerate/deepspeed, then Slurm, then Open MPI
+    ("rank", ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")),
+    ("local_rank", ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")),
+    ("world_size", ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")),
+)
+
+
+def rank_attrs(env) -> dict:
+    """``rank``, ``local_rank``, ``world_size`` from the launcher's variables, where set and numeric."""
+    out: dict = {}
+    for attr, names in _RANK_VARIABLES:
+        for name in names:
+            value = env.get(name, "").strip()
+            if value.isdigit():
+                out[attr] = int(value)
+                break
+    return out
+
+
 def _describe_process(argv: list, how: str) -> None:
     from lora_otel._boot import envfacts, redact
 
@@ -261,6 +281,7 @@ def _describe_process(argv: list, how: str) -> None:
         pass
     if core.log_path:
         attrs["lora_otel.log.path"] = core.log_path
+    attrs.update(rank_attrs(os.environ))
     facts = envfacts.collect(os.environ, redact.redact_env)
     attrs.update(facts)
     core.span_attrs(core.root_id, attrs)
