@@ -51,3 +51,22 @@ def test_forked_children_get_their_own_journals(tmp_path: Path) -> None:
             assert "spawn workers" not in names
     assert children == 3
     assert len(all_ids) == len(set(all_ids)), "a span id appears in two journals"
+
+
+def test_multiprocessing_fork_worker_records_its_exit(tmp_path: Path) -> None:
+    """multiprocessing's fork workers end with os._exit(exitcode): their journals still get an exit
+    record with that code (0, and 1 for a target that raised), so they do not read as killed."""
+    (tmp_path / "job.py").write_text(
+        "import multiprocessing as mp\n"
+        "def ok():\n    pass\n"
+        "def bad():\n    raise ValueError('boom')\n"
+        "if __name__ == '__main__':\n"
+        "    for target in (ok, bad):\n"
+        "        p = mp.get_context('fork').Process(target=target)\n"
+        "        p.start(); p.join()\n")
+    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    children = [read_journal(p) for p in journals(tmp_path / "lora-otel") if p.name.count(".") > 2]
+    assert sorted(j.exit["code"] for j in children) == [0, 1]
+    assert all(j.root.end_ns is not None for j in children)

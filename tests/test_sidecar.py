@@ -332,3 +332,49 @@ def test_sidecar_from_another_environment(tmp_path: Path, collector) -> None:
     assert r.returncode == 0
     [line] = [line for line in r.stderr.splitlines() if "live export off" in line]
     assert "OpenTelemetry SDK is not installed for %s" % bare in line and "LORA_OTEL_SIDECAR_PYTHON" in line
+
+
+def test_one_sidecar_follows_the_whole_job(tmp_path: Path, collector) -> None:
+    """A job with a forked worker and a spawned worker (multiprocessing, as DataLoader workers are):
+    one sidecar for all three processes, every span of every process arrives, all in one trace, each
+    worker's root under the span that started it."""
+    script = (
+        "import multiprocessing as mp, os, lora_otel\n"
+        "def work(tag):\n"
+        "    with lora_otel.stage('work ' + tag):\n"
+        "        pass\n"
+        "if __name__ == '__main__':\n"
+        "    with lora_otel.stage('start workers'):\n"
+        "        for method in ('fork', 'spawn'):\n"
+        "            p = mp.get_context(method).Process(target=work, args=(method,))\n"
+        "            p.start()\n"
+        "            p.join()\n"
+    )
+    proc = traced(tmp_path, script, collector.http_endpoint)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    found = journals(tmp_path / "lora-otel")
+    assert len(found) == 4, found  # the job, its two workers, and multiprocessing's resource tracker
+    roots = [read_journal(p).root for p in found]
+    sidecars = {r.attrs.get("lora_otel.sidecar.pid") for r in roots}
+    assert len(sidecars) == 1 and None not in sidecars, "one sidecar for the job"
+    wait_gone(sidecars.pop())
+    received = collector.spans()
+    assert_unique(received)
+    names = [s.name for s in received]
+    assert {"work fork", "work spawn", "start workers"} <= set(names), names
+    assert names.count("process") == 4
+    assert len({s.trace_id for s in received}) == 1, "one trace for the job"
+    spans = by_name(received)
+    job_root = [s for s in received if s.name == "process" and s.parent_id is None][0]
+    parents = sorted(s.parent_id == spans["start workers"].span_id for s in received
+                     if s.name == "process" and s is not job_root)
+    # the forked worker sits under the span that forked it; spawned processes under the job's root
+    # (TRACEPARENT is set once, at start)
+    assert parents == [False, False, True]
+    assert all(s.parent_id in (job_root.span_id, spans["start workers"].span_id)
+               for s in received if s.name == "process" and s is not job_root)
+    assert all(s.attributes.get("lora_otel.incomplete") is None for s in received), "nothing left open"
+    spawned = [read_journal(p) for p in found if "--multiprocessing-fork" in str(read_journal(p).root.attrs)]
+    assert spawned and spawned[0].span(spawned[0].root.span_id) is not None
+    assert [s for s in spawned[0].spans if s.name == "arguments"][0].end_ns is not None

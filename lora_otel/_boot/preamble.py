@@ -150,6 +150,10 @@ def _start(how: str) -> None:
     del arguments_id
     _register_stack_dump()
     _describe_process(argv, how)
+    if "--multiprocessing-fork" in argv or argv[:1] == ["-c"]:
+        # A spawned worker (DataLoader, multiprocessing), its resource tracker, `python -c ...`:
+        # no script arguments to wait for, so no `arguments` span left open to look stalled.
+        hooks.arguments_done("multiprocessing worker" if "--multiprocessing-fork" in argv else "python -c")
     if env.get("LORA_OTEL_JOURNAL"):
         # An exact path is for this process only; its children write beside it.
         env.pop("LORA_OTEL_JOURNAL", None)
@@ -183,6 +187,10 @@ def _start_sidecar(env) -> None:
     if not spawn.wanted(env):
         return
     with core.fail_open("live export"):
+        joined = spawn.join_parent_sidecar(core.journal_path, env)
+        if joined:  # one sidecar per job: the one a parent started follows this journal too
+            core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
+            return
         pid, why = spawn.start(core.journal_path, core.pid, env)
         if pid is None:
             core.error_line("live export off: %s; the journal remains for `lora-otel replay %s`"
@@ -190,6 +198,7 @@ def _start_sidecar(env) -> None:
         else:
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid,
                                            "lora_otel.sidecar.log": spawn.log_path(core.journal_path)})
+            env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, os.path.abspath(spawn.registry_path(core.journal_path)))
 
 
 def stacks_path(journal_path: str) -> str:
@@ -360,6 +369,21 @@ def _before_fork() -> None:
     _fork_parent_span = core.current_span_id() if core.active else None
 
 
+_real_os_exit = os._exit
+
+
+def _forked_child_exit(code=0):
+    """``os._exit`` in a forked child: write the exit record first (multiprocessing's fork workers
+    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked."""
+    global _exit_code
+    try:
+        if core.active and os.getpid() == core.pid:
+            _exit_code = code
+            _on_exit()
+    finally:
+        _real_os_exit(code)
+
+
 def _after_fork_child() -> None:
     with core.fail_open("fork hook"):
         if not core.active:
@@ -377,6 +401,12 @@ def _after_fork_child() -> None:
                           else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9))
         _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
         _register_stack_dump()
+        os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
+        spawn = sys.modules.get("lora_otel._boot.spawn")
+        if spawn is not None and core.journal_path:  # the parent's sidecar follows this journal too
+            joined = spawn.join_parent_sidecar(core.journal_path, os.environ)
+            if joined:
+                core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
         os.environ["TRACEPARENT"] = _traceparent()
         _start_beat()
 

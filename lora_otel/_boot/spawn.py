@@ -22,6 +22,13 @@ import sys
 
 from lora_otel._boot import paths
 
+REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
+"""``<sidecar pid>:<registry file>``, set for the children of a process that started a sidecar.
+
+A traced child (a forked or spawned worker, a torchrun rank, anything started below) that finds it,
+with that sidecar alive, starts no sidecar of its own: it appends its journal's path to the
+registry file (``<journal stem>.children``) and the job's one sidecar follows it too."""
+
 _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
 
@@ -45,6 +52,35 @@ def log_path(journal_path: str) -> str:
     """``run.log.otel.jsonl`` → ``run.log.sidecar.log``: where the sidecar says what it did."""
     stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
     return stem + ".sidecar.log"
+
+
+def registry_path(journal_path: str) -> str:
+    """``run.log.otel.jsonl`` → ``run.log.children``: the journals the sidecar also follows."""
+    stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
+    return stem + ".children"
+
+
+def join_parent_sidecar(journal_path: str, env) -> int:
+    """Register this journal with the sidecar a parent started; its pid, or 0 when there is none alive."""
+    pid_text, _, registry = env.get(REGISTRY_ENV, "").partition(":")
+    if not pid_text.isdigit() or not registry:
+        return 0
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return 0
+    except OSError:
+        pass  # alive, not ours to signal
+    try:
+        fd = os.open(registry, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (os.path.abspath(journal_path) + "\n").encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+    except OSError:
+        return 0
+    return pid
 
 
 def _package_root() -> str:
@@ -72,7 +108,7 @@ def start(journal_path: str, watched_pid: int, env=None) -> tuple:
         return None, ("the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
                       "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
     argv = [python, "-m", "lora_otel.export.sidecar", "--journal", os.path.abspath(journal_path),
-            "--pid", str(watched_pid)]
+            "--pid", str(watched_pid), "--children", os.path.abspath(registry_path(journal_path))]
     from lora_otel._boot import cgroup
 
     memory = cgroup.memory_cgroup()

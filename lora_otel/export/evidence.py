@@ -243,4 +243,5 @@ class OomWatch:
         after = oom_kill_count(self.cgroup)
         if self.before is None or after is None or after <= self.before:
             return None
-        return "the OOM killer (oom_kill %d \u2192 %d in its memory cgroup)" % (self.before, after)
+        before, self.before = self.before, after  # each kill is told once
+        return "the OOM killer (oom_kill %d \u2192 %d in its memory cgroup)" % (before, after)

@@ -229,6 +229,13 @@ class LogSink:
                                    body=otlp.clean_text(body), attributes=otlp.otel_attributes(attrs or {})))
 
 
+def outboxes(exporter: Any, log_exporter: Any = None) -> tuple:
+    """``(spans_out, logs_out)`` for these exporters (``logs_out`` None without a log exporter)."""
+    size = min(_queue_size(), OUTBOX_ITEMS)  # few in flight as ReadableSpans; the rest wait as journal spans
+    return (Outbox(exporter, "spans", max_items=size),
+            Outbox(log_exporter, "log records", max_items=size) if log_exporter is not None else None)
+
+
 class _NotRemote:
     """``parent_id in known`` for a journal: every parent is in it except the root's (TRACEPARENT's)."""
 
@@ -253,17 +260,21 @@ class Follower:
     the backlog are dropped and counted in ``dropped``. While it accepts, nothing is dropped.
     """
 
-    def __init__(self, path: str, exporter: SpanExporter, limits: Optional[dict[str, float]] = None,
+    def __init__(self, path: str, exporter: Optional[SpanExporter] = None, limits: Optional[dict[str, float]] = None,
                  frozen_after_s: Optional[float] = None,
                  evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather,
-                 log_exporter: Any = None) -> None:
+                 log_exporter: Any = None, spans_out: Optional[Outbox] = None,
+                 logs_out: Optional[Outbox] = None) -> None:
+        """``exporter``/``log_exporter`` give this follower its own outboxes; or pass ``spans_out``
+        (and ``logs_out``) to share them between the followers of one job (see `outboxes`)."""
         self.path = path
         self.tail = JournalTail(path, max_events=MAX_EVENTS)
         self.capacity = _queue_size()
-        # Few items in flight as ReadableSpans (heavier); the rest wait as journal spans.
-        self.spans_out = Outbox(exporter, "spans", max_items=min(self.capacity, OUTBOX_ITEMS))
-        self.logs_out = (Outbox(log_exporter, "log records", max_items=min(self.capacity, OUTBOX_ITEMS))
-                         if log_exporter is not None else None)
+        self.owns_outboxes = spans_out is None
+        if spans_out is None:
+            spans_out, logs_out = outboxes(exporter, log_exporter)
+        self.spans_out = spans_out
+        self.logs_out = logs_out
         self._logs: Optional[LogSink] = None
         self._resource = None
         self._tr = None
@@ -319,25 +330,35 @@ class Follower:
                       journal.root.span_id, {"lora_otel.process.end": how})
         return out
 
-    def close(self, timeout: float = 10.0) -> bool:
-        """Send the backlog and what is queued, for up to ``timeout`` s; True when everything went out."""
-        deadline = time.monotonic() + timeout
+    def drain(self, deadline: float) -> None:
+        """Move the backlog and the lines into the outboxes as they make room, until ``deadline``
+        (``time.monotonic()``); what is still waiting then is counted in ``dropped``."""
         while (self.backlog or (self.journal is not None and self.journal.lines)) and time.monotonic() < deadline:
             tr = self._translator(self.journal)
             self._trim()
             self._send(self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending))
             self._send_lines(self.journal, tr)
-            time.sleep(0.05)
+            if self.backlog or self.journal.lines:
+                time.sleep(0.05)
         self.dropped += len(self.backlog)  # the time is up: what never reached the outbox
         self.backlog.clear()
-        ok = self.spans_out.close(max(deadline - time.monotonic(), 0.1))
-        if self.logs_out is not None:
-            ok = self.logs_out.close(max(deadline - time.monotonic(), 0.1)) and ok
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Send the backlog and what is queued, for up to ``timeout`` s; True when everything went out.
+
+        Closes the outboxes only when this follower owns them."""
+        deadline = time.monotonic() + timeout
+        self.drain(deadline)
         if self._logs is not None:
             try:
                 self._logs.provider.shutdown()
             except Exception:  # noqa: BLE001
                 pass
+        if not self.owns_outboxes:
+            return True
+        ok = self.spans_out.close(max(deadline - time.monotonic(), 0.1))
+        if self.logs_out is not None:
+            ok = self.logs_out.close(max(deadline - time.monotonic(), 0.1)) and ok
         return ok
 
     # --- internals -------------------------------------------------------------------------------

@@ -59,10 +59,38 @@ def describe_end(journal, oom: Optional[str] = None) -> str:
     return "exit code %s" % code if code is not None else "exited"
 
 
+class _Registry:
+    """The journals the job's other processes registered (``<stem>.children``, one path per line)."""
+
+    def __init__(self, path: Optional[str]) -> None:
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+
+    def new_paths(self) -> list:
+        if not self.path:
+            return []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        return [os.fsdecode(line) for line in lines if line.strip()]
+
+
 def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S,
-           cgroup: Optional[str] = None, oom_kills: Optional[int] = None) -> int:
-    """Follow until the process is gone, finalise, drain. Returns 0 when everything was delivered."""
-    from lora_otel.export.live import Follower
+           cgroup: Optional[str] = None, oom_kills: Optional[int] = None, children: Optional[str] = None) -> int:
+    """Follow the job until every process of it is gone, finalise, drain.
+
+    The job is the process that started this sidecar (``journal_path``) and every process that
+    registered its journal in ``children`` (forked and spawned workers, ranks, anything below it).
+    Returns 0 when everything was delivered.
+    """
+    from lora_otel.export.live import Follower, outboxes
     from lora_otel.export.otlp import ExporterConfigError, describe_endpoint, make_exporter, make_log_exporter
 
     try:
@@ -84,42 +112,70 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
         _say("%s; using the default limits" % e)
         limits, frozen_after = parse_limits(None), FROZEN_AFTER_S
     _say("following %s (pid %s), exporting to %s" % (journal_path, pid, describe_endpoint(exporter)))
-    follower = Follower(journal_path, exporter, limits=limits, frozen_after_s=frozen_after, log_exporter=log_exporter)
+    spans_out, logs_out = outboxes(exporter, log_exporter)
+    spans_out.on_change = _say
+    if logs_out is not None:
+        logs_out.on_change = _say
+
+    def follower(path: str) -> Follower:
+        return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out)
+
     from lora_otel.export.evidence import OomWatch
 
     oom = OomWatch(cgroup, oom_kills)  # to tell a death by the OOM killer from other SIGKILLs
     if pid is not None:
         oom.see(pid)
-    follower.spans_out.on_change = _say
-    if follower.logs_out is not None:
-        follower.logs_out.on_change = _say
+    registry = _Registry(children)
+    followers = {journal_path: follower(journal_path)}
+    ended: dict = {}  # path -> how its process ended
     while True:
-        try:
-            follower.poll()
-        except JournalError as e:
-            _say("cannot read the journal: %s" % e)
-            return 1
-        journal = follower.journal
-        if pid is not None:
-            oom.see(pid)
-        if journal is not None and process_state(journal) != "running":
-            time.sleep(EXIT_GRACE_S)
-            break
-        if journal is None or (pid is not None and journal.pid is None and not _pid_alive(pid)):
-            break
+        for path in registry.new_paths():
+            if path not in followers:
+                followers[path] = follower(path)
+                _say("following %s too" % path)
+        for path, f in followers.items():
+            if path in ended:
+                continue
+            try:
+                f.poll()
+            except JournalError as e:
+                _say("cannot read %s: %s" % (path, e))
+                ended[path] = "unreadable journal"
+                continue
+            if path == journal_path and pid is not None:
+                oom.see(pid)
+            journal = f.journal
+            gone = journal is None or process_state(journal) != "running"
+            if gone:
+                if path == journal_path:
+                    time.sleep(EXIT_GRACE_S)  # `lora-otel run` may be appending the exit record
+                how = describe_end(f.tail.read(), oom.struck() if journal is None or journal.exit is None else None)
+                f.finalize(how)
+                ended[path] = how
+                if path != journal_path:
+                    _say("%s: process ended (%s)" % (path, how))
+        if len(ended) == len(followers) and journal_path in ended:
+            for path in registry.new_paths():  # a last look: a child may have registered just now
+                if path not in followers:
+                    followers[path] = follower(path)
+            if len(ended) == len(followers):
+                break
         time.sleep(poll_s)
-    how = describe_end(follower.tail.read(), oom.struck())
-    follower.finalize(how)
-    delivered = follower.close(drain_s)
-    spans, logs = follower.spans_out, follower.logs_out
-    sent_logs = logs.sent if logs else 0
-    unsent = spans.unsent + (logs.unsent if logs else 0)
-    dropped = follower.dropped + spans.dropped + (logs.dropped if logs else 0)
-    _say("process ended (%s); sent %d spans and %d log records; %d dropped by a full queue, %d unsent"
-         % (how, spans.sent, sent_logs, dropped, unsent))
+    deadline = time.monotonic() + drain_s
+    for f in followers.values():
+        f.drain(deadline)
+        f.close(0)
+    delivered = spans_out.close(max(deadline - time.monotonic(), 0.1))
+    if logs_out is not None:
+        delivered = logs_out.close(max(deadline - time.monotonic(), 0.1)) and delivered
+    sent_logs = logs_out.sent if logs_out else 0
+    unsent = spans_out.unsent + (logs_out.unsent if logs_out else 0)
+    dropped = sum(f.dropped for f in followers.values()) + spans_out.dropped + (logs_out.dropped if logs_out else 0)
+    _say("process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, %d unsent"
+         % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, unsent))
     if not delivered:
-        _say("not everything reached the backend (%s); the journal remains for `lora-otel replay %s`"
-             % (spans.last_error or (logs.last_error if logs else None), journal_path))
+        _say("not everything reached the backend (%s); the journals remain for `lora-otel replay`"
+             % (spans_out.last_error or (logs_out.last_error if logs_out else None)))
     return 0 if delivered else 1
 
 
@@ -140,6 +196,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
     parser.add_argument("--poll", type=float, default=_float_env("LORA_OTEL_POLL_S", POLL_S),
                         help="seconds between reads of the journal (default 0.5)")
+    parser.add_argument("--children", help="the file where the job's other processes register their journals")
     parser.add_argument("--cgroup", help="the process's memory cgroup when it started")
     parser.add_argument("--oom-kills", type=int, help="that cgroup's oom_kill count when the process started")
     args = parser.parse_args(argv)
@@ -149,7 +206,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     try:
         return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
-                      args.cgroup, args.oom_kills)
+                      args.cgroup, args.oom_kills, args.children)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - say it in the log file, once
