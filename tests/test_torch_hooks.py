@@ -65,3 +65,24 @@ def test_explicit_training_stage_and_progress(tmp_path: Path) -> None:
     assert train.attrs["epochs"] == 1 and train.status == "ok"
     assert j.steps == 5 and j.metrics["loss"] == pytest.approx(0.2)
     assert span_named(j, "arguments").attrs["lora_otel.arguments.parser"] == "none seen before training"
+
+
+def test_sampled_step_spans(tmp_path: Path) -> None:
+    """No span per step by default; LORA_OTEL_STEP_SPANS=5 gives `step 1`, `step 6`, ... under
+    `training`, each ended; a bad value says so in one line and gives none."""
+    (tmp_path / "job.py").write_text(
+        "import torch\nm = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(12):\n    opt.zero_grad(); m(torch.ones(1, 2)).sum().backward(); opt.step()\n")
+    r = run_traced(["job.py"], cwd=tmp_path, LORA_OTEL_DIR="default")
+    assert r.returncode == 0, r.stderr
+    assert not [s for s in only_journal(tmp_path / "default").spans if s.name.startswith("step ")]
+    r = run_traced(["job.py"], cwd=tmp_path, LORA_OTEL_DIR="sampled", LORA_OTEL_STEP_SPANS="5")
+    assert r.returncode == 0, r.stderr
+    j = only_journal(tmp_path / "sampled")
+    train = span_named(j, "training")
+    steps = [s for s in j.spans if s.name.startswith("step ")]
+    assert [s.name for s in steps] == ["step 1", "step 6", "step 11"]
+    assert all(s.parent_id == train.span_id and s.end_ns is not None for s in steps)
+    r = run_traced(["job.py"], cwd=tmp_path, LORA_OTEL_DIR="bad", LORA_OTEL_STEP_SPANS="often")
+    assert r.returncode == 0 and "LORA_OTEL_STEP_SPANS='often' is not a whole number" in r.stderr
+    assert not [s for s in only_journal(tmp_path / "bad").spans if s.name.startswith("step ")]

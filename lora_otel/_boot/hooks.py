@@ -198,15 +198,46 @@ def ensure_training(started_by: str, why: str) -> None:
         core.info_line("training started (%s)" % why)
 
 
+def _step_spans_every() -> int:
+    """``LORA_OTEL_STEP_SPANS=N``: one ``step K`` span every N optimizer steps (default 0: none)."""
+    text = os.environ.get("LORA_OTEL_STEP_SPANS", "").strip()
+    if not text:
+        return 0
+    if text.isdigit():
+        return int(text)
+    core.error_line("LORA_OTEL_STEP_SPANS=%r is not a whole number; no step spans" % text)
+    return 0
+
+
+_step_every = -1  # read on the first step
+_step_span: str | None = None
+
+
 def on_step_pre(*_args) -> None:
+    global _step_every, _step_span
     if _training_id is None or _training_id not in core.open_spans:
         with core.fail_open("optimizer step hook"):
             ensure_training("optimizer step", "first optimizer step")
+    if _step_every:  # -1: not read yet; 0: no step spans (the default)
+        if _step_every < 0:
+            _step_every = _step_spans_every()
+            if not _step_every:
+                return
+        if core.steps % _step_every:
+            return
+        with core.fail_open("step span"):
+            _step_span = core.span_start("step %d" % (core.steps + 1), {"lora_otel.step": core.steps + 1},
+                                         parent_id=_training_id, push=False)
 
 
 def on_step_post(*_args) -> None:
+    global _step_span
     core.steps += 1
     core.last_step_ns = time.time_ns()
+    if _step_span is not None:
+        with core.fail_open("step span"):
+            core.span_end(_step_span)
+        _step_span = None
 
 
 def install_torch_hooks(torch) -> None:
