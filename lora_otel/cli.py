@@ -25,6 +25,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     The first line says where the process is or was stuck, e.g.
     ``stuck in import bitsandbytes for 312 s (process gone)``. ``--json`` prints the schema
     documented in docs/journal.md.
+
+    DIR: every *.otel.jsonl journal in it (not recursive), grouped into jobs (journals sharing a
+    trace id: a launcher and its ranks or workers). Per job a heading with its outcome, one line
+    per process (ranks in order, a launcher first), the process to look at called out ("rank 1
+    (pid 4243) is the one stuck: in import bitsandbytes for 312 s", or the one that failed first,
+    or the slowest) and its span tree; --all shows every tree. --summary prints one line per job
+    instead, by start time, for unattended batches.
     """
     from lora_otel.export.inspect import run_inspect
 
@@ -49,6 +56,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     JOURNAL|DIR: a journal, or a directory whose *.otel.jsonl journals are all followed (new ones picked
     up as they appear). On a terminal the view is redrawn every --interval seconds; anywhere else
     (a launcher's log panel, a pipe) one plain line is printed per change, then the final tree.
+    In a directory, the journals of one job (a launcher and its ranks, sharing a trace id) are shown
+    together, ranks in order, with the stuck, first failed or slowest process called out.
     Watch ends when no followed process is running any more.
     """
     from lora_otel.export.watch import run_watch
@@ -94,9 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", action="store_true", help="print the span tree when the command ends")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
-    p = add("inspect", cmd_inspect)
-    p.add_argument("journal", help="a journal file (*.otel.jsonl)")
+    p = add("inspect", cmd_inspect, epilog="examples:\n"
+            "  lora-otel inspect runs/a.log.otel.jsonl        where is it stuck?\n"
+            "  lora-otel inspect lora-otel/                   every job in the directory, ranks side by side\n"
+            "  lora-otel inspect lora-otel/ --summary         one line per job: finished / failed / stalled / killed\n"
+            "  lora-otel inspect lora-otel/ --json --all      the directory as JSON, with every span\n"
+            "\nexit status: 0, or 2 when nothing can be read (a missing or unreadable journal, a directory\n"
+            "without *.otel.jsonl journals, a bad --stall-after). With --summary, the jobs' outcome:\n"
+            "0 all finished normally (or still run), 1 some failed, 3 some killed or stalled (wins\n"
+            "over 1), as lora-otel watch; unreadable journals are listed but do not count.")
+    p.add_argument("journal", metavar="JOURNAL|DIR",
+                   help="a journal file (*.otel.jsonl), or a directory of them")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--summary", action="store_true",
+                   help="one line per job (trace id, name, outcome); exit status by outcome")
+    p.add_argument("--all", action="store_true",
+                   help="DIR: every process's tree, not only the one called out (--json: with spans)")
+    p.add_argument("--stall-after", metavar="SPEC",
+                   help="DIR/--summary: stall limits for running processes, as for watch (default: "
+                        "$LORA_OTEL_STALL_AFTER, else import 120 s, training 120 s or 20x the median step, ...)")
 
     p = add("replay", cmd_replay)
     p.add_argument("journal", help="a journal file (*.otel.jsonl)")

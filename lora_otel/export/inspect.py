@@ -14,12 +14,16 @@ started open span with no open child), or about how the process ended:
 
 Then come the journal line, the span tree, and the journal's problems as ``note:`` lines.
 ``--json`` prints the schema documented in docs/journal.md.
+
+A directory is shown job by job (journals grouped by trace id, ranks in order, the process to look at
+called out; `lora_otel.export.job`); ``--summary`` gives one line per job and exits by outcome.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -53,9 +57,14 @@ KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
 def run_inspect(args: argparse.Namespace) -> int:
     """Print the journal ``args.journal`` as text, or as JSON when ``args.json``.
 
+    A directory is shown job by job (`run_inspect_dir`); so is a single journal with ``--summary``.
+
     Returns:
-        0, or 2 when the journal cannot be read (one line on stderr).
+        0, or 2 when the journal cannot be read (one line on stderr); ``--summary``: the outcome
+        (`run_inspect_dir`).
     """
+    if os.path.isdir(args.journal) or getattr(args, "summary", False):
+        return run_inspect_dir(args)
     try:
         journal = read_journal(args.journal)
     except JournalError as e:
@@ -67,6 +76,63 @@ def run_inspect(args: argparse.Namespace) -> int:
         text = render_text(journal)
     _write(text)
     return 0
+
+
+def run_inspect_dir(args: argparse.Namespace) -> int:
+    """``lora-otel inspect DIR``: every journal in the directory, grouped into jobs (by trace id).
+
+    Text: per job a heading, its processes in rank order, the process to look at called out, and
+    its tree (every tree with ``--all``). ``--summary``: one line per job. ``--json``: the directory
+    document of docs/journal.md (spans only with ``--all``).
+
+    Returns:
+        2 (one line on stderr) when the directory holds no journal, a journal cannot be read, or
+        ``--stall-after`` is bad. Else 0; with ``--summary``, the outcome: 0 every job finished
+        normally or runs, 1 some job failed, 3 some job was killed or is stalled (wins over 1).
+    """
+    from lora_otel.export import job as jobs_mod
+    from lora_otel.export.stall import StallConfigError, frozen_after_from_env, parse_limits
+
+    def usage(message: object) -> int:
+        print(f"lora-otel inspect: {message}", file=sys.stderr)
+        return 2
+
+    path = args.journal
+    stall_after = getattr(args, "stall_after", None)
+    given = "--stall-after" if stall_after is not None else "LORA_OTEL_STALL_AFTER"
+    try:
+        limits = parse_limits(stall_after if stall_after is not None else os.environ.get(given))
+    except StallConfigError as e:
+        return usage(f"{given}: {e}")
+    try:
+        frozen_after = frozen_after_from_env()
+    except StallConfigError as e:
+        return usage(e)
+    now_ns = time.time_ns()
+    if os.path.isdir(path):
+        if not jobs_mod.journal_paths(path):
+            return usage(f"{path}: no journals (*.otel.jsonl) in this directory")
+        jobs, unreadable = jobs_mod.read_dir(path, now_ns, limits, frozen_after)
+    else:
+        try:
+            journal = read_journal(path)
+        except JournalError as e:
+            return usage(e)
+        reason = jobs_mod.unreadable_reason(journal)
+        if reason is not None:
+            jobs, unreadable = [], [jobs_mod.Unreadable(path, reason)]
+        else:
+            proc = jobs_mod.make_proc(journal, process_state(journal), now_ns, limits, frozen_after)
+            jobs, unreadable = jobs_mod.group_jobs([proc]), []
+    show_all = getattr(args, "all", False)
+    if args.json:
+        text = jobs_mod.dumps(jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all))
+    elif getattr(args, "summary", False):
+        text = jobs_mod.render_summary(jobs, unreadable)
+    else:
+        text = jobs_mod.render_text(jobs, unreadable, show_all=show_all)
+    _write(text)
+    return jobs_mod.exit_status(jobs) if getattr(args, "summary", False) else 0
 
 
 def render_text(journal: Journal, now_ns: Optional[int] = None) -> str:

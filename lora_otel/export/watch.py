@@ -12,6 +12,13 @@ new ones picked up as they appear. Every ``--interval`` s each journal's new byt
   ``[watch] 4242 started: import torch``, ``... ended: import torch (2.31 s)``, ``... STALLED: stalled:
   import x open for 121 s (alive, limit 120 s)``, ``... process exited: ...``; then the final tree.
 
+In a directory, the journals that share a trace id (a launcher and its ranks or workers) are shown
+together as one job, ranks in order, with the process to look at called out (the one stuck, the one
+that failed first, or the slowest; see `lora_otel.export.job`): a job of several processes gets a
+heading with its outcome, one line per process, the call-out, and the tree of that one process only.
+In line mode a ranked process is named ``4243 (rank 1)`` and a call-out is one line, e.g.
+``[watch] job 4bf92f35: rank 1 (pid 4243) is the one stuck: in import x for 121 s``.
+
 Watch ends when no followed process is running any more (``--once``: at once). Exit status: 0 all
 finished normally, 1 some failed, 3 some killed or gone without an exit record (wins over 1), 2 usage.
 """
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from lora_otel._boot.paths import JOURNAL_SUFFIX
+from lora_otel.export import job as jobs_mod
 from lora_otel.export.inspect import View, _display, _write
 from lora_otel.export.reader import (Journal, JournalError, JournalTail, ProcessState, Span, format_duration,
                                      process_state)
@@ -105,12 +113,25 @@ class Followed:
     stall: Optional[Stall] = None
     error: Optional[str] = None
     said: set[str] = field(default_factory=set)
+    label: Optional[str] = None  # "rank 1", "launcher", ... when its job has several processes
 
     @property
     def who(self) -> str:
         """The pid, or the file name while the journal does not name one."""
         pid = self.journal.pid if self.journal is not None else None
         return str(pid) if pid is not None else _display(os.path.basename(self.tail.path))
+
+    @property
+    def who_line(self) -> str:
+        """What a line of line mode starts with: ``4243``, or ``4243 (rank 1)`` in a job of several."""
+        return f"{self.who} ({self.label})" if self.label else self.who
+
+    def heading(self) -> str:
+        """``pid 4243: running``, or ``rank 1, pid 4243: running`` in a job of several."""
+        who = f"{'pid ' if self.who.isdigit() else ''}{self.who}"
+        if self.label:
+            who = f"{self.label}, {who}"
+        return f"{who}: {'starting' if self.starting else self.state}"
 
     @property
     def running(self) -> bool:
@@ -159,11 +180,30 @@ class Watcher:
         f.journal, f.state = journal, state
         f.stall = detect(journal, now_ns, state == "running", self.limits, self.frozen_after_s)
 
-    def ordered(self) -> list[Followed]:
-        """Followed journals by process start time (journals without a process span last)."""
-        return sorted(self.followed.values(), key=lambda f: (
-            f.journal.root.start_ns if f.journal is not None and f.journal.root is not None else float("inf"),
-            f.tail.path))
+    def jobs(self, now_ns: int) -> tuple[list[jobs_mod.Job], dict[int, Followed], list[Followed]]:
+        """The followed journals grouped into jobs (ordered, called out), which `Followed` each
+        process is (by ``id`` of its `Proc`), and the journals without a span yet (by file name)."""
+        procs, which, rest = [], {}, []
+        for f in self.followed.values():
+            if f.journal is None or not f.journal.spans:
+                f.label = None
+                rest.append(f)
+                continue
+            proc = jobs_mod.make_proc(f.journal, f.state, now_ns, self.limits, self.frozen_after_s,
+                                      stall=f.stall, stall_known=True)
+            procs.append(proc)
+            which[id(proc)] = f
+        jobs = jobs_mod.group_jobs(procs)
+        for job in jobs:
+            for proc in job.procs:
+                which[id(proc)].label = proc.label if len(job.procs) > 1 else None
+        rest.sort(key=lambda f: f.tail.path)
+        return jobs, which, rest
+
+    def ordered(self, now_ns: Optional[int] = None) -> list[Followed]:
+        """Followed journals job by job (jobs by start time, ranks in order), those without a span last."""
+        jobs, which, rest = self.jobs(time.time_ns() if now_ns is None else now_ns)
+        return [which[id(proc)] for job in jobs for proc in job.procs] + rest
 
     def finished(self) -> bool:
         return bool(self.followed) and not any(f.running for f in self.followed.values())
@@ -177,16 +217,45 @@ class Watcher:
         lines = [f"lora-otel watch {_display(self.path)}  {time.strftime('%H:%M:%S')}  {header}"] if header else []
         if not self.followed:
             lines.append(f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}")
-        for f in self.ordered():
+        jobs, which, rest = self.jobs(now_ns)
+        for job in jobs:
+            if len(job.procs) == 1:
+                self._process(lines, which[id(job.procs[0])], now_ns, color)
+                continue
             if lines:
                 lines.append("")
-            heading = f"{'pid ' if f.who.isdigit() else ''}{f.who}: {'starting' if f.starting else f.state}"
-            lines.append(_paint(heading, BOLD, color))
-            if f.journal is not None:
-                lines.extend(self._report(f, f.journal, now_ns, color))
-            if f.error:
-                lines.append(f"note: {_display(f.error)}")
+            lines.append(_paint(jobs_mod.job_heading(job), BOLD, color))
+            lines.extend("  " + line for line in jobs_mod.process_lines(job))
+            shown = self._shown(job)
+            if job.callout is not None:
+                stuck = job.callout.kind in ("stuck", "failed", "killed")
+                lines.append(_paint(_display(job.callout.text), RED_BOLD if stuck else YELLOW, color))
+            if shown is not None:
+                self._process(lines, which[id(shown)], now_ns, color)
+            hidden = len(job.procs) - (shown is not None)
+            lines.append(f"({jobs_mod.others_trees(hidden, shown is not None)}: "
+                         f"lora-otel inspect {_display(self.path)} --all)")
+        for f in rest:
+            self._process(lines, f, now_ns, color)
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _shown(job: jobs_mod.Job) -> Optional[jobs_mod.Proc]:
+        """The one process of a job whose tree is shown: the one called out, else the first running rank."""
+        if job.callout is not None:
+            return job.callout.proc
+        running = [proc for proc in job.procs if proc.outcome in ("running", "stalled")]
+        return next((proc for proc in running if proc.effective_rank is not None), running[0] if running else None)
+
+    def _process(self, lines: list[str], f: Followed, now_ns: int, color: bool) -> None:
+        """A process's heading and report (and read error) appended to ``lines``."""
+        if lines:
+            lines.append("")
+        lines.append(_paint(f.heading(), BOLD, color))
+        if f.journal is not None:
+            lines.extend(self._report(f, f.journal, now_ns, color))
+        if f.error:
+            lines.append(f"note: {_display(f.error)}")
 
     def _report(self, f: Followed, journal: Journal, now_ns: int, color: bool) -> list[str]:
         """inspect's text report, its notes replaced by their count, the stall under it."""
@@ -203,7 +272,20 @@ class Watcher:
         if not self.followed and not self.said_waiting:
             self.said_waiting = True
             return [f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}"]
-        return [f"{f.who} {line}" for f in self.ordered() for line in self._changes(f, now_ns)]
+        jobs, which, rest = self.jobs(now_ns)
+        out: list[str] = []
+        for job in jobs:
+            for proc in job.procs:
+                f = which[id(proc)]
+                out.extend(f"{f.who_line} {line}" for line in self._changes(f, now_ns))
+            callout = job.callout
+            if len(job.procs) > 1 and callout is not None:
+                f = which[id(callout.proc)]
+                if f.once(f"c:{job.trace_id}:{callout.kind}"):
+                    out.append(f"job {job.trace_id[:8]}: {_display(callout.text)}")
+        for f in rest:
+            out.extend(f"{f.who_line} {line}" for line in self._changes(f, now_ns))
+        return out
 
     def _changes(self, f: Followed, now_ns: int) -> list[str]:
         journal, out = f.journal, []

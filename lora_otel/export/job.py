@@ -1,0 +1,634 @@
+"""Jobs: the journals that share one trace id, seen together (``lora-otel inspect DIR``, ``watch DIR``).
+
+A launcher and the ranks or workers it starts share one trace through ``TRACEPARENT``, so in a
+directory of journals a *job* is the journals with the same trace id. Within a job, processes are
+ordered by ``rank`` (the root span attribute set under torchrun/accelerate, Slurm or Open MPI): the
+processes without one (a launcher) first by start time, then each rank followed by its own
+children (a child without a rank of its own takes its parent's). Without ranks, by start time.
+
+Each process gets an *outcome*, by the same rules as ``lora-otel watch``'s exit status:
+``finished`` (an exit record, normal, code 0), ``failed`` (an exit record with an exception or a
+non-zero code), ``killed`` (no exit record and the process is gone, or ``lora-otel run`` recorded a
+death by a signal), ``stalled`` (running, and `stall.detect` finds a stage past its limit or the
+beat stopped) or ``running``.
+
+A job's *callout* names the one process to look at, first match wins:
+
+1. the one *stuck*: a stalled running process, or a failed/killed one that was already past a
+   stall limit when its journal ends; of several, the one stuck longest (it is usually the cause,
+   the others wait for it in a collective);
+2. the one that went wrong first: of the failed/killed processes, the first to end (a launcher
+   last: its failure follows its children's). Within 5 s of the first end, one that failed (an exit
+   record) goes before those killed, and those of the same outcome ended "together";
+3. the slowest: of running processes that train, one at least 3 steps (and 10 %) behind the others;
+4. none (every process finished normally, or they all advance together).
+
+The job's outcome is its callout's (``running`` for the slowest), else ``running`` while any
+process runs, else ``finished``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from lora_otel._boot.paths import JOURNAL_SUFFIX
+from lora_otel.export.inspect import View, _display, deepest_open_span, iso_time
+from lora_otel.export.reader import (Journal, JournalError, ProcessState, format_duration, process_state,
+                                     read_journal)
+from lora_otel.export.stall import FROZEN_AFTER_S, Stall, detect
+
+OUTCOME_STATUS = {"finished": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
+"""A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
+
+TOGETHER_NS = 5_000_000_000
+"""Processes that ended this close to each other ended together (a job killed as a whole): none is "first"."""
+SLOWEST_MIN_STEPS = 3
+SLOWEST_MIN_FRACTION = 0.10
+"""A running rank is called the slowest when at least this many steps, and this fraction of the
+leader's steps, behind every other training process."""
+
+
+def _int_attr(attrs: dict[str, Any], key: str) -> Optional[int]:
+    value = attrs.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+@dataclass(eq=False)
+class Proc:
+    """One process of a job: its journal, its state at ``view.now_ns`` and its outcome."""
+
+    journal: Journal
+    state: ProcessState
+    view: View
+    outcome: str
+    stall: Optional[Stall] = None
+    """Running: the stall `detect` finds now. Failed or killed: the stall it was in when its journal ends."""
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    parent: Optional["Proc"] = None
+    children: list["Proc"] = field(default_factory=list)
+    effective_rank: Optional[int] = None
+    depth: int = 0
+
+    @property
+    def start_ns(self) -> int:
+        journal = self.journal
+        return journal.root.start_ns if journal.root is not None else journal.spans[0].start_ns
+
+    @property
+    def end_ns(self) -> int:
+        """When it ended (exit record, else the last evidence), or now while it runs."""
+        if self.journal.exit is not None:
+            return self.journal.exit["ts"]
+        return self.view.reference_ns
+
+    @property
+    def trace_id(self) -> str:
+        journal = self.journal
+        return journal.root.trace_id if journal.root is not None else journal.spans[0].trace_id
+
+    @property
+    def name(self) -> str:
+        root = self.journal.root
+        value = root.attrs.get("service.name") if root is not None else None
+        return value if isinstance(value, str) and value else os.path.basename(self.journal.path)
+
+    @property
+    def role(self) -> str:
+        """``rank`` (has a rank of its own), ``rank child`` (a rank's child, or a child with its
+        parent's rank), ``launcher`` (no rank, started others), ``child`` or ``process``."""
+        own_rank_differs = self.parent is None or self.parent.effective_rank != self.rank
+        if self.rank is not None and own_rank_differs:
+            return "rank"
+        if self.effective_rank is not None:
+            return "rank child"
+        if self.children:
+            return "launcher"
+        return "child" if self.parent is not None else "process"
+
+    @property
+    def label(self) -> str:
+        """``rank 1``, ``rank 1 child``, ``launcher``, ``child`` or ``process``."""
+        role = self.role
+        if role.startswith("rank"):
+            return f"rank {self.effective_rank}" + (" child" if role == "rank child" else "")
+        return role
+
+    @property
+    def who(self) -> str:
+        """``rank 1 (pid 4243)``; ``pid 4243`` for a lone process; the file name without a pid."""
+        pid = f"pid {self.journal.pid}" if self.journal.pid is not None else _display(
+            os.path.basename(self.journal.path))
+        return pid if self.role == "process" else f"{self.label} ({pid})"
+
+    @property
+    def tag(self) -> str:
+        """How a job line names it: ``rank 1``, ``launcher``, or ``pid 4243``."""
+        if self.role == "process":
+            return f"pid {self.journal.pid}" if self.journal.pid is not None else "process"
+        return self.label
+
+    @property
+    def stuck_since_ns(self) -> int:
+        """Since when it has been stuck (only meaningful with a stall)."""
+        assert self.stall is not None
+        return self.view.reference_ns - round(self.stall.open_for_s * 1e9)
+
+
+@dataclass
+class Callout:
+    """The process of a job to look at, and why: ``kind`` is stuck, failed, killed or slowest."""
+
+    kind: str
+    proc: Proc
+    text: str
+
+
+@dataclass
+class Job:
+    """The processes of one trace, ordered (module docstring), with the callout and outcome."""
+
+    trace_id: str
+    procs: list[Proc]
+    callout: Optional[Callout]
+    outcome: str
+    phrase: str
+    """One line on how the job is or ended, e.g. ``stalled at import bitsandbytes for 312 s (rank 1)``."""
+
+    @property
+    def start_ns(self) -> int:
+        return min(proc.start_ns for proc in self.procs)
+
+    @property
+    def top(self) -> Proc:
+        """The first process without a parent in the job (the launcher, or rank 0)."""
+        return next((proc for proc in self.procs if proc.parent is None), self.procs[0])
+
+    @property
+    def name(self) -> str:
+        return self.top.name
+
+    @property
+    def status(self) -> int:
+        return OUTCOME_STATUS[self.outcome]
+
+    @property
+    def world_size(self) -> Optional[int]:
+        sizes = {proc.world_size for proc in self.procs if proc.world_size is not None}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def missing_ranks(self) -> list[int]:
+        """Ranks below the world size with no journal here (they may be on another node, or never started)."""
+        size = self.world_size
+        if size is None or size > 4096:
+            return []
+        present = {proc.rank for proc in self.procs if proc.rank is not None}
+        return [rank for rank in range(size) if rank not in present]
+
+
+@dataclass
+class Unreadable:
+    """A file in the directory that gave no process: unreadable, empty, or not a journal."""
+
+    path: str
+    reason: str
+
+
+# --- building ------------------------------------------------------------------------------------
+
+def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[Stall]) -> str:
+    """finished / failed / killed / stalled / running (module docstring); the rules of watch's exit status."""
+    if state == "running":
+        return "stalled" if running_stall is not None else "running"
+    exit_ = journal.exit
+    if exit_ is None or exit_["how"] == "signal":
+        return "killed"
+    return "failed" if exit_["how"] == "exception" or exit_["code"] not in (0, None) else "finished"
+
+
+def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Optional[dict[str, float]] = None,
+              frozen_after_s: float = FROZEN_AFTER_S, stall: Optional[Stall] = None,
+              stall_known: bool = False) -> Proc:
+    """A process from its journal. ``stall``/``stall_known``: the stall a follower already detected."""
+    view = View(journal, state, now_ns)
+    if state == "running" and not stall_known:
+        stall = detect(journal, now_ns, True, limits, frozen_after_s)
+    elif state != "running":
+        stall = None
+    outcome = outcome_of(journal, state, stall)
+    if outcome in ("failed", "killed"):  # was it already stuck when the journal ends?
+        stall = detect(dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s)
+    root = journal.root
+    attrs = root.attrs if root is not None else {}
+    return Proc(journal, state, view, outcome, stall, rank=_int_attr(attrs, "rank"),
+                local_rank=_int_attr(attrs, "local_rank"), world_size=_int_attr(attrs, "world_size"))
+
+
+def group_jobs(procs: Iterable[Proc]) -> list[Job]:
+    """Group processes by trace id into jobs, each ordered and called out; jobs by start time."""
+    by_trace: dict[str, list[Proc]] = {}
+    for proc in procs:
+        by_trace.setdefault(proc.trace_id, []).append(proc)
+    jobs = [_make_job(trace_id, members) for trace_id, members in by_trace.items()]
+    jobs.sort(key=lambda job: (job.start_ns, job.trace_id))
+    return jobs
+
+
+def _make_job(trace_id: str, procs: list[Proc]) -> Job:
+    _link(procs)
+    procs.sort(key=_order_key)
+    callout = _callout(procs)
+    if callout is not None:
+        outcome = "running" if callout.kind == "slowest" else callout.proc.outcome
+    elif any(proc.outcome in ("running", "stalled") for proc in procs):
+        outcome = "running"
+    else:
+        outcome = "finished"
+    job = Job(trace_id, procs, callout, outcome, "")
+    job.phrase = _phrase(job)
+    return job
+
+
+def _link(procs: list[Proc]) -> None:
+    """Find each process's parent process (the one whose span its root names as parent), its
+    depth, and its effective rank. Span ids that two journals share are ignored."""
+    wanted = {proc.journal.root.parent_id for proc in procs
+              if proc.journal.root is not None and proc.journal.root.parent_id}
+    owner: dict[str, Optional[Proc]] = {}
+    for proc in procs:
+        proc.parent, proc.children, proc.depth = None, [], 0
+        for span in proc.journal.spans:
+            if span.span_id in wanted:
+                known = owner.get(span.span_id, proc)
+                owner[span.span_id] = proc if known is proc else None
+    for proc in procs:
+        root = proc.journal.root
+        parent = owner.get(root.parent_id) if root is not None and root.parent_id else None
+        if parent is not None and parent is not proc:
+            proc.parent = parent
+    for proc in procs:  # break parent cycles (only a corrupt set of journals has them)
+        seen = {id(proc)}
+        ancestor = proc.parent
+        while ancestor is not None:
+            if id(ancestor) in seen:
+                proc.parent = None
+                break
+            seen.add(id(ancestor))
+            ancestor = ancestor.parent
+    for proc in procs:
+        if proc.parent is not None:
+            proc.parent.children.append(proc)
+        depth, rank, ancestor = 0, proc.rank, proc.parent
+        while ancestor is not None:
+            depth += 1
+            if rank is None:
+                rank = ancestor.rank
+            ancestor = ancestor.parent
+        proc.depth, proc.effective_rank = depth, rank
+
+
+def _order_key(proc: Proc) -> tuple:
+    if proc.effective_rank is None:
+        return (0, 0, 0, proc.start_ns, proc.journal.path)
+    return (1, proc.effective_rank, proc.depth, proc.start_ns, proc.journal.path)
+
+
+def _callout(procs: list[Proc]) -> Optional[Callout]:
+    order = {id(proc): index for index, proc in enumerate(procs)}
+    # an "alive" stall of the root span (--stall-after N: between stages for N s) is a launcher waiting
+    stuck = [proc for proc in procs if proc.stall is not None
+             and (proc.stall.kind == "frozen" or proc.stall.span is not proc.journal.root)]
+    if stuck:
+        proc = min(stuck, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
+        text = f"{proc.who} is the one stuck: {_stuck_phrase(proc)}"
+        if proc.outcome != "stalled":
+            text += f", then {_end_phrase(proc)}"
+        return Callout("stuck", proc, text)
+    bad = [proc for proc in procs if proc.outcome in ("failed", "killed")]
+    if bad:
+        bad.sort(key=lambda p: (bool(p.children), p.end_ns, order[id(p)]))
+        # A killed process's end is its last beat, up to a second early: one that failed (an exit
+        # record) just after it may still have been first. Launchers end after their children.
+        window = [p for p in bad if not p.children and p.end_ns - bad[0].end_ns < TOGETHER_NS] or bad[:1]
+        proc = next((p for p in window if p.outcome == "failed"), window[0])
+        together = sum(1 for p in window if p is not proc and p.outcome == proc.outcome)
+        who = proc.who if not together else f"{proc.who} and {together} other{'s' if together > 1 else ''}"
+        first = "" if len(bad) == 1 else " together" if together else " first"
+        if proc.outcome == "failed":
+            text = f"{who} failed{first}{_failure(proc)}"
+        else:
+            text = f"{who} died{first}: {_killed_phrase(proc)}"
+        return Callout(proc.outcome, proc, text)
+    training = [proc for proc in procs if proc.outcome == "running"
+                and (proc.journal.steps > 0 or any(span.name == "training" for span in proc.journal.spans))]
+    if len(training) >= 2:
+        slow = min(training, key=lambda p: (p.journal.steps, order[id(p)]))
+        others = sorted(p.journal.steps for p in training if p is not slow)
+        lead = others[-1]
+        behind = others[0] - slow.journal.steps
+        if behind >= SLOWEST_MIN_STEPS and behind >= SLOWEST_MIN_FRACTION * lead:
+            at = str(lead) if others[0] == lead else f"{others[0]}-{lead}"
+            word = "the other is" if len(others) == 1 else "the others are"
+            return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} "
+                                            f"while {word} at {at}")
+    return None
+
+
+# --- phrases -------------------------------------------------------------------------------------
+
+def _stuck_phrase(proc: Proc) -> str:
+    """``in import bitsandbytes for 312 s``, ``in training, no optimizer step for 300 s (at step 40)``,
+    ``frozen in cuda init for 60 s (no beat for 30 s)``."""
+    stall = proc.stall
+    assert stall is not None
+    span, open_for = _display(stall.span.name), format_duration(round(stall.open_for_s * 1e9))
+    if stall.kind == "frozen":
+        journal = proc.journal
+        last = max(journal.last_beat_ns or proc.start_ns, journal.last_evidence_ns or 0)
+        return f"frozen in {span} for {open_for} (no beat for {format_duration(proc.view.now_ns - last)})"
+    if stall.span.name == "training":
+        return f"in training, no optimizer step for {open_for} (at step {proc.journal.steps})"
+    return f"in {span} for {open_for}"
+
+
+def _end_phrase(proc: Proc) -> str:
+    """``killed (no exit record)``, ``killed by SIGKILL``, ``failed with exit code 1``."""
+    exit_ = proc.journal.exit
+    if proc.outcome == "killed":
+        if exit_ is not None and exit_["message"]:
+            return _display(exit_["message"])
+        return "killed (no exit record)"
+    code = exit_["code"] if exit_ is not None else None
+    return f"failed with exit code {code}" if code is not None else "failed"
+
+
+def _failure(proc: Proc) -> str:
+    """What follows ``failed``: ``: OSError: EIO (exit code 1)`` or `` with exit code 3``, from
+    inspect's first line."""
+    sentence = proc.view.stuck()
+    if sentence.startswith("failed: ") or sentence.startswith("failed with "):
+        return sentence[len("failed"):]
+    return ": " + sentence
+
+
+def _killed_phrase(proc: Proc) -> str:
+    """``killed (no exit record) in training at step 1234``, ``killed by SIGKILL in import x after 3 s``."""
+    text = _end_phrase(proc)
+    deepest = deepest_open_span(proc.journal)
+    if deepest is not None and deepest is not proc.journal.root:
+        text += f" in {_display(deepest.name)}"
+        if proc.journal.steps:
+            return text + f" at step {proc.journal.steps}"
+        return text + f" after {format_duration(proc.view.open_for_ns(deepest) or 0)}"
+    return text + f" after {format_duration(proc.end_ns - proc.start_ns)}"
+
+
+def _with_tag(text: str, job: Job, proc: Proc) -> str:
+    """``... (exit code 1, rank 1)``: the process named when the job has several."""
+    if len(job.procs) < 2:
+        return text
+    if text.endswith(")"):
+        return f"{text[:-1]}, {proc.tag})"
+    return f"{text} ({proc.tag})"
+
+
+def _phrase(job: Job) -> str:
+    callout, outcome = job.callout, job.outcome
+    if callout is not None and callout.kind == "stuck":
+        proc = callout.proc
+        stuck = _stuck_phrase(proc)
+        stuck = stuck[len("in "):] if stuck.startswith("in ") else stuck
+        if proc.outcome == "stalled":
+            text = f"stalled: {stuck}" if proc.stall and proc.stall.kind == "frozen" else f"stalled at {stuck}"
+        else:
+            text = f"{_end_phrase(proc)} after stalling at {stuck}"
+        return _with_tag(text, job, proc)
+    if callout is not None and callout.kind == "failed":
+        return _with_tag(f"failed{_failure(callout.proc)}", job, callout.proc)
+    if callout is not None and callout.kind == "killed":
+        return _with_tag(_killed_phrase(callout.proc), job, callout.proc)
+    if outcome == "running":
+        running = [proc for proc in job.procs if proc.outcome in ("running", "stalled")]
+        lead = max(running, key=lambda proc: proc.journal.steps)  # the first of the leaders, in rank order
+        text = "running: " + _running_phrase(lead)
+        if callout is not None:  # slowest
+            slow = callout.proc
+            text += f" (slowest: {slow.tag} at step {slow.journal.steps})"
+        return text
+    end = max(proc.end_ns for proc in job.procs)
+    return f"finished in {format_duration(end - job.start_ns)}"
+
+
+def _running_phrase(proc: Proc) -> str:
+    """``training step 40``, ``import torch for 3 s``, ``between stages``."""
+    journal = proc.journal
+    deepest = deepest_open_span(journal)
+    if deepest is None or deepest is journal.root:
+        return f"step {journal.steps}" if journal.steps else "between stages"
+    if journal.steps or deepest.name == "training":
+        return f"{_display(deepest.name)} step {journal.steps}"
+    return f"{_display(deepest.name)} for {format_duration(proc.view.open_for_ns(deepest) or 0)}"
+
+
+# --- reading a directory -------------------------------------------------------------------------
+
+def journal_paths(directory: str) -> list[str]:
+    """The ``*.otel.jsonl`` files directly in ``directory`` (not recursive), sorted."""
+    pattern = os.path.join(glob.escape(directory), "*" + JOURNAL_SUFFIX)
+    return sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
+
+
+def unreadable_reason(journal: Journal) -> Optional[str]:
+    """Why a journal gives no process (no span at all), or None when it has spans."""
+    if journal.spans:
+        return None
+    if journal.last_evidence_ns is None:
+        if journal.problems:
+            return f"not a journal ({journal.problems[0]})"
+        return "empty journal: no records"
+    return "no spans (its first record is missing)"
+
+
+def read_dir(directory: str, now_ns: int, limits: Optional[dict[str, float]] = None,
+             frozen_after_s: float = FROZEN_AFTER_S) -> tuple[list[Job], list[Unreadable]]:
+    """Every journal in ``directory`` read in full, grouped into jobs; the files that gave no process."""
+    procs: list[Proc] = []
+    unreadable: list[Unreadable] = []
+    for path in journal_paths(directory):
+        try:
+            journal = read_journal(path)
+        except JournalError as e:
+            unreadable.append(Unreadable(path, str(e)))
+            continue
+        reason = unreadable_reason(journal)
+        if reason is not None:
+            unreadable.append(Unreadable(path, reason))
+            continue
+        procs.append(make_proc(journal, process_state(journal), now_ns, limits, frozen_after_s))
+    return group_jobs(procs), unreadable
+
+
+def exit_status(jobs: Iterable[Job]) -> int:
+    """3 when any job was killed or is stalled, else 1 when any failed, else 0."""
+    statuses = {job.status for job in jobs}
+    return 3 if 3 in statuses else 1 if 1 in statuses else 0
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+def process_line(proc: Proc, label_width: int, pid_width: int, steps_width: int) -> str:
+    """``rank 1  pid 4243  running  0 steps  stuck in import bitsandbytes for 312 s (process running)``."""
+    journal = proc.journal
+    pid = str(journal.pid) if journal.pid is not None else "?"
+    line = (f"{proc.label:<{label_width}}  pid {pid:<{pid_width}}  {proc.state:<7}  "
+            f"{journal.steps:>{steps_width}} steps  {_display(proc.view.stuck())}")
+    if journal.problems:
+        line += f"  [{len(journal.problems)} journal problem{'s' if len(journal.problems) != 1 else ''}]"
+    return line
+
+
+def process_lines(job: Job) -> list[str]:
+    """One aligned line per process, in order; then the ranks of the world size with no journal here."""
+    label_width = max(len(proc.label) for proc in job.procs)
+    pid_width = max(len(str(proc.journal.pid)) for proc in job.procs)
+    steps_width = max(len(str(proc.journal.steps)) for proc in job.procs)
+    lines = [process_line(proc, label_width, pid_width, steps_width) for proc in job.procs]
+    missing = job.missing_ranks()
+    if missing and len(missing) < (job.world_size or 0):
+        lines.append(f"no journal here for rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
+                     f"of world size {job.world_size}")
+    return lines
+
+
+def job_heading(job: Job) -> str:
+    """``job 4bf92f35…  train  3 processes  stalled at import bitsandbytes for 312 s (rank 1)``."""
+    count = len(job.procs)
+    return (f"job {job.trace_id}  {_display(job.name)}  {count} process{'es' if count != 1 else ''}  "
+            f"{_display(job.phrase)}")
+
+
+def _indent(lines: Iterable[str], by: str = "    ") -> list[str]:
+    return [by + line for line in lines]
+
+
+def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False) -> str:
+    """``lora-otel inspect DIR``: per job its heading, its processes, the callout and its process's tree."""
+    out: list[str] = []
+    for job in jobs:
+        if out:
+            out.append("")
+        out.append(job_heading(job))
+        out.extend(_indent(process_lines(job), "  "))
+        callout = job.callout
+        if callout is not None and len(job.procs) > 1:  # a lone process's heading says it already
+            out.append(_display(callout.text))
+        shown = job.procs if show_all else [callout.proc] if callout is not None else []
+        for proc in shown:
+            lines = proc.view.text_lines()
+            if show_all:
+                out.append(f"  {proc.who}: {_display(lines[0])}")
+            out.extend(_indent(lines[1:]))
+        hidden = len(job.procs) - len(shown)
+        if hidden and len(job.procs) > 1:
+            out.append(f"  ({others_trees(hidden, bool(shown))}: --all)")
+    for bad in unreadable:
+        if out:
+            out.append("")
+        out.append(f"not read: {_display(bad.path)}: {_display(bad.reason)}")
+    return "\n".join(out) + "\n"
+
+
+def others_trees(hidden: int, one_shown: bool) -> str:
+    """``the other process's tree``, ``the other 7 processes' trees``, ``the processes' trees``."""
+    if not one_shown:
+        return "the processes' trees"
+    return "the other process's tree" if hidden == 1 else f"the other {hidden} processes' trees"
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``0-2, 5``."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in numbers[1:] + [None]:  # type: ignore[list-item]
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(parts)
+
+
+def render_summary(jobs: list[Job], unreadable: list[Unreadable]) -> str:
+    """``lora-otel inspect DIR --summary``: one line per job by start time, then one per unreadable file."""
+    names = [_display(job.name) for job in jobs]
+    width = min(max((len(name) for name in names), default=0), 24)
+    lines = [f"{job.trace_id[:8]}  {name:<{width}}  {_display(job.phrase)}" for job, name in zip(jobs, names)]
+    lines += [f"{'?' * 8}  {_display(os.path.basename(bad.path))}  not read: {_display(bad.reason)}"
+              for bad in unreadable]
+    return "\n".join(lines) + "\n"
+
+
+def _stall_json(proc: Proc) -> Optional[dict[str, Any]]:
+    stall = proc.stall
+    if stall is None:
+        return None
+    return {"kind": stall.kind, "span": stall.span.name, "span_id": stall.span.span_id,
+            "open_for_s": round(stall.open_for_s, 3), "limit_s": stall.limit_s, "reason": stall.reason}
+
+
+def process_json(proc: Proc, with_spans: bool) -> dict[str, Any]:
+    """inspect FILE's ``--json`` object (``spans`` only when asked), plus rank, role and outcome."""
+    doc = proc.view.to_json()
+    if not with_spans:
+        del doc["spans"]
+    doc.update({
+        "rank": proc.rank,
+        "local_rank": proc.local_rank,
+        "world_size": proc.world_size,
+        "role": proc.role,
+        "label": proc.label,
+        "parent_pid": proc.parent.journal.pid if proc.parent is not None else None,
+        "start": iso_time(proc.start_ns),
+        "outcome": proc.outcome,
+        "stall": _stall_json(proc),
+    })
+    return doc
+
+
+def render_json(directory: str, jobs: list[Job], unreadable: list[Unreadable],
+                with_spans: bool = False) -> dict[str, Any]:
+    """The ``--json`` document for a directory (docs/journal.md)."""
+    return {
+        "directory": directory,
+        "jobs": [{
+            "trace_id": job.trace_id,
+            "name": job.name,
+            "start": iso_time(job.start_ns),
+            "outcome": job.outcome,
+            "summary": job.phrase,
+            "status": job.status,
+            "world_size": job.world_size,
+            "missing_ranks": job.missing_ranks(),
+            "callout": None if job.callout is None else {
+                "kind": job.callout.kind,
+                "journal": job.callout.proc.journal.path,
+                "pid": job.callout.proc.journal.pid,
+                "rank": job.callout.proc.effective_rank,
+                "text": job.callout.text,
+            },
+            "processes": [process_json(proc, with_spans) for proc in job.procs],
+        } for job in jobs],
+        "unreadable": [{"journal": bad.path, "reason": bad.reason} for bad in unreadable],
+        "exit_status": exit_status(jobs),
+    }
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2) + "\n"
