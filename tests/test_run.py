@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, only_journal
 
 
@@ -49,3 +50,28 @@ def test_bad_stall_after_is_one_line(tmp_path: Path) -> None:
                        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and not (tmp_path / "ran").exists()
     assert r.stderr.strip().count("\n") == 0 and "--stall-after" in r.stderr and "'soon'" in r.stderr
+
+
+def test_pythons_under_a_shell_get_their_own_journals(tmp_path: Path) -> None:
+    """`lora-otel run -- sh -c 'python ...; python ...'`: the exact journal path is for the direct
+    child only, so each Python under the shell writes its own journal beside it."""
+    cmd = "%s -c pass; %s -c pass" % (PYTHON, PYTHON)
+    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--dir", "d", "--", "sh", "-c", cmd], cwd=tmp_path,
+                       env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    found = sorted((tmp_path / "d").glob("*.otel.jsonl"))
+    assert len(found) == 2
+    for path in found:
+        j = read_journal(path)
+        assert [s.name for s in j.spans].count("process") == 1 and not j.problems
+
+
+def test_python_dash_m_keeps_the_module_name(tmp_path: Path) -> None:
+    """`python -m json.tool`: argv in the journal starts with the module's name, not '-m'."""
+    (tmp_path / "in.json").write_text("{}")
+    r = subprocess.run([PYTHON, "-m", "json.tool", "in.json"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    j = only_journal(tmp_path / "lora-otel")
+    assert j.root.attrs["process.command"] == "json.tool"
+    assert j.root.attrs["process.command_args"][1:] == ["json.tool", "in.json"]

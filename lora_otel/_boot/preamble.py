@@ -113,6 +113,18 @@ def start(how: str) -> None:
         core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
 
 
+def _module_argv(argv: list) -> list:
+    """``python -m torch.distributed.run ...``: at this point sys.argv is ``['-m', ...]`` with the
+    module's name already removed; take it back from /proc/self/cmdline."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            cmdline = [os.fsdecode(a) for a in f.read().split(b"\0")]
+        i = cmdline.index("-m")
+        return [cmdline[i + 1]] + argv[1:]
+    except (OSError, ValueError, IndexError):
+        return argv
+
+
 def _start(how: str) -> None:
     global _started_ns, _beat_interval
     t0 = time.perf_counter_ns()
@@ -122,6 +134,15 @@ def _start(how: str) -> None:
     core.pid = os.getpid()
     argv = list(sys.argv)
     env = os.environ
+    if argv[:1] == ["-m"]:
+        argv = _module_argv(argv)
+    owner = env.get("LORA_OTEL_JOURNAL_OWNER", "")
+    if owner and env.get("LORA_OTEL_JOURNAL") and owner != str(os.getppid()):
+        # `lora-otel run` named an exact journal for its direct child only; below a shell or a
+        # launcher that is not Python, the others write beside it.
+        env.setdefault("LORA_OTEL_DIR", os.path.dirname(env["LORA_OTEL_JOURNAL"]))
+        env.pop("LORA_OTEL_JOURNAL", None)
+    env.pop("LORA_OTEL_JOURNAL_OWNER", None)
 
     # 1. First evidence: the root span on disk, then one line on stdout.
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))

@@ -36,8 +36,10 @@ def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
     journal = paths.choose_journal_path(cmd, env, os.getpid(), time.time())
     if os.path.exists(journal) and not getattr(args, "journal", None):
         journal = paths.unique_variant(journal, os.getpid(), time.time())  # a re-run: keep the old one
-    # Name the top process's journal here, so we know where to look afterwards.
+    # Name the top process's journal here, so we know where to look afterwards; only for our
+    # direct child (a shell's Pythons write beside it, see the preamble).
     env["LORA_OTEL_JOURNAL"] = journal
+    env["LORA_OTEL_JOURNAL_OWNER"] = str(os.getpid())
     return env, journal
 
 
