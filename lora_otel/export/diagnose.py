@@ -3,54 +3,367 @@
 The rules look at the Python stacks (faulthandler or py-spy), the process state and wait channel,
 and the stall's kind, most specific first. Each rule names what it saw, so the sentence can be
 checked against the evidence attached beside it.
+
+A process waiting inside a torch.distributed collective (`collective_in` its stacks) is waiting
+for the ranks that never arrived. With the journals of the other ranks of its world (the peers,
+as one sidecar follows every process of a job), `explain` names them and says why, from what
+those journals and the peers' own stacks show: the rank exited or vanished, is frozen, has made a
+different number of optimizer steps, is in another stage, or its stack is not in that collective.
+When nothing of that tells, it says it cannot tell which rank.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from lora_otel.export.evidence import PREFIX
-from lora_otel.export.stall import Stall
+from lora_otel.export.inspect import deepest_open_span, iso_time
+from lora_otel.export.reader import Journal, process_state
+from lora_otel.export.stall import FROZEN_AFTER_S, Stall
 
 _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "httpx/", "selectors.py")
 # Kernel wait channels of a task blocked on a socket.
 _NET_WCHAN = ("sk_wait", "tcp_", "inet_", "sock_", "unix_stream", "udp_")
-_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all", "send", "recv")
+
+# A Python function of torch.distributed that performs or waits for a collective (with its
+# variants: all_gather_object, reduce_scatter_tensor, _reduce_scatter_base, broadcast_object_list...).
+_OP = re.compile(r"^_?(?:all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|monitored_barrier|"
+                 r"store_based_barrier|reduce|gather|scatter|send|recv|isend|irecv|batch_isend_irecv|"
+                 r"wait|wait_tensor|allreduce|allgather|alltoall)(?:_[a-z]+)*$")
+# DistributedDataParallel's own collectives (buffer broadcasts, the unused-parameter all_reduce).
+_DDP_OP = re.compile(r"broadcast|all_?reduce|all_?gather|sync_buffers|sync_params")
+# torch.distributed modules that are not collectives: torchrun's agent, the launcher.
+_NOT_COLLECTIVE = ("torch/distributed/elastic/", "torch/distributed/launcher/", "torch/distributed/run.py")
+# Native frames (py-spy --native) of a process group or its backends, and the op they name.
+_NATIVE = re.compile(r"ProcessGroup(?:Gloo|NCCL|MPI|UCC)|gloo::|nccl|c10d::", re.IGNORECASE)
+_NATIVE_OPS = (("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("allgather", "all_gather"),
+               ("all_gather", "all_gather"), ("reducescatter", "reduce_scatter"),
+               ("reduce_scatter", "reduce_scatter"), ("alltoall", "all_to_all"), ("broadcast", "broadcast"),
+               ("barrier", "barrier"), ("send", "send"), ("recv", "recv"))
+MAX_NAMED = 4
+"""Ranks described one by one in a sentence; beyond that they are counted."""
 
 
-def diagnose(stall: Stall, evidence: dict[str, Any]) -> str:
-    stacks = (evidence.get(PREFIX + "python.stacks") or "") + (evidence.get(PREFIX + "py_spy.dump") or "")
+class Frame(NamedTuple):
+    file: str
+    line: str
+    func: str
+    python: bool  # a Python frame (a native one comes from py-spy --native)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A thread waiting in a collective: ``op`` (``all_reduce``), and where the program called it."""
+
+    op: str
+    called_at: str = ""  # ``train.py:21 in <module>``: the first frame outside torch
+
+
+@dataclass
+class Diagnosis:
+    sentence: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """Extra attributes for the stall's event and log record (``lora_otel.collective.*``)."""
+
+
+def diagnose(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] = None,
+             peers: Iterable[Journal] = (), peer_stacks: Optional[Mapping[str, str]] = None,
+             now_ns: Optional[int] = None, frozen_after_s: float = FROZEN_AFTER_S) -> str:
+    """The sentence of `explain`."""
+    return explain(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s).sentence
+
+
+def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] = None,
+            peers: Iterable[Journal] = (), peer_stacks: Optional[Mapping[str, str]] = None,
+            now_ns: Optional[int] = None, frozen_after_s: float = FROZEN_AFTER_S) -> Diagnosis:
+    """The diagnosis of ``stall`` in ``journal``'s process from ``evidence`` (`evidence.gather`).
+
+    ``peers``: the journals of the job's other processes; ``peer_stacks``: the Python stacks of some
+    of them now, by journal path. Both serve only a process waiting inside a collective.
+    """
+    stacks = stacks_text(evidence)
     state = str(evidence.get(PREFIX + "process.state") or "")
     wchan = str(evidence.get(PREFIX + "process.wait_channel") or "")
     innermost = _innermost_frame(stacks)
+    if state.startswith("Z"):
+        return Diagnosis("The process has ended; its parent has not reaped it yet (a zombie).")
     if state.startswith("T"):
-        return "The process is stopped (SIGSTOP or a debugger), not running at all."
+        return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
     if state.startswith("D"):
-        return "The process is in uninterruptible disk I/O (kernel wait channel %s)." % (wchan or "unknown")
+        return Diagnosis("The process is in uninterruptible disk I/O (kernel wait channel %s)." % (wchan or "unknown"))
     conns = [c for c in evidence.get(PREFIX + "net.tcp_connections") or () if c.endswith("ESTABLISHED")]
     # Blocked (not on CPU) with an open TCP connection, or a socket call on the stack.
     on_network = any(m in stacks for m in _NET_MARKERS) or wchan.startswith(_NET_WCHAN) or (
         bool(conns) and state.startswith("S") and wchan in ("wait_woken", "sk_wait_data", "do_poll", "do_select",
                                                             "do_sys_poll", "ep_poll", "__skb_wait_for_more_packets"))
     if "huggingface_hub" in stacks and on_network:
-        return "Waiting on the network inside huggingface_hub (a hub download or API call)%s." % (
-            "; connection %s" % conns[0] if conns else "")
-    if "torch/distributed" in stacks and any(c in stacks for c in _COLLECTIVES):
-        return "Waiting inside a torch.distributed collective: another rank has not arrived."
+        return Diagnosis("Waiting on the network inside huggingface_hub (a hub download or API call)%s." % (
+            "; connection %s" % conns[0] if conns else ""))
+    collective = collective_in(stacks)
+    if collective is not None:
+        return _collective(collective, journal, list(peers), peer_stacks or {},
+                           time.time_ns() if now_ns is None else now_ns, frozen_after_s)
     if "torch/cuda/__init__.py" in stacks and "_lazy_init" in stacks:
-        return "Inside CUDA driver initialisation (torch.cuda._lazy_init)."
+        return Diagnosis("Inside CUDA driver initialisation (torch.cuda._lazy_init).")
     if on_network:
-        return "Waiting on the network (%s)." % (innermost or "a socket call")
+        return Diagnosis("Waiting on the network (%s)." % (innermost or "a socket call"))
     if stall.kind == "frozen":
         cpu = evidence.get(PREFIX + "process.cpu_percent")
         if isinstance(cpu, (int, float)) and cpu > 50:
-            return "Holding the GIL in native code and busy on the CPU (%.0f %%)%s." % (
-                cpu, "; last Python frame: %s" % innermost if innermost else "")
-        return "Holding the GIL in native code while blocked (wait channel %s)%s." % (
-            wchan or "unknown", "; last Python frame: %s" % innermost if innermost else "")
+            return Diagnosis("Holding the GIL in native code and busy on the CPU (%.0f %%)%s." % (
+                cpu, "; last Python frame: %s" % innermost if innermost else ""))
+        return Diagnosis("Holding the GIL in native code while blocked (wait channel %s)%s." % (
+            wchan or "unknown", "; last Python frame: %s" % innermost if innermost else ""))
     if innermost:
-        return "Cannot tell why; the innermost Python frame is %s." % innermost
-    return "Cannot tell from the evidence."
+        return Diagnosis("Cannot tell why; the innermost Python frame is %s." % innermost)
+    return Diagnosis("Cannot tell from the evidence.")
+
+
+def stacks_text(evidence: Mapping[str, Any]) -> str:
+    """The Python stacks in ``evidence``: faulthandler's dump, then py-spy's."""
+    return "\n".join(str(evidence.get(PREFIX + key) or "") for key in ("python.stacks", "py_spy.dump"))
+
+
+# --- collectives --------------------------------------------------------------------------------
+
+def collective_in(stacks: str) -> Optional[Collective]:
+    """The collective a thread of this faulthandler or py-spy dump waits in, or None.
+
+    A thread waits in one when, from its innermost frame outwards, only torch's frames (and native
+    ones) come before a torch.distributed collective: ``all_reduce``, ``barrier``, ``broadcast``,
+    ``wait`` ... in ``torch/distributed/``, DistributedDataParallel's broadcasts, or a process
+    group's native frame (ProcessGroupGloo/NCCL, gloo::, nccl). The op named is the outermost such
+    frame before the program's own code, where the call came from. The main thread is looked at
+    first.
+    """
+    threads = _threads(stacks)
+    threads.sort(key=lambda t: not t[0].startswith("Current thread") and '"MainThread"' not in t[0])
+    for _, frames in threads:
+        found = _collective_of(frames)
+        if found is not None:
+            return found
+    return None
+
+
+def _in(path: str, module: str) -> bool:
+    """``path`` is in ``module`` (``torch/distributed/``), wherever it is installed."""
+    return path.startswith(module) or ("/" + module) in path
+
+
+def _is_torch(frame: Frame) -> bool:
+    return not frame.python or _in(frame.file.replace("\\", "/"), "torch/")
+
+
+def _op_of(frame: Frame) -> Optional[str]:
+    path = frame.file.replace("\\", "/")
+    if frame.python:
+        if _in(path, "torch/distributed/") and not any(_in(path, m) for m in _NOT_COLLECTIVE) and _OP.match(frame.func):
+            return frame.func.lstrip("_")
+        if _in(path, "torch/nn/parallel/distributed.py") and _DDP_OP.search(frame.func):
+            return "DistributedDataParallel.%s" % frame.func
+        return None
+    if _NATIVE.search(frame.func) or _NATIVE.search(path):
+        low = frame.func.lower()
+        for marker, op in _NATIVE_OPS:
+            if marker in low:
+                return op
+        return "a %s collective" % ("NCCL" if "nccl" in (low + path.lower()) else "process group")
+    return None
+
+
+def _collective_of(frames: list[Frame]) -> Optional[Collective]:
+    for i, frame in enumerate(frames):
+        op = _op_of(frame)
+        if op is None:
+            if frame.python and not _is_torch(frame):
+                return None  # the thread runs the program's own code, not inside torch
+            continue
+        called_at = ""
+        for outer in frames[i + 1:]:
+            if not _is_torch(outer):
+                called_at = _short(outer)
+                break
+            if outer.python:
+                op = _op_of(outer) or op
+        return Collective(op, called_at)
+    return None
+
+
+_FAULTHANDLER = re.compile(r'^\s*File "(.*)", line (\d+|\?\?\?) in (.*)$')
+_PY_SPY = re.compile(r"^\s+(.+?) \(([^()]*?)(?::(\d+))?\)\s*$")
+
+
+def _threads(stacks: str) -> list[tuple[str, list[Frame]]]:
+    """Each thread's header and frames, innermost first, from faulthandler's or py-spy's dump;
+    lora_otel's own threads (the beat) left out."""
+    threads: list[tuple[str, list[Frame]]] = []
+    for line in stacks.splitlines():
+        if line.startswith(("Current thread", "Thread ")):
+            threads.append((line, []))
+        elif not threads:
+            continue
+        elif m := _FAULTHANDLER.match(line):
+            threads[-1][1].append(Frame(m.group(1), m.group(2), m.group(3).strip(), True))
+        elif m := _PY_SPY.match(line):
+            func, file, line_no = m.groups()
+            threads[-1][1].append(Frame(file, line_no or "", func, file.endswith(".py")))
+    return [(head, frames) for head, frames in threads if frames and "lora_otel/_boot/" not in frames[0].file]
+
+
+def _short(frame: Frame) -> str:
+    return "%s:%s in %s" % (frame.file.replace("\\", "/").rsplit("/", 1)[-1], frame.line, frame.func)
+
+
+def _rank(journal: Journal, key: str = "rank") -> Optional[int]:
+    value = journal.root.attrs.get(key) if journal.root is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def world_peers(journal: Optional[Journal], peers: Iterable[Journal]) -> dict[int, Journal]:
+    """The other ranks of ``journal``'s world among ``peers``, by rank.
+
+    A peer counts when its root span has a ``rank`` other than this one's and the same
+    ``world_size`` (where both have one). Of several journals with one rank, a process started
+    by another of them (a DataLoader worker inherits its rank's variables) is left out, and of
+    the rest (a restarted group) the latest started is taken.
+    """
+    if journal is None or _rank(journal) is None:
+        return {}
+    me, world = _rank(journal), _rank(journal, "world_size")
+    by_rank: dict[int, list[Journal]] = {}
+    for peer in peers:
+        if peer is journal or peer.path == journal.path or peer.root is None:
+            continue
+        rank, size = _rank(peer), _rank(peer, "world_size")
+        if rank is None or rank == me or (world is not None and (rank >= world or size not in (None, world))):
+            continue
+        by_rank.setdefault(rank, []).append(peer)
+    out = {}
+    for rank, found in by_rank.items():
+        pids = {j.pid for j in found}
+        top = [j for j in found if j.root.attrs.get("process.parent_pid") not in pids] or found
+        out[rank] = max(top, key=lambda j: j.root.start_ns)
+    return out
+
+
+def _stage(journal: Journal) -> str:
+    span = deepest_open_span(journal)
+    while span is not None and span.name.startswith("step ") and span.parent_id:
+        span = journal.span(span.parent_id)  # sampled step spans are part of training
+    return span.name if span is not None else ""
+
+
+def _steps(n: int) -> str:
+    return "%d optimizer step%s" % (n, "" if n == 1 else "s")
+
+
+def _ended(peer: Journal, state: str) -> str:
+    if state == "exited":
+        exit_ = peer.exit or {}
+        code, message = exit_.get("code"), exit_.get("message")
+        how = message or ("exit code %s" % code if code is not None else str(exit_.get("how") or "exited"))
+        if message and code is not None and "exit code" not in message:
+            how += ", exit code %s" % code
+        ts = exit_.get("ts")
+        return "exited (%s)%s" % (how, " at %s" % iso_time(ts) if isinstance(ts, int) else "")
+    last = peer.last_evidence_ns
+    return "vanished without an exit record (killed by SIGKILL or os._exit)%s" % (
+        ", last heard of at %s" % iso_time(last) if last else "")
+
+
+def _peer_facts(journal: Journal, me: int, peer: Journal, stacks: str, collective: Collective,
+                now_ns: int, frozen_after_s: float) -> tuple[str, list[str]]:
+    """``("missing" | "arrived" | "unknown", clauses)`` for one peer rank."""
+    state = process_state(peer)
+    if state != "running":
+        return "missing", [_ended(peer, state)]
+    clauses = []
+    last = max(peer.last_beat_ns or 0, peer.last_evidence_ns or 0)
+    if last and (now_ns - last) / 1e9 >= frozen_after_s:
+        clauses.append("is frozen (no beat for %d s)" % ((now_ns - last) / 1e9))
+    if peer.steps != journal.steps:
+        clauses.append("has made %s (rank %d: %d)" % (_steps(peer.steps), me, journal.steps))
+    stage, mine = _stage(peer), _stage(journal)
+    if stage != mine:
+        clauses.append("is in %s (rank %d: %s)" % ("'%s'" % stage if stage else "no stage", me,
+                                                   "'%s'" % mine if mine else "no stage"))
+    theirs = collective_in(stacks) if stacks else None
+    if stacks and theirs is None:
+        where = _innermost_frame(stacks)
+        clauses.append("is not in a collective%s" % (" (at %s)" % where if where else ""))
+    elif theirs is not None and theirs.op != collective.op:
+        clauses.append("waits in another collective (%s%s)" % (
+            theirs.op, " at %s" % theirs.called_at if theirs.called_at else ""))
+    elif theirs is not None and clauses:
+        clauses.append("waits in %s%s" % (theirs.op, " at %s" % theirs.called_at if theirs.called_at else ""))
+    if clauses:
+        return "missing", clauses
+    return ("arrived" if theirs is not None else "unknown"), []
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 1 and 3``, ``ranks 1-3 and 7``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = ["%d-%d" % (run[0], run[-1]) if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    text = ", ".join(parts)
+    if len(ranks) == 1:
+        return "rank " + text
+    head, _, last = text.rpartition(", ")
+    return "ranks %s and %s" % (head, last) if head else "ranks " + text
+
+
+def _collective(collective: Collective, journal: Optional[Journal], peers: list[Journal],
+                peer_stacks: Mapping[str, str], now_ns: int, frozen_after_s: float) -> Diagnosis:
+    head = "Waiting inside a collective (%s%s)" % (
+        collective.op, ", called at %s" % collective.called_at if collective.called_at else "")
+    attrs: dict[str, Any] = {"lora_otel.collective.op": collective.op}
+    if collective.called_at:
+        attrs["lora_otel.collective.called_at"] = collective.called_at
+    me = _rank(journal) if journal is not None else None
+    if journal is None or me is None:
+        return Diagnosis("%s; cannot tell which rank never arrived: this process has no rank." % head, attrs)
+    attrs["lora_otel.collective.rank"] = me
+    world = _rank(journal, "world_size")
+    others = world_peers(journal, peers)
+    missing: dict[int, list[str]] = {}
+    arrived, unknown = [], []
+    for rank, peer in sorted(others.items()):
+        verdict, clauses = _peer_facts(journal, me, peer, peer_stacks.get(peer.path, ""), collective,
+                                       now_ns, frozen_after_s)
+        if verdict == "missing":
+            missing[rank] = clauses
+        elif verdict == "arrived":
+            arrived.append(rank)
+        else:
+            unknown.append(rank)
+    unseen = sorted(set(range(world)) - set(others) - {me}) if world is not None else []
+    if missing:
+        attrs["lora_otel.collective.missing_ranks"] = sorted(missing)
+        told = ["rank %d %s" % (rank, ", ".join(clauses)) for rank, clauses in sorted(missing.items())[:MAX_NAMED]]
+        if len(missing) > MAX_NAMED:
+            told.append("and %d more" % (len(missing) - MAX_NAMED))
+        return Diagnosis("%s; %s never arrived: %s." % (head, _ranks(sorted(missing)), "; ".join(told)), attrs)
+    if not others:
+        why = "no other rank of the world%s is followed here" % (" of %d" % world if world else "")
+    else:
+        parts = []
+        if unknown:
+            parts.append("%s %s at the same step and stage as rank %d, with no stack to tell"
+                         % (_ranks(unknown), "is" if len(unknown) == 1 else "are", me))
+        if arrived:
+            parts.append("%s %s in it too" % (_ranks(arrived), "is" if len(arrived) == 1 else "are"))
+        if unseen:
+            parts.append("%s %s not followed here" % (_ranks(unseen), "is" if len(unseen) == 1 else "are"))
+        why = "; ".join(parts)
+    return Diagnosis("%s; cannot tell which rank never arrived: %s." % (head, why), attrs)
 
 
 def _innermost_frame(stacks: str) -> str:

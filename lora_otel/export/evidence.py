@@ -136,8 +136,9 @@ def tcp_connections(pid: int) -> list:
         return []
 
 
-def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5) -> dict[str, Any]:
-    """Ask the process for its stacks (SIGUSR1) and read what its faulthandler wrote; py-spy too.
+def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5, py_spy: bool = True) -> dict[str, Any]:
+    """Ask the process for its stacks (SIGUSR1) and read what its faulthandler wrote; py-spy too
+    (unless ``py_spy`` is False).
 
     A stopped process (SIGSTOP, a debugger) cannot answer until it continues, so it is not waited
     for: the signal stays pending and the dump lands in the stacks file when it resumes.
@@ -175,7 +176,7 @@ def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5) -> 
                 out[PREFIX + "python.stacks.error"] = "no dump within %.0f s (stopped process, or SIGUSR1 taken)" % wait_s
         except OSError as e:
             out[PREFIX + "python.stacks.error"] = str(e)
-    spy = shutil.which("py-spy")
+    spy = shutil.which("py-spy") if py_spy else None
     if spy:
         try:
             r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,

@@ -7,7 +7,9 @@ The rule that shapes this module (DESIGN.md principle 5): **no span ID reaches a
   stalled one go out once as *incomplete*: status ERROR "stalled: <stage> open for N s",
   ``lora_otel.incomplete=true``, ``lora_otel.stall.kind`` = ``alive``/``frozen``, ending now; the
   stalled span carries the evidence and the diagnosis as an event, and a WARN log record
-  "stall detected" says the same in one sentence.
+  "stall detected" says the same in one sentence. A process waiting inside a torch.distributed
+  collective is diagnosed with its peers (``Follower(peers=...)``, the sidecar's other journals):
+  the sentence names the ranks that never arrived, also as ``lora_otel.collective.*`` attributes.
 - If such a span later ends, the rest of its time goes out as a new child span
   ``<name> (continued)``, from the incomplete export's end to the real end.
 - When the process is gone (:meth:`Follower.finalize`), every span never exported goes out once as
@@ -36,8 +38,8 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from lora_otel.export import otlp
-from lora_otel.export.diagnose import diagnose
-from lora_otel.export.evidence import gather
+from lora_otel.export.diagnose import collective_in, explain, stacks_text, world_peers
+from lora_otel.export.evidence import PREFIX, gather, python_stacks
 from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
 from lora_otel.export.stall import Stall, detect, frozen_after_from_env, parse_limits
 
@@ -55,6 +57,9 @@ DEFAULT_QUEUE_SIZE = 20000
 OUTBOX_ITEMS = 2048
 BATCH = 512
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+PEER_STACKS_S = 3.0  # at most this long asking the other ranks for their stacks, at one stall
+MAX_PEER_STACKS = 32
+PEER_STACKS_ATTACHED = 4  # ranks whose stacks go into the stall event, 4000 characters each
 
 
 def _queue_size() -> int:
@@ -236,6 +241,27 @@ def outboxes(exporter: Any, log_exporter: Any = None) -> tuple:
             Outbox(log_exporter, "log records", max_items=size) if log_exporter is not None else None)
 
 
+def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
+    """The Python stacks of the other ranks of ``journal``'s world that still run, by journal path.
+
+    Each is asked as the stalled process is (SIGUSR1 to its faulthandler, whose file its journal
+    names; never py-spy), for at most `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
+    """
+    out: dict[str, str] = {}
+    deadline = time.monotonic() + PEER_STACKS_S
+    for _, peer in sorted(world_peers(journal, peers).items())[:MAX_PEER_STACKS]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        path = peer.root.attrs.get("lora_otel.stacks.path") if peer.root is not None else None
+        if not isinstance(path, str) or not peer.pid or process_state(peer) != "running":
+            continue
+        text = python_stacks(peer.pid, path, wait_s=min(1.0, left), py_spy=False).get(PREFIX + "python.stacks")
+        if text:
+            out[peer.path] = text
+    return out
+
+
 class _NotRemote:
     """``parent_id in known`` for a journal: every parent is in it except the root's (TRACEPARENT's)."""
 
@@ -264,9 +290,14 @@ class Follower:
                  frozen_after_s: Optional[float] = None,
                  evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather,
                  log_exporter: Any = None, spans_out: Optional[Outbox] = None,
-                 logs_out: Optional[Outbox] = None) -> None:
+                 logs_out: Optional[Outbox] = None, peers: Optional[Callable[[], Sequence[Journal]]] = None,
+                 peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None) -> None:
         """``exporter``/``log_exporter`` give this follower its own outboxes; or pass ``spans_out``
-        (and ``logs_out``) to share them between the followers of one job (see `outboxes`)."""
+        (and ``logs_out``) to share them between the followers of one job (see `outboxes`).
+
+        ``peers``: returns the journals of the job's other processes as they stand now (the sidecar's
+        other followers'); with them a stall inside a collective names the ranks that never arrived.
+        ``peer_stacks(journal, peers)``: their Python stacks by journal path (default `peer_stacks`)."""
         self.path = path
         self.tail = JournalTail(path, max_events=MAX_EVENTS)
         self.capacity = _queue_size()
@@ -281,6 +312,8 @@ class Follower:
         self.limits = limits or parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER"))
         self.frozen_after_s = frozen_after_s if frozen_after_s is not None else frozen_after_from_env()
         self.evidence = evidence
+        self.peers = peers
+        self.peer_stacks = peer_stacks or globals()["peer_stacks"]
         self.exported: set[str] = set()  # open spans sent as incomplete (stalls); forgotten once they end
         self.incomplete_end: dict[str, int] = {}  # span id -> the end its incomplete export used
         self.dropped_imports: dict[str, Span] = {}  # short imports: never exported, their children move up
@@ -424,14 +457,28 @@ class Follower:
             span = journal.span(span.parent_id) if span.parent_id else None
         stacks = journal.root.attrs.get("lora_otel.stacks.path") if journal.root else None
         evidence = self.evidence(journal.pid, stacks) if journal.pid else {}
-        sentence = diagnose(stall, evidence)
+        peers: list = []
+        others: dict = {}
+        if self.peers is not None and collective_in(stacks_text(evidence)) is not None:
+            try:  # the other ranks matter only to a process waiting in a collective
+                peers = list(self.peers())
+                others = self.peer_stacks(journal, peers)
+            except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
+                evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
+        found = explain(stall, evidence, journal, peers, others, frozen_after_s=self.frozen_after_s)
+        sentence = found.sentence
+        ranks = world_peers(journal, peers)
+        for rank in (found.attrs.get("lora_otel.collective.missing_ranks") or [])[:PEER_STACKS_ATTACHED]:
+            text = others.get(ranks[rank].path) if rank in ranks else None
+            if text:
+                evidence[PREFIX + "rank.%d.python.stacks" % rank] = text[-4000:]
         duration_s = (now - stall.span.start_ns) / 1e9
         self._log(tr, now, "warn", "stall detected: %s open for %s (%s): %s"
                   % (stall.span.name, format_duration(now - stall.span.start_ns), stall.kind, sentence),
                   stall.span.span_id,
                   {"lora_otel.stall.stage": stall.span.name, "lora_otel.stall.duration_s": round(duration_s, 3),
                    "lora_otel.stall.kind": stall.kind, "lora_otel.diagnosis": sentence,
-                   "lora_otel.stall.message": stall.status_message})
+                   "lora_otel.stall.message": stall.status_message, **found.attrs})
         out = []
         for span in reversed(chain):  # root to leaf
             if span.span_id in self.exported or span.end_ns is not None:
@@ -440,11 +487,14 @@ class Follower:
             if span is stall.span:
                 ev = {k: (v if isinstance(v, (str, int, float, bool)) else str(v)) for k, v in evidence.items()}
                 ev["lora_otel.diagnosis"] = sentence
+                ev.update(found.attrs)
                 events.append(Event("stall detected", otlp.otel_attributes(ev), now))
+            attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.stall.kind": stall.kind,
+                     "lora_otel.stall.stage": stall.span.name, "lora_otel.diagnosis": sentence}
+            if span is stall.span:
+                attrs.update(found.attrs)
             rs = _amend(tr.readable(span), status=Status(StatusCode.ERROR, stall.status_message),
-                        attrs={otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.stall.kind": stall.kind,
-                               "lora_otel.stall.stage": stall.span.name, "lora_otel.diagnosis": sentence},
-                        events=events, end_ns=now)
+                        attrs=attrs, events=events, end_ns=now)
             out.append(rs)
             self.exported.add(span.span_id)
             self.incomplete_end[span.span_id] = now

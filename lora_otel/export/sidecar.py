@@ -117,8 +117,24 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     if logs_out is not None:
         logs_out.on_change = _say
 
+    def peers_of(path: str):
+        def peers() -> list:
+            """The journals of the job's other processes, read up to now (for a stall in a collective)."""
+            out = []
+            for other, f in list(followers.items()):
+                if other == path:
+                    continue
+                try:
+                    out.append(f.tail.read())
+                except JournalError:
+                    if f.journal is not None:
+                        out.append(f.journal)
+            return out
+        return peers
+
     def follower(path: str) -> Follower:
-        return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out)
+        return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out,
+                        peers=peers_of(path))
 
     from lora_otel.export.evidence import OomWatch
 
