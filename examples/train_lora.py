@@ -1,80 +1,105 @@
-"""A tiny, real LoRA fine-tune: the main job lora_otel traces in its README and tests.
+"""A tiny, real LoRA fine-tune with peft: the main job lora_otel traces in its README and tests.
 
-A small causal language model (embedding, two transformer blocks, LM head) is built from a config
-and randomly initialised — nothing is downloaded — then frozen; low-rank adapters (LoRA, rank
-``--rank``) are added to its attention and MLP projections and trained with AdamW on synthetic
-token sequences. CPU by default, CUDA when available (``--device``). Like the training frameworks,
-it takes ``--log PATH`` and writes its own log lines there.
+A small causal language model (Llama architecture: hidden size 64, 2 layers, 256-token
+vocabulary) is built from a transformers config and randomly initialised — nothing is downloaded
+— then wrapped with peft's LoRA adapters (rank ``--rank`` on the attention and MLP projections) and
+trained with AdamW on synthetic token sequences, in a plain torch loop, or through
+``transformers.Trainer`` with ``--trainer hf``. CPU by default, CUDA when available
+(``--device``). Like the training frameworks, it takes ``--log PATH`` and writes its own log
+lines there.
 
     python examples/train_lora.py --steps 40 --log runs/demo.log
+    python examples/train_lora.py --steps 40 --trainer hf
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
+import tempfile
 import time
+import warnings
 
-import torch
-from torch import nn
+# Everything is built here: never reach for the Hugging Face hub, and keep its advice quiet.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+# peft 0.21 asks transformers 5 for a property it has deprecated; not this script's business.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
+import torch  # noqa: E402 - after the environment above
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-class LoRALinear(nn.Module):
-    """``y = W x + (alpha / r) · B A x`` with ``W`` frozen and ``A``, ``B`` trained (B starts at 0)."""
-
-    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
-        super().__init__()
-        self.base = base
-        self.base.requires_grad_(False)
-        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
-        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+VOCAB = 256
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, 4 * dim)
-        self.down = nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.down(torch.nn.functional.gelu(self.up(self.ln2(x))))
+def build_model(rank: int, seq: int, device: str):
+    """A randomly initialised tiny Llama with LoRA adapters (peft); only the adapters train."""
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(seq, 64),
+                         tie_word_embeddings=False)
+    base = LlamaForCausalLM(config)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                      task_type="CAUSAL_LM")
+    return get_peft_model(base, lora).to(device)
 
 
-class TinyCausalLM(nn.Module):
-    def __init__(self, vocab: int, dim: int, heads: int, layers: int, ctx: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(ctx, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        n = ids.shape[1]
-        mask = torch.triu(torch.full((n, n), float("-inf"), device=ids.device), 1)
-        x = self.embed(ids) + self.pos(torch.arange(n, device=ids.device))
-        for b in self.blocks:
-            x = b(x, mask)
-        return self.head(x)
+def counting_batch(batch: int, seq: int, device: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Synthetic data with structure to learn: each sequence counts up from a random start."""
+    start = torch.randint(0, VOCAB, (batch, 1), generator=generator)
+    return ((start + torch.arange(seq)) % VOCAB).to(device)
 
 
-def add_lora(model: TinyCausalLM, rank: int, alpha: float) -> int:
-    """Freeze the model and wrap its MLP projections and LM head in LoRA; return trainable params."""
-    model.requires_grad_(False)
-    for b in model.blocks:
-        b.up = LoRALinear(b.up, rank, alpha)
-        b.down = LoRALinear(b.down, rank, alpha)
-    model.head = LoRALinear(model.head, rank, alpha)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+def train_plain(model, args, device: str, log) -> tuple:
+    """The plain torch loop: AdamW on the adapters, the model shifts the labels itself."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    model.train()
+    first = last = None
+    for step in range(1, args.steps + 1):
+        ids = counting_batch(args.batch, args.seq, device)
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        last = loss.item()
+        first = last if first is None else first
+        if step % 10 == 0 or step == args.steps:
+            log("step %d/%d loss %.4f" % (step, args.steps, last))
+    return first, last
+
+
+def train_hf(model, args, device: str, log) -> tuple:
+    """The same through ``transformers.Trainer``: ten batches an epoch, so several epochs."""
+    from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+    class Counting(torch.utils.data.Dataset):
+        def __init__(self, n: int) -> None:
+            self.ids = counting_batch(n, args.seq, "cpu", torch.Generator().manual_seed(args.seed))
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict:
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    losses: list = []
+
+    class LogLines(TrainerCallback):
+        def on_log(self, targs, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+                log("step %d/%d loss %.4f" % (state.global_step, args.steps, logs["loss"]))
+
+    with tempfile.TemporaryDirectory(prefix="train_lora-") as tmp:
+        targs = TrainingArguments(
+            output_dir=args.output_dir or tmp, max_steps=args.steps, per_device_train_batch_size=args.batch,
+            learning_rate=args.lr, logging_steps=10, save_strategy="no", report_to=[], disable_tqdm=True,
+            use_cpu=device == "cpu", seed=args.seed, dataloader_pin_memory=False)
+        trainer = Trainer(model=model, args=targs, train_dataset=Counting(10 * args.batch), callbacks=[LogLines()])
+        trainer.remove_callback(PrinterCallback)  # LogLines says it, in this script's format
+        trainer.train()
+    return (losses[0], losses[-1]) if losses else (None, None)
 
 
 def main() -> None:
@@ -85,11 +110,17 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
+    p.add_argument("--trainer", choices=("plain", "hf"), default="plain",
+                   help="plain: a torch loop (default); hf: transformers.Trainer")
+    p.add_argument("--output-dir", help="--trainer hf: the Trainer's output_dir (default: a temporary one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", help="also append this script's own log lines to PATH")
     args = p.parse_args()
 
-    log_file = open(args.log, "a", encoding="utf-8") if args.log else None
+    log_file = None
+    if args.log:
+        os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
+        log_file = open(args.log, "a", encoding="utf-8")
 
     def log(msg: str) -> None:
         line = "%s train_lora: %s" % (time.strftime("%H:%M:%S"), msg)
@@ -102,31 +133,14 @@ def main() -> None:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    vocab = 256
-    model = TinyCausalLM(vocab=vocab, dim=64, heads=4, layers=2, ctx=args.seq).to(device)
-    trainable = add_lora(model, args.rank, alpha=2.0 * args.rank)
-    model.to(device)
-    log("model ready on %s: %d trainable LoRA parameters" % (device, trainable))
-    opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr)
-
-    # Synthetic data with structure to learn: each sequence counts up from a random start.
-    def batch() -> torch.Tensor:
-        start = torch.randint(0, vocab, (args.batch, 1), device=device)
-        return (start + torch.arange(args.seq + 1, device=device)) % vocab
-
-    first = last = None
-    for step in range(1, args.steps + 1):
-        seq = batch()
-        logits = model(seq[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), seq[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        last = loss.item()
-        first = last if first is None else first
-        if step % 10 == 0 or step == args.steps:
-            log("step %d/%d loss %.4f" % (step, args.steps, last))
-    log("done: loss %.4f -> %.4f" % (first, last))
+    model = build_model(args.rank, args.seq, device)
+    trainable, total = model.get_nb_trainable_parameters()
+    log("model ready on %s: %d trainable LoRA parameters of %d (%.2f%%)"
+        % (device, trainable, total, 100.0 * trainable / total))
+    train = train_hf if args.trainer == "hf" else train_plain
+    first, last = train(model, args, device, log)
+    if first is not None:
+        log("done: loss %.4f -> %.4f" % (first, last))
     if log_file:
         log_file.close()
 

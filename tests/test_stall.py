@@ -104,3 +104,20 @@ class TestDetection:
             assert stall.limit_s >= 1 and "no optimizer step for" in stall.reason
         finally:
             kill_and_reap(proc)
+
+
+def test_a_stage_inside_training_keeps_the_step_gap_rule(journal) -> None:
+    """An `epoch 0` span (no limit of its own) open inside `training` with no step for 300 s: the
+    training span is stalled; a stage with its own limit inside training keeps that limit."""
+    journal.process(alive=True)
+    train = journal.start("training", 1)
+    journal.start("epoch 0", 1, parent=train)
+    journal.beat(2, steps=1, last_step_t=2)
+    journal.beat(300, steps=1, last_step_t=2)
+    j = journal.read()
+    stall = detect(j, journal.ns(300), alive=True)
+    assert stall is not None and stall.span.name == "training" and "no optimizer step for 298 s" in stall.reason
+    assert detect(j, journal.ns(60), alive=True, frozen_after_s=1000) is None
+    limits = parse_limits("epoch 0=30")
+    own = detect(j, journal.ns(300), alive=True, limits=limits)
+    assert own.span.name == "epoch 0" and own.limit_s == 30

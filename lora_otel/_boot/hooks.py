@@ -9,6 +9,9 @@
   ``register_optimizer_step_pre_hook``/``post_hook``) counts steps and opens ``training`` at the
   first one; ``torch.cuda._lazy_init`` is wrapped into the ``cuda init`` span and the first
   ``torch.cuda.is_available()`` into a ``cuda probe`` span.
+- **frameworks**: when ``transformers.trainer``, ``lightning.pytorch``/``pytorch_lightning`` or
+  ``accelerate`` finishes loading (also lazily, through ``importlib``), the matching module of
+  :mod:`lora_otel.integrations` instruments it (a ``sys.meta_path`` entry sees the load).
 
 Every wrapper runs its own bookkeeping inside :class:`~lora_otel._boot.core.fail_open` and calls
 the original exactly once, whatever happens to the bookkeeping.
@@ -44,6 +47,8 @@ def _after_import() -> None:
         if getattr(torch, "optim", None) is not None and getattr(torch, "cuda", None) is not None:
             with core.fail_open("torch hooks"):
                 install_torch_hooks(torch)
+    if _integrations:
+        _check_integrations()
 
 
 def _module_facts(name: str) -> dict:
@@ -124,7 +129,84 @@ def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
 def install_import_hook() -> None:
     if builtins.__import__ is not traced_import:
         builtins.__import__ = traced_import
+    if _integration_finder not in sys.meta_path:
+        sys.meta_path.insert(0, _integration_finder)
     _after_import()
+
+
+# --- framework integrations ----------------------------------------------------------------
+
+# Framework module -> the module of lora_otel.integrations that instruments it. An entry leaves
+# once installed, so the checks cost nothing after that (and a dict lookup before).
+_integrations: dict = {
+    "transformers.trainer": "transformers",
+    "lightning.pytorch": "lightning",
+    "pytorch_lightning": "lightning",
+    "accelerate": "accelerate",
+}
+_INTEGRATION_MODULES = tuple(_integrations)
+
+
+class _IntegrationFinder:
+    """A ``sys.meta_path`` entry that installs an integration the moment its framework module ran.
+
+    transformers loads ``transformers.trainer`` lazily through ``importlib`` (no import statement
+    the import hook could see). For a watched module this finder asks the other finders for the
+    spec and wraps that spec's loader's ``exec_module``, so the integration goes in before any
+    code can use the module; for every other module it is one dict lookup and finds nothing.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _integrations or not core.active:
+            return None
+        spec = None
+        with core.fail_open("integration finder"):
+            spec = _watched_spec(name, path, target)
+        return spec
+
+
+_integration_finder = _IntegrationFinder()
+
+
+def _watched_spec(name: str, path, target):
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None) if finder is not _integration_finder else None
+        spec = find(name, path, target) if find is not None else None
+        if spec is not None:
+            break
+    else:
+        return None
+    orig = getattr(spec.loader, "exec_module", None)
+    if orig is None or getattr(orig, "_lora_otel", False):
+        return spec
+
+    def exec_module(module):
+        orig(module)
+        if getattr(module, "__name__", None) == name:  # a loader shared by many modules (zipimport)
+            _install_integration(name, module)
+
+    exec_module._lora_otel = True  # type: ignore[attr-defined]
+    spec.loader.exec_module = exec_module  # this spec's own loader object, made for this module
+    return spec
+
+
+def _check_integrations() -> None:
+    """Install integrations whose module is loaded already (imported before the preamble ran)."""
+    for name in _INTEGRATION_MODULES:
+        if name in _integrations:
+            mod = _modules.get(name)
+            if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+                _install_integration(name, mod)
+
+
+def _install_integration(name: str, module) -> None:
+    kind = _integrations.pop(name, None)
+    if kind is None or not core.active:
+        return
+    with core.fail_open("%s integration" % kind):
+        from lora_otel import integrations
+
+        integrations.install(kind, module)
 
 
 # --- argparse ------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
 - ``alive``: the process still beats, but a stage has been open longer than its limit —
   ``arguments`` 60 s, each ``import`` 120 s, ``cuda init``/``cuda probe`` 120 s, and for
   ``training`` the time since the last optimizer step, max(120 s, 20 × the median step time);
-  user stages have no limit unless one is configured.
+  user stages have no limit unless one is configured, and one inside ``training`` (an ``epoch N``
+  span) leaves the step-gap rule of ``training`` in force.
 - ``frozen``: the process exists but its once-per-second beat has stopped for 10 s (the GIL held in
   C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in. ``LORA_OTEL_FROZEN_AFTER``
   changes the 10 s.
@@ -135,6 +136,14 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
         return Stall("frozen", span, (now_ns - span.start_ns) / 1e9, frozen_after_s,
                      "the process exists but has not beaten for %d s (frozen: GIL held in native code, "
                      "stopped, or in uninterruptible I/O)" % silent_s)
+    if span.name != "training" and limit_for(span, limits) is None:
+        # A stage with no limit of its own inside `training` (an `epoch N` span from a trainer
+        # integration, a user's stage): the step-gap rule of the enclosing training span holds.
+        ancestor: Optional[Span] = span
+        while ancestor is not None and ancestor.name != "training":
+            ancestor = journal.span(ancestor.parent_id) if ancestor.parent_id else None
+        if ancestor is not None and ancestor.is_open:
+            span = ancestor
     if span.name == "training":
         floor = limit_for(span, limits) or DEFAULT_LIMITS_S["training"]
         med = median_step_s(journal)
