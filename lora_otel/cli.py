@@ -141,7 +141,50 @@ def build_parser() -> argparse.ArgumentParser:
                         "else import 120 s, training 120 s or 20x the median step, ...)")
     p.add_argument("--once", action="store_true", help="print the current view once and exit")
     p.add_argument("--no-color", action="store_true", help="no colour on a terminal (also: NO_COLOR=1)")
+
+    from lora_otel.export.baseline import add_arguments as baseline_arguments
+
+    baseline_arguments(add("baseline", cmd_baseline, epilog="examples:\n"
+                           "  lora-otel baseline save good.json runs/ok1.otel.jsonl runs/ok2.otel.jsonl\n"
+                           "  lora-otel baseline diff good.json                     this interpreter\n"
+                           "  lora-otel baseline diff good.json runs/a.otel.jsonl   a run (slow phases too)\n"
+                           "  LORA_OTEL_BASELINE=good.json lora-otel inspect runs/a.otel.jsonl\n"
+                           "\nexit status (diff): 0 no drift, 1 drift, 2 usage error. See docs/baselines.md."))
+
+    from lora_otel.export import doctor as doctor_module
+
+    doctor_module.add_arguments(add("doctor", cmd_doctor, epilog=doctor_module.EPILOG))
     return parser
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Run a training job's start-up once, traced, and say what is wrong: one line per check.
+
+    Imports the training stack (torch, transformers, diffusers, accelerate, peft, bitsandbytes,
+    xformers: those installed), each under its own span and time limit; initialises CUDA; runs a
+    small matmul on every visible GPU; one LoRA forward and backward on a tiny model (with peft).
+    Checks torch's CUDA build against the driver, the packages' declared requirements and
+    Requires-Python, and free GPU memory against --need-gpu-memory. The flow runs in a traced check
+    process (a journal in --dir, and live OTLP export when an endpoint is set); a step past its limit
+    is killed and reported with its Python stack. Each line: ok / warn / fail, the evidence, what to do.
+    """
+    from lora_otel.export.doctor import run_doctor
+
+    return run_doctor(args)
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    """Record a good run's environment and start-up times; list the drift of a run from them.
+
+    save FILE [--from-journal J] [JOURNAL ...]: the environment (this interpreter's, or a journal's
+    self-check) and the median duration of each start-up phase of the good runs given.
+    diff FILE [JOURNAL|FILE]: packages, CUDA/cuDNN/driver, GPUs and variables that differ, and phases
+    much slower than the baseline ("import torch took 48 s; baseline 2.1 s"). With LORA_OTEL_BASELINE
+    set, inspect and the live stall diagnosis show the drift that bears on the stuck stage first.
+    """
+    from lora_otel.export.baseline import run_baseline
+
+    return run_baseline(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

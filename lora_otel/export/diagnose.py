@@ -122,6 +122,35 @@ def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] =
     return Diagnosis("Cannot tell from the evidence.")
 
 
+def with_baseline(found: Diagnosis, stall: Stall, journal: Optional[Journal], baseline: Any,
+                  now_ns: Optional[int] = None) -> Diagnosis:
+    """``found`` with the drift from the baseline (`lora_otel.export.baseline`) that bears on the
+    stalled stage put first in the sentence and in ``lora_otel.baseline.drift`` (the rest in
+    ``lora_otel.baseline.other_drift``).
+
+    ``baseline``: a `Baseline`, None (no baseline configured: ``found`` as it is) or the
+    `BaselineError` that loading it raised (``lora_otel.baseline.error``). Never raises.
+    """
+    if baseline is None or journal is None:
+        return found
+    from lora_otel.export import baseline as bl
+
+    attrs = dict(found.attrs)
+    if isinstance(baseline, BaseException):
+        attrs["lora_otel.baseline.error"] = str(baseline)
+        return Diagnosis(found.sentence, attrs)
+    attrs["lora_otel.baseline.path"] = baseline.path
+    try:
+        relevant, other = bl.stall_drift(baseline, stall.span, journal, now_ns)
+    except Exception as e:  # noqa: BLE001 - the diagnosis goes on without the baseline
+        attrs["lora_otel.baseline.error"] = "cannot compare with %s: %s: %s" % (baseline.path, type(e).__name__, e)
+        return Diagnosis(found.sentence, attrs)
+    attrs["lora_otel.baseline.drift"] = [d.text for d in relevant]
+    if other:
+        attrs["lora_otel.baseline.other_drift"] = [d.text for d in other[:20]]
+    return Diagnosis(bl.sentence_prefix(relevant) + found.sentence, attrs)
+
+
 def stacks_text(evidence: Mapping[str, Any]) -> str:
     """The Python stacks in ``evidence``: faulthandler's dump, then py-spy's."""
     return "\n".join(str(evidence.get(PREFIX + key) or "") for key in ("python.stacks", "py_spy.dump"))

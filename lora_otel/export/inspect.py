@@ -12,7 +12,9 @@ started open span with no open child), or about how the process ended:
   ``failed with exit code 3``, ``ended with spans open: a, b (exit code 1)``;
 - ``empty journal: no records``.
 
-Then come the journal line, the span tree, and the journal's problems as ``note:`` lines.
+Then come the journal line, the span tree, and the journal's problems as ``note:`` lines. With
+``LORA_OTEL_BASELINE`` naming a baseline file (`lora_otel.export.baseline`), the drift from it that
+bears on the stuck stage comes right after the first line, then the rest of the drift in brief.
 ``--json`` prints the schema documented in docs/journal.md.
 
 A directory is shown job by job (journals grouped by trace id, ranks in order, the process to look at
@@ -70,10 +72,22 @@ def run_inspect(args: argparse.Namespace) -> int:
     except JournalError as e:
         print(f"lora-otel inspect: {e}", file=sys.stderr)
         return 2
+    from lora_otel.export import baseline
+
+    now_ns = time.time_ns()
+    drift = baseline.inspect_report(journal, now_ns)  # None unless LORA_OTEL_BASELINE is set
+    if drift is not None and drift["error"]:
+        print(f"lora-otel inspect: {drift['error']}; shown without it", file=sys.stderr)
     if args.json:
-        text = json.dumps(render_json(journal), indent=2) + "\n"  # ensure_ascii keeps lone surrogates as \udcXX
+        doc = render_json(journal, now_ns)
+        if drift is not None:
+            doc["baseline"] = baseline.report_json(drift)
+        text = json.dumps(doc, indent=2) + "\n"  # ensure_ascii keeps lone surrogates as \udcXX
     else:
-        text = render_text(journal)
+        text = render_text(journal, now_ns)
+        if drift is not None:  # the drift that bears on the stuck stage, right after the first line
+            first, _, rest = text.partition("\n")
+            text = "\n".join([first, *(_display(line) for line in baseline.report_lines(drift)), rest])
     _write(text)
     return 0
 

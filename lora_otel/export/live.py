@@ -10,6 +10,8 @@ The rule that shapes this module (DESIGN.md principle 5): **no span ID reaches a
   "stall detected" says the same in one sentence. A process waiting inside a torch.distributed
   collective is diagnosed with its peers (``Follower(peers=...)``, the sidecar's other journals):
   the sentence names the ranks that never arrived, also as ``lora_otel.collective.*`` attributes.
+  With ``LORA_OTEL_BASELINE`` naming a baseline file, the drift from it that bears on the stalled
+  stage leads the sentence and is in ``lora_otel.baseline.drift`` (`diagnose.with_baseline`).
 - If such a span later ends, the rest of its time goes out as a new child span
   ``<name> (continued)``, from the incomplete export's end to the real end.
 - When the process is gone (:meth:`Follower.finalize`), every span never exported goes out once as
@@ -38,7 +40,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from lora_otel.export import otlp
-from lora_otel.export.diagnose import collective_in, explain, stacks_text, world_peers
+from lora_otel.export.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
 from lora_otel.export.evidence import PREFIX, gather, python_stacks
 from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
 from lora_otel.export.stall import Stall, detect, frozen_after_from_env, parse_limits
@@ -322,6 +324,8 @@ class Follower:
         self.stalls: list[Stall] = []
         self.journal: Optional[Journal] = None
         self._forget: set[str] = set()
+        self._baseline: Any = None  # LORA_OTEL_BASELINE: a Baseline, the BaselineError it gave, or None
+        self._baseline_read = False
 
     def poll(self, now_ns: Optional[int] = None) -> list[ReadableSpan]:
         """Read what the journal gained, queue what is new for export; returns the spans queued."""
@@ -466,6 +470,7 @@ class Follower:
             except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
                 evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
         found = explain(stall, evidence, journal, peers, others, frozen_after_s=self.frozen_after_s)
+        found = with_baseline(found, stall, journal, self._baseline_for(journal), now)
         sentence = found.sentence
         ranks = world_peers(journal, peers)
         for rank in (found.attrs.get("lora_otel.collective.missing_ranks") or [])[:PEER_STACKS_ATTACHED]:
@@ -499,6 +504,19 @@ class Follower:
             self.exported.add(span.span_id)
             self.incomplete_end[span.span_id] = now
         return out
+
+    def _baseline_for(self, journal: Journal) -> Any:
+        """The baseline ``LORA_OTEL_BASELINE`` names, read at the first stall (a relative path is the
+        traced process's); None when unset, the `BaselineError` when it cannot be used."""
+        if not self._baseline_read:
+            self._baseline_read = True
+            from lora_otel.export.baseline import BaselineError, configured
+
+            try:
+                self._baseline = configured(journal)
+            except Exception as e:  # noqa: BLE001 - BaselineError, one line; the diagnosis goes on
+                self._baseline = e if isinstance(e, BaselineError) else BaselineError("%s: %s" % (type(e).__name__, e))
+        return self._baseline
 
     def _send(self, spans: list[ReadableSpan]) -> None:
         self.spans_out.put(spans)
