@@ -132,8 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
             "  lora-otel watch lora-otel/ --stall-after 300   call any stage open 5 minutes a stall\n"
             "  lora-otel watch runs/ --once                   print the current state once and exit\n"
             "  lora-otel watch runs/ >> watch.log             one line per event, no screens\n"
+            "  lora-otel watch runs/ --exit-on-stall --alert-command 'mail -s stalled me@example.org'\n"
+            "                                                 unattended: alert once, exit 4 on a stall\n"
             "\nexit status: 0 all finished normally, 1 some failed, 3 some killed or vanished without an "
-            "exit record,\n2 usage error, 130 Ctrl-C. Colour is off with --no-color or NO_COLOR set.")
+            "exit record\n(wins over 1), 4 stalled (with --exit-on-stall: a stall was seen; with --once too: "
+            "a process is\nstalled now), 2 usage error, 130 Ctrl-C. Colour is off with --no-color or NO_COLOR set.\n"
+            "\nalerts: --alert-command and --alert-webhook fire once per stall (per stalled span of a process)\n"
+            "with the stall as JSON (journal, pid, rank, trace_id, span_id, stage, kind, open_for_s, limit_s,\n"
+            "reason, status_message, service, host, time); the command gets it on stdin and\n"
+            "$LORA_OTEL_ALERT_STAGE, $LORA_OTEL_ALERT_KIND, $LORA_OTEL_ALERT_PID, $LORA_OTEL_ALERT_JOURNAL.\n"
+            "Alerts run in the background (command killed after 30 s, webhook timeout 10 s); a failure is\n"
+            "one line on stderr and watch goes on.")
     p.add_argument("path", metavar="JOURNAL|DIR", help="a journal file, or a directory of *.otel.jsonl journals")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between updates (default 1)")
     p.add_argument("--stall-after", metavar="SPEC",
@@ -141,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "else import 120 s, training 120 s or 20x the median step, ...)")
     p.add_argument("--once", action="store_true", help="print the current view once and exit")
     p.add_argument("--no-color", action="store_true", help="no colour on a terminal (also: NO_COLOR=1)")
+    p.add_argument("--alert-command", metavar="CMD",
+                   help="shell command (sh -c) run once per stall, the stall as JSON on its stdin")
+    p.add_argument("--alert-webhook", metavar="URL", help="http(s) URL the stall JSON is POSTed to, once per stall")
+    p.add_argument("--exit-on-stall", action="store_true",
+                   help="exit with status 4 as soon as a stall is seen (after its alerts have run)")
 
     from lora_otel.export.baseline import add_arguments as baseline_arguments
 

@@ -19,18 +19,37 @@ heading with its outcome, one line per process, the call-out, and the tree of th
 In line mode a ranked process is named ``4243 (rank 1)`` and a call-out is one line, e.g.
 ``[watch] job 4bf92f35: rank 1 (pid 4243) is the one stuck: in import x for 121 s``.
 
+Unattended batches: ``--alert-command CMD`` (run by ``sh -c``) and ``--alert-webhook URL`` (a JSON
+POST) fire once per stall (per stalled span of a process, never twice for it), with the stall as a
+JSON object (`alert_payload`) on the command's stdin / as the request body; the command also gets
+``LORA_OTEL_ALERT_STAGE``, ``LORA_OTEL_ALERT_KIND``, ``LORA_OTEL_ALERT_PID`` and
+``LORA_OTEL_ALERT_JOURNAL``. Neither blocks watch: each runs in a thread, the command killed after
+`ALERT_COMMAND_TIMEOUT_S`, the request given up after `ALERT_WEBHOOK_TIMEOUT_S`; a failure is one
+line on stderr (and under the view on a terminal), and watch goes on. Before watch exits it waits
+for the alerts still running. ``--exit-on-stall``: exit with status 4 as soon as a stall is seen,
+after its alerts have run.
+
 Watch ends when no followed process is running any more (``--once``: at once). Exit status: 0 all
-finished normally, 1 some failed, 3 some killed or gone without an exit record (wins over 1), 2 usage.
+finished normally, 1 some failed, 3 some killed or gone without an exit record (wins over 1), 4 a
+stall seen with ``--exit-on-stall`` (with ``--once``: a process stalled now), 2 usage, 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -46,6 +65,11 @@ CLEAR = "\x1b[H\x1b[2J"
 RED_BOLD, YELLOW, BOLD, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
 STARTING_GRACE_S = 10.0
 """A journal with no records yet counts as a process starting up for this long, then as gone."""
+STALLED_STATUS = 4
+"""Exit status with ``--exit-on-stall`` once a stall is seen."""
+ALERT_COMMAND_TIMEOUT_S = 30.0
+"""An ``--alert-command`` still running after this long is killed (its whole process group)."""
+ALERT_WEBHOOK_TIMEOUT_S = 10.0
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -72,6 +96,15 @@ def _watch(args: argparse.Namespace) -> int:
         limits = parse_limits(args.stall_after if args.stall_after is not None else os.environ.get(given))
     except StallConfigError as e:
         return usage(f"{given}: {e}")
+    command, webhook = getattr(args, "alert_command", None), getattr(args, "alert_webhook", None)
+    if command is not None and not command.strip():
+        return usage("--alert-command: empty command")
+    if webhook is not None:
+        url = urllib.parse.urlsplit(webhook)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            return usage(f"--alert-webhook: not an http(s) URL: {_display(webhook)}")
+    alerter = Alerter(command, webhook)
+    exit_on_stall = bool(getattr(args, "exit_on_stall", False))
     try:
         watcher = Watcher(args.path, limits, frozen_after_from_env())
         watcher.poll(time.time_ns())
@@ -86,19 +119,159 @@ def _watch(args: argparse.Namespace) -> int:
         now, done = time.time_ns(), watcher.finished()
         if args.once:
             _out(watcher.screen(now, color))
-            return watcher.exit_status()
+            watcher.alert(alerter, now)
+            alerter.wait()
+            return STALLED_STATUS if exit_on_stall and watcher.stalled() else watcher.exit_status()
         if tty:
             screen = watcher.screen(now, color, header=f"every {args.interval:g} s, Ctrl-C to stop")
+            screen += "".join(f"alert: {_display(note)}\n" for note in alerter.notes())
             _out(CLEAR + (screen if done else _fit(screen)))
         else:
             _out("".join(f"[watch] {line}\n" for line in watcher.changes(now)))
+        watcher.alert(alerter, now)
+        if exit_on_stall and watcher.stalled():
+            alerter.wait()
+            if not tty:
+                _out("[watch] stalled: exiting (--exit-on-stall)\n" + watcher.screen(time.time_ns(), False))
+            return STALLED_STATUS
         if done:
             break
         time.sleep(args.interval)
         watcher.poll(time.time_ns())
     if not tty:
         _out("[watch] every process has ended\n" + watcher.screen(time.time_ns(), False))
+    alerter.wait()
     return watcher.exit_status()
+
+
+class Alerter:
+    """``--alert-command``/``--alert-webhook``: each alert sent in a thread of its own, so that a slow
+    command or server never holds watch up; failures are one line on stderr, kept for the view."""
+
+    def __init__(self, command: Optional[str], webhook: Optional[str]) -> None:
+        self.command, self.webhook = command, webhook
+        self.threads: list[threading.Thread] = []
+        self._notes: collections.deque[str] = collections.deque(maxlen=3)
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.command is not None or self.webhook is not None
+
+    def send(self, payload: dict) -> None:
+        """Run the command and/or post to the webhook with ``payload``, in the background."""
+        body = (json.dumps(payload, sort_keys=True) + "\n").encode()
+        jobs = [(self._run_command, (self.command, payload, body))] if self.command is not None else []
+        if self.webhook is not None:
+            jobs.append((self._post, (self.webhook, body)))
+        for target, target_args in jobs:
+            thread = threading.Thread(target=self._guarded, args=(target, target_args), daemon=True,
+                                      name="lora-otel-alert")
+            thread.start()
+            self.threads.append(thread)
+
+    def wait(self) -> None:
+        """Wait for the alerts still running (each ends within its own timeout)."""
+        while self.threads:
+            self.threads.pop().join(ALERT_COMMAND_TIMEOUT_S + 10)
+
+    def notes(self) -> list[str]:
+        with self._lock:
+            return list(self._notes)
+
+    def _note(self, text: str) -> None:
+        line = " ".join(text.split())
+        with self._lock:
+            self._notes.append(line)
+        try:
+            print(f"lora-otel watch: {line}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    def _guarded(self, target, target_args) -> None:
+        try:
+            target(*target_args)
+        except Exception as e:  # noqa: BLE001 - an alert never takes watch down
+            self._note(f"alert failed: {type(e).__name__}: {e}")
+
+    def _run_command(self, command: str, payload: dict, body: bytes) -> None:
+        env = dict(os.environ, LORA_OTEL_ALERT_STAGE=str(payload.get("stage", "")),
+                   LORA_OTEL_ALERT_KIND=str(payload.get("kind", "")),
+                   LORA_OTEL_ALERT_PID="" if payload.get("pid") is None else str(payload["pid"]),
+                   LORA_OTEL_ALERT_JOURNAL=str(payload.get("journal", "")))
+        shown = _short(command)
+        try:
+            proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=2, env=env,
+                                    start_new_session=True)
+        except OSError as e:
+            self._note(f"alert command could not start ({e.strerror or e}): {shown}")
+            return
+        try:
+            proc.communicate(body, timeout=ALERT_COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
+            proc.wait()
+            self._note(f"alert command killed after {ALERT_COMMAND_TIMEOUT_S:g} s: {shown}")
+            return
+        if proc.returncode != 0:
+            how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
+                   else f"exit status {proc.returncode}")
+            self._note(f"alert command failed ({how}): {shown}")
+
+    def _post(self, url: str, body: bytes) -> None:
+        request = urllib.request.Request(url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  "User-Agent": "lora-otel-watch"})
+        try:
+            with urllib.request.urlopen(request, timeout=ALERT_WEBHOOK_TIMEOUT_S) as response:
+                response.read(65536)
+        except urllib.error.HTTPError as e:
+            self._note(f"alert webhook failed (HTTP {e.code} {e.reason}): {_short(url)}")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", None) or e
+            self._note(f"alert webhook failed ({reason}): {_short(url)}")
+
+
+def alert_payload(f: "Followed", stall: Stall, now_ns: int) -> dict:
+    """The JSON object an alert carries: where the stall is, what it is, and when it was seen."""
+    journal = f.journal
+    root = journal.root if journal is not None else None
+    attrs = root.attrs if root is not None else {}
+    rank = attrs.get("rank")
+    payload = {
+        "event": "stall",
+        "journal": os.path.abspath(f.tail.path),
+        "pid": journal.pid if journal is not None else None,
+        "trace_id": stall.span.trace_id,
+        "span_id": stall.span.span_id,
+        "stage": stall.span.name,
+        "kind": stall.kind,
+        "open_for_s": round(stall.open_for_s, 3),
+        "limit_s": stall.limit_s,
+        "reason": stall.reason,
+        "status_message": stall.status_message,
+        "service": attrs.get("service.name") if isinstance(attrs.get("service.name"), str) else None,
+        "host": attrs.get("host.name") if isinstance(attrs.get("host.name"), str) else None,
+        "time": _iso(now_ns),
+        "stage_started": _iso(stall.span.start_ns),
+    }
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        payload["rank"] = rank
+    return payload
+
+
+def _iso(ns: int) -> str:
+    """``2024-05-01T12:00:00.123Z`` (UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + \
+        ".%03dZ" % (ns // 1_000_000 % 1000)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = _display(" ".join(text.split()))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass
@@ -207,6 +380,22 @@ class Watcher:
 
     def finished(self) -> bool:
         return bool(self.followed) and not any(f.running for f in self.followed.values())
+
+    def stalled(self) -> bool:
+        """Some followed process is stalled now."""
+        return any(f.stall is not None for f in self.followed.values())
+
+    def alert(self, alerter: "Alerter", now_ns: int) -> int:
+        """Send an alert for each stall not alerted yet (once per stalled span of a process); how many."""
+        sent = 0
+        if not alerter.enabled:
+            return sent
+        for f in self.ordered(now_ns):
+            stall = f.stall
+            if stall is not None and f.once(f"a:{stall.span.span_id}"):
+                alerter.send(alert_payload(f, stall, now_ns))
+                sent += 1
+        return sent
 
     def exit_status(self) -> int:
         statuses = {_status(f) for f in self.followed.values()}
