@@ -1,0 +1,326 @@
+"""Faults the live path and the journal must survive, each run for real and each with a figure.
+
+* A misbehaving collector, played by a small ``http.server`` on loopback that decodes every
+  ``ExportTraceServiceRequest`` it accepts: it answers HTTP 500 to the first requests, or sleeps
+  2 s on each, or goes away after the first and comes back on the same port 2 s later. Every span
+  of a 20-stage job must arrive exactly once, and the job itself must not wait for any of it.
+* Many writers at once: 32 traced jobs of 200 stages each writing journals into one directory,
+  and a fork storm (50 children, some forking grandchildren). Every journal must read without a
+  problem, no span id may appear twice, every started span must end, and every child journal must
+  have its own root and exit record.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Optional
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from lora_otel.export.reader import read_journal
+from procs import PYTHON, clean_env, journals
+from test_hangs import start_traced
+from test_sidecar import sidecar_pid, wait_gone
+
+STAGES = 20
+JOB = """
+import time, lora_otel
+for i in range(%d):
+    with lora_otel.stage("stage %%d" %% i, i=i):
+        time.sleep(0.005)
+print("JOB done", flush=True)
+""" % STAGES
+
+
+SPREAD_JOB = """
+import time, lora_otel
+with lora_otel.stage("first"):
+    pass
+time.sleep(1.0)                      # the sidecar sends "first" before more comes
+for i in range(%d):
+    with lora_otel.stage("stage %%d" %% i, i=i):
+        time.sleep(0.15)             # stages end while the collector is down, and after
+print("JOB done", flush=True)
+""" % STAGES
+
+
+class FakeCollector:
+    """An OTLP/HTTP trace receiver with a scripted fault.
+
+    ``fail_first``: answer 500 to that many trace requests first. ``delay_s``: sleep that long
+    before each answer. ``restart_after_first``: after the first accepted request, stop listening
+    and listen again on the same port ``restart_gap_s`` later. Only accepted (200) requests count.
+    """
+
+    def __init__(self, fail_first: int = 0, delay_s: float = 0.0, restart_after_first: bool = False,
+                 restart_gap_s: float = 2.0) -> None:
+        self.fail_first, self.delay_s = fail_first, delay_s
+        self.restart_after_first, self.restart_gap_s = restart_after_first, restart_gap_s
+        self.lock = threading.Lock()
+        self.requests = 0          # trace requests seen, answered 500 or 200
+        self.rejected = 0          # answered 500
+        self.accepted = 0          # answered 200
+        self.span_ids: list = []   # span ids, hex, from accepted requests only, in arrival order
+        self.names: list = []
+        self.down_between: Optional[tuple] = None  # (monotonic stop, monotonic start) of the restart
+        self._server: Optional[ThreadingHTTPServer] = None
+        self.port = 0
+        self._start(0)
+
+    @property
+    def endpoint(self) -> str:
+        return "http://127.0.0.1:%d" % self.port
+
+    def _start(self, port: int) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path != "/v1/traces":
+                    self._answer(200)
+                    return
+                if owner.delay_s:
+                    time.sleep(owner.delay_s)
+                with owner.lock:
+                    owner.requests += 1
+                    if owner.rejected < owner.fail_first:
+                        owner.rejected += 1
+                        code = 500
+                    else:
+                        req = ExportTraceServiceRequest()
+                        req.ParseFromString(body)
+                        for rs in req.resource_spans:
+                            for ss in rs.scope_spans:
+                                for s in ss.spans:
+                                    owner.span_ids.append(s.span_id.hex())
+                                    owner.names.append(s.name)
+                        owner.accepted += 1
+                        code = 200
+                    restart = owner.restart_after_first and code == 200 and owner.accepted == 1
+                self._answer(code)
+                if restart:
+                    threading.Thread(target=owner._restart, daemon=True).start()
+
+            def _answer(self, code: int) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()  # an empty body is a valid (empty) Export*ServiceResponse
+
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        self._server = server
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def _restart(self) -> None:
+        server, self._server = self._server, None
+        server.shutdown()
+        server.server_close()
+        stopped = time.monotonic()
+        time.sleep(self.restart_gap_s)
+        self._start(self.port)
+        self.down_between = (stopped, time.monotonic())
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def run_job_against(tmp_path: Path, collector: FakeCollector, script: str = JOB, **env: str):
+    """Run the 20-stage job against ``collector``; wait for its sidecar to finish. Returns
+    (exit code, job wall seconds, span ids in the job's journal)."""
+    t0 = time.monotonic()
+    proc = start_traced(tmp_path, script, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                        OTEL_LOGS_EXPORTER="none", **env)
+    side = sidecar_pid(tmp_path)
+    out, err = proc.communicate(timeout=60)
+    wall = time.monotonic() - t0
+    assert b"JOB done" in out, err.decode(errors="replace")
+    wait_gone(side, timeout=60)
+    ids = []
+    for p in journals(tmp_path / "lora-otel"):
+        j = read_journal(p)
+        assert j.problems == []
+        ids += [s.span_id for s in j.spans]
+    assert len([i for i in ids]) >= STAGES + 1
+    return proc.returncode, wall, ids
+
+
+def assert_all_once(collector: FakeCollector, journal_ids: list) -> None:
+    got = collector.span_ids
+    dup = sorted({i for i in got if got.count(i) > 1})
+    assert dup == [], "exported twice: %s" % dup
+    missing = sorted(set(journal_ids) - set(got))
+    assert missing == [], "%d of %d spans lost: %s" % (len(missing), len(journal_ids), missing)
+    assert len(got) == len(journal_ids)
+    assert sum(1 for n in collector.names if n.startswith("stage ")) == STAGES
+
+
+def test_collector_answers_500_then_accepts(tmp_path: Path) -> None:
+    """HTTP 500 for the first 3 trace requests: all spans arrive once (0 lost, 0 duplicated) after
+    the retries; the job exits 0 without waiting on the backend."""
+    c = FakeCollector(fail_first=3)
+    try:
+        code, wall, ids = run_job_against(tmp_path, c)
+    finally:
+        c.close()
+    assert code == 0
+    assert wall < 10, "the job waited on the failing backend (%.1f s)" % wall
+    assert c.rejected == 3 and c.accepted >= 1
+    assert_all_once(c, ids)
+
+
+def test_slow_collector(tmp_path: Path) -> None:
+    """A collector that takes 2 s per request (client timeout 5 s), for a job whose stages end over
+    3 s: several requests, all spans arrive once; the job does not wait on it."""
+    c = FakeCollector(delay_s=2.0)
+    try:
+        code, wall, ids = run_job_against(tmp_path, c, SPREAD_JOB, OTEL_EXPORTER_OTLP_TIMEOUT="5")
+    finally:
+        c.close()
+    assert code == 0
+    assert wall < 1.0 + STAGES * 0.15 + 3, "the job waited on the slow backend (%.1f s)" % wall
+    assert c.rejected == 0 and c.accepted >= 2  # spans kept coming while a request was in flight
+    assert_all_once(c, ids)
+
+
+
+
+def test_collector_restarts(tmp_path: Path) -> None:
+    """The collector stops after its first accepted request and listens again on the same port 2 s
+    later: connection refused in between, nothing lost, nothing duplicated."""
+    c = FakeCollector(restart_after_first=True, restart_gap_s=2.0)
+    try:
+        t0 = time.monotonic()
+        proc = start_traced(tmp_path, SPREAD_JOB, OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint, OTEL_LOGS_EXPORTER="none")
+        side = sidecar_pid(tmp_path)
+        out, err = proc.communicate(timeout=60)
+        wall = time.monotonic() - t0
+        assert proc.returncode == 0 and b"JOB done" in out, err.decode(errors="replace")
+        wait_gone(side, timeout=60)
+    finally:
+        c.close()
+    assert c.down_between is not None, "the collector never restarted"
+    assert c.accepted >= 2, "nothing was sent after the restart"
+    [path] = journals(tmp_path / "lora-otel")
+    j = read_journal(path)
+    assert j.problems == []
+    assert wall < 1.0 + STAGES * 0.15 + 4
+    got = c.span_ids
+    assert len(got) == len(set(got)), "a span id was exported twice"
+    assert set(got) == {s.span_id for s in j.spans}
+    assert "first" in c.names and sum(1 for n in c.names if n.startswith("stage ")) == STAGES
+
+
+# --- many writers ---------------------------------------------------------------------------
+
+WRITERS, WRITER_STAGES = 32, 200
+WRITER = """
+import lora_otel
+for i in range(%d):
+    with lora_otel.stage("stage %%d" %% i, i=i):
+        pass
+""" % WRITER_STAGES
+
+
+def check_journals(paths: list) -> list:
+    """Every journal reads cleanly, has a root and an exit record, ends every span; span ids are
+    unique within and across journals. Returns the journals."""
+    out, ids = [], []
+    for p in paths:
+        j = read_journal(p)
+        assert j.problems == [], (p, j.problems)
+        assert j.root is not None and j.root.name == "process", p
+        assert j.exit is not None, "no exit record in %s" % p
+        open_ = [s.name for s in j.spans if s.end_ns is None]
+        assert open_ == [], "%s: spans never ended: %s" % (p, open_)
+        ids += [s.span_id for s in j.spans]
+        out.append(j)
+    assert len(ids) == len(set(ids)), "%d span ids appear twice" % (len(ids) - len(set(ids)))
+    return out
+
+
+def test_32_jobs_write_journals_into_one_directory(tmp_path: Path) -> None:
+    """32 traced jobs started together, 200 stages each, all journals in one directory: 32 clean
+    journals, 6400 stages, every span id once."""
+    (tmp_path / "job.py").write_text(WRITER)
+    env = clean_env(LORA_OTEL="1")
+    procs = [subprocess.Popen([PYTHON, "job.py"], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(WRITERS)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode(errors="replace")
+    found = journals(tmp_path / "lora-otel")
+    assert len({p.parent for p in found}) == 1
+    assert len(found) == WRITERS
+    js = check_journals(found)
+    assert len({j.pid for j in js}) == WRITERS
+    for j in js:
+        assert sum(1 for s in j.spans if s.name.startswith("stage ")) == WRITER_STAGES
+        assert j.exit.get("code") == 0
+
+
+CHILDREN, NESTED = 50, 10
+FORKER = """
+import os, lora_otel
+with lora_otel.stage("storm"):
+    pids = []
+    for i in range(%d):
+        pid = os.fork()
+        if pid == 0:
+            with lora_otel.stage("child %%d" %% i):
+                if i < %d:                       # the first few fork a grandchild of their own
+                    g = os.fork()
+                    if g == 0:
+                        with lora_otel.stage("grandchild %%d" %% i):
+                            pass
+                        os._exit(0)
+                    os.waitpid(g, 0)
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+print("PARENT done", flush=True)
+""" % (CHILDREN, NESTED)
+
+
+def test_fork_storm(tmp_path: Path) -> None:
+    """A job forks 50 children in a loop, 10 of which fork a grandchild: 61 clean journals, each
+    child with its own root (under the stage that forked it) and its own exit record."""
+    (tmp_path / "job.py").write_text(FORKER)
+    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "PARENT done" in r.stdout, r.stderr
+    found = journals(tmp_path / "lora-otel")
+    assert len(found) == 1 + CHILDREN + NESTED, len(found)
+    js = check_journals(found)
+    parent = [j for j in js if any(s.name == "storm" for s in j.spans)]
+    assert len(parent) == 1
+    parent = parent[0]
+    storm = [s for s in parent.spans if s.name == "storm"][0]
+    children = {}
+    for j in js:
+        if j is parent:
+            continue
+        assert j.pid != parent.pid and j.root.trace_id == parent.root.trace_id
+        assert j.root.span_id != parent.root.span_id
+        names = [s.name for s in j.spans if s.name != "process"]
+        assert len(names) == 1, names  # its own stage only, none of its parent's records
+        children[names[0]] = j
+    assert len(children) == CHILDREN + NESTED
+    assert len({j.pid for j in js}) == 1 + CHILDREN + NESTED
+    for i in range(CHILDREN):
+        assert children["child %d" % i].root.parent_id == storm.span_id
+    for i in range(NESTED):
+        child_stage = [s for s in children["child %d" % i].spans if s.name == "child %d" % i][0]
+        assert children["grandchild %d" % i].root.parent_id == child_stage.span_id
