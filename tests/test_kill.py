@@ -36,6 +36,7 @@ def test_sigkill_at_random_moments_loses_no_started_span(tmp_path: Path) -> None
     rng = random.Random(1234)
     (tmp_path / "prog.py").write_text(PROGRAM)
     checked_spans = 0
+    truncated_runs = 0
     for run in range(30):
         d = tmp_path / ("run%d" % run)
         d.mkdir()
@@ -55,7 +56,12 @@ def test_sigkill_at_random_moments_loses_no_started_span(tmp_path: Path) -> None
             continue
         assert len(found) == 1
         j = read_journal(found[0])
-        assert j.problems == [], "run %d: %s" % (run, j.problems)
+        # The one write the kill interrupted may leave a cut-short last record (the kernel can stop a
+        # write part-way on SIGKILL); the reader reports it. Nothing else may be wrong, and that
+        # record's stage was never reported entered (the report is written after the record).
+        problems = [p for p in j.problems if not p.endswith("truncated (incomplete last record)")]
+        assert problems == [], "run %d: %s" % (run, j.problems)
+        truncated_runs += len(j.problems) - len(problems)
         names = {s.name for s in j.spans}
         missing = [i for i in reported if "stage %d" % i not in names]
         assert missing == [], "run %d: stages entered but not in the journal: %s" % (run, missing)

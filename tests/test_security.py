@@ -72,7 +72,8 @@ def _run_job(tmp_path: Path):
         def side():
             if not jpath.exists():
                 return None
-            return read_journal(jpath).root.attrs.get("lora_otel.sidecar.pid")
+            root = read_journal(jpath).root  # None between creating the file and its first record
+            return root.attrs.get("lora_otel.sidecar.pid") if root is not None else None
         pid = wait_for(side, what="the sidecar's pid")
         cmdline = Path("/proc/%d/cmdline" % pid).read_bytes() if _alive(pid) else b""
         environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if _alive(pid) else 0o400
