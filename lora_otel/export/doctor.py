@@ -818,43 +818,16 @@ def _log_tail(path: str | None, n: int = 20) -> str:
 
 
 def _describe_status(rc: int) -> str:
-    import signal
+    from lora_otel.export.supervisor import describe_status
 
-    if rc < 0:
-        try:
-            return "killed by %s" % signal.Signals(-rc).name
-        except ValueError:
-            return "killed by signal %d" % -rc
-    return "exit code %d" % rc
+    return describe_status(rc)
 
 
 def _append_exit(journal: str | None, rc: int, why: str | None) -> bool:
     """Append the ``exit`` record the check process could not write (docs/journal.md), once."""
-    import json
+    from lora_otel.export.supervisor import record_exit
 
-    if not journal:
-        return False
-    try:
-        fd = os.open(journal, os.O_RDWR | os.O_APPEND)
-    except OSError:
-        return False
-    try:
-        size = os.fstat(fd).st_size
-        os.lseek(fd, max(size - 65536, 0), os.SEEK_SET)
-        if b'"k":"exit"' in os.read(fd, 65536):
-            return False
-        rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": "lora-otel doctor"}
-        if rc < 0:
-            rec.update(code=128 - rc, how="signal", message=_describe_status(rc) + (" by lora-otel doctor: %s" % why
-                                                                                    if why else ""))
-        else:
-            rec.update(code=rc, how="no exit record", message="exit code %d without running exit handlers" % rc)
-        os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return record_exit(journal, rc, "lora-otel doctor: %s" % why if why else None, by="lora-otel doctor", hint="")
 
 
 def _kill_group(proc) -> None:

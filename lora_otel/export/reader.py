@@ -140,14 +140,8 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
-        raise JournalError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise JournalError(f"{path}: is a directory, not a journal file") from None
-    except PermissionError:
-        raise JournalError(f"{path}: permission denied") from None
     except OSError as e:
-        raise JournalError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise _read_error(path, e) from None
     builder = _JournalBuilder(path)
     raw_lines = data.split(b"\n")
     # A journal ends with a newline; whatever follows the last one is a partly written record.
@@ -202,22 +196,9 @@ class JournalTail:
                         break
                     self._offset += len(data)
                     self._feed(data)
-        except FileNotFoundError:
-            raise JournalError(f"{self.path}: no such file") from None
-        except IsADirectoryError:
-            raise JournalError(f"{self.path}: is a directory, not a journal file") from None
-        except PermissionError:
-            raise JournalError(f"{self.path}: permission denied") from None
         except OSError as e:
-            raise JournalError(f"{self.path}: cannot read: {e.strerror or e}") from None
-        journal = self._builder.journal
-        if self._builder.spans_added:
-            journal.spans.sort(key=lambda span: span.start_ns)
-            self._builder.spans_added = False
-        missing = "no 'process' span: the journal's first record is missing"
-        if journal.spans and journal.root is None and missing not in journal.problems:
-            journal.problems.append(missing)
-        return journal
+            raise _read_error(self.path, e) from None
+        return self._builder.finish()
 
     def take_ended(self) -> list[Span]:
         """The spans whose end record was read since the last call, in file order."""
@@ -242,6 +223,17 @@ class JournalTail:
         for raw in lines:
             self._number += 1
             self._builder.feed_line(self._number, raw)
+
+
+def _read_error(path: str, e: OSError) -> JournalError:
+    """The one-line `JournalError` for a journal that cannot be read."""
+    if isinstance(e, FileNotFoundError):
+        return JournalError(f"{path}: no such file")
+    if isinstance(e, IsADirectoryError):
+        return JournalError(f"{path}: is a directory, not a journal file")
+    if isinstance(e, PermissionError):
+        return JournalError(f"{path}: permission denied")
+    return JournalError(f"{path}: cannot read: {e.strerror or e}")
 
 
 def process_state(journal: Journal) -> ProcessState:
@@ -369,10 +361,14 @@ class _JournalBuilder:
             self._problem(number, str(e))
 
     def finish(self) -> Journal:
+        """The journal as read so far; may be called again after more lines (JournalTail)."""
         journal = self.journal
-        journal.spans.sort(key=lambda span: span.start_ns)  # stable: file order breaks ties
-        if journal.spans and journal.root is None:
-            journal.problems.append("no 'process' span: the journal's first record is missing")
+        if self.spans_added:
+            journal.spans.sort(key=lambda span: span.start_ns)  # stable: file order breaks ties
+            self.spans_added = False
+        missing = "no 'process' span: the journal's first record is missing"
+        if journal.spans and journal.root is None and missing not in journal.problems:
+            journal.problems.append(missing)
         return journal
 
     def _problem(self, number: int, text: str) -> None:

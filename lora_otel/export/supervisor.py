@@ -126,13 +126,17 @@ def describe_status(rc: int) -> str:
     return "exit code %d" % rc
 
 
-def record_exit(journal: str, rc: int, killer: "str | None" = None) -> bool:
+def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by: str = "lora-otel run",
+                hint: str = " (os._exit?)") -> bool:
     """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``).
 
     One ``O_APPEND`` write after the child is gone, so it cannot interleave with the child's own
     records. Nothing is written when the journal already ends with an exit record or does not exist.
-    Returns True when a record was written.
+    Returns True when a record was written. ``killer`` is added to a death by signal ("killed by
+    SIGKILL by <killer>"), ``by`` names the writer, ``hint`` follows the no-exit-handlers message.
     """
+    if not journal:
+        return False
     try:
         fd = os.open(journal, os.O_RDWR | os.O_APPEND)
     except OSError:
@@ -142,12 +146,12 @@ def record_exit(journal: str, rc: int, killer: "str | None" = None) -> bool:
         os.lseek(fd, max(size - 65536, 0), os.SEEK_SET)
         if b'"k":"exit"' in os.read(fd, 65536):
             return False
-        rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": "lora-otel run"}
+        rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": by}
         if rc < 0:
             rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:
             rec.update(code=rc, how="no exit record",
-                       message="exit code %d without running exit handlers (os._exit?)" % rc)
+                       message="exit code %d without running exit handlers%s" % (rc, hint))
         import json
 
         os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
