@@ -195,6 +195,25 @@ def spanned(orig, name: str, before=None, after=None):
     return wrapper
 
 
+OWNER = "_lora_otel_callback"
+"""Attribute set on the object a run belongs to (a TrainerState, a Lightning Trainer): the id() of
+the callback recording it, so explicit plus automatic callbacks record once."""
+
+
+def claim(run_object, callback) -> bool:
+    """Whether ``callback`` records the run ``run_object`` belongs to (claiming it if unclaimed)."""
+    if not core.active:
+        return False
+    owner = getattr(run_object, OWNER, None)
+    if owner is None:
+        try:
+            setattr(run_object, OWNER, id(callback))
+        except Exception:  # noqa: BLE001 - an object that takes no attributes: record anyway
+            pass
+        return True
+    return owner == id(callback)
+
+
 class TrainingRun:
     """What a trainer callback records for one run: ``training``, ``epoch N`` and ``metrics``.
 

@@ -30,12 +30,11 @@ import sys
 import time
 
 from lora_otel._boot import core
-from lora_otel.integrations import (METRICS_EVENT_INTERVAL_S, TrainingRun, clean, error_text,
+from lora_otel.integrations import (METRICS_EVENT_INTERVAL_S, TrainingRun, claim, clean, error_text,
                                     metric_attrs, model_attrs, numbers, spanned)
 
 __all__ = ["LoraOtelCallback", "callback_class", "install"]
 
-_OWNER = "_lora_otel_callback"  # set on a Trainer: id() of the callback recording it
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 
@@ -50,16 +49,7 @@ class _Recorder:
 
     def _mine(self, trainer) -> bool:
         """Whether this callback records ``trainer`` (claiming it if no callback has)."""
-        if not core.active:
-            return False
-        owner = getattr(trainer, _OWNER, None)
-        if owner is None:
-            try:
-                setattr(trainer, _OWNER, id(self))
-            except Exception:  # noqa: BLE001 - a trainer that takes no attributes: record anyway
-                pass
-            return True
-        return owner == id(self)
+        return claim(trainer, self)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self._mine(trainer):

@@ -34,12 +34,11 @@ import sys
 from transformers.trainer_callback import TrainerCallback
 
 from lora_otel._boot import core
-from lora_otel.integrations import (TrainingRun, error_text, metric_attrs, model_attrs, numbers,
+from lora_otel.integrations import (TrainingRun, claim, error_text, metric_attrs, model_attrs, numbers,
                                     spanned)
 
 __all__ = ["LoraOtelCallback", "install"]
 
-_OWNER = "_lora_otel_callback"  # set on a run's TrainerState: id() of the callback recording it
 _saved_step: int | None = None  # global step of the last checkpoint the save span recorded
 
 
@@ -51,16 +50,7 @@ class LoraOtelCallback(TrainerCallback):
 
     def _mine(self, state) -> bool:
         """Whether this callback records the run ``state`` belongs to (claiming it if unclaimed)."""
-        if not core.active:
-            return False
-        owner = getattr(state, _OWNER, None)
-        if owner is None:
-            try:
-                setattr(state, _OWNER, id(self))
-            except Exception:  # noqa: BLE001 - a state that takes no attributes: record anyway
-                pass
-            return True
-        return owner == id(self)
+        return claim(state, self)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self._mine(state):
