@@ -195,16 +195,6 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     return 0 if delivered else 1
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lora_otel.export.sidecar",
                                      description="Follow a traced process's journal and export it live over OTLP.")
