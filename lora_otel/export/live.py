@@ -92,7 +92,6 @@ class Outbox:
         self.last_error: Optional[str] = None
         self._items: collections.deque = collections.deque()
         self._cond = threading.Condition()
-        self._closing = False
         self._thread = threading.Thread(target=self._run, name="lora-otel-outbox-" + what, daemon=True)
         self._thread.start()
 
@@ -117,8 +116,6 @@ class Outbox:
         """Try to send everything left for up to ``timeout`` s; True when nothing is left unsent."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            self._closing = True
-            self._cond.notify_all()
             while self._items and time.monotonic() < deadline:
                 self._cond.wait(min(0.05, max(deadline - time.monotonic(), 0)))
             self.unsent = len(self._items)
