@@ -4,14 +4,19 @@
   ``ExportTraceServiceRequest`` it accepts: it answers HTTP 500 to the first requests, or sleeps
   2 s on each, or goes away after the first and comes back on the same port 2 s later. Every span
   of a 20-stage job must arrive exactly once, and the job itself must not wait for any of it.
+* A black-holed collector (reads each request, never answers) for its first 4 s.
 * Many writers at once: 32 traced jobs of 200 stages each writing journals into one directory,
   and a fork storm (50 children, some forking grandchildren). Every journal must read without a
   problem, no span id may appear twice, every started span must end, and every child journal must
   have its own root and exit record.
+* The disk fills mid-run (a 256 KB tmpfs) and space comes back: the job goes on, the gap is one
+  block, counted in one line, and everything before and after is in the journal.
+* argv and environment with 120 KB values, undecodable bytes and a token, through a real collector.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -19,12 +24,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals
 from test_hangs import start_traced
-from test_sidecar import sidecar_pid, wait_gone
+from test_sidecar import assert_unique, by_name, sidecar_pid, wait_gone
 
 STAGES = 20
 JOB = """
@@ -52,13 +58,16 @@ class FakeCollector:
     """An OTLP/HTTP trace receiver with a scripted fault.
 
     ``fail_first``: answer 500 to that many trace requests first. ``delay_s``: sleep that long
-    before each answer. ``restart_after_first``: after the first accepted request, stop listening
+    before each answer. ``blackhole_s``: for that long after creation, read each request and never
+    answer (the connection stays open until the client gives up), as a black-holing firewall does. ``restart_after_first``: after the first accepted request, stop listening
     and listen again on the same port ``restart_gap_s`` later. Only accepted (200) requests count.
     """
 
     def __init__(self, fail_first: int = 0, delay_s: float = 0.0, restart_after_first: bool = False,
-                 restart_gap_s: float = 2.0) -> None:
+                 restart_gap_s: float = 2.0, blackhole_s: float = 0.0) -> None:
         self.fail_first, self.delay_s = fail_first, delay_s
+        self.blackhole_until = time.monotonic() + blackhole_s
+        self.blackholed = 0        # trace requests that got no answer at all
         self.restart_after_first, self.restart_gap_s = restart_after_first, restart_gap_s
         self.lock = threading.Lock()
         self.requests = 0          # trace requests seen, answered 500 or 200
@@ -89,6 +98,12 @@ class FakeCollector:
                     return
                 if owner.delay_s:
                     time.sleep(owner.delay_s)
+                if time.monotonic() < owner.blackhole_until:
+                    with owner.lock:
+                        owner.blackholed += 1
+                    time.sleep(owner.blackhole_until - time.monotonic() + 5)  # far past the client's timeout
+                    self.close_connection = True
+                    return
                 with owner.lock:
                     owner.requests += 1
                     if owner.rejected < owner.fail_first:
@@ -194,6 +209,18 @@ def test_slow_collector(tmp_path: Path) -> None:
     assert_all_once(c, ids)
 
 
+def test_black_holed_collector(tmp_path: Path) -> None:
+    """For its first 4 s the collector reads each request and never answers (client timeout 1 s),
+    then it answers: all spans arrive once; the job does not wait on it."""
+    c = FakeCollector(blackhole_s=4.0)
+    try:
+        code, wall, ids = run_job_against(tmp_path, c, SPREAD_JOB, OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    finally:
+        c.close()
+    assert code == 0
+    assert wall < 1.0 + STAGES * 0.15 + 3, "the job waited on the black hole (%.1f s)" % wall
+    assert c.blackholed >= 1, "no request reached the black hole"
+    assert_all_once(c, ids)
 
 
 def test_collector_restarts(tmp_path: Path) -> None:
@@ -324,3 +351,125 @@ def test_fork_storm(tmp_path: Path) -> None:
     for i in range(NESTED):
         child_stage = [s for s in children["child %d" % i].spans if s.name == "child %d" % i][0]
         assert children["grandchild %d" % i].root.parent_id == child_stage.span_id
+
+
+# --- the disk fills up mid-run ----------------------------------------------------------------
+
+DISK_JOB = """
+import os, sys, lora_otel
+for i in range(600):
+    with lora_otel.stage("stage %d" % i, i=i):
+        pass
+    if i == 400:
+        os.remove(sys.argv[1])       # space comes back (someone deleted a checkpoint)
+print("JOB done", flush=True)
+"""
+
+
+def mount_small_fs(where: Path, size_kb: int) -> None:
+    """A tmpfs of ``size_kb`` at ``where``: a real filesystem that really fills up (needs root)."""
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dk,mode=0700" % size_kb, "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root): %s" % r.stderr.strip())
+
+
+def test_disk_fills_mid_run_then_space_returns(tmp_path: Path) -> None:
+    """The journal's filesystem fills after a few dozen stages and space comes back at stage 400:
+    the job runs to the end (exit 0, no traceback); one line says writes failed, one line says
+    they work again and how many records are missing; the journal holds everything written before
+    and after, with the gap reported by the reader, not hidden."""
+    small = tmp_path / "small"
+    mount_small_fs(small, 256)
+    try:
+        filler = small / "checkpoint.bin"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 4096) == 4096:
+                pass
+        except OSError:  # full
+            pass
+        finally:
+            os.close(fd)
+        os.truncate(filler, filler.stat().st_size - 24 * 1024)  # ~24 KB left: the start and a few dozen stages
+        proc = start_traced(tmp_path, DISK_JOB, str(filler), LORA_OTEL_DIR=str(small / "lora-otel"))
+        out, err = proc.communicate(timeout=60)
+        out_s, err_s = out.decode(), err.decode()
+        assert proc.returncode == 0 and "JOB done" in out_s, err_s
+        assert "Traceback" not in err_s
+        failed = [ln for ln in err_s.splitlines() if "journal write failed (No space left on device)" in ln]
+        back = [ln for ln in err_s.splitlines() if "journal writes work again" in ln]
+        assert len(failed) == 1 and len(back) == 1, err_s
+        lost = int(back[0].split("; ")[1].split()[0])
+        [path] = journals(small / "lora-otel")
+        j = read_journal(path)
+        stages = {int(s.name.split()[1]): s for s in j.spans if s.name.startswith("stage ")}
+        whole = [i for i, s in stages.items() if s.end_ns is not None]
+        missing = sorted(set(range(600)) - set(stages))
+        # Before the disk filled and after space came back: every stage, started and ended.
+        assert missing and min(missing) > 5 and max(missing) <= 401, missing
+        assert missing == list(range(min(missing), max(missing) + 1)), "the gap is not one block"
+        assert set(whole) >= set(range(min(missing))) | set(range(402, 600))
+        assert lost >= len(missing), (lost, missing)
+        print("stages missing %d-%d, %d records lost, problems: %s" % (min(missing), max(missing), lost, j.problems))
+        assert j.exit is not None and j.exit.get("code") == 0
+        assert any("records could not be written" in ln.msg and ln.level == "error" for ln in j.lines)
+        # The reader names what the gap left behind (ends of unknown spans, a cut record), nothing else.
+        assert all("unknown span" in p or "not JSON" in p for p in j.problems), j.problems
+        r = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(path)], capture_output=True, text=True,
+                           env=clean_env(), timeout=60)
+        assert r.returncode == 0 and "finished normally" in r.stdout and "Traceback" not in r.stderr, r
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+# --- hostile argv and environment, on disk and on the wire -------------------------------------
+
+HOSTILE_JOB = """
+import sys, lora_otel
+with lora_otel.stage("work", arg_bytes=len(sys.argv[1])):
+    pass
+print("JOB done", len(sys.argv), flush=True)
+"""
+HUGE = 120_000  # near Linux's 128 KiB limit on one argv string or environment entry
+
+
+@pytest.mark.collector
+def test_huge_and_non_utf8_argv_and_environment(tmp_path: Path, collector) -> None:
+    """argv with a 120 KB argument, undecodable bytes and a token; the environment with 120 KB
+    values and undecodable bytes in recorded variables: the job runs unchanged; the journal reads
+    cleanly and stays small; the collector receives valid spans with the huge values cut, the bad
+    bytes escaped (``\\udcff`` text) and the token redacted, on disk and on the wire."""
+    token = "hf_" + "Q" * 34
+    env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
+    envb = {k.encode(): v.encode() for k, v in env.items()}
+    envb.update({b"HF_HOME": b"/h/" + b"x" * HUGE, b"CUDA_VISIBLE_DEVICES": b"0,\xff\xfe",
+                 b"TORCH_LOGS": b"\xc3(" * 10, b"UNRELATED_HUGE": b"y" * HUGE, b"\xffNAME": b"v",
+                 b"HF_TOKEN": token.encode()})
+    script = tmp_path / "job.py"
+    script.write_text(HOSTILE_JOB)
+    argv = [PYTHON.encode(), str(script).encode(), b"a" * HUGE, b"--name", b"\xff\xfe\x80bad", b"--token", token.encode()]
+    proc = subprocess.run(argv, cwd=tmp_path, env=envb, capture_output=True, timeout=60)
+    assert proc.returncode == 0 and b"JOB done 6" in proc.stdout, proc.stderr.decode(errors="replace")
+    assert b"Traceback" not in proc.stderr
+    side = sidecar_pid(tmp_path)
+    wait_gone(side, timeout=60)
+    [path] = journals(tmp_path / "lora-otel")
+    j = read_journal(path)
+    assert j.problems == []
+    assert path.stat().st_size < 20_000, "huge values were journaled whole (%d bytes)" % path.stat().st_size
+    raw = path.read_bytes() + proc.stdout + proc.stderr
+    assert token.encode() not in raw and b"a" * 1000 not in raw and b"x" * 1000 not in raw
+    args = j.root.attrs["process.command_args"]
+    assert args[2].startswith("…[truncated") and args[4] == "\udcff\udcfe\udc80bad" and token not in args
+    received = by_name(collector.wait_for_spans(3, timeout=20))
+    root = received["process"]
+    wire = " ".join(str(v) for v in [*root.attributes.values(), *root.resource.values()])
+    # The bad bytes arrive as escape text (OTLP strings must be UTF-8), the huge ones cut.
+    assert "Str(\\udcff\\udcfe\\udc80bad)" in root.resource["process.command_args"]
+    assert root.attributes["lora_otel.env.CUDA_VISIBLE_DEVICES"] == "0,\\udcff\\udcfe"
+    assert root.attributes["lora_otel.env.HF_HOME"].startswith("…[truncated")
+    assert token not in wire and "a" * 1000 not in wire and "x" * 1000 not in wire and "y" * 1000 not in wire
+    assert received["work"].attributes.get("arg_bytes") == HUGE
+    assert_unique(collector.spans())

@@ -34,6 +34,7 @@ import_threshold_ms = 5.0
 _journal_fd = -1
 _log_fd = -1
 _journal_failed = False
+_journal_lost = 0  # records not written since the journal failed
 _log_failed = False
 _stdout_failed = False
 
@@ -158,7 +159,7 @@ def open_journal(path: str, fresh: bool = False) -> str:
 
 def write(rec: dict) -> None:
     """Append one record to the journal with a single ``os.write``. Never raises."""
-    global _journal_failed
+    global _journal_failed, _journal_lost
     if _journal_fd < 0:
         return
     try:
@@ -167,13 +168,21 @@ def write(rec: dict) -> None:
         if n != len(data):  # short write: the disk filled mid-record; end the broken line
             os.write(_journal_fd, b"\n")
             raise OSError(28, "short write (disk full?)")
-        if _journal_failed:
-            _journal_failed = False
     except Exception as e:  # noqa: BLE001 - the program must go on
+        _journal_lost += 1
         if not _journal_failed:
             _journal_failed = True
-            _stderr(_format_line("journal write failed (%s): %s; the program goes on"
-                                 % (getattr(e, "strerror", None) or e, journal_path)))
+            _stderr(_format_line("journal write failed (%s): %s; the program goes on, and writing is "
+                                 "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)))
+        return
+    if _journal_failed:
+        # Writes work again (space was freed): say how much is missing, in the journal and on stderr.
+        _journal_failed = False
+        lost, _journal_lost = _journal_lost, 0
+        msg = "journal writes work again; %d record%s could not be written before this" % (
+            lost, "" if lost == 1 else "s")
+        _stderr(_format_line(msg))
+        write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
 
 
 def _format_line(msg: str) -> str:
