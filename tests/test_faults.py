@@ -12,11 +12,13 @@
 * The disk fills mid-run (a 256 KB tmpfs) and space comes back: the job goes on, the gap is one
   block, counted in one line, and everything before and after is in the journal.
 * argv and environment with 120 KB values, undecodable bytes and a token, through a real collector.
+* The journal cut to 0 bytes under a following sidecar (copytruncate), and the sidecar SIGKILLed.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -28,8 +30,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from lora_otel.export.reader import read_journal
-from procs import PYTHON, clean_env, journals
-from test_hangs import start_traced
+from procs import PYTHON, clean_env, journals, wait_for
+from test_hangs import kill_and_reap, start_traced
 from test_sidecar import assert_unique, by_name, sidecar_pid, wait_gone
 
 STAGES = 20
@@ -473,3 +475,83 @@ def test_huge_and_non_utf8_argv_and_environment(tmp_path: Path, collector) -> No
     assert token not in wire and "a" * 1000 not in wire and "x" * 1000 not in wire and "y" * 1000 not in wire
     assert received["work"].attributes.get("arg_bytes") == HUGE
     assert_unique(collector.spans())
+
+
+# --- the sidecar's journal cut short, the sidecar killed ----------------------------------------
+
+GATED_JOB = """
+import os, sys, time, lora_otel
+go = sys.argv[1]
+for i in range(5):
+    with lora_otel.stage("before %d" % i):
+        pass
+with lora_otel.stage("across"):          # open while the file is cut
+    while not os.path.exists(go):
+        time.sleep(0.05)
+for i in range(5):
+    with lora_otel.stage("after %d" % i):
+        pass
+print("JOB done", flush=True)
+"""
+
+
+@pytest.mark.collector
+def test_journal_cut_short_while_the_sidecar_follows(tmp_path: Path, collector) -> None:
+    """logrotate's copytruncate on a running job's journal (cut to 0 bytes while the job writes):
+    the sidecar keeps what it had read, so the open stage and the root still end and every span
+    reaches the collector exactly once; its log names the cut."""
+    go = tmp_path / "go"
+    proc = start_traced(tmp_path, GATED_JOB, str(go), OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
+                        LORA_OTEL_STALL_AFTER="100000")
+    try:
+        side = sidecar_pid(tmp_path)
+        wait_for(lambda: {"before %d" % i for i in range(5)} <= {s.name for s in collector.spans()},
+                 what="the first stages at the collector")
+        [path] = journals(tmp_path / "lora-otel")
+        time.sleep(0.5)  # the sidecar polls the open "across" stage's start too
+        os.truncate(path, 0)
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_and_reap(proc)
+    assert proc.returncode == 0 and b"JOB done" in out, err.decode(errors="replace")
+    wait_gone(side, timeout=60)
+    received = collector.wait_for_spans(13, timeout=20)
+    assert_unique(received)
+    names = sorted(s.name for s in received)
+    assert names == sorted(["process", "arguments", "across"] + ["before %d" % i for i in range(5)]
+                           + ["after %d" % i for i in range(5)]), names
+    spans = by_name(received)
+    assert spans["across"].parent_id == spans["process"].span_id and spans["process"].status_code != "Error"
+
+
+def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
+    """SIGKILL the sidecar while the job runs: the job does not notice (exit 0, no delay, no line on
+    its stderr), the journal still holds every span, and `lora-otel replay` ships the job afterwards."""
+    c = FakeCollector()
+    go = tmp_path / "go"
+    try:
+        t0 = time.monotonic()
+        proc = start_traced(tmp_path, GATED_JOB, str(go), OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint,
+                            OTEL_LOGS_EXPORTER="none", LORA_OTEL_STALL_AFTER="100000")
+        side = sidecar_pid(tmp_path)
+        os.kill(side, signal.SIGKILL)
+        wait_gone(side, timeout=10)
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+        wall = time.monotonic() - t0
+        assert proc.returncode == 0 and b"JOB done" in out, err.decode(errors="replace")
+        assert [ln for ln in err.decode().splitlines() if ln.startswith("[lora-otel]")] == []
+        assert wall < 10
+        [path] = journals(tmp_path / "lora-otel")
+        j = read_journal(path)
+        assert j.problems == [] and j.exit is not None and all(s.end_ns is not None for s in j.spans)
+        assert len(j.spans) == 13
+        live = set(c.span_ids)
+        r = subprocess.run([PYTHON, "-m", "lora_otel", "replay", str(path)], capture_output=True, text=True,
+                           timeout=60, env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint))
+        assert r.returncode == 0, r.stderr
+    finally:
+        c.close()
+    assert set(c.span_ids) == {s.span_id for s in j.spans}
+    assert len(c.span_ids) == 13 + len(live), "replay sends the whole journal, once"

@@ -318,3 +318,43 @@ def test_tail_reads_only_what_was_added_and_bounds_events(journal) -> None:
     assert j.root.end_ns == journal.ns(2) and [s.name for s in tail.take_ended()] == ["process"]
     tail.forget({root})
     assert tail.read().spans == []
+
+
+def test_tail_survives_copytruncate(journal) -> None:
+    """The journal is cut to 0 bytes under the follower (logrotate's copytruncate) while spans are
+    open; the writer appends at the new start: the open spans still end, the root is still known,
+    nothing read before comes back, and the cut is reported once."""
+    from lora_otel.export.reader import JournalTail
+
+    root = journal.process()
+    done = journal.span("first", 0.1, 0.1)
+    stage = journal.start("second", 0.3)
+    tail = JournalTail(journal.path)
+    j = tail.read()
+    assert [s.name for s in tail.take_ended()] == ["first"]
+    tail.forget({done})
+    os.truncate(journal.path, 0)
+    journal.end(stage, 0.5)
+    journal.span("third", 0.6, 0.1)
+    journal.end(root, 1.0)
+    j = tail.read()
+    assert sorted(s.name for s in tail.take_ended()) == ["process", "second", "third"]
+    assert j.root is not None and j.root.span_id == root and j.root.end_ns == journal.ns(1.0)
+    assert len(j.problems) == 1 and "cut short while being followed" in j.problems[0]
+    assert tail.read().problems == j.problems  # reported once
+
+
+def test_tail_reads_a_replaced_file_from_the_top(journal, tmp_path) -> None:
+    """Another file moved onto the journal's name is read from its start, as a new journal."""
+    from lora_otel.export.reader import JournalTail
+
+    journal.process()
+    journal.span("old", 0.1, 0.1)
+    tail = JournalTail(journal.path)
+    assert {s.name for s in tail.read().spans} == {"process", "old"}
+    other = type(journal)(tmp_path / "other.otel.jsonl")
+    other.process()
+    other.span("new", 0.1, 0.1)
+    os.replace(other.path, journal.path)
+    j = tail.read()
+    assert {s.name for s in j.spans} == {"process", "new"} and j.problems == []

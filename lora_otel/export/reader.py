@@ -163,7 +163,9 @@ class JournalTail:
     For followers (the sidecar, ``watch``) that poll a long job's journal every fraction of a second;
     `read_journal` would re-parse the whole file each time. The journal returned is the same object
     each time, updated in place; a partly written last line is kept back until its newline arrives.
-    If the file shrinks or is replaced, reading starts again from the top.
+    If the file is replaced, reading starts again from the top. If it is cut short in place
+    (copytruncate), reading goes on from its new start, keeping the spans already read, and
+    ``problems`` says so.
     """
 
     CHUNK = 1 << 20
@@ -186,8 +188,16 @@ class JournalTail:
         try:
             with open(self.path, "rb") as f:
                 st = os.fstat(f.fileno())
-                if (self._ino is not None and st.st_ino != self._ino) or st.st_size < self._offset:
-                    self._restart()
+                if self._ino is not None and st.st_ino != self._ino:
+                    self._restart()  # another file now has the name: read it from the top
+                elif st.st_size < self._offset:
+                    # Cut short under the writer (logrotate's copytruncate, ``: > file``): the writer
+                    # appends at the new end, so read from the top again, keeping what was read
+                    # (open spans still end, nothing read is exported twice).
+                    self._builder.journal.problems.append(
+                        f"the file was cut short while being followed ({self._offset} bytes read, "
+                        f"{st.st_size} now): records written before the cut are gone from it")
+                    self._offset, self._pending = 0, b""
                 self._ino = st.st_ino
                 f.seek(self._offset)
                 while True:
