@@ -59,15 +59,20 @@ print("JOB done", flush=True)
 class FakeCollector:
     """An OTLP/HTTP trace receiver with a scripted fault.
 
-    ``fail_first``: answer 500 to that many trace requests first. ``delay_s``: sleep that long
+    ``fail_first``: answer ``fail_code`` (500) to that many trace requests first. ``refuse_name``:
+    answer 400 (bad data, not to be retried) to every request holding a span of that name. ``delay_s``: sleep that long
     before each answer. ``blackhole_s``: for that long after creation, read each request and never
     answer (the connection stays open until the client gives up), as a black-holing firewall does. ``restart_after_first``: after the first accepted request, stop listening
     and listen again on the same port ``restart_gap_s`` later. Only accepted (200) requests count.
     """
 
     def __init__(self, fail_first: int = 0, delay_s: float = 0.0, restart_after_first: bool = False,
-                 restart_gap_s: float = 2.0, blackhole_s: float = 0.0) -> None:
-        self.fail_first, self.delay_s = fail_first, delay_s
+                 restart_gap_s: float = 2.0, blackhole_s: float = 0.0, fail_code: int = 500,
+                 refuse_name: Optional[str] = None) -> None:
+        self.fail_first, self.delay_s, self.fail_code = fail_first, delay_s, fail_code
+        self.refuse_name = refuse_name
+        self.refused = 0           # requests answered 400 because they held a span named refuse_name
+        self.refused_sizes: list = []  # spans in each of those
         self.blackhole_until = time.monotonic() + blackhole_s
         self.blackholed = 0        # trace requests that got no answer at all
         self.restart_after_first, self.restart_gap_s = restart_after_first, restart_gap_s
@@ -108,17 +113,19 @@ class FakeCollector:
                     return
                 with owner.lock:
                     owner.requests += 1
+                    req = ExportTraceServiceRequest()
+                    req.ParseFromString(body)
+                    spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
                     if owner.rejected < owner.fail_first:
                         owner.rejected += 1
-                        code = 500
+                        code = owner.fail_code
+                    elif owner.refuse_name is not None and any(s.name == owner.refuse_name for s in spans):
+                        owner.refused += 1
+                        owner.refused_sizes.append(len(spans))
+                        code = 400
                     else:
-                        req = ExportTraceServiceRequest()
-                        req.ParseFromString(body)
-                        for rs in req.resource_spans:
-                            for ss in rs.scope_spans:
-                                for s in ss.spans:
-                                    owner.span_ids.append(s.span_id.hex())
-                                    owner.names.append(s.name)
+                        owner.span_ids += [s.span_id.hex() for s in spans]
+                        owner.names += [s.name for s in spans]
                         owner.accepted += 1
                         code = 200
                     restart = owner.restart_after_first and code == 200 and owner.accepted == 1
@@ -195,6 +202,44 @@ def test_collector_answers_500_then_accepts(tmp_path: Path) -> None:
     assert wall < 10, "the job waited on the failing backend (%.1f s)" % wall
     assert c.rejected == 3 and c.accepted >= 1
     assert_all_once(c, ids)
+
+
+def test_collector_answers_401_then_accepts(tmp_path: Path) -> None:
+    """HTTP 401 (credentials refused, e.g. until the collector's token is fixed) for the first 3
+    requests: retried like an outage, nothing lost; the sidecar's log names the status and the fix."""
+    c = FakeCollector(fail_first=3, fail_code=401)
+    try:
+        code, wall, ids = run_job_against(tmp_path, c)
+    finally:
+        c.close()
+    assert code == 0 and c.rejected == 3
+    assert_all_once(c, ids)
+    log = sidecar_log(tmp_path)
+    assert "HTTP 401; check the credentials in OTEL_EXPORTER_OTLP_HEADERS" in log, log
+
+
+def test_collector_refuses_one_span_as_bad_data(tmp_path: Path) -> None:
+    """The collector answers 400 (bad data: per OTLP, never to be retried) to any request holding
+    the span "stage 7": the batch is split until that span is alone, it alone is dropped and counted,
+    every other span arrives once, and the journal still has it."""
+    c = FakeCollector(refuse_name="stage 7")
+    try:
+        code, wall, ids = run_job_against(tmp_path, c)
+    finally:
+        c.close()
+    assert code == 0 and c.refused >= 2 and c.refused_sizes[-1] == 1, c.refused_sizes
+    assert max(c.refused_sizes) > 1, "the refused span never shared a request: the split was not tried"
+    got = c.span_ids
+    assert len(got) == len(set(got)), "a span id was exported twice"
+    assert "stage 7" not in c.names and sorted(set(ids) - set(got)) != []
+    assert len(set(ids) - set(got)) == 1, "only the refused span may be missing"
+    log = sidecar_log(tmp_path)
+    assert "refused one of the spans (HTTP 400)" in log and "1 refused by the backend, 0 unsent" in log, log
+
+
+def sidecar_log(tmp_path: Path) -> str:
+    [path] = journals(tmp_path / "lora-otel")
+    return Path(str(path).replace(".otel.jsonl", ".sidecar.log")).read_text()
 
 
 def test_slow_collector(tmp_path: Path) -> None:
@@ -555,3 +600,27 @@ def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
         c.close()
     assert set(c.span_ids) == {s.span_id for s in j.spans}
     assert len(c.span_ids) == 13 + len(live), "replay sends the whole journal, once"
+
+
+def test_replay_of_a_long_job_in_batches_past_a_refused_span(tmp_path: Path) -> None:
+    """`lora-otel replay` of a 1200-stage journal to a collector that refuses (400) any request
+    holding "stage 700": requests of at most 512 spans, every other span once, that one skipped and
+    named in one line on stderr, exit 1 (not everything was delivered)."""
+    script = "import lora_otel\nfor i in range(1200):\n    with lora_otel.stage('stage %d' % i):\n        pass\n"
+    r = subprocess.run([PYTHON, "-c", script], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    [path] = journals(tmp_path / "lora-otel")
+    ids = {s.span_id for s in read_journal(path).spans}
+    c = FakeCollector(refuse_name="stage 700")
+    try:
+        r = subprocess.run([PYTHON, "-m", "lora_otel", "replay", str(path)], capture_output=True, text=True,
+                           timeout=120, env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint))
+    finally:
+        c.close()
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == ["lora-otel replay: the backend refused 1 of %d spans as bad data "
+                                     "(HTTP 400/413); they stay in the journal" % len(ids)], r.stderr
+    assert r.stdout.startswith("replayed %d spans" % (len(ids) - 1))
+    assert len(c.span_ids) == len(set(c.span_ids)) == len(ids) - 1 and "stage 700" not in c.names
+    assert max(c.refused_sizes) <= 512 and c.refused_sizes[-1] == 1

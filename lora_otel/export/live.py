@@ -59,6 +59,9 @@ DEFAULT_QUEUE_SIZE = 20000
 OUTBOX_ITEMS = 2048
 BATCH = 512
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+_STATUS_HINTS = {401: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
+                 403: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
+                 404: "no OTLP receiver at that path; check OTEL_EXPORTER_OTLP_ENDPOINT"}
 PEER_STACKS_S = 3.0  # at most this long asking the other ranks for their stacks, at one stall
 MAX_PEER_STACKS = 32
 PEER_STACKS_ATTACHED = 4  # ranks whose stacks go into the stall event, 4000 characters each
@@ -78,6 +81,10 @@ class Outbox:
     (an SDK exporter returns a result whose ``name`` is ``SUCCESS``); a failed batch stays at the
     front and is tried again after 0.5, 1, 2, 4, 8, 8, ... s. Beyond ``max_items`` the oldest
     items are dropped and counted in ``dropped``.
+
+    A batch the backend refuses as such (HTTP 400 or 413, per the OTLP specification not to be
+    retried) is split in halves until the refused items are alone; each of those is dropped and
+    counted in ``rejected`` (the journal keeps it), and the rest goes through.
     """
 
     def __init__(self, exporter: Any, what: str = "spans", max_items: Optional[int] = None,
@@ -88,7 +95,9 @@ class Outbox:
         self.backoff_s = tuple(backoff_s)
         self.sent = 0
         self.dropped = 0
+        self.rejected = 0
         self.failures = 0
+        self._limit = BATCH
         self.last_error: Optional[str] = None
         self._items: collections.deque = collections.deque()
         self._cond = threading.Condition()
@@ -148,12 +157,24 @@ class Outbox:
                     self._cond.wait()
                 if self._stop:
                     return
-                batch = [self._items[i] for i in range(min(BATCH, len(self._items)))]
+                batch = [self._items[i] for i in range(min(self._limit, len(self._items)))]
                 self._in_flight = len(batch)
-            ok = self._export(batch)
+            ok, refused = self._export(batch)
             with self._cond:
                 self._in_flight = 0
+                if refused:
+                    if len(batch) > 1:
+                        self._limit = max(1, len(batch) // 2)  # find the refused items: try halves
+                        continue
+                    self._items.popleft()
+                    self.rejected += 1
+                    if self.rejected == 1 and self.on_change is not None:
+                        self.on_change("the backend refused one of the %s (%s); dropped it, the journal keeps it "
+                                       "(lora-otel replay); the rest goes on" % (self.what, self.last_error))
+                    self._cond.notify_all()
+                    continue
                 if ok:
+                    self._limit = min(BATCH, self._limit * 2)
                     for _ in batch:  # the batch is still at the front: put() never drops in-flight items
                         self._items.popleft()
                     self.sent += len(batch)
@@ -173,16 +194,25 @@ class Outbox:
                 while not self._stop and time.monotonic() < end:
                     self._cond.wait(end - time.monotonic())
 
-    def _export(self, batch: list) -> bool:
+    def _export(self, batch: list) -> tuple[bool, bool]:
+        """``(accepted, refused)``: refused when the backend answered that it will not take the data."""
+        status = otlp.http_status(self.exporter)
+        if status is not None:
+            status.code = None
         try:
             result = self.exporter.export(batch)
         except Exception as e:  # noqa: BLE001 - an exporter bug is a failed attempt, not a dead thread
             self.last_error = "%s: %s" % (type(e).__name__, e)
-            return False
-        ok = getattr(result, "name", "") == "SUCCESS"
-        if not ok:
+            return False, False
+        if getattr(result, "name", "") == "SUCCESS":
+            return True, False
+        code = status.code if status is not None else None
+        if code is None:
             self.last_error = "the backend did not accept the %s (%s)" % (self.what, result)
-        return ok
+        else:
+            hint = _STATUS_HINTS.get(code)
+            self.last_error = "HTTP %d%s" % (code, "; " + hint if hint else "")
+        return False, code in otlp.REFUSED_STATUS
 
 
 class _QueueingLogExporter:

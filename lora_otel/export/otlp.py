@@ -138,7 +138,7 @@ def make_exporter(timeout: Optional[float] = None) -> SpanExporter:
     if protocol.lower() == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
-        return HTTPExporter(**kwargs)
+        return _with_http_status(HTTPExporter, kwargs, "TRACES")
     if protocol.lower() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
 
@@ -158,13 +158,57 @@ def make_log_exporter(timeout: Optional[float] = None) -> Any:
     if protocol.lower() == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HTTPLogExporter
 
-        return HTTPLogExporter(**kwargs)
+        return _with_http_status(HTTPLogExporter, kwargs, "LOGS")
     if protocol.lower() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GRPCLogExporter
 
         return GRPCLogExporter(**kwargs)
     raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
                               "use 'http/protobuf' (the default) or 'grpc'")
+
+
+REFUSED_STATUS = (400, 413)
+"""HTTP answers that refuse the data itself (bad data, too large): per the OTLP specification not
+retried as they are; a refused batch is split until the refused spans are alone, and those skipped."""
+
+
+class HTTPStatus:
+    """The HTTP status of an OTLP/HTTP exporter's last answer, kept by a ``requests`` response hook.
+
+    The SDK exporters report only success or failure; the outbox needs to tell a backend that is
+    away (retry) from one that refuses the data itself (400, 413: do not send it again as it is).
+    """
+
+    code: Optional[int] = None
+
+    def __call__(self, response: Any, *args: Any, **kwargs: Any) -> None:
+        self.code = getattr(response, "status_code", None)
+
+
+def _with_http_status(exporter_class: Any, kwargs: dict[str, Any], signal: str) -> Any:
+    """``exporter_class(**kwargs)`` with its own ``requests`` session whose answers set the
+    exporter's ``lora_otel_http_status`` (an `HTTPStatus`). Left to the SDK when a credential
+    provider session is configured (``OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER``)."""
+    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{part}CREDENTIAL_PROVIDER")
+           for part in ("", signal + "_")):
+        return exporter_class(**kwargs)
+    try:
+        import requests
+
+        session = requests.Session()
+        status = HTTPStatus()
+        session.hooks["response"].append(status)
+        exporter = exporter_class(session=session, **kwargs)
+    except (ImportError, TypeError):  # an SDK without the session argument
+        return exporter_class(**kwargs)
+    exporter.lora_otel_http_status = status
+    return exporter
+
+
+def http_status(exporter: Any) -> Optional[HTTPStatus]:
+    """The `HTTPStatus` `make_exporter`/`make_log_exporter` attached, if any."""
+    status = getattr(exporter, "lora_otel_http_status", None)
+    return status if isinstance(status, HTTPStatus) else None
 
 
 def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, float]:

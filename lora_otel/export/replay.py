@@ -1,8 +1,8 @@
-"""``lora-otel replay``: send a journal's spans to the OTLP endpoint, in one batch.
+"""``lora-otel replay``: send a journal's spans to the OTLP endpoint.
 
-The spans go straight to ``exporter.export`` (no BatchSpanProcessor: there is nothing to batch and
-nothing should wait in a queue). Success prints one line; any failure prints one line on stderr and
-exits non-zero, never a traceback.
+The spans go straight to ``exporter.export`` in batches of `BATCH` (no BatchSpanProcessor: nothing
+should wait in a queue), so a long job stays under collectors' request size limits. Success prints
+one line; any failure prints one line on stderr and exits non-zero, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import argparse
 import contextlib
 import logging
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from lora_otel.export.otlp import describe_endpoint, make_exporter, translate
+from lora_otel.export.otlp import REFUSED_STATUS, describe_endpoint, http_status, make_exporter, translate
 from lora_otel.export.reader import JournalError, read_journal
+
+BATCH = 512
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -39,25 +41,55 @@ def run_replay(args: argparse.Namespace) -> int:
     if not translation.spans:
         print(f"nothing to replay: no spans in {journal.path}")
         return 0
+    total = len(translation.spans)
     with _sdk_log_captured() as sdk_errors:
         try:
-            result = exporter.export(translation.spans)
+            sent, refused, unsent = _export_all(exporter, translation.spans)
         except Exception as e:  # noqa: BLE001 - an exporter bug must still end in one line
             sdk_errors.append(str(e))
-            result = SpanExportResult.FAILURE
+            sent, refused, unsent = 0, 0, total
         finally:
             exporter.shutdown()
-    if result is not SpanExportResult.SUCCESS:
+    if unsent:
         # The first SDK message usually names the cause, the last says that it gave up.
         reasons = dict.fromkeys(sdk_errors[:1] + sdk_errors[-1:])
         reason = ": " + "; ".join(reasons) if reasons else ""
-        return _fail(f"could not export {len(translation.spans)} spans to {endpoint}{reason}", 1)
-    line = (f"replayed {len(translation.spans)} spans ({translation.incomplete} incomplete, "
+        what = f"{unsent} spans" if unsent == total else f"{unsent} of {total} spans"
+        return _fail(f"could not export {what} to {endpoint}{reason}", 1)
+    line = (f"replayed {sent} spans ({translation.incomplete} incomplete, "
             f"{translation.dropped_imports} short imports dropped) to {endpoint}")
     if journal.problems:
         line += f"; {len(journal.problems)} journal problems, see lora-otel inspect"
     print(line)
+    if refused:
+        return _fail(f"the backend refused {refused} of {total} spans as bad data (HTTP 400/413); "
+                     "they stay in the journal", 1)
     return 0
+
+
+def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
+    """Send ``spans`` in batches of `BATCH`: ``(sent, refused, unsent)``.
+
+    A batch the backend refuses as such (`otlp.REFUSED_STATUS`) is split in halves until the
+    refused spans are alone; those are skipped and counted. Any other failure stops the replay
+    (the backend is away: trying the next batches would only wait out more timeouts)."""
+    status = http_status(exporter)
+    pending = [spans[i:i + BATCH] for i in range(0, len(spans), BATCH)]
+    sent = refused = 0
+    while pending:
+        batch = pending.pop(0)
+        if status is not None:
+            status.code = None
+        if exporter.export(batch) is SpanExportResult.SUCCESS:
+            sent += len(batch)
+        elif status is not None and status.code in REFUSED_STATUS:
+            if len(batch) > 1:
+                pending[:0] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
+            else:
+                refused += 1
+        else:
+            return sent, refused, len(batch) + sum(len(b) for b in pending)
+    return sent, refused, 0
 
 
 def _fail(message: str, status: int) -> int:

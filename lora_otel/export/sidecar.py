@@ -187,8 +187,10 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     sent_logs = logs_out.sent if logs_out else 0
     unsent = spans_out.unsent + (logs_out.unsent if logs_out else 0)
     dropped = sum(f.dropped for f in followers.values()) + spans_out.dropped + (logs_out.dropped if logs_out else 0)
-    _say("process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, %d unsent"
-         % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, unsent))
+    refused = spans_out.rejected + (logs_out.rejected if logs_out else 0)
+    _say("process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, "
+         "%d refused by the backend, %d unsent"
+         % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, refused, unsent))
     if not delivered:
         _say("not everything reached the backend (%s); the journals remain for `lora-otel replay`"
              % (spans_out.last_error or (logs_out.last_error if logs_out else None)))
