@@ -157,6 +157,13 @@ class TestDamage:
         journal.raw(b'{"v":1,"k":"beat","ts":NaN,"steps":1}\n')
         assert journal.read().problems == ["line 2: not JSON: NaN is not valid JSON"]
 
+    def test_number_too_large_for_a_float(self, journal):
+        """1e400 would read as infinity, which `inspect --json` could not print as JSON: a problem."""
+        journal.process()
+        journal.raw(b'{"v":1,"k":"beat","ts":%d,"steps":1,"metrics":{"loss":1e400}}\n' % journal.ns(1))
+        j = read_journal(journal.path)
+        assert j.beats == 0 and j.problems == ["line 2: not JSON: the number 1e400 is out of range"]
+
     def test_future_version_reported_once(self, journal):
         """Records of a newer format version are read as far as possible, reported once."""
         journal.process()

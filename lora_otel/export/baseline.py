@@ -781,7 +781,7 @@ def _save(args: argparse.Namespace) -> int:
         source.update(environment="interpreter", interpreter=sys.executable)
     phases = median_phases(journals)
     write_baseline(args.file, make_baseline(environment, phases, source))
-    print("saved baseline %s: %s; %d start-up phase%s%s" % (
+    _write("saved baseline %s: %s; %d start-up phase%s%s\n" % (  # the environment may be a journal's: any text
         args.file, _summary(environment), len(phases), "" if len(phases) == 1 else "s",
         " (medians of %d journal%s)" % (len(journals), "" if len(journals) == 1 else "s") if journals else ""))
     return 0

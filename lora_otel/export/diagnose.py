@@ -280,7 +280,9 @@ def world_peers(journal: Optional[Journal], peers: Iterable[Journal]) -> dict[in
 
 def _stage(journal: Journal) -> str:
     span = deepest_open_span(journal)
-    while span is not None and span.name.startswith("step ") and span.parent_id:
+    seen: set[str] = set()  # a corrupt journal's parents may form a cycle
+    while span is not None and span.name.startswith("step ") and span.parent_id and span.span_id not in seen:
+        seen.add(span.span_id)
         span = journal.span(span.parent_id)  # sampled step spans are part of training
     return span.name if span is not None else ""
 
@@ -373,7 +375,8 @@ def _collective(collective: Collective, journal: Optional[Journal], peers: list[
             arrived.append(rank)
         else:
             unknown.append(rank)
-    unseen = sorted(set(range(world)) - set(others) - {me}) if world is not None else []
+    # (listed up to the size the job view lists missing ranks for: a journal may claim any world size)
+    unseen = sorted(set(range(world)) - set(others) - {me}) if world is not None and world <= 4096 else []
     if missing:
         attrs["lora_otel.collective.missing_ranks"] = sorted(missing)
         told = ["rank %d %s" % (rank, ", ".join(clauses)) for rank, clauses in sorted(missing.items())[:MAX_NAMED]]

@@ -48,7 +48,9 @@ from lora_otel.export.stall import Stall, detect, frozen_after_from_env, parse_l
 
 def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
     merged = dict(rs.attributes or {})
-    merged.update(attrs)
+    merged.update(otlp.otel_attributes(attrs))  # stage names and exit messages are journal text: valid for OTLP
+    if status.description:
+        status = Status(status.status_code, otlp.clean_text(status.description))
     return ReadableSpan(name=rs.name, context=rs.context, parent=rs.parent, resource=rs.resource,
                         attributes=merged, events=list(rs.events) + events, kind=rs.kind, status=status,
                         start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope)
@@ -483,7 +485,7 @@ class Follower:
         self.stalls.append(stall)
         chain = []
         span: Optional[Span] = stall.span
-        while span is not None:
+        while span is not None and all(span is not link for link in chain):  # a corrupt journal's parents may cycle
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
         stacks = journal.root.attrs.get("lora_otel.stacks.path") if journal.root else None

@@ -331,6 +331,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused when it does not fit one (``1e400`` would be infinity,
+    which no JSON output can carry on)."""
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:24]} is out of range")
+    return value
+
+
 class _JournalBuilder:
     """Turns records into a `Journal`, one line at a time."""
 
@@ -353,7 +362,7 @@ class _JournalBuilder:
                 self._problem(number, "empty line")
             return
         try:
-            record = json.loads(text, parse_constant=_reject_constant)
+            record = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
         except json.JSONDecodeError as e:
             if is_unterminated_tail:
                 self._problem(number, "truncated (incomplete last record)")
@@ -488,9 +497,13 @@ class _JournalBuilder:
     def _on_beat(self, number: int, ts: int, record: dict[str, Any]) -> None:
         journal = self.journal
         steps = _int(record, "steps")
+        if not 0 <= steps <= _MAX_TS:
+            raise _BadRecord(f"'steps' out of range: {_short(steps)}")
         last_step = record.get("last_step_ts")
         if last_step is not None and not _is_int(last_step):
             raise _BadRecord(f"'last_step_ts' is not an integer: {_short(last_step)}")
+        if last_step is not None and not 0 <= last_step <= _MAX_TS:
+            raise _BadRecord(f"'last_step_ts' out of range: {_short(last_step)}")
         journal.beats += 1
         journal.last_beat_ns = ts
         journal.steps = steps

@@ -32,6 +32,7 @@ EXIT_GRACE_S = 0.3  # `lora-otel run` appends the exit record of a child killed 
 
 
 def _say(msg: str) -> None:
+    msg = " ".join(msg.splitlines())  # one line per message, whatever the journal's exit message holds
     sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
     sys.stderr.flush()
 

@@ -140,9 +140,11 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
         # A stage with no limit of its own inside `training` (an `epoch N` span from a trainer
         # integration, a user's stage): the step-gap rule of the enclosing training span holds.
         ancestor: Optional[Span] = span
-        while ancestor is not None and ancestor.name != "training":
+        seen: set[str] = set()  # a corrupt journal's parents may form a cycle
+        while ancestor is not None and ancestor.name != "training" and ancestor.span_id not in seen:
+            seen.add(ancestor.span_id)
             ancestor = journal.span(ancestor.parent_id) if ancestor.parent_id else None
-        if ancestor is not None and ancestor.is_open:
+        if ancestor is not None and ancestor.name == "training" and ancestor.is_open:
             span = ancestor
     if span.name == "training":
         floor = limit_for(span, limits) or DEFAULT_LIMITS_S["training"]
