@@ -1,6 +1,6 @@
 """How long a traced process's exit is delayed when the OTLP collector is down, seen from its launcher.
 
-    python bench/exit_delay.py [--runs 10] [--sdk-runs 3] [--modes refused,blackhole,ok]
+    python bench/exit_delay.py [--runs 10] [--sdk-runs 3] [--modes refused,blackhole,slow,ok]
 
 Every run starts one process the way a launcher (a job scheduler, a notebook, CI) does:
 ``subprocess.Popen(stdout=PIPE, stderr=PIPE)``, then reads both pipes until end-of-file while
@@ -27,12 +27,14 @@ Set-ups (rows):
 Collector modes:
 - refused: a loopback port with nothing listening (connection refused at once);
 - blackhole: a socket server in a thread that accepts connections and never reads or answers;
+- slow: a collector that is up but slow: a socket server in a thread that reads each HTTP request
+  whole and answers ``200`` (an empty OTLP response) only ``--slow-s`` seconds later (default 30);
 - ok: a real collector (the ``rotel`` agent, as in tests/collector.py); skipped when absent.
 
 The sidecar is checked in every lora_otel run: its pid is read from the journal (root attribute
 ``lora_otel.sidecar.pid``) and polled until it is gone; runs are serial, each waiting for the
 previous sidecar to finish, so sidecars never overlap. ``LORA_OTEL_DRAIN_S`` is set to 5 s (default
-30 s), which bounds how long a sidecar retries an unreachable collector after the job.
+30 s; ``--drain-s``), which bounds how long a sidecar retries an unreachable collector after the job.
 """
 
 from __future__ import annotations
@@ -116,6 +118,68 @@ class BlackHole:
             c.close()
 
 
+class SlowCollector:
+    """An OTLP/HTTP server that is up but slow: reads each request whole, answers 200 after ``delay`` s."""
+
+    def __init__(self, delay: float = 30.0) -> None:
+        self.delay = delay
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list = []
+        self.requests = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        try:
+            while not self._stop.is_set():
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                while len(buf) < length:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                buf = buf[length:]
+                self.requests += 1
+                if self._stop.wait(self.delay):
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n")
+        except (OSError, ValueError):
+            return
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+
 def refused_port() -> int:
     port = free_port()
     with socket.socket() as s:
@@ -123,7 +187,7 @@ def refused_port() -> int:
     return port
 
 
-def measure(cmd: list, env: dict, cwd: str, side: str, timeout: float = 120.0) -> dict:
+def measure_one(cmd: list, env: dict, cwd: str, side: str, timeout: float = 120.0) -> dict:
     """One launch as a launcher does it; times are ``time.time()`` (the script's clock)."""
     if os.path.exists(side):
         os.unlink(side)
@@ -217,13 +281,19 @@ def fmt(x: float) -> str:
     return "%.1f" % x if abs(x) < 1000 else "%.0f" % x
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10, help="runs per row (default 10)")
-    ap.add_argument("--sdk-runs", type=int, default=3, help="runs per OTel SDK row (~10 s each; default 3)")
-    ap.add_argument("--modes", default="refused,blackhole,ok", help="collector modes (default all three)")
-    args = ap.parse_args()
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+LORA_ZERO_CODE = "LORA_OTEL=1 + endpoint (sidecar)"
+LORA_RUN = "lora-otel run + endpoint"
+SDK_DEFAULT = "OTel SDK default (BatchSpanProcessor)"
+BARE = "bare python"
+
+
+def measure(runs: int = 10, sdk_runs: int = 3, modes=("refused", "blackhole", "slow", "ok"),
+            drain_s: float = DRAIN_S, slow_s: float = 30.0) -> dict:
+    """Every row of the table, interleaved; the raw samples per (set-up, collector mode).
+
+    Returns ``rows`` (name, mode, is_sdk, has_sidecar), ``samples`` (dicts from :func:`measure_one`),
+    ``sidecars`` (dicts from :func:`check_sidecar`), ``endpoints`` and ``notes``.
+    """
     compileall.compile_dir(str(REPO / "lora_otel"), quiet=1)
     work = tempfile.mkdtemp(prefix="lora-otel-exit-")
     plain, sdk = os.path.join(work, "job.py"), os.path.join(work, "sdk_job.py")
@@ -236,80 +306,103 @@ def main() -> None:
     endpoints: dict = {}
     cleanup = []
     notes = []
-    if "refused" in modes:
-        endpoints["refused"] = "http://127.0.0.1:%d" % refused_port()
-    if "blackhole" in modes:
-        bh = BlackHole()
-        cleanup.append(bh.close)
-        endpoints["blackhole"] = "http://127.0.0.1:%d" % bh.port
-    if "ok" in modes:
-        sys.path.insert(0, str(REPO / "tests"))
-        from collector import Collector, rotel_agent_path
+    try:
+        if "refused" in modes:
+            endpoints["refused"] = "http://127.0.0.1:%d" % refused_port()
+        if "blackhole" in modes:
+            bh = BlackHole()
+            cleanup.append(bh.close)
+            endpoints["blackhole"] = "http://127.0.0.1:%d" % bh.port
+        if "slow" in modes:
+            slow = SlowCollector(slow_s)
+            cleanup.append(slow.close)
+            endpoints["slow"] = "http://127.0.0.1:%d" % slow.port
+        if "ok" in modes:
+            sys.path.insert(0, str(REPO / "tests"))
+            from collector import Collector, rotel_agent_path
 
-        binary = rotel_agent_path()
-        if binary is None:
-            notes.append("ok mode skipped: the rotel package is not installed")
-        else:
-            cdir = Path(work, "rotel")
-            cdir.mkdir()
-            col = Collector(binary, cdir)
-            cleanup.append(col.stop)
-            endpoints["ok"] = col.http_endpoint
+            binary = rotel_agent_path()
+            if binary is None:
+                notes.append("ok mode skipped: the rotel package is not installed")
+            else:
+                cdir = Path(work, "rotel")
+                cdir.mkdir()
+                col = Collector(binary, cdir)
+                cleanup.append(col.stop)
+                endpoints["ok"] = col.http_endpoint
 
-    # (name, mode, cmd, env-maker, sdk?, has sidecar?)
-    rows: list = [("bare python", "-", lambda d, ep: ([PY, plain, side], dict(base)), False, False),
-                  ("LORA_OTEL=1, no endpoint", "-",
-                   lambda d, ep: ([PY, plain, side], dict(base, LORA_OTEL="1", LORA_OTEL_DIR=d)), False, False)]
-    for mode, ep in endpoints.items():
-        live = dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep, LORA_OTEL_DRAIN_S=str(DRAIN_S))
-        rows.append(("LORA_OTEL=1 + endpoint (sidecar)", mode,
-                     lambda d, ep, live=live: ([PY, plain, side], dict(live, LORA_OTEL="1", LORA_OTEL_DIR=d)),
-                     False, True))
-        rows.append(("lora-otel run + endpoint", mode,
-                     lambda d, ep, live=live: ([PY, "-m", "lora_otel", "run", "--", PY, plain, side],
-                                               dict(live, LORA_OTEL_DIR=d)), False, True))
-        rows.append(("OTel SDK default (BatchSpanProcessor)", mode,
-                     lambda d, ep, ep_=ep: ([PY, sdk, side], dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep_,
-                                                                    OTEL_SERVICE_NAME="bench")), True, False))
+        # (name, mode, cmd, env-maker, sdk?, has sidecar?)
+        rows: list = [(BARE, "-", lambda d, ep: ([PY, plain, side], dict(base)), False, False),
+                      ("LORA_OTEL=1, no endpoint", "-",
+                       lambda d, ep: ([PY, plain, side], dict(base, LORA_OTEL="1", LORA_OTEL_DIR=d)), False, False)]
+        for mode, ep in endpoints.items():
+            live = dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep, LORA_OTEL_DRAIN_S=str(drain_s))
+            rows.append((LORA_ZERO_CODE, mode,
+                         lambda d, ep, live=live: ([PY, plain, side], dict(live, LORA_OTEL="1", LORA_OTEL_DIR=d)),
+                         False, True))
+            rows.append((LORA_RUN, mode,
+                         lambda d, ep, live=live: ([PY, "-m", "lora_otel", "run", "--", PY, plain, side],
+                                                   dict(live, LORA_OTEL_DIR=d)), False, True))
+            rows.append((SDK_DEFAULT, mode,
+                         lambda d, ep, ep_=ep: ([PY, sdk, side], dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep_,
+                                                                        OTEL_SERVICE_NAME="bench")), True, False))
 
-    samples: dict = {(r[0], r[1]): [] for r in rows}
-    sidecars: dict = {(r[0], r[1]): [] for r in rows if r[4]}
-    n = 0
-    # Warm the page cache (not counted).
-    for name, mode, mk, is_sdk, _ in rows:
-        if not is_sdk and mode in ("-", "ok"):
-            d = tempfile.mkdtemp(dir=work)
-            cmd, env = mk(d, None)
-            measure(cmd, env, work, side)
-            for pid_dir in [d]:
+        samples: dict = {(r[0], r[1]): [] for r in rows}
+        sidecars: dict = {(r[0], r[1]): [] for r in rows if r[4]}
+        # Warm the page cache (not counted).
+        for name, mode, mk, is_sdk, _ in rows:
+            if not is_sdk and mode in ("-", "ok"):
+                d = tempfile.mkdtemp(dir=work)
+                cmd, env = mk(d, None)
+                measure_one(cmd, env, work, side)
                 try:
-                    check_sidecar(pid_dir, time.time(), DRAIN_S + 20)
+                    check_sidecar(d, time.time(), drain_s + 20)
                 except Exception:  # noqa: BLE001
                     pass
-    t_start = time.time()
-    for i in range(max(args.runs, args.sdk_runs)):
-        for name, mode, mk, is_sdk, has_sidecar in rows:
-            if i >= (args.sdk_runs if is_sdk else args.runs):
-                continue
-            d = tempfile.mkdtemp(dir=work)
-            cmd, env = mk(d, None)
-            r = measure(cmd, env, work, side)
-            samples[(name, mode)].append(r)
-            n += 1
-            if has_sidecar:
-                sidecars[(name, mode)].append(check_sidecar(d, r["t_wait"], DRAIN_S + 30))
-        print("run %d done (%.0f s)" % (i + 1, time.time() - t_start), file=sys.stderr, flush=True)
-    for c in cleanup:
-        c()
+        t_start = time.time()
+        for i in range(max(runs, sdk_runs)):
+            for name, mode, mk, is_sdk, has_sidecar in rows:
+                if i >= (sdk_runs if is_sdk else runs):
+                    continue
+                d = tempfile.mkdtemp(dir=work)
+                cmd, env = mk(d, None)
+                r = measure_one(cmd, env, work, side)
+                samples[(name, mode)].append(r)
+                if has_sidecar:
+                    sidecars[(name, mode)].append(check_sidecar(d, r["t_wait"], drain_s + 30))
+            print("exit_delay: run %d done (%.0f s)" % (i + 1, time.time() - t_start), file=sys.stderr, flush=True)
+        if "slow" in endpoints:
+            notes.append("slow collector: %d requests received, each to be answered after %g s"
+                         % (slow.requests, slow_s))
+    finally:
+        for c in cleanup:
+            c()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"rows": [(r[0], r[1], r[3], r[4]) for r in rows], "samples": samples, "sidecars": sidecars,
+            "endpoints": endpoints, "notes": notes, "runs": runs, "sdk_runs": sdk_runs, "drain_s": drain_s,
+            "slow_s": slow_s}
 
-    bare_eof = statistics.median(r["eof"] for r in samples[("bare python", "-")])
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10, help="runs per row (default 10)")
+    ap.add_argument("--sdk-runs", type=int, default=3, help="runs per OTel SDK row (~10 s each; default 3)")
+    ap.add_argument("--modes", default="refused,blackhole,slow,ok", help="collector modes (default all four)")
+    ap.add_argument("--slow-s", type=float, default=30.0, help="the slow collector's delay per answer (default 30)")
+    ap.add_argument("--drain-s", type=float, default=DRAIN_S, help="LORA_OTEL_DRAIN_S for the sidecars (default 5)")
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    res = measure(args.runs, args.sdk_runs, modes, args.drain_s, args.slow_s)
+    rows, samples, sidecars, endpoints = res["rows"], res["samples"], res["sidecars"], res["endpoints"]
+
+    bare_eof = statistics.median(r["eof"] for r in samples[(BARE, "-")])
     print("lora_otel exit-delay benchmark — %s, Python %s, %d CPUs, %s; %d runs per row (OTel SDK rows: %d), "
-          "interleaved; LORA_OTEL_DRAIN_S=%g for the sidecars"
+          "interleaved; LORA_OTEL_DRAIN_S=%g for the sidecars; slow collector answers after %g s"
           % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
-             args.runs, args.sdk_runs, DRAIN_S))
+             args.runs, args.sdk_runs, args.drain_s, args.slow_s))
     print("Times in ms after the script's last statement; EOF = end-of-file read on both stdout and stderr "
           "pipes; wait = wait() returned.")
-    for note in notes:
+    for note in res["notes"]:
         print(note)
     print()
     print("| set-up | collector | runs | EOF median | EOF max | wait median | wait max | EOF−wait max "
@@ -327,7 +420,7 @@ def main() -> None:
     print()
     print("| figure | value | goal |")
     print("|---|---:|---|")
-    for name, mode, _, is_sdk, has_sidecar in rows:
+    for name, mode, is_sdk, has_sidecar in rows:
         if not has_sidecar:
             continue
         s = samples[(name, mode)]
@@ -338,31 +431,34 @@ def main() -> None:
         print("| %s, %s: worst EOF after the launcher's wait() | %+.1f ms | ≤ %d ms: %s |"
               % (name, mode, worst_gap, GOAL_MS, "yes" if worst_gap <= GOAL_MS else "NO"))
     for mode in endpoints:
-        s = samples.get(("OTel SDK default (BatchSpanProcessor)", mode))
+        s = samples.get((SDK_DEFAULT, mode))
         if s:
             print("| OTel SDK default, %s: median EOF delay | %s ms | (reference) |"
                   % (mode, fmt(statistics.median(r["eof"] for r in s))))
     print()
     for key, checks in sidecars.items():
-        seen = [c for c in checks if c.get("pid")]
-        alive = [c for c in seen if c.get("alive_at_check")]
-        gone = [c for c in seen if c.get("gone")]
-        after = [c["after_s"] for c in gone]
-        line = ("sidecar check, %s / %s: pid in the journal in %d/%d runs, still running when the job had exited "
-                "in %d, exited by itself in %d" % (key[0], key[1], len(seen), len(checks), len(alive), len(gone)))
-        if after:
-            line += ", %.2f s (median) / %.2f s (max) after the launcher's wait()" % (
-                statistics.median(after), max(after))
-        print(line)
-        missing = [c["why"] for c in checks if not c.get("pid")]
-        if missing:
-            print("    no sidecar: %s" % missing[0])
-        if seen and seen[-1].get("log"):
-            print("    last run's sidecar log: %s" % seen[-1]["log"])
+        print(sidecar_summary(key, checks))
     rcs = {(k, r["rc"]) for k, s in samples.items() for r in s if r["rc"] != 0}
     if rcs:
         print("non-zero exit codes: %s" % sorted(rcs))
-    shutil.rmtree(work, ignore_errors=True)
+
+
+def sidecar_summary(key: tuple, checks: list) -> str:
+    """One paragraph per (set-up, mode): did the sidecar outlive the job, and exit by itself?"""
+    seen = [c for c in checks if c.get("pid")]
+    alive = [c for c in seen if c.get("alive_at_check")]
+    gone = [c for c in seen if c.get("gone")]
+    after = [c["after_s"] for c in gone]
+    line = ("sidecar check, %s / %s: pid in the journal in %d/%d runs, still running when the job had exited "
+            "in %d, exited by itself in %d" % (key[0], key[1], len(seen), len(checks), len(alive), len(gone)))
+    if after:
+        line += ", %.2f s (median) / %.2f s (max) after the launcher's wait()" % (statistics.median(after), max(after))
+    missing = [c["why"] for c in checks if not c.get("pid")]
+    if missing:
+        line += "\n    no sidecar: %s" % missing[0]
+    if seen and seen[-1].get("log"):
+        line += "\n    last run's sidecar log: %s" % seen[-1]["log"]
+    return line
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ sidecar exports, how fast a collector ingests, and what N concurrent jobs' sidec
     python bench/scale.py [--steps 40] [--stages 20000] [--ingest-spans 1000000] [--jobs 1,4,8] [--seconds 20]
 
 (a) per job: runs ``examples/train_lora.py --steps N`` traced (``LORA_OTEL=1``, no endpoint: no
-    sidecar) and reports its journal(s): bytes, spans (after translation), log lines, and the
+    sidecar) and reports its journal(s): bytes, records, spans (after translation), log lines, and the
     spans' OTLP protobuf size (``encode_spans(...).SerializeToString()``, the body the sidecar
     posts; uncompressed).
 (b) sidecar export throughput: a traced job writes ``--stages`` short ``lora_otel.stage`` blocks;
@@ -64,11 +64,14 @@ def per_job(args, work: str) -> dict:
     subprocess.run([PY, str(REPO / "examples" / "train_lora.py"), "--steps", str(args.steps)], env=env, cwd=d,
                    check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.monotonic() - t0
-    out = {"wall": wall, "files": 0, "jbytes": 0, "spans": 0, "lines": 0, "obytes": 0}
+    out = {"wall": wall, "files": 0, "jbytes": 0, "records": 0, "jspans": 0, "spans": 0, "lines": 0, "obytes": 0}
     for p in journals(d):
         j, spans = otlp_spans(p)
         out["files"] += 1
         out["jbytes"] += os.path.getsize(p)
+        with open(p, "rb") as f:
+            out["records"] += sum(1 for _ in f)
+        out["jspans"] += len(j.spans)
         out["spans"] += len(spans)
         out["lines"] += len(j.lines)
         out["obytes"] += len(encode(spans)) if spans else 0
@@ -187,6 +190,8 @@ def main() -> None:
             print("|---|---:|")
             print("| journals (processes) | %d |" % a["files"])
             print("| journal bytes | %d |" % a["jbytes"])
+            print("| journal records (JSON lines) | %d |" % a["records"])
+            print("| spans in the journal | %d |" % a["jspans"])
             print("| spans exported | %d |" % a["spans"])
             print("| log records (journal lines) | %d |" % a["lines"])
             print("| OTLP protobuf bytes of the spans (uncompressed) | %d |" % a["obytes"])

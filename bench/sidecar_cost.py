@@ -217,18 +217,13 @@ def run_row(kind: str, rate: float, args, base_env: dict, work: str) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=60.0, help="how long each job runs (default 60)")
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds before the first sample (default 5)")
-    ap.add_argument("--rows", default="idle,marks,stages,burst", help="which jobs (default idle,marks,stages,burst)")
-    ap.add_argument("--mark-rate", type=float, default=2000.0, help="lora_otel.mark calls per second (default 2000)")
-    ap.add_argument("--stage-rate", type=float, default=500.0, help="short stages per second (default 500)")
-    ap.add_argument("--burst", type=int, default=30000, help="short stages before the burst job idles (default 30000)")
-    ap.add_argument("--burst-warmup", type=float, default=20.0, help="the burst row's first sample (default 20 s)")
-    args = ap.parse_args()
-    if args.seconds < max(args.warmup, args.burst_warmup) + 3:
-        ap.error("--seconds must be at least --warmup/--burst-warmup + 3")
+def measure(seconds: float = 60.0, warmup: float = 5.0, rows=("idle", "marks", "stages", "burst"),
+            mark_rate: float = 2000.0, stage_rate: float = 500.0, burst: int = 30000,
+            burst_warmup: float = 20.0) -> dict:
+    """Run the rows one after another against one collector; a dict per row (see :func:`run_row`)."""
+    if seconds < max(warmup, burst_warmup if "burst" in rows else 0) + 3:
+        raise ValueError("seconds must be at least warmup/burst_warmup + 3")
+    args = argparse.Namespace(seconds=seconds, warmup=warmup, burst_warmup=burst_warmup, burst=burst)
     compileall.compile_dir(str(REPO / "lora_otel"), quiet=1)
     work = tempfile.mkdtemp(prefix="lora-otel-sidecar-cost-")
     Path(work, "job.py").write_text(JOB)
@@ -242,32 +237,54 @@ def main() -> None:
         endpoint = "http://127.0.0.1:%d" % free_port()
         collector = "NO collector: a refusing loopback port (%s); rotel is not installed" % endpoint
     base["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-    rates = {"idle": 0.0, "marks": args.mark_rate, "stages": args.stage_rate, "burst": float(args.burst)}
+    rates = {"idle": 0.0, "marks": mark_rate, "stages": stage_rate, "burst": float(burst)}
     results = []
     try:
-        for kind in [r.strip() for r in args.rows.split(",") if r.strip()]:
-            print("running %s for %g s ..." % (kind, args.seconds), file=sys.stderr, flush=True)
+        for kind in rows:
+            print("sidecar_cost: running %s for %g s ..." % (kind, seconds), file=sys.stderr, flush=True)
             results.append(run_row(kind, rates[kind], args, base, work))
     finally:
         if collector_proc is not None:
             collector_proc.terminate()
             collector_proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    return {"results": results, "collector": collector, "rotel": rotel is not None, "seconds": seconds,
+            "warmup": warmup, "burst": burst, "burst_warmup": burst_warmup}
+
+
+def row_name(kind: str, burst: int) -> str:
+    return {"idle": "idle (sleep in a stage)", "marks": "busy: lora_otel.mark()",
+            "stages": "busy: short lora_otel.stage()", "burst": "idle after %d short stages" % burst}[kind]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long each job runs (default 60)")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds before the first sample (default 5)")
+    ap.add_argument("--rows", default="idle,marks,stages,burst", help="which jobs (default idle,marks,stages,burst)")
+    ap.add_argument("--mark-rate", type=float, default=2000.0, help="lora_otel.mark calls per second (default 2000)")
+    ap.add_argument("--stage-rate", type=float, default=500.0, help="short stages per second (default 500)")
+    ap.add_argument("--burst", type=int, default=30000, help="short stages before the burst job idles (default 30000)")
+    ap.add_argument("--burst-warmup", type=float, default=20.0, help="the burst row's first sample (default 20 s)")
+    args = ap.parse_args()
+    if args.seconds < max(args.warmup, args.burst_warmup) + 3:
+        ap.error("--seconds must be at least --warmup/--burst-warmup + 3")
+    res = measure(args.seconds, args.warmup, [r.strip() for r in args.rows.split(",") if r.strip()],
+                  args.mark_rate, args.stage_rate, args.burst, args.burst_warmup)
+    results = res["results"]
 
     print("lora_otel sidecar cost — %s, Python %s, %d CPUs, %s; jobs of %g s, window from %g s to %g s "
           "after the job's start (burst: from %g s); collector: %s"
           % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
-             args.seconds, args.warmup, args.seconds - 1, args.burst_warmup, collector))
+             args.seconds, args.warmup, args.seconds - 1, args.burst_warmup, res["collector"]))
     print()
     print("| job | records/s | window s | sidecar CPU % of one core | sidecar start-up CPU s | RSS MB (start → end) "
           "| peak RSS MB (VmHWM) | job's own CPU % | journal MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    names = {"idle": "idle (sleep in a stage)", "marks": "busy: lora_otel.mark()",
-             "stages": "busy: short lora_otel.stage()",
-             "burst": "idle after %d short stages" % args.burst}
     for r in results:
         rate = {"idle": "beat only", "burst": "beat only (after the burst)"}.get(r["kind"], "%.0f" % r["rate"])
         print("| %s | %s | %.0f–%.0f | %.2f | %.2f | %.1f → %.1f | %.1f | %.1f | %.1f |"
-              % (names[r["kind"]], rate, r["window"][0], r["window"][1], r["cpu_pct"],
+              % (row_name(r["kind"], args.burst), rate, r["window"][0], r["window"][1], r["cpu_pct"],
                  r["startup_cpu_s"], r["rss_first"], r["rss_last"], r["hwm"], r["job_cpu_pct"], r["journal_mb"]))
     print()
     print("| figure | value | goal |")
@@ -275,16 +292,15 @@ def main() -> None:
     for r in results:
         if r["kind"] in ("idle", "burst"):
             print("| sidecar CPU following an %s job | %.2f %% | < %g %%: %s |"
-                  % (names[r["kind"]], r["cpu_pct"], GOAL_CPU, "yes" if r["cpu_pct"] < GOAL_CPU else "NO"))
+                  % (row_name(r["kind"], args.burst), r["cpu_pct"], GOAL_CPU, "yes" if r["cpu_pct"] < GOAL_CPU else "NO"))
         print("| sidecar peak memory (VmHWM), %s | %.1f MB | < %g MB: %s |"
-              % (names[r["kind"]], r["hwm"], GOAL_MB, "yes" if r["hwm"] < GOAL_MB else "NO"))
+              % (row_name(r["kind"], args.burst), r["hwm"], GOAL_MB, "yes" if r["hwm"] < GOAL_MB else "NO"))
     print()
     for r in results:
         print("%s: sidecar pid %d, exited %.2f s after the job; its log: %s"
               % (r["kind"], r["pid"], r["exit_after_s"], r["log"]))
         if r["rc"] != 0:
             print("    job exit code %s: %s" % (r["rc"], r["stderr"]))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How long after a stall's limit the stall reaches a real collector — the live path end to end.
 
-    python bench/stall_latency.py [--runs 3]
+    python bench/stall_latency.py [--runs 3] [--sdk-wait 8]
 
 Each case runs a real traced job in zero-code mode (``LORA_OTEL=1`` with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, so the job starts its sidecar) against a real collector (the
@@ -13,7 +13,10 @@ became true to the moment the collector printed the span:
 - SIGKILL mid-stage: from the kill to the finalised stage;
 - a stage that stalls (limit 2 s) and recovers: the stall as above, and the "(continued)" span from
   the stage's real end;
-- the collector unreachable, then back: from the collector's start to the last span's arrival.
+- the collector unreachable, then back: from the collector's start to the last span's arrival;
+- with ``--sdk-wait S``, the baseline: the OpenTelemetry SDK's default set-up (``BatchSpanProcessor``
+  + ``OTLPSpanExporter``) with a span that hangs: is it at the collector S s after its start, and
+  2 s after the job is SIGKILLed? (A finished span of the same job shows the pipeline works.)
 
 The limits are short to keep the run short; the latency does not depend on them. The goal is
 ≤ 3 s in every case. Prints a markdown table (median and max over the runs).
@@ -209,22 +212,77 @@ def case_outage(binary: Path, workdir: Path) -> dict:
     return {"back": arrived - up, "lost": 32 - len(set(ids)), "duplicates": len(ids) - len(set(ids))}
 
 
+SDK_HANG = """\
+import time
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+trace.set_tracer_provider(provider)
+tracer = trace.get_tracer("bench")
+with tracer.start_as_current_span("setup"):
+    pass
+with tracer.start_as_current_span("load model"):
+    with open("started", "w") as f:
+        f.write(repr(time.time()))
+    time.sleep(600)
+"""
+
+
+def case_sdk_hang(collector: Collector, workdir: Path, wait_s: float) -> dict:
+    """The baseline: the OTel SDK's default set-up, a span that hangs, then a SIGKILL.
+
+    A finished span ("setup") goes first, to show the pipeline delivers; then "load model" stays
+    open. Reports whether "load model" reached the collector ``wait_s`` after its start, and 2 s
+    after the SIGKILL that follows.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LORA_OTEL", "OTEL_")) and k != "TRACEPARENT"}
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, OTEL_SERVICE_NAME="bench")
+    proc = start(workdir, SDK_HANG, env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (workdir / "started").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the OTel SDK job did not start its span (exit code %s)" % proc.returncode)
+            time.sleep(0.02)
+        started = float((workdir / "started").read_text())
+        time.sleep(max(started + wait_s - time.time(), 0))
+        names = [x.name for x in collector.spans()]
+        setup_seen, hung_seen = "setup" in names, "load model" in names
+        proc.kill()
+        proc.wait()
+        time.sleep(2.0)
+        killed_seen = "load model" in [x.name for x in collector.spans()]
+    finally:
+        stop(proc)
+    return {"wait_s": wait_s, "setup_seen": setup_seen, "hung_seen": hung_seen, "killed_seen": killed_seen}
+
+
 CASES = [("sleep-hang in an import", case_sleep_import), ("GIL held in an import", case_gil_import),
          ("SIGSTOPped process", case_sigstop), ("SIGKILL mid-stage", case_sigkill),
          ("stage stalls, then recovers", case_recover)]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
-    binary = rotel_agent_path()
+WHAT = {"stall": "stall at the collector, after the limit", "death": "finalised spans, after the SIGKILL",
+        "continued": "\"(continued)\" span, after the real end"}
+
+
+def measure(runs: int = 3, binary: Path | None = None, sdk_wait_s: float = 0.0) -> dict:
+    """Every case ``runs`` times, each against a fresh collector; seconds per (case, what arrived).
+
+    Returns ``results`` {(case label, key): [seconds]} (keys as in :data:`WHAT`), ``outage``
+    (one dict per run: ``back`` seconds, ``lost``, ``duplicates``) and, when ``sdk_wait_s`` > 0,
+    ``sdk`` (:func:`case_sdk_hang` once, the OTel SDK baseline). Raises when rotel is missing.
+    """
+    binary = binary or rotel_agent_path()
     if binary is None:
-        print("rotel is not installed: pip install rotel", file=sys.stderr)
-        return 2
+        raise RuntimeError("rotel is not installed: pip install rotel")
     results: dict = {}
     for label, case in CASES:
-        for _ in range(args.runs):
+        for _ in range(runs):
             with tempfile.TemporaryDirectory() as tmp:
                 workdir = Path(tmp)
                 collector = Collector(binary, workdir)
@@ -233,24 +291,56 @@ def main() -> int:
                         results.setdefault((label, key), []).append(value)
                 finally:
                     collector.stop()
+        print("stall_latency: %s done" % label, file=sys.stderr, flush=True)
     outage = []
-    for _ in range(args.runs):
+    for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
             outage.append(case_outage(binary, Path(tmp)))
-    what = {"stall": "stall at the collector, after the limit", "death": "finalised spans, after the SIGKILL",
-            "continued": "\"(continued)\" span, after the real end"}
+    sdk = None
+    if sdk_wait_s > 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            collector = Collector(binary, Path(tmp))
+            try:
+                sdk = case_sdk_hang(collector, Path(tmp), sdk_wait_s)
+            finally:
+                collector.stop()
+    return {"runs": runs, "results": results, "outage": outage, "sdk": sdk}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sdk-wait", type=float, default=0.0,
+                        help="also run the OTel SDK baseline: a hung span, looked for this many s after its start "
+                             "(default 0: skip)")
+    args = parser.parse_args()
+    binary = rotel_agent_path()
+    if binary is None:
+        print("rotel is not installed: pip install rotel", file=sys.stderr)
+        return 2
+    res = measure(args.runs, binary, args.sdk_wait)
+    results, outage = res["results"], res["outage"]
     print("Stall-to-collector latency (%d runs each; limits: import/stage %g s, frozen %g s)\n"
           % (args.runs, LIMIT_S, FROZEN_S))
     print("| case | what arrived | median s | max s |")
     print("|---|---|---:|---:|")
     for (label, key), values in results.items():
-        print("| %s | %s | %.2f | %.2f |" % (label, what[key], statistics.median(values), max(values)))
+        print("| %s | %s | %.2f | %.2f |" % (label, WHAT[key], statistics.median(values), max(values)))
     backs = [o["back"] for o in outage]
     print("| collector down, then back | all 32 spans, after the collector started | %.2f | %.2f |"
           % (statistics.median(backs), max(backs)))
     print("\nOutage: %d runs, 32 spans each: %d lost, %d duplicated"
           % (len(outage), sum(o["lost"] for o in outage), sum(o["duplicates"] for o in outage)))
+    if res["sdk"]:
+        print(sdk_summary(res["sdk"]))
     return 0
+
+
+def sdk_summary(sdk: dict) -> str:
+    return ("OTel SDK default (BatchSpanProcessor), a span that hangs: at the collector %g s after its start: %s; "
+            "2 s after a SIGKILL: %s (a finished span of the same job: %s)"
+            % (sdk["wait_s"], "yes" if sdk["hung_seen"] else "no", "yes" if sdk["killed_seen"] else "no",
+               "arrived" if sdk["setup_seen"] else "did not arrive"))
 
 
 if __name__ == "__main__":

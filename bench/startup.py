@@ -35,6 +35,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
+BARE = "bare python -c pass"
+ON = "LORA_OTEL=1 python -c pass"
+NO_PYC = "LORA_OTEL=1, no byte code"
+SIDECAR = "LORA_OTEL=1 + OTLP endpoint (starts the sidecar)"
+SITE_EMPTY = "site.addsitedir(empty dir)"
+SITE_HOOK = "site.addsitedir(dir with hook), unset"
+OTEL_INSTRUMENT = "opentelemetry-instrument python -c pass"
 
 
 def env_base() -> dict:
@@ -61,89 +68,98 @@ def hook_line_cost_us(n: int = 20000) -> float:
     return dt
 
 
+def measure(runs: int = 40, extra_rows: bool = True) -> dict:
+    """Time every row ``runs`` times, interleaved; medians in ms and the first-evidence figures.
+
+    ``extra_rows=False`` leaves out the rows that only explain the others (no byte code, the
+    ``site.addsitedir`` pair), for a shorter run.
+    """
+    compileall.compile_dir(str(REPO / "lora_otel"), quiet=1)
+    work = tempfile.mkdtemp(prefix="lora-otel-bench-")
+    try:
+        hookdir = os.path.join(work, "hook")
+        emptydir = os.path.join(work, "empty")
+        os.makedirs(hookdir)
+        os.makedirs(emptydir)
+        shutil.copy(REPO / "lora_otel_hook.pth", hookdir)
+        base = env_base()
+        on = dict(base, LORA_OTEL="1", LORA_OTEL_DIR=os.path.join(work, "journals"))
+        otel_inst = shutil.which("opentelemetry-instrument", path=os.path.dirname(PY))
+        otel_env = dict(base, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+                        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_SERVICE_NAME="bench")
+        nopyc = os.path.join(work, "no-pyc")
+        rows = {
+            BARE: ([PY, "-c", "pass"], base),
+            ON: ([PY, "-c", "pass"], on),
+            # A source tree with no byte code (PYTHONDONTWRITEBYTECODE, read-only checkout): every
+            # lora_otel module is compiled at each start. Shown for honesty; pip installs compile.
+            NO_PYC: ([PY, "-c", "pass"], dict(on, PYTHONPYCACHEPREFIX=nopyc, PYTHONDONTWRITEBYTECODE="1")),
+            # With an OTLP endpoint the preamble also starts the sidecar (double fork + exec). The
+            # sidecar here is /bin/true, so that forty sidecars importing the OTel SDK do not load
+            # the machine during the timing; the job pays the same either way.
+            SIDECAR: ([PY, "-c", "pass"], dict(on, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+                                               LORA_OTEL_SIDECAR_PYTHON=shutil.which("true") or "/bin/true")),
+            SITE_EMPTY: ([PY, "-I", "-S", "-c", "import site; site.addsitedir(%r)" % emptydir], base),
+            SITE_HOOK: ([PY, "-I", "-S", "-c", "import site; site.addsitedir(%r)" % hookdir], base),
+        }
+        if not extra_rows:
+            for k in (NO_PYC, SITE_EMPTY, SITE_HOOK):
+                del rows[k]
+        if otel_inst:
+            rows[OTEL_INSTRUMENT] = ([otel_inst, PY, "-c", "pass"], otel_env)
+        samples: dict = {k: [] for k in rows}
+        for name, (cmd, env) in rows.items():  # warm the page cache
+            time_once(cmd, env, work)
+        for _ in range(runs):
+            for name, (cmd, env) in rows.items():
+                samples[name].append(time_once(cmd, env, work))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+
+        fe = []
+        for p in Path(work, "journals").glob("*.otel.jsonl"):
+            for line in p.read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("k") == "attrs" and "lora_otel.preamble.first_evidence_us" in rec["attrs"]:
+                    fe.append((rec["attrs"]["lora_otel.preamble.first_evidence_us"],
+                               rec["attrs"]["lora_otel.preamble.duration_us"]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"runs": runs, "rows": list(rows), "med": med, "samples": samples, "bare": med[BARE],
+            "first_evidence": fe, "hook_line_us": hook_line_cost_us(), "otel_instrument": otel_inst}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=40)
     args = ap.parse_args()
-    compileall.compile_dir(str(REPO / "lora_otel"), quiet=1)
-    work = tempfile.mkdtemp(prefix="lora-otel-bench-")
-    hookdir = os.path.join(work, "hook")
-    emptydir = os.path.join(work, "empty")
-    os.makedirs(hookdir)
-    os.makedirs(emptydir)
-    shutil.copy(REPO / "lora_otel_hook.pth", hookdir)
-    base = env_base()
-    on = dict(base, LORA_OTEL="1", LORA_OTEL_DIR=os.path.join(work, "journals"))
-    otel_inst = shutil.which("opentelemetry-instrument", path=os.path.dirname(PY))
-    otel_env = dict(base, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
-                    OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_SERVICE_NAME="bench")
-    nopyc = os.path.join(work, "no-pyc")
-    rows = {
-        "bare python -c pass": ([PY, "-c", "pass"], base),
-        "LORA_OTEL=1 python -c pass": ([PY, "-c", "pass"], on),
-        # A source tree with no byte code (PYTHONDONTWRITEBYTECODE, read-only checkout): every
-        # lora_otel module is compiled at each start. Shown for honesty; pip installs compile.
-        "LORA_OTEL=1, no byte code": ([PY, "-c", "pass"],
-                                      dict(on, PYTHONPYCACHEPREFIX=nopyc, PYTHONDONTWRITEBYTECODE="1")),
-        # With an OTLP endpoint the preamble also starts the sidecar (double fork + exec). The
-        # sidecar here is /bin/true, so that forty sidecars importing the OTel SDK do not load
-        # the machine during the timing; the job pays the same either way.
-        "LORA_OTEL=1 + OTLP endpoint (starts the sidecar)": (
-            [PY, "-c", "pass"], dict(on, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
-                                     LORA_OTEL_SIDECAR_PYTHON=shutil.which("true") or "/bin/true")),
-        "site.addsitedir(empty dir)": ([PY, "-I", "-S", "-c", "import site; site.addsitedir(%r)" % emptydir], base),
-        "site.addsitedir(dir with hook), unset": (
-            [PY, "-I", "-S", "-c", "import site; site.addsitedir(%r)" % hookdir], base),
-    }
-    if otel_inst:
-        rows["opentelemetry-instrument python -c pass"] = ([otel_inst, PY, "-c", "pass"], otel_env)
-    samples: dict = {k: [] for k in rows}
-    for name, (cmd, env) in rows.items():  # warm the page cache
-        time_once(cmd, env, work)
-    for _ in range(args.runs):
-        for name, (cmd, env) in rows.items():
-            samples[name].append(time_once(cmd, env, work))
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    bare = med["bare python -c pass"]
-
-    fe = []
-    for p in Path(work, "journals").glob("*.otel.jsonl"):
-        for line in p.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("k") == "attrs" and "lora_otel.preamble.first_evidence_us" in rec["attrs"]:
-                fe.append((rec["attrs"]["lora_otel.preamble.first_evidence_us"],
-                           rec["attrs"]["lora_otel.preamble.duration_us"]))
-    per_exec = hook_line_cost_us()
+    r = measure(args.runs)
+    med, bare, fe, per_exec = r["med"], r["bare"], r["first_evidence"], r["hook_line_us"]
 
     print("lora_otel start-up benchmark — %s, Python %s, %d runs per row (median), %s"
           % (os.uname().machine, sys.version.split()[0], args.runs, time.strftime("%Y-%m-%d")))
     print()
     print("| what | median ms | vs bare | added ms |")
     print("|---|---:|---:|---:|")
-    for k in rows:
-        ref = med["site.addsitedir(empty dir)"] if k.startswith("site.addsitedir(dir") else bare
+    for k in r["rows"]:
+        ref = med[SITE_EMPTY] if k == SITE_HOOK else bare
         print("| %s | %.2f | %.2fx | %+.2f |" % (k, med[k], med[k] / ref if ref else 0, med[k] - ref))
     print()
     print("| figure | value | goal |")
     print("|---|---:|---|")
     print("| .pth hook line exec'd with LORA_OTEL unset | %.2f µs | < 1000 µs |" % per_exec)
     print("| hook dir vs empty dir, whole interpreter (noise-bound) | %+.2f ms | < 1 ms |"
-          % (med["site.addsitedir(dir with hook), unset"] - med["site.addsitedir(empty dir)"]))
-    print("| preamble added to interpreter start | %+.2f ms | ≤ 15 ms |" % (med["LORA_OTEL=1 python -c pass"] - bare))
-    print("| preamble + starting the sidecar (OTLP endpoint set) | %+.2f ms | ≤ 15 ms |"
-          % (med["LORA_OTEL=1 + OTLP endpoint (starts the sidecar)"] - bare))
-    print("| same, without byte code (compiled at every start) | %+.2f ms | |"
-          % (med["LORA_OTEL=1, no byte code"] - bare))
-    if otel_inst:
-        print("| opentelemetry-instrument added | %+.2f ms | (reference, ~600 ms here) |"
-              % (med["opentelemetry-instrument python -c pass"] - bare))
+          % (med[SITE_HOOK] - med[SITE_EMPTY]))
+    print("| preamble added to interpreter start | %+.2f ms | ≤ 15 ms |" % (med[ON] - bare))
+    print("| preamble + starting the sidecar (OTLP endpoint set) | %+.2f ms | ≤ 15 ms |" % (med[SIDECAR] - bare))
+    print("| same, without byte code (compiled at every start) | %+.2f ms | |" % (med[NO_PYC] - bare))
+    if r["otel_instrument"]:
+        print("| opentelemetry-instrument added | %+.2f ms | (reference, ~600 ms here) |" % (med[OTEL_INSTRUMENT] - bare))
     if fe:
         print("| first evidence after preamble start (median) | %d µs | ≤ 5000 µs |"
               % statistics.median(x[0] for x in fe))
         print("| first evidence after preamble start (max of %d) | %d µs | ≤ 5000 µs |"
               % (len(fe), max(x[0] for x in fe)))
         print("| whole preamble, measured inside (median) | %d µs | |" % statistics.median(x[1] for x in fe))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
