@@ -70,3 +70,95 @@ def test_multiprocessing_fork_worker_records_its_exit(tmp_path: Path) -> None:
     children = [read_journal(p) for p in journals(tmp_path / "lora-otel") if p.name.count(".") > 2]
     assert sorted(j.exit["code"] for j in children) == [0, 1]
     assert all(j.root.end_ns is not None for j in children)
+
+
+SPAWNING = """
+import multiprocessing as mp, os, subprocess, sys, time, lora_otel
+C = "import sys; print(sys.argv)"
+
+def work():
+    pass
+
+if __name__ == "__main__":
+    subprocess.run([sys.executable, "-c", C, "top"], check=True)
+    with lora_otel.stage("convert"):
+        subprocess.run([sys.executable, "-c", C, "inherited"], check=True)
+        env = os.environ.copy()
+        env["EXTRA"] = "1"
+        subprocess.run([sys.executable, "-c", C, "copied env"], env=env, check=True)
+        subprocess.run([sys.executable, "-c", C, "own traceparent"], check=True,
+                       env=dict(env, TRACEPARENT="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"))
+        os.popen(sys.executable + " -c 'import sys' popen").read()
+    with lora_otel.stage("workers"):
+        p = mp.get_context("spawn").Process(target=work)
+        p.start()
+        p.join()
+    assert "convert" not in os.environ["TRACEPARENT"]  # the job's own environment is left as it was
+    print("PARENT done", os.environ["TRACEPARENT"], flush=True)
+"""
+
+
+def test_spawned_children_hang_under_the_span_that_started_them(tmp_path: Path) -> None:
+    """subprocess (with the inherited environment, a copy of it, os.popen) and a multiprocessing
+    spawn worker started inside a stage hang under that stage; one started outside any stage under
+    the root; an env with its own TRACEPARENT keeps it; the job's os.environ is unchanged."""
+    (tmp_path / "job.py").write_text(SPAWNING)
+    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "PARENT done" in r.stdout, r.stderr
+    js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
+    [parent] = [j for j in js if j.root.parent_id is None]
+    stage = {s.name: s.span_id for s in parent.spans}
+    assert r.stdout.split("PARENT done ")[1].split("-")[2] == parent.root.span_id
+    under = {}
+    for j in js:
+        if j is parent:
+            continue
+        args = j.root.attrs["process.command_args"]
+        what = args[-1] if "--multiprocessing-fork" not in args else "spawn worker"
+        if "resource_tracker" in str(args) or any("resource_tracker" in s.name for s in j.spans):
+            what = "resource tracker"
+        under[what] = j.root.parent_id
+    assert under == {
+        "top": parent.root.span_id,
+        "inherited": stage["convert"],
+        "copied env": stage["convert"],
+        "own traceparent": "b7ad6b7169203331",
+        "popen": stage["convert"],
+        "spawn worker": stage["workers"],
+        "resource tracker": stage["workers"],
+    }, under
+
+
+DATALOADER = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    for epoch in range(2):  # the workers of epoch 1 start after the first step: inside training
+        for x, y in DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context="spawn"):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    print("TRAINED", flush=True)
+"""
+
+
+def test_dataloader_workers_started_during_training_hang_under_training(tmp_path: Path) -> None:
+    """A DataLoader's spawn workers started once training is open (no stage around them) hang under
+    ``training``; those started before the first step under the root."""
+    (tmp_path / "job.py").write_text(DATALOADER)
+    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "TRAINED" in r.stdout, r.stderr
+    js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
+    [parent] = [j for j in js if j.root.parent_id is None]
+    [training] = [s for s in parent.spans if s.name == "training"]
+    workers = [j for j in js if "--multiprocessing-fork" in j.root.attrs["process.command_args"]]
+    assert sorted(w.root.parent_id == training.span_id for w in workers) == [False, True], \
+        [(w.root.parent_id, w.root.start_ns > training.start_ns) for w in workers]
+    [late] = [w for w in workers if w.root.parent_id == training.span_id]
+    assert late.root.start_ns > training.start_ns

@@ -250,6 +250,11 @@ def error_line(msg: str) -> None:
 
 # --- spans -------------------------------------------------------------------------------------
 
+def traceparent(span_id: str) -> str:
+    """The W3C ``traceparent`` that makes ``span_id`` the parent of a child process's root span."""
+    return "00-%s-%s-%s" % (trace_id, span_id, "01" if sampled else "00")
+
+
 def current_span_id() -> str:
     """The innermost open span of the calling thread, else the root span."""
     stack = _stacks.get(get_ident())

@@ -12,6 +12,9 @@
 - **frameworks**: when ``transformers.trainer``, ``lightning.pytorch``/``pytorch_lightning`` or
   ``accelerate`` finishes loading (also lazily, through ``importlib``), the matching module of
   :mod:`lora_otel.integrations` instruments it (a ``sys.meta_path`` entry sees the load).
+- **child processes**: ``subprocess`` and multiprocessing's spawn hand a child started inside a
+  span a ``TRACEPARENT`` naming that span, so its ``process`` span hangs under the stage, import
+  or ``training`` that started it (forked children already do).
 
 Every wrapper runs its own bookkeeping inside :class:`~lora_otel._boot.core.fail_open` and calls
 the original exactly once, whatever happens to the bookkeeping.
@@ -23,7 +26,7 @@ import builtins
 import os
 import sys
 import time
-from _thread import get_ident
+from _thread import allocate_lock, get_ident
 
 from lora_otel._boot import core
 
@@ -136,13 +139,16 @@ def install_import_hook() -> None:
 
 # --- framework integrations ----------------------------------------------------------------
 
-# Framework module -> the module of lora_otel.integrations that instruments it. An entry leaves
-# once installed, so the checks cost nothing after that (and a dict lookup before).
+# Module -> the module of lora_otel.integrations that instruments it, or a hook of this module's
+# (installed by name, see below). An entry leaves once installed, so the checks cost nothing after
+# that (and a dict lookup before).
 _integrations: dict = {
     "transformers.trainer": "transformers",
     "lightning.pytorch": "lightning",
     "pytorch_lightning": "lightning",
     "accelerate": "accelerate",
+    "subprocess": "install_subprocess_hook",
+    "multiprocessing.util": "install_mp_spawn_hook",  # loaded lazily, when a spawn starts
 }
 _INTEGRATION_MODULES = tuple(_integrations)
 
@@ -204,9 +210,87 @@ def _install_integration(name: str, module) -> None:
     if kind is None or not core.active:
         return
     with core.fail_open("%s integration" % kind):
+        if kind.startswith("install_"):
+            globals()[kind](module)
+            return
         from lora_otel import integrations
 
         integrations.install(kind, module)
+
+
+# --- processes started inside a span --------------------------------------------------------
+
+# The environment's TRACEPARENT names the root span (set once by the preamble). A process started
+# while a span is open (a stage, an import, training) should hang under that span instead, so
+# ``subprocess`` and multiprocessing's spawn get a TRACEPARENT naming it, for that child only.
+
+def spawn_traceparent() -> str | None:
+    """TRACEPARENT for a process started now from this thread, or None when the root span is the
+    parent (the environment's value is right). The thread's innermost span; at the top of a thread
+    while ``training`` is open, ``training`` (a DataLoader starting its workers)."""
+    if not core.active or os.getpid() != core.pid:
+        return None
+    sid = core.current_span_id()
+    if sid == core.root_id and _training_id is not None and _training_id in core.open_spans:
+        sid = _training_id
+    return core.traceparent(sid) if sid and sid != core.root_id else None
+
+
+def install_subprocess_hook(subprocess) -> None:
+    """Wrap ``subprocess.Popen._execute_child`` (every subprocess call, ``os.popen`` too) so that a
+    child started inside a span gets a TRACEPARENT naming it. An ``env`` the caller built keeps
+    its own TRACEPARENT unless that is the inherited one (``os.environ.copy()`` and edits)."""
+    popen = getattr(subprocess, "Popen", None)
+    orig = getattr(popen, "_execute_child", None)
+    if orig is None or getattr(orig, "_lora_otel", False):
+        return
+    inherited = core.traceparent(core.root_id)
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
+        with core.fail_open("subprocess hook"):
+            tp = spawn_traceparent()
+            if tp is not None:
+                if env is None:
+                    env = dict(os.environ)
+                    env["TRACEPARENT"] = tp
+                elif hasattr(env, "get") and env.get("TRACEPARENT") == inherited:
+                    env = dict(env)
+                    env["TRACEPARENT"] = tp
+        return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+
+    _execute_child._lora_otel = True  # type: ignore[attr-defined]
+    popen._execute_child = _execute_child
+
+
+_environ_lock = allocate_lock()
+
+
+def install_mp_spawn_hook(util) -> None:
+    """Wrap ``multiprocessing.util.spawnv_passfds`` (spawn and forkserver start methods): the
+    child inherits the C environment, so TRACEPARENT is set in it for the duration of the call."""
+    orig = getattr(util, "spawnv_passfds", None)
+    if orig is None or getattr(orig, "_lora_otel", False):
+        return
+
+    def spawnv_passfds(path, args, passfds):
+        tp = None
+        with core.fail_open("multiprocessing hook"):
+            tp = spawn_traceparent()
+        if tp is None:
+            return orig(path, args, passfds)
+        with _environ_lock:
+            before = os.environ.get("TRACEPARENT")
+            os.environ["TRACEPARENT"] = tp
+            try:
+                return orig(path, args, passfds)
+            finally:
+                if before is None:
+                    os.environ.pop("TRACEPARENT", None)
+                else:
+                    os.environ["TRACEPARENT"] = before
+
+    spawnv_passfds._lora_otel = True  # type: ignore[attr-defined]
+    util.spawnv_passfds = spawnv_passfds
 
 
 # --- argparse ------------------------------------------------------------------------------

@@ -85,8 +85,9 @@ def _service_name(argv: list) -> str:
 
 
 def _traceparent() -> str:
-    """The W3C ``traceparent`` that makes this process's root span the parent of its children."""
-    return "00-%s-%s-%s" % (core.trace_id, core.root_id, "01" if core.sampled else "00")
+    """The W3C ``traceparent`` that makes this process's root span the parent of its children
+    (those started inside a span get that span instead: ``hooks.install_spawn_hooks``)."""
+    return core.traceparent(core.root_id)
 
 
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
