@@ -620,18 +620,7 @@ def follow_like_the_sidecar(paths: list[str], evidence: dict, peer_stacks: str, 
     followers: dict[str, Follower] = {}
 
     def peers_of(path: str) -> Callable[[], list[Journal]]:
-        def peers() -> list[Journal]:
-            out = []
-            for other, f in list(followers.items()):
-                if other == path:
-                    continue
-                try:
-                    out.append(f.tail.read())
-                except JournalError:
-                    if f.journal is not None:
-                        out.append(f.journal)
-            return out
-        return peers
+        return lambda: sidecar.other_journals(followers, path)
 
     try:
         with otel_errors() as sdk_errors, time_limit("Follower over %d journal(s)" % len(paths)):

@@ -31,6 +31,21 @@ DRAIN_S = 30.0
 EXIT_GRACE_S = 0.3  # `lora-otel run` appends the exit record of a child killed by a signal right after reaping it
 
 
+def other_journals(followers: dict, path: str) -> list:
+    """The journals of the job's other processes (``followers``: path -> `Follower`, all but
+    ``path``'s), read up to now: the peers of a stall in a collective."""
+    out = []
+    for other, f in list(followers.items()):
+        if other == path:
+            continue
+        try:
+            out.append(f.tail.read())
+        except JournalError:
+            if f.journal is not None:
+                out.append(f.journal)
+    return out
+
+
 def _say(msg: str) -> None:
     msg = " ".join(msg.splitlines())  # one line per message, whatever the journal's exit message holds
     sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
@@ -118,24 +133,9 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     if logs_out is not None:
         logs_out.on_change = _say
 
-    def peers_of(path: str):
-        def peers() -> list:
-            """The journals of the job's other processes, read up to now (for a stall in a collective)."""
-            out = []
-            for other, f in list(followers.items()):
-                if other == path:
-                    continue
-                try:
-                    out.append(f.tail.read())
-                except JournalError:
-                    if f.journal is not None:
-                        out.append(f.journal)
-            return out
-        return peers
-
     def follower(path: str) -> Follower:
         return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out,
-                        peers=peers_of(path))
+                        peers=lambda: other_journals(followers, path))
 
     from lora_otel.export.evidence import OomWatch
 
