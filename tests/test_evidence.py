@@ -58,3 +58,26 @@ def test_gone_process_gives_errors_not_exceptions() -> None:
     ev = process_facts(2 ** 22 + 12345, sample_s=0)
     assert PREFIX + "process.error" in ev
     assert PREFIX + "net.error" in network_facts(2 ** 22 + 12345)
+
+
+def test_oom_watch_keeps_the_first_count_of_each_cgroup(tmp_path: Path, monkeypatch) -> None:
+    """While the OOM killer's victim dies, the kernel moves it to the root memory cgroup, so a last
+    look at /proc/<pid>/cgroup names the root (seen on this machine's cgroup v1: ``4:memory:/``
+    just before the task is gone). That look must not replace the job's cgroup and its count: the
+    kill in the job's cgroup is still told. The kernel files are real files here, in a temporary
+    directory standing in for /sys/fs/cgroup (the real OOM kill is tests/test_sidecar.py::test_oom_killer)."""
+    from lora_otel.export import evidence
+
+    job, root = tmp_path / "job", tmp_path / "root"
+    for d, count in ((job, 0), (root, 7)):
+        d.mkdir()
+        (d / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill %d\n" % count)
+    where = {"cgroup": str(job)}
+    monkeypatch.setattr(evidence, "memory_cgroup", lambda pid: where["cgroup"])
+    watch = evidence.OomWatch(str(job), 0)
+    watch.see(1234)
+    (job / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")  # the kill
+    where["cgroup"] = str(root)  # the dying task, as the last look saw it
+    watch.see(1234)
+    assert watch.struck() == "the OOM killer (oom_kill 0 \u2192 1 in its memory cgroup)"
+    assert watch.struck() is None, "each kill is told once"
