@@ -125,8 +125,9 @@ class Reaper:
         """Run a torchrun/accelerate job; once more (fresh port, emptied journal dirs) when a rank
         died by SIGABRT. That is torch's own race between gloo's worker threads and interpreter
         shutdown (pytorch/pytorch PR 179291), seen here once under CI load after a rank had written
-        its normal exit record (so after lora_otel's exit hook ran);
-        a second abort fails the test."""
+        its normal exit record (so after lora_otel's exit hook ran), and reproduced without
+        lora_otel at all: the same script under plain torchrun aborted with "terminate called
+        without an active exception" in 2 of 15 runs (2026-12-01). A second abort fails the test."""
         r = self.run(make_cmd(), cwd, env, dirs)
         if "(SIGABRT)" in r.stderr:
             self.reap()
