@@ -83,6 +83,26 @@ def killed_in_training(directory: Path, name: str, number: int, t: float, trace_
     journal.beat(t + 601.0, steps=1234, last_step_t=t + 600.8)
 
 
+def failed_first_job(tmp_path):
+    """torchrun with two ranks: rank 1 raises at 18 s, rank 0 is killed just after (no exit record),
+    the launcher fails. Returns rank 1's journal builder."""
+    launcher = builder(tmp_path, "launcher.otel.jsonl", 1)
+    launch_root = launcher.process(attrs={"service.name": "torchrun"})
+    launcher.end(launch_root, 21.0, status="error", message="exit code 1")
+    launcher.exit(21.0, code=1, how="exception", message="ChildFailedError: train.py FAILED")
+    rank0 = builder(tmp_path, "rank0.otel.jsonl", 2)
+    rank0.process(0.5, parent_id=launch_root, attrs=rank_attrs(0))
+    rank0.start("training", 3.0)
+    rank0.beat(17.5, steps=10, last_step_t=17.4)  # its last beat before rank 1's end: killed just after
+    rank1 = builder(tmp_path, "rank1.otel.jsonl", 3)
+    root1 = rank1.process(0.5, parent_id=launch_root, attrs=rank_attrs(1))
+    training = rank1.start("training", 3.0)
+    rank1.end(training, 18.0, status="error", message="torch.OutOfMemoryError: CUDA out of memory")
+    rank1.end(root1, 18.0, status="error", message="exit code 1")
+    rank1.exit(18.0, code=1, how="exception", message="torch.OutOfMemoryError: CUDA out of memory")
+    return rank1
+
+
 class TestOneJob:
     def test_stuck_rank_called_out_and_ranks_in_order(self, capsys, tmp_path):
         """The launcher first, then rank 0, rank 1; rank 1, stuck in its import, is named with its pid,
@@ -134,20 +154,7 @@ class TestOneJob:
 
     def test_failed_first_is_called_out(self, capsys, tmp_path):
         """Rank 1 raises; rank 0 is then killed and the launcher fails: rank 1 is the one named."""
-        launcher = builder(tmp_path, "launcher.otel.jsonl", 1)
-        launch_root = launcher.process(attrs={"service.name": "torchrun"})
-        launcher.end(launch_root, 21.0, status="error", message="exit code 1")
-        launcher.exit(21.0, code=1, how="exception", message="ChildFailedError: train.py FAILED")
-        rank0 = builder(tmp_path, "rank0.otel.jsonl", 2)
-        rank0.process(0.5, parent_id=launch_root, attrs=rank_attrs(0))
-        rank0.start("training", 3.0)
-        rank0.beat(17.5, steps=10, last_step_t=17.4)  # its last beat before rank 1's end: killed just after
-        rank1 = builder(tmp_path, "rank1.otel.jsonl", 3)
-        root1 = rank1.process(0.5, parent_id=launch_root, attrs=rank_attrs(1))
-        training = rank1.start("training", 3.0)
-        rank1.end(training, 18.0, status="error", message="torch.OutOfMemoryError: CUDA out of memory")
-        rank1.end(root1, 18.0, status="error", message="exit code 1")
-        rank1.exit(18.0, code=1, how="exception", message="torch.OutOfMemoryError: CUDA out of memory")
+        rank1 = failed_first_job(tmp_path)
         status, lines, _ = inspect(capsys, str(tmp_path), "--summary")
         assert (status, lines) == (1, ["4bf92f35  torchrun  failed: torch.OutOfMemoryError: CUDA out of memory "
                                        "(exit code 1, rank 1)"])
@@ -379,6 +386,14 @@ class TestWatch:
         assert "  import bitsandbytes  OPEN for 312 s" in lines
         assert lines[-1] == f"(the other 2 processes' trees: lora-otel inspect {tmp_path} --all)"
         assert "training  OPEN" not in out, "rank 0's tree is not shown"
+
+    def test_exit_status_is_the_jobs_as_inspect_summary_says(self, capsys, tmp_path):
+        """Rank 1 failed first and rank 0 was then killed: watch exits 1 (failed), as
+        `inspect --summary` does, not 3 for the rank its launcher killed."""
+        failed_first_job(tmp_path)
+        assert main(["watch", "--once", str(tmp_path)]) == 1
+        capsys.readouterr()
+        assert inspect(capsys, str(tmp_path), "--summary")[0] == 1
 
     def test_line_mode_names_ranks_and_the_callout(self, capsys, tmp_path):
         """Out of a terminal: each line names the pid and rank; the call-out is a line of its own."""

@@ -321,5 +321,6 @@ def test_help_teaches_by_example() -> None:
     """`lora-otel watch --help` has examples and the exit statuses."""
     r = lora_otel_cli("watch", "--help")
     assert r.returncode == 0
-    assert "lora-otel watch runs/ --once" in r.stdout and "exit status: 0 all finished normally" in r.stdout
+    assert "lora-otel watch runs/ --once" in r.stdout and "exit status, job by job" in r.stdout
+    assert "0 all finished normally" in r.stdout
 

@@ -29,8 +29,10 @@ line on stderr (and under the view on a terminal), and watch goes on. Before wat
 for the alerts still running. ``--exit-on-stall``: exit with status 4 as soon as a stall is seen,
 after its alerts have run.
 
-Watch ends when no followed process is running any more (``--once``: at once). Exit status: 0 all
-finished normally, 1 some failed, 3 some killed or gone without an exit record (wins over 1), 4 a
+Watch ends when no followed process is running any more (``--once``: at once). Exit status, job by
+job as ``inspect --summary`` judges them (the process that failed or stuck first decides its job's
+outcome; the others it took down with it do not): 0 all finished normally (or still running), 1
+some failed, 3 some killed or gone without an exit record (wins over 1), 4 a
 stall seen with ``--exit-on-stall`` (with ``--once``: a process stalled now), 2 usage, 130 Ctrl-C.
 """
 
@@ -398,7 +400,12 @@ class Watcher:
         return sent
 
     def exit_status(self) -> int:
-        statuses = {_status(f) for f in self.followed.values()}
+        """Job by job, as ``inspect --summary`` says it (a rank that failed first makes its job
+        failed, though its launcher then killed the others); a job still running counts 0;
+        journals without a span yet, process by process."""
+        jobs, _, rest = self.jobs(time.time_ns())
+        statuses = {0 if job.outcome in ("running", "stalled") else job.status for job in jobs}
+        statuses |= {_status(f) for f in rest}
         return 3 if 3 in statuses else 1 if 1 in statuses else 0
 
     def screen(self, now_ns: int, color: bool, header: Optional[str] = None) -> str:
