@@ -446,3 +446,30 @@ def test_what_bears_on_a_stage(stage: str, in_training: bool, expected: list) ->
     if own:
         assert relevant[0] is own[0]  # the stage's own package first
     assert len(relevant) + len(other) == len(drift)
+
+
+def test_inspect_dir_shows_the_focus_process_drift(tmp_path: Path, capsys, monkeypatch, journal) -> None:
+    """`inspect DIR` (and `--json`) with LORA_OTEL_BASELINE: the stuck process's drift right after
+    the job's lines, as `inspect FILE` gives it; `--summary` stays one line a job; a bad baseline is
+    one line on stderr and the report without it."""
+    base = saved_from_good_runs(tmp_path, capsys)
+    edit(base, lambda doc: doc["environment"]["packages"].update(bitsandbytes="0.43.1", torch="2.2.2"))
+    stuck_in_bitsandbytes(journal)
+    monkeypatch.setenv("LORA_OTEL_BASELINE", str(base))
+    one = cli(capsys, "inspect", str(journal.path))[1]
+    directory = str(journal.path.parent)
+    status, out, err = cli(capsys, "inspect", directory)
+    assert status == 0 and err == ""
+    start = out.index("drift from baseline %s bearing on import bitsandbytes:" % base)
+    assert out[start:start + 5] == one[1:6]  # as `inspect FILE` gives it, after the job's lines
+    assert start < next(i for i, line in enumerate(out) if line.lstrip().startswith("journal: "))  # before the tree
+    doc = json.loads("\n".join(cli(capsys, "inspect", "--json", directory)[1]))
+    [job] = doc["jobs"]
+    assert job["baseline"]["stage"] == "import bitsandbytes"
+    assert [d["name"] for d in job["baseline"]["relevant"]] == ["bitsandbytes", "import bitsandbytes", "torch"]
+    status, out, _ = cli(capsys, "inspect", "--summary", directory)
+    assert len(out) == 1 and "drift" not in out[0]
+    Path(base).write_text("{not json")
+    status, out, err = cli(capsys, "inspect", directory)
+    assert status == 0 and len(err.splitlines()) == 1 and err.startswith("lora-otel inspect: ")
+    assert not any(line.startswith("drift from baseline") for line in out)

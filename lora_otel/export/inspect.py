@@ -139,14 +139,47 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
             proc = jobs_mod.make_proc(journal, process_state(journal), now_ns, limits, frozen_after)
             jobs, unreadable = jobs_mod.group_jobs([proc]), []
     show_all = getattr(args, "all", False)
+    summary = getattr(args, "summary", False)
+    drift = {} if summary else _drift_by_proc(jobs, now_ns)  # LORA_OTEL_BASELINE: the focus processes' drift
     if args.json:
-        text = jobs_mod.dumps(jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all))
-    elif getattr(args, "summary", False):
+        doc = jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all)
+        from lora_otel.export import baseline
+
+        for job, job_doc in zip(jobs, doc["jobs"]):
+            first = jobs_mod.focus(job)
+            if first is not None and id(first) in drift:
+                job_doc["baseline"] = baseline.report_json(drift[id(first)])
+        text = jobs_mod.dumps(doc)
+    elif summary:
         text = jobs_mod.render_summary(jobs, unreadable)
     else:
-        text = jobs_mod.render_text(jobs, unreadable, show_all=show_all)
+        from lora_otel.export import baseline
+
+        text = jobs_mod.render_text(jobs, unreadable, show_all=show_all,
+                                    notes={key: baseline.report_lines(report) for key, report in drift.items()})
     _write(text)
     return jobs_mod.exit_status(jobs) if getattr(args, "summary", False) else 0
+
+
+def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:
+    """With ``LORA_OTEL_BASELINE`` set: each job's focus process's drift report, by ``id`` of its
+    `Proc` (a baseline that cannot be used: one line on stderr, and no reports)."""
+    from lora_otel.export import baseline
+    from lora_otel.export import job as jobs_mod
+
+    reports: dict[int, dict[str, Any]] = {}
+    for job in jobs:
+        first = jobs_mod.focus(job)
+        if first is None:
+            continue
+        report = baseline.inspect_report(first.journal, now_ns)
+        if report is None:
+            return {}
+        if report["error"]:
+            print(f"lora-otel inspect: {report['error']}; shown without it", file=sys.stderr)
+            return {}
+        reports[id(first)] = report
+    return reports
 
 
 def render_text(journal: Journal, now_ns: Optional[int] = None) -> str:

@@ -517,8 +517,18 @@ def _indent(lines: Iterable[str], by: str = "    ") -> list[str]:
     return [by + line for line in lines]
 
 
-def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False) -> str:
-    """``lora-otel inspect DIR``: per job its heading, its processes, the callout and its process's tree."""
+def focus(job: Job) -> Optional[Proc]:
+    """The process to look at first: the called-out one, or the job's only process."""
+    if job.callout is not None:
+        return job.callout.proc
+    return job.procs[0] if len(job.procs) == 1 else None
+
+
+def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False,
+                notes: Optional[dict[int, list[str]]] = None) -> str:
+    """``lora-otel inspect DIR``: per job its heading, its processes, the callout and its process's
+    tree. ``notes``: lines to print right after a process's callout (by ``id`` of the `Proc`; the
+    baseline drift of the focus process)."""
     out: list[str] = []
     for job in jobs:
         if out:
@@ -528,6 +538,9 @@ def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = 
         callout = job.callout
         if callout is not None and len(job.procs) > 1:  # a lone process's heading says it already
             out.append(_display(callout.text))
+        first = focus(job)
+        if notes and first is not None:
+            out.extend(_display(line) for line in notes.get(id(first), []))
         shown = job.procs if show_all else [callout.proc] if callout is not None else []
         for proc in shown:
             lines = proc.view.text_lines()
