@@ -371,6 +371,8 @@ TRAINER = textwrap.dedent("""
 # copied), shows the trainer's output in its log panel, then starts a second run directly.
 PYTHON_UI = textwrap.dedent("""
     import os, subprocess, sys
+    if os.environ.get("UI_SERVER"):
+        import uvicorn  # the web server lora-scripts' UI runs on (a stub package here)
     runs = [
         [sys.executable, "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1",
          "--quiet", "trainer.py", "--config_file", "cfg.toml", "--log", "runs/a.log"],
@@ -387,16 +389,24 @@ PYTHON_UI = textwrap.dedent("""
 
 
 @needs_accelerate
-def test_python_ui_starting_accelerate_launch(tmp_path: Path, reaper: Reaper) -> None:
+@pytest.mark.parametrize("ui_server", [False, True], ids=["plain-ui", "web-ui-server"])
+def test_python_ui_starting_accelerate_launch(tmp_path: Path, reaper: Reaper, ui_server: bool) -> None:
     """LORA_OTEL=1 where a Python UI starts: the UI, accelerate's launcher and the trainer are all
     traced; the trainer's journal lies beside its --log, the UI's in ./lora-otel/; the
-    `[lora-otel]` lines reach the UI's log panel; every run of the UI's session is in the UI's trace."""
+    `[lora-otel]` lines reach the UI's log panel. A plain UI program: every run of its session is in
+    its trace. A UI that runs a web server (gradio, uvicorn, streamlit loaded: kohya_ss,
+    lora-scripts): each run is a trace of its own, linked to the UI by ``lora_otel.launched_by.*``.
+    The server is a stub package here (none of them is installed); the rule looks only at its name."""
     (tmp_path / "trainer.py").write_text(TRAINER)
     (tmp_path / "ui.py").write_text(PYTHON_UI)
     (tmp_path / "runs").mkdir()
     home = tmp_path / "home"
     home.mkdir()
     env = job_env(LORA_OTEL="1", HOME=str(home), HF_HOME=str(home / "hf"))
+    if ui_server:
+        (tmp_path / "uvicorn").mkdir()
+        (tmp_path / "uvicorn" / "__init__.py").write_text("")
+        env["UI_SERVER"] = "1"
     r = reaper.run([PYTHON, "ui.py"], tmp_path, env, [tmp_path / "lora-otel", tmp_path / "runs"])
     assert r.returncode == 0, explain(r)
     assert "[panel] TRAINER running" in r.stdout
@@ -410,10 +420,18 @@ def test_python_ui_starting_accelerate_launch(tmp_path: Path, reaper: Reaper) ->
     assert len(beside_a) == 2 and len(beside_b) == 1, sorted(p.name for p in (tmp_path / "runs").iterdir())
     launcher = next(j for j in beside_a if j.root.attrs["service.name"] != "trainer")
     trainer = next(j for j in beside_a if j.root.attrs["service.name"] == "trainer")
-    assert launcher.root.parent_id == ui.root.span_id
-    assert trainer.root.parent_id == launcher.root.span_id
-    assert beside_b[0].root.parent_id == ui.root.span_id
-    assert {j.trace_id for j in (ui, launcher, trainer, beside_b[0])} == {ui.trace_id}
+    assert trainer.root.parent_id == launcher.root.span_id and trainer.trace_id == launcher.trace_id
+    if not ui_server:
+        assert launcher.root.parent_id == ui.root.span_id
+        assert beside_b[0].root.parent_id == ui.root.span_id
+        assert {j.trace_id for j in (ui, launcher, trainer, beside_b[0])} == {ui.trace_id}
+    else:
+        assert launcher.root.parent_id is None and beside_b[0].root.parent_id is None
+        assert len({ui.trace_id, launcher.trace_id, beside_b[0].trace_id}) == 3, "one trace per run"
+        for run in (launcher, beside_b[0]):
+            assert run.root.attrs["lora_otel.launched_by.trace_id"] == ui.trace_id
+            assert run.root.attrs["lora_otel.launched_by.span_id"] == ui.root.span_id
+        assert "lora_otel.launched_by.trace_id" not in trainer.root.attrs  # below the run: its trace
     for j in (ui, launcher, trainer, beside_b[0]):
         assert j.exit is not None and j.exit["code"] == 0, (j.path, j.exit)
         assert j.problems == []

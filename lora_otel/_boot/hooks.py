@@ -236,10 +236,28 @@ def spawn_traceparent() -> str | None:
     return core.traceparent(sid) if sid and sid != core.root_id else None
 
 
+UI_MODULES = ("gradio", "uvicorn", "streamlit")
+"""Web UI servers (kohya_ss and lora-scripts run on these): a traced process that has one loaded
+starts each run as a trace of its own (`run_gets_own_trace`)."""
+
+
+def run_gets_own_trace() -> bool:
+    """Whether a process started now from outside any span begins a trace of its own, linked to this
+    one by ``LORA_OTEL_LAUNCHED_BY`` (root attributes ``lora_otel.launched_by.*``), instead of
+    hanging under this process's root span: ``LORA_OTEL_TRACE_PER_RUN=1``/``0``, else whether a
+    web UI server is loaded (a UI session launches many runs over days; one trace each is what a
+    backend can show)."""
+    setting = os.environ.get("LORA_OTEL_TRACE_PER_RUN", "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return any(name in _modules for name in UI_MODULES)
+
+
 def install_subprocess_hook(subprocess) -> None:
     """Wrap ``subprocess.Popen._execute_child`` (every subprocess call, ``os.popen`` too) so that a
-    child started inside a span gets a TRACEPARENT naming it. An ``env`` the caller built keeps
-    its own TRACEPARENT unless that is the inherited one (``os.environ.copy()`` and edits)."""
+    child started inside a span gets a TRACEPARENT naming it, and one started by a UI outside any
+    span a trace of its own (`run_gets_own_trace`). An ``env`` the caller built keeps its own
+    TRACEPARENT unless that is the inherited one (``os.environ.copy()`` and edits)."""
     popen = getattr(subprocess, "Popen", None)
     orig = getattr(popen, "_execute_child", None)
     if orig is None or getattr(orig, "_lora_otel", False):
@@ -249,12 +267,18 @@ def install_subprocess_hook(subprocess) -> None:
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
         with core.fail_open("subprocess hook"):
             tp = spawn_traceparent()
-            if tp is not None:
+            own = tp is None and core.active and os.getpid() == core.pid and run_gets_own_trace()
+            if tp is not None or own:
                 if env is None:
                     env = dict(os.environ)
-                    env["TRACEPARENT"] = tp
                 elif hasattr(env, "get") and env.get("TRACEPARENT") == inherited:
                     env = dict(env)
+                else:
+                    own, tp = False, None  # the caller chose the child's environment: leave it
+                if own:
+                    env.pop("TRACEPARENT", None)
+                    env["LORA_OTEL_LAUNCHED_BY"] = inherited
+                elif tp is not None:
                     env["TRACEPARENT"] = tp
         return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
 

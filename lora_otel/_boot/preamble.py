@@ -190,6 +190,11 @@ def _start(how: str) -> None:
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
     _beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
     _start_beat()
+    launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
+    ui_trace, ui_span, _ = parse_traceparent(launched_by)
+    if ui_trace:
+        core.span_attrs(core.root_id, {"lora_otel.launched_by.trace_id": ui_trace,
+                                       "lora_otel.launched_by.span_id": ui_span})
     core.span_attrs(core.root_id, {
         "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
         "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
