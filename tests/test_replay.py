@@ -235,3 +235,35 @@ def test_fuzz_translation_encodes(tmp_path, text):
     translation = translate(read_journal(path))
     encode_spans(translation.spans).SerializeToString()
     assert translation.incomplete <= len(translation.spans)
+
+
+@pytest.mark.parametrize("trace_id, span_id, linked", [
+    ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", True),
+    ("0af7651916cd43dd8448eb211c80319c", "not-hex-at-all!!", False),
+    ("0" * 32, "b7ad6b7169203331", False),
+    (12345, None, False),
+])
+def test_run_launched_by_a_ui_links_to_it(journal, trace_id, span_id, linked):
+    """A run a UI started as a trace of its own: its root span carries one link to the UI's root
+    span (from ``lora_otel.launched_by.*``), in the OTLP it is encoded to, and kept when the sidecar
+    amends the span (a stall, a death); values that are not span ids give no link."""
+    from opentelemetry.trace import Status
+
+    from lora_otel.export.live import _amend
+
+    journal.process(attrs={"service.name": "train.py", "lora_otel.launched_by.trace_id": trace_id,
+                           "lora_otel.launched_by.span_id": span_id})
+    journal.span("arguments", 0.1, 0.1)
+    spans = {s.name: s for s in translate(read_journal(journal.path)).spans}
+    root = spans["process"]
+    assert spans["arguments"].links == ()
+    if not linked:
+        assert root.links == ()
+        return
+    [link] = root.links
+    assert (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")) == (trace_id, span_id)
+    assert dict(link.attributes) == {"lora_otel.link": "launched_by"}
+    [encoded] = encode_spans([root]).resource_spans[0].scope_spans[0].spans
+    assert [(l.trace_id.hex(), l.span_id.hex()) for l in encoded.links] == [(trace_id, span_id)]
+    amended = _amend(root, status=Status(StatusCode.ERROR, "x"), attrs={}, events=[], end_ns=root.end_time)
+    assert amended.links == root.links

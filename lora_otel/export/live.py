@@ -53,7 +53,8 @@ def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: l
         status = Status(status.status_code, otlp.clean_text(status.description))
     return ReadableSpan(name=rs.name, context=rs.context, parent=rs.parent, resource=rs.resource,
                         attributes=merged, events=list(rs.events) + events, kind=rs.kind, status=status,
-                        start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope)
+                        start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope,
+                        links=rs.links)
 
 
 MAX_EVENTS = 128  # per span, as the OpenTelemetry SDK's default span limits

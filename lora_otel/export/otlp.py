@@ -26,7 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from lora_otel._version import __version__
@@ -99,7 +99,19 @@ class _Translator:
             start_time=span.start_ns,
             end_time=end_ns,
             instrumentation_scope=_SCOPE,
+            links=self._links(span),
         )
+
+    def _links(self, span: Span) -> list[Link]:
+        """The root span of a run a UI launched as a trace of its own links to the UI's root span
+        (``lora_otel.launched_by.*``): Jaeger and Tempo show it as a reference to follow."""
+        if span is not self.journal.root:
+            return []
+        trace_id, span_id = span.attrs.get(LAUNCHED_BY_TRACE), span.attrs.get(LAUNCHED_BY_SPAN)
+        if not (_is_hex(trace_id, 32) and _is_hex(span_id, 16)):
+            return []
+        context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=self.trace_flags)
+        return [Link(context, {"lora_otel.link": "launched_by"})]
 
     def _parent(self, span: Span) -> Optional[SpanContext]:
         """The nearest kept ancestor; remote when it is not in this journal (e.g. TRACEPARENT's)."""
@@ -114,6 +126,15 @@ class _Translator:
 
     def _context(self, trace_id: str, span_id: str, *, is_remote: bool) -> SpanContext:
         return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=is_remote, trace_flags=self.trace_flags)
+
+
+LAUNCHED_BY_TRACE = "lora_otel.launched_by.trace_id"
+LAUNCHED_BY_SPAN = "lora_otel.launched_by.span_id"
+
+
+def _is_hex(value: Any, length: int) -> bool:
+    return (isinstance(value, str) and len(value) == length and value != "0" * length
+            and all(c in "0123456789abcdef" for c in value))
 
 
 def make_resource(journal: Journal) -> Resource:
