@@ -571,8 +571,9 @@ def test_journal_cut_short_while_the_sidecar_follows(tmp_path: Path, collector) 
 
 
 def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
-    """SIGKILL the sidecar while the job runs: the job does not notice (exit 0, no delay, no line on
-    its stderr), the journal still holds every span, and `lora-otel replay` ships the job afterwards."""
+    """SIGKILL the sidecar while the job runs: the job goes on (exit 0, no delay) and says once that
+    live export stopped; the journal still holds every span, and `lora-otel replay` ships the job
+    afterwards."""
     c = FakeCollector()
     go = tmp_path / "go"
     try:
@@ -582,15 +583,21 @@ def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
         side = sidecar_pid(tmp_path)
         os.kill(side, signal.SIGKILL)
         wait_gone(side, timeout=10)
+        [path] = journals(tmp_path / "lora-otel")
+        wait_for(lambda: "live export stopped" in path.read_text(), timeout=10, what="the job's line")  # next beat
         go.touch()
         out, err = proc.communicate(timeout=60)
         wall = time.monotonic() - t0
         assert proc.returncode == 0 and b"JOB done" in out, err.decode(errors="replace")
-        assert [ln for ln in err.decode().splitlines() if ln.startswith("[lora-otel]")] == []
+        # one line (stderr and journal) says live export stopped and how to ship the journal later
+        said = [ln for ln in err.decode().splitlines() if ln.startswith("[lora-otel]")]
+        assert len(said) == 1 and "live export stopped: the sidecar (pid %d) is gone" % side in said[0], said
+        assert "lora-otel replay " in said[0]
         assert wall < 10
         [path] = journals(tmp_path / "lora-otel")
         j = read_journal(path)
         assert j.problems == [] and j.exit is not None and all(s.end_ns is not None for s in j.spans)
+        assert any("live export stopped" in ln.msg and ln.level == "error" for ln in j.lines)
         assert len(j.spans) == 13
         live = set(c.span_ids)
         r = subprocess.run([PYTHON, "-m", "lora_otel", "replay", str(path)], capture_output=True, text=True,

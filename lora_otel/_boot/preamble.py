@@ -206,6 +206,7 @@ def _start_sidecar(env) -> None:
     Before any thread exists (the sidecar is started by a double fork). If it cannot start, one
     line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
+    global _sidecar_pid, _sidecar_log
     if not core.journal_path or not (env.get("LORA_OTEL_LIVE") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or
                                      env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
         return  # the common case costs no import
@@ -223,8 +224,10 @@ def _start_sidecar(env) -> None:
             core.error_line("live export off: %s; the journal remains for `lora-otel replay %s`"
                             % (why, core.journal_path))
         else:
+            _sidecar_pid = pid
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid,
                                            "lora_otel.sidecar.log": spawn.log_path(core.journal_path)})
+            _sidecar_log = spawn.log_path(core.journal_path)
             env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, os.path.abspath(spawn.registry_path(core.journal_path)))
 
 
@@ -412,6 +415,8 @@ def _forked_child_exit(code=0):
 
 
 def _after_fork_child() -> None:
+    global _sidecar_pid
+    _sidecar_pid = 0  # the parent watches the sidecar it started
     with core.fail_open("fork hook"):
         if not core.active:
             return
@@ -440,6 +445,32 @@ def _after_fork_child() -> None:
 
 # --- beat -----------------------------------------------------------------------------------
 
+_sidecar_pid = 0
+"""The live-export sidecar this process started (0: none); the beat watches it."""
+_sidecar_log = ""
+
+
+def _sidecar_gone(pid: int) -> bool:
+    """The sidecar has died (killed, or an error): no process, or a zombie nobody reaped."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # cannot tell (no /proc): say nothing
+
+
+def _check_sidecar() -> None:
+    """Once, when the sidecar is gone while the job runs: live export has stopped; say so (stderr,
+    journal) with how to ship the journal later."""
+    global _sidecar_pid
+    if _sidecar_pid and _sidecar_gone(_sidecar_pid):
+        core.error_line("live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
+                        "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path))
+        _sidecar_pid = 0
+
+
 def _beat_loop(my_pid: int) -> None:
     from lora_otel._boot import hooks
 
@@ -451,6 +482,7 @@ def _beat_loop(my_pid: int) -> None:
             core.beat()
             if not hooks._importing:
                 hooks._after_import()
+            _check_sidecar()
         except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
             core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
 
