@@ -162,3 +162,37 @@ def test_dataloader_workers_started_during_training_hang_under_training(tmp_path
         [(w.root.parent_id, w.root.start_ns > training.start_ns) for w in workers]
     [late] = [w for w in workers if w.root.parent_id == training.span_id]
     assert late.root.start_ns > training.start_ns
+
+
+def test_os_system_and_a_ui_run(tmp_path: Path) -> None:
+    """os.system inside a stage: the shell's Python hangs under the stage. With
+    LORA_OTEL_TRACE_PER_RUN=1, a run started outside any stage (subprocess or os.system) is a trace
+    of its own linked to the launcher; one inside a stage stays in the launcher's trace."""
+    (tmp_path / "job.py").write_text(
+        "import os, subprocess, sys, lora_otel\n"
+        "C = sys.executable + \" -c 'import sys' \"\n"
+        "os.system(C + 'top')\n"
+        "subprocess.run([sys.executable, '-c', 'import sys', 'popen'])\n"
+        "with lora_otel.stage('convert'):\n"
+        "    os.system(C + 'staged')\n"
+        "assert 'LORA_OTEL_LAUNCHED_BY' not in os.environ and os.environ['TRACEPARENT']\n")
+    for per_run in ("0", "1"):
+        d = tmp_path / ("per-run-" + per_run)
+        r = subprocess.run([PYTHON, str(tmp_path / "job.py")], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d),
+                                                     LORA_OTEL_TRACE_PER_RUN=per_run))
+        assert r.returncode == 0, r.stderr
+        js = [read_journal(p) for p in journals(d)]
+        [parent] = [j for j in js if j.root.attrs["process.command_args"][-1].endswith("job.py")]
+        stage = next(s.span_id for s in parent.spans if s.name == "convert")
+        by = {j.root.attrs["process.command_args"][-1]: j for j in js if j is not parent}
+        assert sorted(by) == ["popen", "staged", "top"]
+        assert by["staged"].root.parent_id == stage and by["staged"].trace_id == parent.trace_id
+        for run in ("top", "popen"):
+            j = by[run]
+            if per_run == "0":
+                assert j.root.parent_id == parent.root.span_id and j.trace_id == parent.trace_id
+            else:
+                assert j.root.parent_id is None and j.trace_id != parent.trace_id
+                assert j.root.attrs["lora_otel.launched_by.trace_id"] == parent.trace_id
+                assert j.root.attrs["lora_otel.launched_by.span_id"] == parent.root.span_id

@@ -132,6 +132,7 @@ def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
 def install_import_hook() -> None:
     if builtins.__import__ is not traced_import:
         builtins.__import__ = traced_import
+    install_os_system_hook()
     if _integration_finder not in sys.meta_path:
         sys.meta_path.insert(0, _integration_finder)
     _after_import()
@@ -253,11 +254,30 @@ def run_gets_own_trace() -> bool:
     return any(name in _modules for name in UI_MODULES)
 
 
+def child_env_changes() -> dict | None:
+    """What a child process started now from this thread needs in its environment, or None (the
+    inherited one is right): ``{"TRACEPARENT": <its span>}`` inside a span; outside any span of a UI
+    (`run_gets_own_trace`), no TRACEPARENT and ``LORA_OTEL_LAUNCHED_BY`` (None: remove)."""
+    tp = spawn_traceparent()
+    if tp is not None:
+        return {"TRACEPARENT": tp}
+    if core.active and os.getpid() == core.pid and run_gets_own_trace():
+        return {"TRACEPARENT": None, "LORA_OTEL_LAUNCHED_BY": core.traceparent(core.root_id)}
+    return None
+
+
+def _apply(env: dict, changes: dict) -> None:
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+
+
 def install_subprocess_hook(subprocess) -> None:
-    """Wrap ``subprocess.Popen._execute_child`` (every subprocess call, ``os.popen`` too) so that a
-    child started inside a span gets a TRACEPARENT naming it, and one started by a UI outside any
-    span a trace of its own (`run_gets_own_trace`). An ``env`` the caller built keeps its own
-    TRACEPARENT unless that is the inherited one (``os.environ.copy()`` and edits)."""
+    """Wrap ``subprocess.Popen._execute_child`` (every subprocess call, ``os.popen`` too) with
+    `child_env_changes`. An ``env`` the caller built keeps its own TRACEPARENT unless that is the
+    inherited one (``os.environ.copy()`` and edits)."""
     popen = getattr(subprocess, "Popen", None)
     orig = getattr(popen, "_execute_child", None)
     if orig is None or getattr(orig, "_lora_otel", False):
@@ -266,20 +286,10 @@ def install_subprocess_hook(subprocess) -> None:
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
         with core.fail_open("subprocess hook"):
-            tp = spawn_traceparent()
-            own = tp is None and core.active and os.getpid() == core.pid and run_gets_own_trace()
-            if tp is not None or own:
-                if env is None:
-                    env = dict(os.environ)
-                elif hasattr(env, "get") and env.get("TRACEPARENT") == inherited:
-                    env = dict(env)
-                else:
-                    own, tp = False, None  # the caller chose the child's environment: leave it
-                if own:
-                    env.pop("TRACEPARENT", None)
-                    env["LORA_OTEL_LAUNCHED_BY"] = inherited
-                elif tp is not None:
-                    env["TRACEPARENT"] = tp
+            changes = child_env_changes()
+            if changes is not None and (env is None or (hasattr(env, "get") and env.get("TRACEPARENT") == inherited)):
+                env = dict(os.environ if env is None else env)
+                _apply(env, changes)
         return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
 
     _execute_child._lora_otel = True  # type: ignore[attr-defined]
@@ -289,32 +299,40 @@ def install_subprocess_hook(subprocess) -> None:
 _environ_lock = allocate_lock()
 
 
-def install_mp_spawn_hook(util) -> None:
-    """Wrap ``multiprocessing.util.spawnv_passfds`` (spawn and forkserver start methods): the
-    child inherits the C environment, so TRACEPARENT is set in it for the duration of the call."""
-    orig = getattr(util, "spawnv_passfds", None)
-    if orig is None or getattr(orig, "_lora_otel", False):
-        return
-
-    def spawnv_passfds(path, args, passfds):
-        tp = None
-        with core.fail_open("multiprocessing hook"):
-            tp = spawn_traceparent()
-        if tp is None:
-            return orig(path, args, passfds)
+def _in_child_environ(orig, where: str):
+    """``orig`` (a call that starts a process inheriting the C environment: multiprocessing's
+    spawn, ``os.system``) run with `child_env_changes` made in ``os.environ`` for its duration."""
+    def call(*args, **kwargs):
+        changes = None
+        with core.fail_open(where):
+            changes = child_env_changes()
+        if not changes:
+            return orig(*args, **kwargs)
         with _environ_lock:
-            before = os.environ.get("TRACEPARENT")
-            os.environ["TRACEPARENT"] = tp
+            before = {key: os.environ.get(key) for key in changes}
+            _apply(os.environ, changes)
             try:
-                return orig(path, args, passfds)
+                return orig(*args, **kwargs)
             finally:
-                if before is None:
-                    os.environ.pop("TRACEPARENT", None)
-                else:
-                    os.environ["TRACEPARENT"] = before
+                _apply(os.environ, before)
 
-    spawnv_passfds._lora_otel = True  # type: ignore[attr-defined]
-    util.spawnv_passfds = spawnv_passfds
+    call._lora_otel = True  # type: ignore[attr-defined]
+    call.__wrapped__ = orig  # type: ignore[attr-defined]
+    return call
+
+
+def install_mp_spawn_hook(util) -> None:
+    """Wrap ``multiprocessing.util.spawnv_passfds`` (spawn and forkserver start methods)."""
+    orig = getattr(util, "spawnv_passfds", None)
+    if orig is not None and not getattr(orig, "_lora_otel", False):
+        util.spawnv_passfds = _in_child_environ(orig, "multiprocessing hook")
+
+
+def install_os_system_hook() -> None:
+    """Wrap ``os.system`` (a shell inheriting the C environment)."""
+    orig = getattr(os, "system", None)
+    if orig is not None and not getattr(orig, "_lora_otel", False):
+        os.system = _in_child_environ(orig, "os.system hook")
 
 
 # --- argparse ------------------------------------------------------------------------------
