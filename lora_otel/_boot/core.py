@@ -17,7 +17,7 @@ import sys
 import time
 from _thread import get_ident
 
-from lora_otel._boot.jsonl import dumps_line
+from lora_otel._boot.jsonl import _quote, dumps_line
 
 FORMAT_VERSION = 1
 
@@ -159,21 +159,29 @@ def open_journal(path: str, fresh: bool = False) -> str:
 
 def write(rec: dict) -> None:
     """Append one record to the journal with a single ``os.write``. Never raises."""
-    global _journal_failed, _journal_lost
     if _journal_fd < 0:
         return
     try:
         data = dumps_line(rec)
+    except Exception as e:  # noqa: BLE001 - the program must go on
+        _write_failed(e)
+        return
+    write_line(data)
+
+
+def write_line(data: bytes) -> None:
+    """Append one encoded record (a `dumps_line` result, or the same line built from a template)
+    with a single ``os.write``. Never raises."""
+    global _journal_failed, _journal_lost
+    if _journal_fd < 0:
+        return
+    try:
         n = os.write(_journal_fd, data)
         if n != len(data):  # short write: the disk filled mid-record; end the broken line
             os.write(_journal_fd, b"\n")
             raise OSError(28, "short write (disk full?)")
     except Exception as e:  # noqa: BLE001 - the program must go on
-        _journal_lost += 1
-        if not _journal_failed:
-            _journal_failed = True
-            _stderr(_format_line("journal write failed (%s): %s; the program goes on, and writing is "
-                                 "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)))
+        _write_failed(e)
         return
     if _journal_failed:
         # Writes work again (space was freed): say how much is missing, in the journal and on stderr.
@@ -183,6 +191,15 @@ def write(rec: dict) -> None:
             lost, "" if lost == 1 else "s")
         _stderr(_format_line(msg))
         write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
+
+
+def _write_failed(e: BaseException) -> None:
+    global _journal_failed, _journal_lost
+    _journal_lost += 1
+    if not _journal_failed:
+        _journal_failed = True
+        _stderr(_format_line("journal write failed (%s): %s; the program goes on, and writing is "
+                             "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)))
 
 
 def _format_line(msg: str) -> str:
@@ -267,8 +284,15 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
     sid = new_span_id()
     tid = get_ident()
     parent = parent_id or current_span_id()
-    write({"v": FORMAT_VERSION, "k": "start", "ts": ts or time.time_ns(), "trace_id": trace_id,
-           "span_id": sid, "parent_id": parent, "name": name, "attrs": attrs or {}})
+    ts = ts or time.time_ns()
+    if not attrs and type(name) is str and type(parent) is str and type(ts) is int:
+        # The same line as the record below, from a template: a third of the encoding time.
+        write_line(('{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
+                    '"attrs":{}}\n' % (FORMAT_VERSION, ts, _quote(trace_id), sid, _quote(parent), _quote(name))
+                    ).encode("utf-8", "backslashreplace"))
+    else:
+        write({"v": FORMAT_VERSION, "k": "start", "ts": ts, "trace_id": trace_id,
+               "span_id": sid, "parent_id": parent, "name": name, "attrs": attrs or {}})
     open_spans[sid] = (name, parent, tid)
     if push:
         _stacks.setdefault(tid, []).append(sid)
@@ -284,7 +308,12 @@ def span_end(sid: str, status: str = "ok", message: str | None = None,
     stack = _stacks.get(info[2])
     if stack and sid in stack:
         stack.remove(sid)
-    rec = {"v": FORMAT_VERSION, "k": "end", "ts": ts or time.time_ns(), "span_id": sid, "status": status}
+    ts = ts or time.time_ns()
+    if not message and not attrs and type(sid) is str and type(status) is str and type(ts) is int:
+        write_line(('{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
+                    % (FORMAT_VERSION, ts, _quote(sid), _quote(status))).encode("utf-8", "backslashreplace"))
+        return
+    rec = {"v": FORMAT_VERSION, "k": "end", "ts": ts, "span_id": sid, "status": status}
     if message:
         rec["message"] = message
     if attrs:
