@@ -43,6 +43,12 @@ def choose_journal_path(argv: list, environ, pid: int, now_s: float, cwd: str | 
     return os.path.join(os.path.abspath(base), journal_name(pid, now_s))
 
 
+def stem(journal_path: str) -> str:
+    """``run.log.otel.jsonl`` → ``run.log``: the name a journal's sibling files are made from
+    (``.stacks.txt``, ``.sidecar.log``, ``.children``, forked children's journals)."""
+    return journal_path[: -len(JOURNAL_SUFFIX)] if journal_path.endswith(JOURNAL_SUFFIX) else journal_path
+
+
 def child_journal_path(parent_path: str, pid: int) -> str:
     """A forked child's journal: the parent's with ``.<pid>`` before the suffix."""
     if parent_path.endswith(JOURNAL_SUFFIX):
@@ -56,5 +62,4 @@ def unique_variant(path: str, pid: int, now_s: float) -> str:
     Several processes can share one ``--log`` (ranks of one job, or a re-run of the same job);
     each still gets a journal of its own.
     """
-    stem = path[: -len(JOURNAL_SUFFIX)] if path.endswith(JOURNAL_SUFFIX) else path
-    return "%s.%s" % (stem, journal_name(pid, now_s))
+    return "%s.%s" % (stem(path), journal_name(pid, now_s))

@@ -233,8 +233,7 @@ def _start_sidecar(env) -> None:
 
 def stacks_path(journal_path: str) -> str:
     """``run.log.otel.jsonl`` → ``run.log.stacks.txt``: where SIGUSR1 dumps Python stacks."""
-    stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
-    return stem + ".stacks.txt"
+    return paths.stem(journal_path) + ".stacks.txt"
 
 
 _stacks_fd = -1

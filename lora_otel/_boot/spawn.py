@@ -50,14 +50,12 @@ def wanted(env) -> bool:
 
 def log_path(journal_path: str) -> str:
     """``run.log.otel.jsonl`` → ``run.log.sidecar.log``: where the sidecar says what it did."""
-    stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
-    return stem + ".sidecar.log"
+    return paths.stem(journal_path) + ".sidecar.log"
 
 
 def registry_path(journal_path: str) -> str:
     """``run.log.otel.jsonl`` → ``run.log.children``: the journals the sidecar also follows."""
-    stem = journal_path[: -len(paths.JOURNAL_SUFFIX)] if journal_path.endswith(paths.JOURNAL_SUFFIX) else journal_path
-    return stem + ".children"
+    return paths.stem(journal_path) + ".children"
 
 
 def join_parent_sidecar(journal_path: str, env) -> int:

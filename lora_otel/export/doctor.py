@@ -1321,7 +1321,7 @@ def doctor(args) -> dict:
     import subprocess
 
     from lora_otel import __version__
-    from lora_otel._boot import envfacts, preamble
+    from lora_otel._boot import envfacts, paths, preamble
 
     started = time.monotonic()
     also = list(getattr(args, "also_import", None) or [])
@@ -1344,8 +1344,7 @@ def doctor(args) -> dict:
     lora = "peft" in plan and "torch" in plan
 
     journal = _journal_path(args)
-    stem = journal[: -len(".otel.jsonl")]
-    log_path = stem + ".log"
+    log_path = paths.stem(journal) + ".log"
     fallback_stacks = preamble.stacks_path(journal)
     try:
         os.makedirs(os.path.dirname(journal), mode=0o700, exist_ok=True)
