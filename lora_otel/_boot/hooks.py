@@ -225,18 +225,6 @@ def _install_integration(name: str, module) -> None:
 # while a span is open (a stage, an import, training) should hang under that span instead, so
 # ``subprocess`` and multiprocessing's spawn get a TRACEPARENT naming it, for that child only.
 
-def spawn_traceparent() -> str | None:
-    """TRACEPARENT for a process started now from this thread, or None when the root span is the
-    parent (the environment's value is right). The thread's innermost span; at the top of a thread
-    while ``training`` is open, ``training`` (a DataLoader starting its workers)."""
-    if not core.active or os.getpid() != core.pid:
-        return None
-    sid = core.current_span_id()
-    if sid == core.root_id and _training_id is not None and _training_id in core.open_spans:
-        sid = _training_id
-    return core.traceparent(sid) if sid and sid != core.root_id else None
-
-
 UI_MODULES = ("gradio", "uvicorn", "streamlit")
 """Web UI servers (kohya_ss and lora-scripts run on these): a traced process that has one loaded
 starts each run as a trace of its own (`run_gets_own_trace`)."""
@@ -256,12 +244,19 @@ def run_gets_own_trace() -> bool:
 
 def child_env_changes() -> dict | None:
     """What a child process started now from this thread needs in its environment, or None (the
-    inherited one is right): ``{"TRACEPARENT": <its span>}`` inside a span; outside any span of a UI
-    (`run_gets_own_trace`), no TRACEPARENT and ``LORA_OTEL_LAUNCHED_BY`` (None: remove)."""
-    tp = spawn_traceparent()
-    if tp is not None:
-        return {"TRACEPARENT": tp}
-    if core.active and os.getpid() == core.pid and run_gets_own_trace():
+    inherited one, naming the root span, is right).
+
+    Inside a span, ``{"TRACEPARENT": <that span>}``: the thread's innermost span, or at the top of a
+    thread while ``training`` is open, ``training`` (a DataLoader starting its workers). Outside any
+    span of a UI (`run_gets_own_trace`), no TRACEPARENT and ``LORA_OTEL_LAUNCHED_BY`` (None: remove)."""
+    if not core.active or os.getpid() != core.pid:
+        return None
+    sid = core.current_span_id()
+    if sid == core.root_id and _training_id is not None and _training_id in core.open_spans:
+        sid = _training_id
+    if sid and sid != core.root_id:
+        return {"TRACEPARENT": core.traceparent(sid)}
+    if run_gets_own_trace():
         return {"TRACEPARENT": None, "LORA_OTEL_LAUNCHED_BY": core.traceparent(core.root_id)}
     return None
 

@@ -86,7 +86,7 @@ def _service_name(argv: list) -> str:
 
 def _traceparent() -> str:
     """The W3C ``traceparent`` that makes this process's root span the parent of its children
-    (those started inside a span get that span instead: ``hooks.install_spawn_hooks``)."""
+    (those started inside a span get that span instead: ``hooks.child_env_changes``)."""
     return core.traceparent(core.root_id)
 
 
@@ -224,10 +224,8 @@ def _start_sidecar(env) -> None:
             core.error_line("live export off: %s; the journal remains for `lora-otel replay %s`"
                             % (why, core.journal_path))
         else:
-            _sidecar_pid = pid
-            core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid,
-                                           "lora_otel.sidecar.log": spawn.log_path(core.journal_path)})
-            _sidecar_log = spawn.log_path(core.journal_path)
+            _sidecar_pid, _sidecar_log = pid, spawn.log_path(core.journal_path)
+            core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
             env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, os.path.abspath(spawn.registry_path(core.journal_path)))
 
 
