@@ -196,3 +196,23 @@ def test_os_system_and_a_ui_run(tmp_path: Path) -> None:
                 assert j.root.parent_id is None and j.trace_id != parent.trace_id
                 assert j.root.attrs["lora_otel.launched_by.trace_id"] == parent.trace_id
                 assert j.root.attrs["lora_otel.launched_by.span_id"] == parent.root.span_id
+
+
+def test_forked_child_places_its_own_children_under_its_stage(tmp_path: Path) -> None:
+    """subprocess was loaded (and hooked) in the parent; a forked child that starts a process with a
+    copy of its environment inside its own stage puts it under that stage, not the parent's root."""
+    (tmp_path / "job.py").write_text(
+        "import os, subprocess, sys, lora_otel\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    with lora_otel.stage('in child'):\n"
+        "        subprocess.run([sys.executable, '-c', 'pass', 'grandchild'], env=os.environ.copy())\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n")
+    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
+    [child] = [j for j in js if any(s.name == "in child" for s in j.spans)]
+    [grandchild] = [j for j in js if j.root.attrs.get("process.command_args", [""])[-1] == "grandchild"]
+    assert grandchild.root.parent_id == next(s.span_id for s in child.spans if s.name == "in child")

@@ -277,11 +277,11 @@ def install_subprocess_hook(subprocess) -> None:
     orig = getattr(popen, "_execute_child", None)
     if orig is None or getattr(orig, "_lora_otel", False):
         return
-    inherited = core.traceparent(core.root_id)
 
     def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
         with core.fail_open("subprocess hook"):
             changes = child_env_changes()
+            inherited = core.traceparent(core.root_id)  # now: a forked child has a root of its own
             if changes is not None and (env is None or (hasattr(env, "get") and env.get("TRACEPARENT") == inherited)):
                 env = dict(os.environ if env is None else env)
                 _apply(env, changes)
