@@ -473,3 +473,15 @@ def test_inspect_dir_shows_the_focus_process_drift(tmp_path: Path, capsys, monke
     status, out, err = cli(capsys, "inspect", directory)
     assert status == 0 and len(err.splitlines()) == 1 and err.startswith("lora-otel inspect: ")
     assert not any(line.startswith("drift from baseline") for line in out)
+
+
+def test_deeply_nested_files_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    """A baseline file or a journal of 100,000 nested brackets (found by the fuzzer: a
+    RecursionError traceback): one line on stderr and the usage status, no traceback."""
+    base = saved_from_good_runs(tmp_path, capsys)
+    deep = tmp_path / "deep.otel.jsonl"
+    deep.write_text("[" * 100_000 + "\n")
+    status, out, err = cli(capsys, "baseline", "diff", str(deep))
+    assert status == 2 and len(err.splitlines()) == 1 and "nested too deeply" in err, err
+    status, out, err = cli(capsys, "baseline", "diff", str(base), str(deep))
+    assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err

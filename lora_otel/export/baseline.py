@@ -308,6 +308,8 @@ def load_baseline(path: str) -> Baseline:
         doc = json.loads(text)
     except ValueError as e:
         raise BaselineError("%s: not a baseline file (not JSON: %s)" % (path, str(e).splitlines()[0])) from None
+    except RecursionError:
+        raise BaselineError("%s: not a baseline file (not JSON: nested too deeply)" % path) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BaselineError('%s: not a baseline file (no "format": "%s")' % (path, FORMAT))
     version = doc.get("version")
@@ -812,7 +814,7 @@ def _is_journal(path: str) -> bool:
         return True  # read_journal says why
     try:
         record = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         return not first.strip().startswith(b"{")
     return isinstance(record, dict) and "k" in record and "v" in record
 
