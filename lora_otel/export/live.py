@@ -199,17 +199,13 @@ class Outbox:
 
     def _export(self, batch: list) -> tuple[bool, bool]:
         """``(accepted, refused)``: refused when the backend answered that it will not take the data."""
-        status = otlp.http_status(self.exporter)
-        if status is not None:
-            status.code = None
         try:
-            result = self.exporter.export(batch)
+            result, code = otlp.export_with_status(self.exporter, batch)
         except Exception as e:  # noqa: BLE001 - an exporter bug is a failed attempt, not a dead thread
             self.last_error = "%s: %s" % (type(e).__name__, e)
             return False, False
         if getattr(result, "name", "") == "SUCCESS":
             return True, False
-        code = status.code if status is not None else None
         if code is None:
             self.last_error = "the backend did not accept the %s (%s)" % (self.what, result)
         else:

@@ -232,6 +232,16 @@ def http_status(exporter: Any) -> Optional[HTTPStatus]:
     return status if isinstance(status, HTTPStatus) else None
 
 
+def export_with_status(exporter: Any, batch: Any) -> tuple[Any, Optional[int]]:
+    """``exporter.export(batch)``, and the HTTP status of the answer it ended on (None: not an
+    OTLP/HTTP exporter of `make_exporter`'s, or no answer at all). Exceptions pass through."""
+    status = http_status(exporter)
+    if status is not None:
+        status.code = None
+    result = exporter.export(batch)
+    return result, status.code if status is not None else None
+
+
 def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, float]:
     if timeout is None or os.environ.get(signal_variable) or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
         return {}

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from lora_otel.export.otlp import REFUSED_STATUS, describe_endpoint, http_status, make_exporter, translate
+from lora_otel.export.otlp import REFUSED_STATUS, describe_endpoint, export_with_status, make_exporter, translate
 from lora_otel.export.reader import JournalError, read_journal
 
 BATCH = 512
@@ -73,16 +73,14 @@ def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
     A batch the backend refuses as such (`otlp.REFUSED_STATUS`) is split in halves until the
     refused spans are alone; those are skipped and counted. Any other failure stops the replay
     (the backend is away: trying the next batches would only wait out more timeouts)."""
-    status = http_status(exporter)
     pending = [spans[i:i + BATCH] for i in range(0, len(spans), BATCH)]
     sent = refused = 0
     while pending:
         batch = pending.pop(0)
-        if status is not None:
-            status.code = None
-        if exporter.export(batch) is SpanExportResult.SUCCESS:
+        result, code = export_with_status(exporter, batch)
+        if result is SpanExportResult.SUCCESS:
             sent += len(batch)
-        elif status is not None and status.code in REFUSED_STATUS:
+        elif code in REFUSED_STATUS:
             if len(batch) > 1:
                 pending[:0] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
             else:
