@@ -104,6 +104,7 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
         ``--stall-after`` is bad. Else 0; with ``--summary``, the outcome: 0 every job finished
         normally or runs, 1 some job failed, 3 some job was killed or is stalled (wins over 1).
     """
+    from lora_otel.export import baseline
     from lora_otel.export import job as jobs_mod
     from lora_otel.export.stall import StallConfigError, frozen_after_from_env, parse_limits
 
@@ -143,8 +144,6 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     drift = {} if summary else _drift_by_proc(jobs, now_ns)  # LORA_OTEL_BASELINE: the focus processes' drift
     if args.json:
         doc = jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all)
-        from lora_otel.export import baseline
-
         for job, job_doc in zip(jobs, doc["jobs"]):
             first = jobs_mod.focus(job)
             if first is not None and id(first) in drift:
@@ -153,12 +152,10 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     elif summary:
         text = jobs_mod.render_summary(jobs, unreadable)
     else:
-        from lora_otel.export import baseline
-
         text = jobs_mod.render_text(jobs, unreadable, show_all=show_all,
                                     notes={key: baseline.report_lines(report) for key, report in drift.items()})
     _write(text)
-    return jobs_mod.exit_status(jobs) if getattr(args, "summary", False) else 0
+    return jobs_mod.exit_status(jobs) if summary else 0
 
 
 def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:
