@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
+from test_sidecar import alive, wait_gone
 
 HF_TOKEN = "hf_abcdefGHIJKLmnopqrSTUVWXyz0123456789"
 PASSWORD = "hunter2"
@@ -49,14 +50,6 @@ while not os.path.exists("go") and time.time() < deadline:
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _run_job(tmp_path: Path):
     """Run the job to the end; returns (stdout, stderr, sidecar pid, sidecar cmdline while alive)."""
     (tmp_path / "job.py").write_text(JOB)
@@ -75,8 +68,8 @@ def _run_job(tmp_path: Path):
             root = read_journal(jpath).root  # None between creating the file and its first record
             return root.attrs.get("lora_otel.sidecar.pid") if root is not None else None
         pid = wait_for(side, what="the sidecar's pid")
-        cmdline = Path("/proc/%d/cmdline" % pid).read_bytes() if _alive(pid) else b""
-        environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if _alive(pid) else 0o400
+        cmdline = Path("/proc/%d/cmdline" % pid).read_bytes() if alive(pid) else b""
+        environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if alive(pid) else 0o400
         (tmp_path / "go").write_text("")
         out, err = proc.communicate(timeout=60)
     finally:
@@ -84,7 +77,7 @@ def _run_job(tmp_path: Path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    wait_for(lambda: not _alive(pid), timeout=30, what="the sidecar to exit")
+    wait_gone(pid)
     return out, err, pid, cmdline, environ_mode
 
 
