@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from scale import per_job  # noqa: E402
+from scale import per_job, print_per_job  # noqa: E402
 from sidecar_cost import env_base  # noqa: E402
 
 PY = sys.executable
@@ -187,16 +187,7 @@ def main() -> None:
         print("running train_lora.py --steps %d ..." % args.steps, file=sys.stderr, flush=True)
         a = measure_job(args.steps)
         print()
-        print("| one job: examples/train_lora.py --steps %d, LORA_OTEL=1 | value |" % args.steps)
-        print("|---|---:|")
-        print("| journals (processes) | %d |" % a["files"])
-        print("| journal bytes | %d |" % a["jbytes"])
-        print("| journal records (JSON lines) | %d |" % a["records"])
-        print("| spans in the journal | %d |" % a["jspans"])
-        print("| spans exported (short successful imports dropped) | %d |" % a["spans"])
-        print("| log lines | %d |" % a["lines"])
-        print("| OTLP protobuf bytes of the spans (uncompressed) | %d |" % a["obytes"])
-        print("| job wall time, s | %.1f |" % a["wall"])
+        print_per_job(a, "one job: examples/train_lora.py --steps %d, LORA_OTEL=1" % args.steps)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,21 @@ def per_job(args, work: str) -> dict:
     return out
 
 
+def print_per_job(a: dict, title: str) -> None:
+    """`per_job`'s figures as a two-column markdown table headed ``title``."""
+    print("| %s | value |" % title)
+    print("|---|---:|")
+    print("| journals (processes) | %d |" % a["files"])
+    print("| journal bytes | %d |" % a["jbytes"])
+    print("| journal records (JSON lines) | %d |" % a["records"])
+    print("| spans in the journal | %d |" % a["jspans"])
+    print("| spans exported (short successful imports dropped) | %d |" % a["spans"])
+    print("| log records (journal lines) | %d |" % a["lines"])
+    print("| OTLP protobuf bytes of the spans (uncompressed) | %d |" % a["obytes"])
+    print("| OTLP bytes per span | %.0f |" % (a["obytes"] / max(a["spans"], 1)))
+    print("| job wall time, s | %.1f |" % a["wall"])
+
+
 def burst_journal(args, work: str) -> str:
     d = tempfile.mkdtemp(prefix="burst-", dir=work)
     env = dict(env_base(), LORA_OTEL="1", LORA_OTEL_DIR=d, LORA_OTEL_STALL_AFTER="100000")
@@ -186,17 +201,7 @@ def main() -> None:
         if "a" not in skip:
             print("running (a) train_lora.py --steps %d ..." % args.steps, file=sys.stderr, flush=True)
             a = per_job(args, work)
-            print("| (a) one job: examples/train_lora.py --steps %d | value |" % args.steps)
-            print("|---|---:|")
-            print("| journals (processes) | %d |" % a["files"])
-            print("| journal bytes | %d |" % a["jbytes"])
-            print("| journal records (JSON lines) | %d |" % a["records"])
-            print("| spans in the journal | %d |" % a["jspans"])
-            print("| spans exported | %d |" % a["spans"])
-            print("| log records (journal lines) | %d |" % a["lines"])
-            print("| OTLP protobuf bytes of the spans (uncompressed) | %d |" % a["obytes"])
-            print("| OTLP bytes per span | %.0f |" % (a["obytes"] / max(a["spans"], 1)))
-            print("| job wall time, s | %.1f |" % a["wall"])
+            print_per_job(a, "(a) one job: examples/train_lora.py --steps %d" % args.steps)
             print()
         if not {"b", "c"} <= skip:
             print("writing a journal of %d stages ..." % args.stages, file=sys.stderr, flush=True)
