@@ -55,6 +55,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from sidecar_cost import env_base, free_port  # noqa: E402
 PY = sys.executable
 DRAIN_S = 5.0
 GOAL_MS = 100.0
@@ -79,16 +81,6 @@ with trace.get_tracer("bench").start_as_current_span("work"):
     print("hello from the job")
 with open(sys.argv[1], "w") as f: f.write(repr(time.time()))
 """
-
-
-def env_base() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("LORA_OTEL", "OTEL_"))}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BlackHole:

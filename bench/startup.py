@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from sidecar_cost import env_base  # noqa: E402
 PY = sys.executable
 BARE = "bare python -c pass"
 ON = "LORA_OTEL=1 python -c pass"
@@ -42,10 +44,6 @@ SIDECAR = "LORA_OTEL=1 + OTLP endpoint (starts the sidecar)"
 SITE_EMPTY = "site.addsitedir(empty dir)"
 SITE_HOOK = "site.addsitedir(dir with hook), unset"
 OTEL_INSTRUMENT = "opentelemetry-instrument python -c pass"
-
-
-def env_base() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("LORA_OTEL", "OTEL_"))}
 
 
 def time_once(cmd: list, env: dict, cwd: str) -> float:
