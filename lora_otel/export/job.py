@@ -474,10 +474,15 @@ def read_dir(directory: str, now_ns: int, limits: Optional[dict[str, float]] = N
     return group_jobs(procs), unreadable
 
 
+def worst(statuses: Iterable[int]) -> int:
+    """The exit status for several outcomes: 3 (killed or stalled) over 1 (failed) over 0."""
+    seen = set(statuses)
+    return 3 if 3 in seen else 1 if 1 in seen else 0
+
+
 def exit_status(jobs: Iterable[Job]) -> int:
     """3 when any job was killed or is stalled, else 1 when any failed, else 0."""
-    statuses = {job.status for job in jobs}
-    return 3 if 3 in statuses else 1 if 1 in statuses else 0
+    return worst(job.status for job in jobs)
 
 
 # --- rendering -----------------------------------------------------------------------------------

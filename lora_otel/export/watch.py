@@ -404,9 +404,8 @@ class Watcher:
         failed, though its launcher then killed the others); a job still running counts 0;
         journals without a span yet, process by process."""
         jobs, _, rest = self.jobs(time.time_ns())
-        statuses = {0 if job.outcome in ("running", "stalled") else job.status for job in jobs}
-        statuses |= {_status(f) for f in rest}
-        return 3 if 3 in statuses else 1 if 1 in statuses else 0
+        return jobs_mod.worst([0 if job.outcome in ("running", "stalled") else job.status for job in jobs]
+                              + [_status(f) for f in rest])
 
     def screen(self, now_ns: int, color: bool, header: Optional[str] = None) -> str:
         """Every followed process one after another: heading, report, stall; ends with a newline."""
