@@ -457,7 +457,9 @@ def test_disk_fills_mid_run_then_space_returns(tmp_path: Path) -> None:
         # Before the disk filled and after space came back: every stage, started and ended.
         assert missing and min(missing) > 5 and max(missing) <= 401, missing
         assert missing == list(range(min(missing), max(missing) + 1)), "the gap is not one block"
-        assert set(whole) >= set(range(min(missing))) | set(range(402, 600))
+        # The stage whose record met the full disk may have lost its end (the first failed write
+        # can be an end record, depending on where the beats fell): every stage before it is whole.
+        assert set(whole) >= set(range(min(missing) - 1)) | set(range(402, 600))
         assert lost >= len(missing), (lost, missing)
         print("stages missing %d-%d, %d records lost, problems: %s" % (min(missing), max(missing), lost, j.problems))
         assert j.exit is not None and j.exit.get("code") == 0
