@@ -118,10 +118,20 @@ __all__ = [
     "redact_env",
     "redact_text",
     "redact_value",
+    "remembered",
+    "scrub",
 ]
 
 REDACTED = "[REDACTED]"
 MAX_VALUE_CHARS = 4096
+
+# Every value redacted so far in this process, longest first (see ``scrub``). A list, not a set:
+# ``if _known:`` is the whole cost of scrubbing while nothing secret was seen.
+_known: list[str] = []
+_KNOWN_MAX = 64  # values kept; later ones are still redacted where their own rules catch them
+_KNOWN_MIN = 4  # shorter values would blank ordinary words and numbers
+_KNOWN_LONGEST = 1024
+_NOT_REMEMBERED = frozenset(("true", "false", "none", "null", "yes", "no", "off", "auto", "default"))
 
 # --- character classes (plain strings: ``c in s`` and ``str.lstrip(s)`` are C loops) --------
 _DIGITS = "0123456789"
@@ -156,8 +166,13 @@ _COMPOUND_SUFFIXES = (
     "apikey", "accesskey", "secretkey", "privatekey", "authkey",
 )
 # Any secret word must contain one of these; a name without any is rejected at once.
-_QUICK = ("token", "secret", "pass", "pwd", "auth", "cred", "cookie", "session", "sig",
+_QUICK = ("tok", "secr", "pass", "pwd", "auth", "cred", "cookie", "session", "sig",
           "bearer", "key", "header")
+# A name's last word cut short, as argparse accepts (``--tok`` for ``--token``): the whole word.
+_ABBREVIATIONS = {"tok": "token", "toke": "token", "passw": "password", "passwo": "password",
+                  "passwor": "password", "secr": "secret", "secre": "secret"}
+# Short options that mean a password or a key in nearly every program (``mysql -p``, ``-k KEY``).
+_SHORT_SECRET_OPTIONS = frozenset(("p", "k"))
 # A secret word followed by one of these describes something else (a path to the secret,
 # its type, its length ...).
 _NEUTRAL_AFTER = frozenset(
@@ -268,6 +283,8 @@ def _split_name(name: str) -> list[str]:
     for p in low.split("_"):
         if p:
             parts.append(p.rstrip(_DIGITS) or p)
+    if parts and parts[-1] in _ABBREVIATIONS:
+        parts[-1] = _ABBREVIATIONS[parts[-1]]
     return parts
 
 
@@ -384,12 +401,43 @@ def _apply(s: str, spans: list[tuple[int, int]]) -> str:
             continue
         out.append(s[pos:cur_a])
         out.append(REDACTED)
+        _remember(s[cur_a:cur_b])
         pos = cur_b
         cur_a, cur_b = a, b
     out.append(s[pos:cur_a])
     out.append(REDACTED)
+    _remember(s[cur_a:cur_b])
     out.append(s[cur_b:])
     return "".join(out)
+
+
+def _remember(value: str) -> None:
+    """Keep a value just redacted, so that it is redacted wherever it reappears (``scrub``)."""
+    v = value.strip(_WS + _QUOTES)
+    if (len(v) < _KNOWN_MIN or len(v) > _KNOWN_LONGEST or REDACTED in v or v in _known
+            or len(_known) >= _KNOWN_MAX or v.lower() in _NOT_REMEMBERED):
+        return
+    _known.append(v)
+    _known.sort(key=len, reverse=True)
+
+
+def _known_spans(s: str, spans: list[tuple[int, int]]) -> None:
+    """Where a remembered value reappears in *s*, as a whole word: a value that begins (ends) with
+    a letter or digit must not be preceded (followed) by one, so ``1234`` is not found inside a
+    timestamp and ``dead`` not inside a span id."""
+    n = len(s)
+    for v in _known:
+        i = s.find(v)
+        if i == -1:
+            continue
+        lead, trail = v[0] in _ALNUM, v[-1] in _ALNUM
+        while i != -1:
+            e = i + len(v)
+            if (not lead or i == 0 or s[i - 1] not in _ALNUM) and (not trail or e == n or s[e] not in _ALNUM):
+                spans.append((i, e))
+                i = s.find(v, e)
+            else:
+                i = s.find(v, i + 1)
 
 
 # ==========================================================================================
@@ -398,6 +446,8 @@ def _apply(s: str, spans: list[tuple[int, int]]) -> str:
 
 
 def _value_spans(s: str, spans: list[tuple[int, int]]) -> None:
+    if _known:
+        _known_spans(s, spans)
     for prefixes, chars, min_run, exact, boundary, need_digit in _PREFIX_RULES:
         for prefix in prefixes:
             if prefix in s:
@@ -491,10 +541,10 @@ def _scan_url_userinfo(s, spans) -> None:
         a = i + 3
         e = _find_any(s, "/?#" + _URL_STOPS, a, n)
         at = s.rfind("@", a, e)
-        if at != -1:
-            colon = s.find(":", a, at)
-            if colon != -1 and colon + 1 < at and not s.startswith(REDACTED, colon + 1):
-                spans.append((colon + 1, at))
+        if at > a and s[a:at] != REDACTED:
+            # The whole user-info: a password, and the user part too (``s3://AKID:...@``, a token
+            # used as the user name).
+            spans.append((a, at))
         i = s.find("://", a)
 
 
@@ -619,6 +669,30 @@ def _option_spans(s: str, spans: list[tuple[int, int]]) -> None:
 # ==========================================================================================
 
 
+def scrub(text: str) -> str:
+    """*text* with every value redacted so far in this process replaced by ``[REDACTED]`` where it
+    reappears as a whole word (a password given as ``--password X`` and then quoted in an
+    exception message). Nothing else is changed; costs one truth test while nothing is known."""
+    if not _known:
+        return text
+    try:
+        spans: list[tuple[int, int]] = []
+        _known_spans(text, spans)
+        return _apply(text, spans) if spans else text
+    except Exception:  # pragma: no cover - defensive: fail closed
+        return REDACTED
+
+
+def remembered() -> tuple[str, ...]:
+    """The values :func:`scrub` replaces (every value redacted so far, up to 64, longest first)."""
+    return tuple(_known)
+
+
+def forget() -> None:
+    """Forget the values redacted so far (tests; a process that starts over)."""
+    del _known[:]
+
+
 def redact_value(value: str) -> str:
     """Replace every secret-shaped substring of *value* with ``[REDACTED]``; keep the rest.
     Values over MAX_VALUE_CHARS are truncated with a ``…[truncated N chars]`` marker."""
@@ -664,6 +738,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
             val = v if isinstance(v, str) else _coerce(v)
             if is_secret_name(key):
                 out[key] = REDACTED if val else ""
+                _remember(val)
             else:
                 out[key] = redact_value(val)
         except Exception:  # pragma: no cover - defensive: fail closed
@@ -693,6 +768,7 @@ def redact_argv(argv: list[str]) -> list[str]:
             out.append(text)
             if takes_value:
                 out.append(REDACTED if nxt else "")
+                _remember(nxt or "")
                 i += 1
         except Exception:  # pragma: no cover - defensive: fail closed
             out.append(REDACTED)
@@ -706,10 +782,12 @@ def _redact_arg(item: str, nxt: str | None) -> tuple[str, bool]:
         name, eq, val = item.partition("=")
         bare = name.lstrip("-")
         dashes = len(name) - len(bare)
-        # long options (--x) and single-dash words of 2+ characters (-password, Go style)
-        if dashes <= 2 and _is_option_name(bare) and (dashes == 2 or len(bare) > 1):
-            if is_secret_name(bare):
+        # long options (--x), single-dash words of 2+ characters (-password, Go style), and the
+        # short options that mean a password or a key nearly everywhere (-p, -k)
+        if dashes <= 2 and _is_option_name(bare) and (dashes == 2 or len(bare) > 1 or bare in _SHORT_SECRET_OPTIONS):
+            if is_secret_name(bare) or (dashes == 1 and bare in _SHORT_SECRET_OPTIONS):
                 if eq:
+                    _remember(val)
                     return redact_value(name) + "=" + (REDACTED if val else ""), False
                 # a value follows unless this is the last item or another --option follows
                 return redact_value(item), nxt is not None and not nxt.startswith("--")
@@ -720,5 +798,6 @@ def _redact_arg(item: str, nxt: str | None) -> tuple[str, bool]:
     if eq:
         bare = name.lstrip("+~")
         if _is_option_name(bare) and is_secret_name(bare):
+            _remember(val)
             return redact_value(name) + "=" + (REDACTED if val else ""), False
     return redact_text(item), False
