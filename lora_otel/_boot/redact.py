@@ -15,6 +15,20 @@ Public API
 ``redact_env(env)``                a redacted copy of an environment mapping.
 ``redact_argv(argv)``              a redacted copy of a command line.
 ``redact_text(text)``              redact a free-text human line (value shapes + ``name=value``).
+``scrub(text)``                    replace only the values redacted so far in this process.
+``remembered()`` / ``forget()``    those values / forget them.
+
+Redacted once, redacted everywhere
+----------------------------------
+Every value any function here replaces (an argv option's value, a secret variable's value, a
+URL's user-info, a shape) is remembered for the life of the process (up to 64 values of 4 to
+1024 characters; ``true``, ``none``... are not kept), and every later call — and ``scrub`` —
+replaces it wherever it reappears as a whole word: a password given as ``--password X`` and
+quoted later in ``RuntimeError("login failed for X")`` is ``[REDACTED]`` in the exit message too.
+"Whole word": a value starting (ending) with a letter or digit is not matched right after
+(before) another one, so ``1234`` is not cut out of a timestamp. ``lora_otel._boot.core`` scrubs
+every journal record and human line this way; the exporting side learns the same values from
+the traced process's command line (``lora_otel.export.otlp.learn_secrets``).
 
 What is caught
 --------------
@@ -61,7 +75,8 @@ By **value shape** (``redact_value``), anywhere inside a value; the rest of the 
   PyPI ``pypi-``; Replicate ``r8_``;
 * ``Bearer <token>`` (any case of ``Bearer``/``bearer``/``BEARER``, space or ``%20``) when the
   token has 8 or more characters and is not just lower-case letters ("bearer instrument");
-* URL credentials: ``scheme://user:pass@host`` -> ``scheme://user:[REDACTED]@host``;
+* URL user-info, whole: ``scheme://user:pass@host`` and ``scheme://token@host`` ->
+  ``scheme://[REDACTED]@host`` (the user part can be a key id: ``s3://AKID:...@``);
 * URL query / fragment parameters with a secret name: ``?token=abc&x=1`` ->
   ``?token=[REDACTED]&x=1`` (``access_token``, ``X-Amz-Signature``, ``sig``, ``key`` ...).
 
@@ -70,7 +85,10 @@ empty, so "the token is set but empty" remains visible); other values go through
 ``redact_value``. Variable names are kept as they are.
 
 ``redact_argv``: long options (``--x`` and Go-style ``-xx``) with a secret name keep their
-name and lose their value, in both ``--hf-token abc`` and ``--hf_token=abc`` forms; a secret
+name and lose their value, in both ``--hf-token abc`` and ``--hf_token=abc`` forms, and so do
+the short options ``-p`` and ``-k`` (a password, a key: ``mysql -p``, ``curl``-like tools) and
+names whose last word is cut short as argparse allows (``--tok``, ``--hf_tok``, ``--passw``,
+``--secr``; ``--max_tok`` stays a tokenizer option); a secret
 option that is the last item, or is followed by another ``--option``, is a flag and consumes
 nothing. Items ``name=value`` (hydra / kohya / docker ``-e`` style, leading ``+`` / ``~``
 allowed) with a secret name become ``name=[REDACTED]``. Every other item goes through
@@ -91,10 +109,13 @@ What is NOT caught (limits)
   AWS *secret* access key (40 base64 chars), a random password, passed as a positional
   argument, under an unusual name (``--wandb_blob x``), or in ``DATABASE_URL`` without the
   ``user:pass@`` form. Name rules and shapes are heuristics, not a guarantee.
-* Short options (``-p hunter2``): their meaning is program specific, so they are left alone.
+* Short options other than ``-p`` and ``-k``, and the attached form ``-phunter2``: their meaning
+  is program specific. (``-p 8080`` for a port is redacted too: fail closed.)
 * URL passwords containing an unescaped ``/ ? #`` or whitespace (RFC 3986 requires them
-  percent-encoded); credentials without a scheme (``user:pass@host``); a bare token used as
-  URL user name (``https://<40 hex>@github.com``) unless it has one of the shapes above.
+  percent-encoded); credentials without a scheme (``user:pass@host``) (an ``@`` inside the
+  path or query is not user-info).
+* A remembered value that reappears transformed (percent-encoded, split, in another case), or
+  is shorter than 4 characters; values redacted after a line was written do not reach back.
 * Key/value pairs inside values given to ``redact_value`` / ``redact_env``, such as
   ``AccountKey=...`` in an Azure connection string, unless the variable name itself is secret;
   ``redact_text`` does catch them.
