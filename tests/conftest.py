@@ -171,3 +171,15 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(autouse=True)
+def _forget_redacted_values() -> Iterator[None]:
+    """Each test starts with no remembered secrets: `redact` scrubs every value it has redacted in
+    this process (``redact.scrub``), which would otherwise carry over from one test to the next."""
+    from lora_otel._boot import redact
+
+    forget = getattr(redact, "forget", lambda: None)
+    forget()
+    yield
+    forget()

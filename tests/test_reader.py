@@ -365,3 +365,22 @@ def test_tail_reads_a_replaced_file_from_the_top(journal, tmp_path) -> None:
     os.replace(other.path, journal.path)
     j = tail.read()
     assert {s.name for s in j.spans} == {"process", "new"} and j.problems == []
+
+
+def test_tail_follows_a_file_renamed_by_rotation(journal, tmp_path) -> None:
+    """``mv run.otel.jsonl run.otel.jsonl.1`` under the follower (rotation by rename), then a new
+    empty file at the name: the follower keeps reading the renamed file, where the writer goes on
+    appending; no problem is reported."""
+    from lora_otel.export.reader import JournalTail
+
+    root = journal.process()
+    tail = JournalTail(journal.path)
+    assert [s.name for s in tail.read().spans] == ["process"]
+    os.rename(journal.path, tmp_path / "run.otel.jsonl.1")
+    (tmp_path / "run.otel.jsonl").touch()
+    journal.path = tmp_path / "run.otel.jsonl.1"  # the writer's descriptor: the renamed file
+    journal.span("after", 0.5, 0.1)
+    journal.end(root, 1.0)
+    j = tail.read()
+    assert sorted(s.name for s in tail.take_ended()) == ["after", "process"] and j.problems == []
+    tail.close()

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lora_otel._boot import redact
 from lora_otel._boot.redact import (
     MAX_VALUE_CHARS,
     REDACTED,
@@ -71,11 +72,18 @@ VALUE_CORPUS = [
     ("google api key", f"maps {GOOGLE}", f"maps {R}"),
     ("bearer header value", "Authorization: Bearer abcDEF123456789", f"Authorization: Bearer {R}"),
     ("bearer percent-encoded", "Authorization=Bearer%20abcDEF123456789", f"Authorization=Bearer%20{R}"),
-    ("url password", "https://user:s3cr3t@example.com/path", f"https://user:{R}@example.com/path"),
+    ("url password", "https://user:s3cr3t@example.com/path", f"https://{R}@example.com/path"),
     ("database url password", "postgres://trainer:hunter2@db.internal:5432/runs",
-     f"postgres://trainer:{R}@db.internal:5432/runs"),
-    ("redis url empty user", "redis://:p4ss@localhost:6379/0", f"redis://:{R}@localhost:6379/0"),
-    ("url password with @", "https://u:p@ss@host/x", f"https://u:{R}@host/x"),
+     f"postgres://{R}@db.internal:5432/runs"),
+    ("redis url empty user", "redis://:p4ss@localhost:6379/0", f"redis://{R}@localhost:6379/0"),
+    ("url password with @", "https://u:p@ss@host/x", f"https://{R}@host/x"),
+    # issue 12 item 8: URLs lose their whole user-info, the user part too
+    ("s3 url user part", "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/key", f"s3://{R}@bucket/key"),
+    ("otlp endpoint user-info and api_key", "http://alice:pw@127.0.0.1:4318/v1/traces?api_key=abc123",
+     f"http://{R}@127.0.0.1:4318/v1/traces?api_key={R}"),
+    ("url user name", "https://user@example.com/x", f"https://{R}@example.com/x"),
+    ("token as url user name", "https://0123456789abcdef0123456789abcdef01234567@github.com/o/r",
+     f"https://{R}@github.com/o/r"),
     ("query token", "https://h.example/dl?token=abc123&x=1", f"https://h.example/dl?token={R}&x=1"),
     ("query access_token in fragment", "https://app/cb#access_token=zzz&state=ok",
      f"https://app/cb#access_token={R}&state=ok"),
@@ -93,7 +101,6 @@ VALUE_CORPUS = [
     ("sk-learn is not a key", "sk-learn-compatible-estimator-wrapper", "sk-learn-compatible-estimator-wrapper"),
     ("AKIA prefix too long", "AKIAIOSFODNN7EXAMPLEXX", "AKIAIOSFODNN7EXAMPLEXX"),
     ("ASIA the continent", "ASIA-PACIFIC region", "ASIA-PACIFIC region"),
-    ("url without password", "https://user@example.com/x", "https://user@example.com/x"),
     ("url without userinfo", "https://huggingface.co/models?search=llama&sort=downloads",
      "https://huggingface.co/models?search=llama&sort=downloads"),
     ("database url no creds", "sqlite:///data/runs.db", "sqlite:///data/runs.db"),
@@ -102,7 +109,8 @@ VALUE_CORPUS = [
     ("eyJ base64 without dots", "eyJmb28iOiJiYXIifQ==", "eyJmb28iOiJiYXIifQ=="),
     ("chinese prompt", "一只猫坐在窗台上", "一只猫坐在窗台上"),
     ("empty", "", ""),
-    ("already redacted", f"https://u:{R}@h/?token={R}", f"https://u:{R}@h/?token={R}"),
+    ("already redacted", f"https://{R}@h/?token={R}", f"https://{R}@h/?token={R}"),
+    ("url @ after the path", "https://h.example/users/@alice", "https://h.example/users/@alice"),
 ]
 
 TEXT_CORPUS = [
@@ -149,9 +157,16 @@ ARGV_CORPUS = [
     ("camelCase option", ["--hfToken", "abc"], ["--hfToken", R]),
     ("wandb key by name", ["--wandb_api_key", "0123456789abcdef0123456789abcdef01234567"], ["--wandb_api_key", R]),
     ("shape in positional", ["download", HF], ["download", R]),
-    ("shape in non-secret option", [f"--resume=https://u:pw@h/x"], [f"--resume=https://u:{R}@h/x"]),
+    ("shape in non-secret option", [f"--resume=https://u:pw@h/x"], [f"--resume=https://{R}@h/x"]),
     ("python -c code", ["-c", "import os; os.environ['HF_TOKEN']='abc'"], ["-c", f"import os; os.environ['HF_TOKEN']='{R}'"]),
     ("chinese prompt and token", ["--prompt", "一只猫", "--hf_token", HF], ["--prompt", "一只猫", "--hf_token", R]),
+    # issue 12 item 8: short options for passwords and keys, argparse abbreviations
+    ("short -p", ["mysql", "-u", "root", "-p", "hunter2"], ["mysql", "-u", "root", "-p", R]),
+    ("short -k", ["-k", "k3y-v4lue", "--epochs", "1"], ["-k", R, "--epochs", "1"]),
+    ("short -p with =", ["-p=hunter2"], [f"-p={R}"]),
+    ("abbreviated --tok", ["--tok", "abc"], ["--tok", R]),
+    ("abbreviated --hf_tok=", ["--hf_tok=abc"], [f"--hf_tok={R}"]),
+    ("abbreviated --passw", ["--passw", "pw"], ["--passw", R]),
     # near-misses
     ("keyboard layout", ["--keyboard-layout", "us"], ["--keyboard-layout", "us"]),
     ("max steps", ["--max_steps", "100"], ["--max_steps", "100"]),
@@ -161,7 +176,8 @@ ARGV_CORPUS = [
     ("special tokens", ["--eos_token", "</s>", "--placeholder_token", "<cat-toy>"],
      ["--eos_token", "</s>", "--placeholder_token", "<cat-toy>"]),
     ("hub private repo", ["--hub_private_repo", "true"], ["--hub_private_repo", "true"]),
-    ("short option untouched", ["-p", "8080"], ["-p", "8080"]),
+    ("other short options untouched", ["-v", "x", "-n", "8"], ["-v", "x", "-n", "8"]),
+    ("abbreviated tokenizer option", ["--max_tok", "512"], ["--max_tok", "512"]),
     ("negative number", ["--lr", "-1e-4"], ["--lr", "-1e-4"]),
     ("double dash separator", ["--", "--hf_token"], ["--", "--hf_token"]),
     ("token path option", ["--hf_token_path", "/root/.hf/token"], ["--hf_token_path", "/root/.hf/token"]),
@@ -268,8 +284,8 @@ def test_redact_env() -> None:
         "WANDB_API_KEY": R,
         "OTEL_EXPORTER_OTLP_HEADERS": R,
         "GITHUB_TOKEN": "",
-        "DATABASE_URL": f"postgres://trainer:{R}@db:5432/runs",
-        "PIP_INDEX_URL": f"https://__token__:{R}@pypi.example/simple",
+        "DATABASE_URL": f"postgres://{R}@db:5432/runs",
+        "PIP_INDEX_URL": f"https://{R}@pypi.example/simple",
         "HF_HOME": "/data/hf",
         "PWD": "/home/user/project",
         "HF_TOKEN_PATH": "/root/.cache/huggingface/token",
@@ -453,3 +469,44 @@ def test_import_loads_nothing(flags: list[str]) -> None:
     loaded = set(proc.stdout.split())
     assert loaded <= {"lora_otel", "lora_otel._boot", "lora_otel._boot.redact", "__future__"}, loaded
     assert "lora_otel._boot.redact" in loaded
+
+
+class TestRedactedValuesStayRedacted:
+    """Issue 12 item 8: a value redacted anywhere is redacted everywhere it reappears."""
+
+    def test_password_from_argv_in_exception_message(self) -> None:
+        """``--password X`` on the command line, then ``X`` quoted in an exception message: gone."""
+        redact_argv(["train.py", "--password", "hunter2sekrit"])
+        assert redact_text("RuntimeError: login failed for hunter2sekrit") == f"RuntimeError: login failed for {R}"
+        assert redact.scrub("login failed for 'hunter2sekrit'.") == f"login failed for '{R}'."
+
+    @pytest.mark.parametrize("argv", [["-p", "hunter2sekrit"], ["-k", "hunter2sekrit"], ["--tok", "hunter2sekrit"],
+                                      ["--password=hunter2sekrit"], ["db.password=hunter2sekrit"]])
+    def test_every_argv_form_is_remembered(self, argv: list[str]) -> None:
+        """Every form of a secret option teaches its value to `scrub`."""
+        redact_argv(argv)
+        assert redact.scrub("value hunter2sekrit here") == f"value {R} here"
+
+    def test_env_and_url_values_are_remembered(self) -> None:
+        """A secret variable's value and a URL's user-info reappearing in free text are redacted."""
+        redact_env({"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567"})
+        redact_value("s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/key")
+        text = "wandb: key 0123456789abcdef0123456789abcdef01234567 rejected; s3 AKIDEXAMPLE:wJalrXUtnFEMI"
+        assert redact.scrub(text) == f"wandb: key {R} rejected; s3 {R}"
+
+    def test_whole_words_only(self) -> None:
+        """A remembered value is not cut out of a longer word, a timestamp or a span id."""
+        redact_argv(["--password", "1234", "--token", "dead"])
+        text = '{"ts":1712345600,"span_id":"ab12dead34ef5678","msg":"pin 1234 dead"}'
+        assert redact.scrub(text) == '{"ts":1712345600,"span_id":"ab12dead34ef5678","msg":"pin %s %s"}' % (R, R)
+
+    def test_short_and_common_values_are_not_remembered(self) -> None:
+        """Values under 4 characters and words like ``true`` would blank ordinary text: not kept."""
+        redact_argv(["--hf_token", "abc", "--use_auth_token", "true", "--password", "None"])
+        assert redact.remembered() == ()
+        assert redact.scrub("abc is true") == "abc is true"
+
+    def test_nothing_remembered_costs_nothing(self) -> None:
+        """Without a redacted value, `scrub` returns its argument itself."""
+        text = "a line " * 10
+        assert redact.scrub(text) is text

@@ -17,6 +17,7 @@ import sys
 import time
 from _thread import get_ident
 
+from lora_otel._boot import redact as _redact
 from lora_otel._boot.jsonl import _quote, dumps_line
 
 FORMAT_VERSION = 1
@@ -157,11 +158,31 @@ def open_journal(path: str, fresh: bool = False) -> str:
     return ""
 
 
+# Record fields that are never free text: a remembered secret is not looked for in them.
+_ID_FIELDS = frozenset(("v", "k", "ts", "trace_id", "span_id", "parent_id", "pid", "ppid", "start_ticks"))
+
+
+def _scrubbed(obj: object) -> object:
+    """A record with every value redacted so far (``redact.scrub``) replaced in its texts."""
+    if type(obj) is str:
+        return _redact.scrub(obj)
+    if type(obj) is dict:
+        return {k: (v if k in _ID_FIELDS else _scrubbed(v)) for k, v in obj.items()}
+    if type(obj) is list or type(obj) is tuple:
+        return [_scrubbed(v) for v in obj]
+    return obj
+
+
 def write(rec: dict) -> None:
-    """Append one record to the journal with a single ``os.write``. Never raises."""
+    """Append one record to the journal with a single ``os.write``. Never raises.
+
+    Texts lose every value redacted so far in this process (a password from argv quoted in an
+    exception message, an exit message, an event): one truth test while there is none."""
     if _journal_fd < 0:
         return
     try:
+        if _redact._known:
+            rec = _scrubbed(rec)  # type: ignore[assignment]
         data = dumps_line(rec)
     except Exception as e:  # noqa: BLE001 - the program must go on
         _write_failed(e)
@@ -222,6 +243,8 @@ def open_log(path: str) -> None:
 
 def _emit(msg: str, level: str) -> None:
     global _stdout_failed, _log_failed
+    if _redact._known:
+        msg = _redact.scrub(msg)
     text = _format_line(msg)
     stream = sys.stdout if level == "info" else sys.stderr
     ok = False
@@ -285,6 +308,8 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
     tid = get_ident()
     parent = parent_id or current_span_id()
     ts = ts or time.time_ns()
+    if _redact._known and type(name) is str:
+        name = _redact.scrub(name)
     if not attrs and type(name) is str and type(parent) is str and type(ts) is int:
         # The same line as the record below, from a template: a third of the encoding time.
         write_line(('{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'

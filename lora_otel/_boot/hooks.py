@@ -93,6 +93,22 @@ def _library_import(globals) -> bool:
     return isinstance(f, str) and "-packages" in f
 
 
+# ``warnings.warn(..., stacklevel=n)`` and ``logging`` do not count the import machinery's frames
+# when they look for the code to blame: a frame whose file name contains "importlib" and
+# "_bootstrap" is skipped. The import hook's frames sit inside that machinery, so their code says
+# so in its file name: a module's import-time warning then names the line that imported it and is
+# shown or hidden by the default filters exactly as without lora_otel. (Tracebacks still show the
+# frame, with its source: linecache finds it through the module's loader.)
+_IMPORT_MACHINERY_FILE = __file__ + " (importlib._bootstrap)"
+
+
+def _as_import_machinery(func):
+    """``func`` with its frames skipped by ``warnings``' stack levels, like importlib's own."""
+    func.__code__ = func.__code__.replace(co_filename=_IMPORT_MACHINERY_FILE)
+    return func
+
+
+@_as_import_machinery
 def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
     """``builtins.__import__`` replacement: a span around each top-level import of a new module."""
     if level or name in _modules or not core.active:
@@ -192,6 +208,7 @@ def _watched_spec(name: str, path, target):
         if getattr(module, "__name__", None) == name:  # a loader shared by many modules (zipimport)
             _install_integration(name, module)
 
+    _as_import_machinery(exec_module)
     exec_module._lora_otel = True  # type: ignore[attr-defined]
     spec.loader.exec_module = exec_module  # this spec's own loader object, made for this module
     return spec

@@ -15,6 +15,20 @@ Public API
 ``redact_env(env)``                a redacted copy of an environment mapping.
 ``redact_argv(argv)``              a redacted copy of a command line.
 ``redact_text(text)``              redact a free-text human line (value shapes + ``name=value``).
+``scrub(text)``                    replace only the values redacted so far in this process.
+``remembered()`` / ``forget()``    those values / forget them.
+
+Redacted once, redacted everywhere
+----------------------------------
+Every value any function here replaces (an argv option's value, a secret variable's value, a
+URL's user-info, a shape) is remembered for the life of the process (up to 64 values of 4 to
+1024 characters; ``true``, ``none``... are not kept), and every later call — and ``scrub`` —
+replaces it wherever it reappears as a whole word: a password given as ``--password X`` and
+quoted later in ``RuntimeError("login failed for X")`` is ``[REDACTED]`` in the exit message too.
+"Whole word": a value starting (ending) with a letter or digit is not matched right after
+(before) another one, so ``1234`` is not cut out of a timestamp. ``lora_otel._boot.core`` scrubs
+every journal record and human line this way; the exporting side learns the same values from
+the traced process's command line (``lora_otel.export.otlp.learn_secrets``).
 
 What is caught
 --------------
@@ -61,7 +75,8 @@ By **value shape** (``redact_value``), anywhere inside a value; the rest of the 
   PyPI ``pypi-``; Replicate ``r8_``;
 * ``Bearer <token>`` (any case of ``Bearer``/``bearer``/``BEARER``, space or ``%20``) when the
   token has 8 or more characters and is not just lower-case letters ("bearer instrument");
-* URL credentials: ``scheme://user:pass@host`` -> ``scheme://user:[REDACTED]@host``;
+* URL user-info, whole: ``scheme://user:pass@host`` and ``scheme://token@host`` ->
+  ``scheme://[REDACTED]@host`` (the user part can be a key id: ``s3://AKID:...@``);
 * URL query / fragment parameters with a secret name: ``?token=abc&x=1`` ->
   ``?token=[REDACTED]&x=1`` (``access_token``, ``X-Amz-Signature``, ``sig``, ``key`` ...).
 
@@ -70,7 +85,10 @@ empty, so "the token is set but empty" remains visible); other values go through
 ``redact_value``. Variable names are kept as they are.
 
 ``redact_argv``: long options (``--x`` and Go-style ``-xx``) with a secret name keep their
-name and lose their value, in both ``--hf-token abc`` and ``--hf_token=abc`` forms; a secret
+name and lose their value, in both ``--hf-token abc`` and ``--hf_token=abc`` forms, and so do
+the short options ``-p`` and ``-k`` (a password, a key: ``mysql -p``, ``curl``-like tools) and
+names whose last word is cut short as argparse allows (``--tok``, ``--hf_tok``, ``--passw``,
+``--secr``; ``--max_tok`` stays a tokenizer option); a secret
 option that is the last item, or is followed by another ``--option``, is a flag and consumes
 nothing. Items ``name=value`` (hydra / kohya / docker ``-e`` style, leading ``+`` / ``~``
 allowed) with a secret name become ``name=[REDACTED]``. Every other item goes through
@@ -91,10 +109,13 @@ What is NOT caught (limits)
   AWS *secret* access key (40 base64 chars), a random password, passed as a positional
   argument, under an unusual name (``--wandb_blob x``), or in ``DATABASE_URL`` without the
   ``user:pass@`` form. Name rules and shapes are heuristics, not a guarantee.
-* Short options (``-p hunter2``): their meaning is program specific, so they are left alone.
+* Short options other than ``-p`` and ``-k``, and the attached form ``-phunter2``: their meaning
+  is program specific. (``-p 8080`` for a port is redacted too: fail closed.)
 * URL passwords containing an unescaped ``/ ? #`` or whitespace (RFC 3986 requires them
-  percent-encoded); credentials without a scheme (``user:pass@host``); a bare token used as
-  URL user name (``https://<40 hex>@github.com``) unless it has one of the shapes above.
+  percent-encoded); credentials without a scheme (``user:pass@host``) (an ``@`` inside the
+  path or query is not user-info).
+* A remembered value that reappears transformed (percent-encoded, split, in another case), or
+  is shorter than 4 characters; values redacted after a line was written do not reach back.
 * Key/value pairs inside values given to ``redact_value`` / ``redact_env``, such as
   ``AccountKey=...`` in an Azure connection string, unless the variable name itself is secret;
   ``redact_text`` does catch them.
@@ -118,10 +139,20 @@ __all__ = [
     "redact_env",
     "redact_text",
     "redact_value",
+    "remembered",
+    "scrub",
 ]
 
 REDACTED = "[REDACTED]"
 MAX_VALUE_CHARS = 4096
+
+# Every value redacted so far in this process, longest first (see ``scrub``). A list, not a set:
+# ``if _known:`` is the whole cost of scrubbing while nothing secret was seen.
+_known: list[str] = []
+_KNOWN_MAX = 64  # values kept; later ones are still redacted where their own rules catch them
+_KNOWN_MIN = 4  # shorter values would blank ordinary words and numbers
+_KNOWN_LONGEST = 1024
+_NOT_REMEMBERED = frozenset(("true", "false", "none", "null", "yes", "no", "off", "auto", "default"))
 
 # --- character classes (plain strings: ``c in s`` and ``str.lstrip(s)`` are C loops) --------
 _DIGITS = "0123456789"
@@ -156,8 +187,13 @@ _COMPOUND_SUFFIXES = (
     "apikey", "accesskey", "secretkey", "privatekey", "authkey",
 )
 # Any secret word must contain one of these; a name without any is rejected at once.
-_QUICK = ("token", "secret", "pass", "pwd", "auth", "cred", "cookie", "session", "sig",
+_QUICK = ("tok", "secr", "pass", "pwd", "auth", "cred", "cookie", "session", "sig",
           "bearer", "key", "header")
+# A name's last word cut short, as argparse accepts (``--tok`` for ``--token``): the whole word.
+_ABBREVIATIONS = {"tok": "token", "toke": "token", "passw": "password", "passwo": "password",
+                  "passwor": "password", "secr": "secret", "secre": "secret"}
+# Short options that mean a password or a key in nearly every program (``mysql -p``, ``-k KEY``).
+_SHORT_SECRET_OPTIONS = frozenset(("p", "k"))
 # A secret word followed by one of these describes something else (a path to the secret,
 # its type, its length ...).
 _NEUTRAL_AFTER = frozenset(
@@ -268,6 +304,8 @@ def _split_name(name: str) -> list[str]:
     for p in low.split("_"):
         if p:
             parts.append(p.rstrip(_DIGITS) or p)
+    if parts and parts[-1] in _ABBREVIATIONS:
+        parts[-1] = _ABBREVIATIONS[parts[-1]]
     return parts
 
 
@@ -384,12 +422,43 @@ def _apply(s: str, spans: list[tuple[int, int]]) -> str:
             continue
         out.append(s[pos:cur_a])
         out.append(REDACTED)
+        _remember(s[cur_a:cur_b])
         pos = cur_b
         cur_a, cur_b = a, b
     out.append(s[pos:cur_a])
     out.append(REDACTED)
+    _remember(s[cur_a:cur_b])
     out.append(s[cur_b:])
     return "".join(out)
+
+
+def _remember(value: str) -> None:
+    """Keep a value just redacted, so that it is redacted wherever it reappears (``scrub``)."""
+    v = value.strip(_WS + _QUOTES)
+    if (len(v) < _KNOWN_MIN or len(v) > _KNOWN_LONGEST or REDACTED in v or v in _known
+            or len(_known) >= _KNOWN_MAX or v.lower() in _NOT_REMEMBERED):
+        return
+    _known.append(v)
+    _known.sort(key=len, reverse=True)
+
+
+def _known_spans(s: str, spans: list[tuple[int, int]]) -> None:
+    """Where a remembered value reappears in *s*, as a whole word: a value that begins (ends) with
+    a letter or digit must not be preceded (followed) by one, so ``1234`` is not found inside a
+    timestamp and ``dead`` not inside a span id."""
+    n = len(s)
+    for v in _known:
+        i = s.find(v)
+        if i == -1:
+            continue
+        lead, trail = v[0] in _ALNUM, v[-1] in _ALNUM
+        while i != -1:
+            e = i + len(v)
+            if (not lead or i == 0 or s[i - 1] not in _ALNUM) and (not trail or e == n or s[e] not in _ALNUM):
+                spans.append((i, e))
+                i = s.find(v, e)
+            else:
+                i = s.find(v, i + 1)
 
 
 # ==========================================================================================
@@ -398,6 +467,8 @@ def _apply(s: str, spans: list[tuple[int, int]]) -> str:
 
 
 def _value_spans(s: str, spans: list[tuple[int, int]]) -> None:
+    if _known:
+        _known_spans(s, spans)
     for prefixes, chars, min_run, exact, boundary, need_digit in _PREFIX_RULES:
         for prefix in prefixes:
             if prefix in s:
@@ -491,10 +562,10 @@ def _scan_url_userinfo(s, spans) -> None:
         a = i + 3
         e = _find_any(s, "/?#" + _URL_STOPS, a, n)
         at = s.rfind("@", a, e)
-        if at != -1:
-            colon = s.find(":", a, at)
-            if colon != -1 and colon + 1 < at and not s.startswith(REDACTED, colon + 1):
-                spans.append((colon + 1, at))
+        if at > a and s[a:at] != REDACTED:
+            # The whole user-info: a password, and the user part too (``s3://AKID:...@``, a token
+            # used as the user name).
+            spans.append((a, at))
         i = s.find("://", a)
 
 
@@ -619,6 +690,30 @@ def _option_spans(s: str, spans: list[tuple[int, int]]) -> None:
 # ==========================================================================================
 
 
+def scrub(text: str) -> str:
+    """*text* with every value redacted so far in this process replaced by ``[REDACTED]`` where it
+    reappears as a whole word (a password given as ``--password X`` and then quoted in an
+    exception message). Nothing else is changed; costs one truth test while nothing is known."""
+    if not _known:
+        return text
+    try:
+        spans: list[tuple[int, int]] = []
+        _known_spans(text, spans)
+        return _apply(text, spans) if spans else text
+    except Exception:  # pragma: no cover - defensive: fail closed
+        return REDACTED
+
+
+def remembered() -> tuple[str, ...]:
+    """The values :func:`scrub` replaces (every value redacted so far, up to 64, longest first)."""
+    return tuple(_known)
+
+
+def forget() -> None:
+    """Forget the values redacted so far (tests; a process that starts over)."""
+    del _known[:]
+
+
 def redact_value(value: str) -> str:
     """Replace every secret-shaped substring of *value* with ``[REDACTED]``; keep the rest.
     Values over MAX_VALUE_CHARS are truncated with a ``…[truncated N chars]`` marker."""
@@ -664,6 +759,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
             val = v if isinstance(v, str) else _coerce(v)
             if is_secret_name(key):
                 out[key] = REDACTED if val else ""
+                _remember(val)
             else:
                 out[key] = redact_value(val)
         except Exception:  # pragma: no cover - defensive: fail closed
@@ -693,6 +789,7 @@ def redact_argv(argv: list[str]) -> list[str]:
             out.append(text)
             if takes_value:
                 out.append(REDACTED if nxt else "")
+                _remember(nxt or "")
                 i += 1
         except Exception:  # pragma: no cover - defensive: fail closed
             out.append(REDACTED)
@@ -706,10 +803,12 @@ def _redact_arg(item: str, nxt: str | None) -> tuple[str, bool]:
         name, eq, val = item.partition("=")
         bare = name.lstrip("-")
         dashes = len(name) - len(bare)
-        # long options (--x) and single-dash words of 2+ characters (-password, Go style)
-        if dashes <= 2 and _is_option_name(bare) and (dashes == 2 or len(bare) > 1):
-            if is_secret_name(bare):
+        # long options (--x), single-dash words of 2+ characters (-password, Go style), and the
+        # short options that mean a password or a key nearly everywhere (-p, -k)
+        if dashes <= 2 and _is_option_name(bare) and (dashes == 2 or len(bare) > 1 or bare in _SHORT_SECRET_OPTIONS):
+            if is_secret_name(bare) or (dashes == 1 and bare in _SHORT_SECRET_OPTIONS):
                 if eq:
+                    _remember(val)
                     return redact_value(name) + "=" + (REDACTED if val else ""), False
                 # a value follows unless this is the last item or another --option follows
                 return redact_value(item), nxt is not None and not nxt.startswith("--")
@@ -720,5 +819,6 @@ def _redact_arg(item: str, nxt: str | None) -> tuple[str, bool]:
     if eq:
         bare = name.lstrip("+~")
         if _is_option_name(bare) and is_secret_name(bare):
+            _remember(val)
             return redact_value(name) + "=" + (REDACTED if val else ""), False
     return redact_text(item), False

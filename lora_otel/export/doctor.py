@@ -1234,6 +1234,10 @@ def _journal_check(journal: str | None, run: _Run) -> Check:
                "problems": j.problems}
     root = j.root.attrs if j.root is not None else {}
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint:
+        from lora_otel._boot.redact import redact_value
+
+        endpoint = redact_value(endpoint)  # no user-info, no secret query parameters in a report
     errors = [ln.msg for ln in j.lines if ln.level == "error" and "live export" in ln.msg]
     if root.get("lora_otel.sidecar.pid"):
         text += "; exported live to %s by sidecar pid %s (log: %s)" % (

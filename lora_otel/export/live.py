@@ -352,6 +352,7 @@ class Follower:
         self._forget: set[str] = set()
         self._baseline: Any = None  # LORA_OTEL_BASELINE: a Baseline, the BaselineError it gave, or None
         self._baseline_read = False
+        self._learned = False
 
     def poll(self, now_ns: Optional[int] = None) -> list[ReadableSpan]:
         """Read what the journal gained, queue what is new for export; returns the spans queued."""
@@ -417,6 +418,7 @@ class Follower:
                 self._logs.provider.shutdown()
             except Exception:  # noqa: BLE001
                 pass
+        self.tail.close()
         if not self.owns_outboxes:
             return True
         ok = self.spans_out.close(max(deadline - time.monotonic(), 0.1))
@@ -429,6 +431,9 @@ class Follower:
     def _read(self) -> Journal:
         """Read the journal's new records; spans that ended join the backlog (short imports excepted)."""
         journal = self.journal = self.tail.read()
+        if not self._learned and journal.pid and process_state(journal) == "running":
+            self._learned = True  # what the process redacted is scrubbed from everything sent (clean_text)
+            otlp.learn_secrets(journal.pid)
         for span in self.tail.take_ended():
             sid = span.span_id
             if otlp._is_short_import(span, journal):

@@ -29,6 +29,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
+from lora_otel._boot import redact
 from lora_otel._version import __version__
 from lora_otel.export.reader import Journal, Span, format_duration
 
@@ -258,9 +259,10 @@ def _protocol_setting(variables: tuple[str, ...]) -> tuple[str, str]:
 
 
 def describe_endpoint(exporter: SpanExporter) -> str:
-    """Where the exporter sends, for messages: the URL, or ``host:port (gRPC)``."""
+    """Where the exporter sends, for messages: the URL, or ``host:port (gRPC)``, without its
+    user-info and secret query parameters (``http://[REDACTED]@host/v1/traces?api_key=[REDACTED]``)."""
     # The SDK exporters resolve the endpoint from the environment and keep it only privately.
-    endpoint = str(getattr(exporter, "_endpoint", "") or "the OTLP endpoint")
+    endpoint = redact.redact_value(str(getattr(exporter, "_endpoint", "") or "the OTLP endpoint"))
     if "grpc" in type(exporter).__module__:
         return f"{endpoint} (gRPC)"
     return endpoint
@@ -281,8 +283,32 @@ def otel_attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
 
 
 def clean_text(text: str) -> str:
-    """``text`` as valid Unicode: lone surrogates (from non-UTF-8 argv) become ``\\udcXX`` text."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``text`` as valid Unicode: lone surrogates (from non-UTF-8 argv) become ``\\udcXX`` text.
+
+    Every text bound for OTLP passes here, so here it also loses the values this process knows to
+    be secret (``redact.scrub``; the sidecar learns the traced process's, see `learn_secrets`)."""
+    return redact.scrub(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
+def learn_secrets(pid: Optional[int], environ: Optional[Any] = None) -> None:
+    """Teach ``redact.scrub`` the values the traced process ``pid`` redacted at its start: the
+    same rules applied to its command line (``/proc/<pid>/cmdline``) and to the variables its
+    self-check records (``environ``: the sidecar's own, inherited from that process). So evidence
+    gathered from outside (stacks, errors) cannot carry them to the backend. Never raises."""
+    from lora_otel._boot import envfacts
+
+    try:
+        envfacts.relevant_env(os.environ if environ is None else environ, redact.redact_env)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    if not pid:
+        return
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = [os.fsdecode(a) for a in f.read().split(b"\0")[:-1]]
+    except (OSError, ValueError):
+        return
+    redact.redact_argv(argv)
 
 
 def _otel_value(value: Any) -> Optional[AttributeValue]:

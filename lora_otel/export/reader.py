@@ -163,9 +163,13 @@ class JournalTail:
     For followers (the sidecar, ``watch``) that poll a long job's journal every fraction of a second;
     `read_journal` would re-parse the whole file each time. The journal returned is the same object
     each time, updated in place; a partly written last line is kept back until its newline arrives.
-    If the file is replaced, reading starts again from the top. If it is cut short in place
-    (copytruncate), reading goes on from its new start, keeping the spans already read, and
-    ``problems`` says so.
+
+    The file stays open between reads, and it is that file that is followed, not the name: renamed
+    by a log rotation (``mv run.log.otel.jsonl run.log.otel.jsonl.1``), it is still the file the
+    writer appends to. Only when the open file has no name left (deleted, or another file moved
+    onto its name) does a file now at ``path`` replace it, read from the top. If it is cut short in
+    place (copytruncate), reading goes on from its new start, keeping the spans already read, and
+    ``problems`` says so. `close` releases the file.
     """
 
     CHUNK = 1 << 20
@@ -173,6 +177,7 @@ class JournalTail:
     def __init__(self, path: str | os.PathLike[str], max_events: Optional[int] = None) -> None:
         self.path = os.fspath(path)
         self.max_events = max_events
+        self._file: Optional[Any] = None
         self._restart()
 
     def _restart(self) -> None:
@@ -181,34 +186,57 @@ class JournalTail:
         self._offset = 0
         self._pending = b""
         self._number = 0
-        self._ino: Optional[int] = None
+
+    def _current_file(self) -> Any:
+        """The open file to read; opened at the first read, replaced only once it has no name left."""
+        f = self._file
+        if f is None:
+            f = self._file = open(self.path, "rb")
+        elif os.fstat(f.fileno()).st_nlink == 0:
+            try:
+                new = open(self.path, "rb")
+            except FileNotFoundError:
+                return f  # deleted: what the writer still appends to it
+            f.close()
+            f = self._file = new
+            self._restart()  # another file now has the name: read it from the top
+        return f
 
     def read(self) -> Journal:
         """The journal as it stands now. Raises `JournalError` like `read_journal`."""
         try:
-            with open(self.path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if self._ino is not None and st.st_ino != self._ino:
-                    self._restart()  # another file now has the name: read it from the top
-                elif st.st_size < self._offset:
-                    # Cut short under the writer (logrotate's copytruncate, ``: > file``): the writer
-                    # appends at the new end, so read from the top again, keeping what was read
-                    # (open spans still end, nothing read is exported twice).
-                    self._builder.journal.problems.append(
-                        f"the file was cut short while being followed ({self._offset} bytes read, "
-                        f"{st.st_size} now): records written before the cut are gone from it")
-                    self._offset, self._pending = 0, b""
-                self._ino = st.st_ino
-                f.seek(self._offset)
-                while True:
-                    data = f.read(self.CHUNK)
-                    if not data:
-                        break
-                    self._offset += len(data)
-                    self._feed(data)
+            f = self._current_file()
+            st = os.fstat(f.fileno())
+            if st.st_size < self._offset:
+                # Cut short under the writer (logrotate's copytruncate, ``: > file``): the writer
+                # appends at the new end, so read from the top again, keeping what was read
+                # (open spans still end, nothing read is exported twice).
+                self._builder.journal.problems.append(
+                    f"the file was cut short while being followed ({self._offset} bytes read, "
+                    f"{st.st_size} now): records written before the cut are gone from it")
+                self._offset, self._pending = 0, b""
+            f.seek(self._offset)
+            while True:
+                data = f.read(self.CHUNK)
+                if not data:
+                    break
+                self._offset += len(data)
+                self._feed(data)
         except OSError as e:
             raise _read_error(self.path, e) from None
         return self._builder.finish()
+
+    def close(self) -> None:
+        """Release the open file (a later `read` opens ``path`` again, from where it was)."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the file may be half torn down
+            pass
 
     def take_ended(self) -> list[Span]:
         """The spans whose end record was read since the last call, in file order."""

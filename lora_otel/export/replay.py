@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from lora_otel._boot.redact import redact_text
 from lora_otel.export.otlp import REFUSED_STATUS, describe_endpoint, export_with_status, make_exporter, translate
 from lora_otel.export.reader import JournalError, read_journal
 
@@ -60,7 +61,7 @@ def run_replay(args: argparse.Namespace) -> int:
             f"{translation.dropped_imports} short imports dropped) to {endpoint}")
     if journal.problems:
         line += f"; {len(journal.problems)} journal problems, see lora-otel inspect"
-    print(line)
+    print(redact_text(line))
     if refused:
         return _fail(f"the backend refused {refused} of {total} spans as bad data (HTTP 400/413); "
                      "they stay in the journal", 1)
@@ -91,7 +92,7 @@ def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
 
 
 def _fail(message: str, status: int) -> int:
-    print(f"lora-otel replay: {message}", file=sys.stderr)
+    print(f"lora-otel replay: {redact_text(message)}", file=sys.stderr)
     return status
 
 

@@ -47,7 +47,11 @@ def other_journals(followers: dict, path: str) -> list:
 
 
 def _say(msg: str) -> None:
-    msg = " ".join(msg.splitlines())  # one line per message, whatever the journal's exit message holds
+    """One line in the sidecar's log, redacted: an endpoint URL with credentials or an API key in
+    its query, quoted by an exporter error, and every value the traced process redacted."""
+    from lora_otel._boot.redact import redact_text
+
+    msg = redact_text(" ".join(msg.splitlines()))  # one line per message, whatever the journal's exit message holds
     sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
     sys.stderr.flush()
 
@@ -107,7 +111,10 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     Returns 0 when everything was delivered.
     """
     from lora_otel.export.live import Follower, outboxes
-    from lora_otel.export.otlp import ExporterConfigError, describe_endpoint, make_exporter, make_log_exporter
+    from lora_otel.export.otlp import (ExporterConfigError, describe_endpoint, learn_secrets, make_exporter,
+                                       make_log_exporter)
+
+    learn_secrets(pid)  # before anything is said or sent
 
     try:
         exporter = make_exporter(timeout=5)
@@ -158,6 +165,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             except JournalError as e:
                 _say("cannot read %s: %s" % (path, e))
                 ended[path] = "unreadable journal"
+                f.tail.close()
                 continue
             if path == journal_path and pid is not None:
                 oom.see(pid)
@@ -169,6 +177,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
                 how = describe_end(f.tail.read(), oom.struck() if journal is None or journal.exit is None else None)
                 f.finalize(how)
                 ended[path] = how
+                f.tail.close()  # a job of many short-lived processes must not hold a descriptor for each
                 if path != journal_path:
                     _say("%s: process ended (%s)" % (path, how))
         if len(ended) == len(followers) and journal_path in ended:

@@ -350,6 +350,8 @@ class Watcher:
                 f.state, f.starting = "gone", False
                 return
             journal, state = f.journal, process_state(f.journal)
+        if state != "running":
+            f.tail.close()  # a running process's journal stays open (followed through a rename); not thousands of old ones
         f.starting = (journal.last_evidence_ns is None and state == "gone"
                       and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9)
         f.journal, f.state = journal, state
