@@ -17,12 +17,14 @@ import sys
 import time
 from _thread import get_ident
 
-from lora_otel._boot import redact as _redact
 from lora_otel._boot.jsonl import _quote, dumps_line
 
 FORMAT_VERSION = 1
 
 # --- state (module globals: this is a per-process singleton) -------------------------------
+known_secrets: list = []
+"""Every value redacted so far in this process: ``redact`` puts its own list here when it first
+remembers one (core does not import ``redact``, so the preamble's first evidence does not wait for it)."""
 active = False
 pid = 0
 trace_id = ""
@@ -165,7 +167,9 @@ _ID_FIELDS = frozenset(("v", "k", "ts", "trace_id", "span_id", "parent_id", "pid
 def _scrubbed(obj: object) -> object:
     """A record with every value redacted so far (``redact.scrub``) replaced in its texts."""
     if type(obj) is str:
-        return _redact.scrub(obj)
+        from lora_otel._boot.redact import scrub
+
+        return scrub(obj)
     if type(obj) is dict:
         return {k: (v if k in _ID_FIELDS else _scrubbed(v)) for k, v in obj.items()}
     if type(obj) is list or type(obj) is tuple:
@@ -181,7 +185,7 @@ def write(rec: dict) -> None:
     if _journal_fd < 0:
         return
     try:
-        if _redact._known:
+        if known_secrets:
             rec = _scrubbed(rec)  # type: ignore[assignment]
         data = dumps_line(rec)
     except Exception as e:  # noqa: BLE001 - the program must go on
@@ -243,8 +247,8 @@ def open_log(path: str) -> None:
 
 def _emit(msg: str, level: str) -> None:
     global _stdout_failed, _log_failed
-    if _redact._known:
-        msg = _redact.scrub(msg)
+    if known_secrets:
+        msg = _scrubbed(msg)  # type: ignore[assignment]
     text = _format_line(msg)
     stream = sys.stdout if level == "info" else sys.stderr
     ok = False
@@ -308,8 +312,8 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
     tid = get_ident()
     parent = parent_id or current_span_id()
     ts = ts or time.time_ns()
-    if _redact._known and type(name) is str:
-        name = _redact.scrub(name)
+    if known_secrets and type(name) is str:
+        name = _scrubbed(name)  # type: ignore[assignment]
     if not attrs and type(name) is str and type(parent) is str and type(ts) is int:
         # The same line as the record below, from a template: a third of the encoding time.
         write_line(('{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
