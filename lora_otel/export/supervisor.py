@@ -68,6 +68,17 @@ def _create_journal(journal: str) -> str:
     return journal
 
 
+def _drop_if_unused(journal: str) -> None:
+    """The journal created for the child stays empty when the child is not a traced Python (a shell
+    whose Pythons write beside it): remove it, as if it had never been made."""
+    try:
+        st = os.lstat(journal)
+        if st.st_size == 0 and st.st_uid == os.geteuid() and not os.path.islink(journal):
+            os.unlink(journal)
+    except OSError:
+        pass
+
+
 def run_command(args: argparse.Namespace) -> int:
     cmd = list(args.cmd or [])
     if cmd and cmd[0] == "--":
@@ -113,6 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
 
+    _drop_if_unused(journal)
     record_exit(journal, rc, oom.struck() if rc == -signal.SIGKILL else None)
     if getattr(args, "tree", False):
         _print_tree(journal)
