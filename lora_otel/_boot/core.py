@@ -176,7 +176,7 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
             continue
         _set_journal(fd, cand)
         if tried:
-            error_line("cannot write journal at %s; using %s instead" % (tried[0], cand))
+            error_line("cannot write journal at %s; using %s instead" % ("; not in ".join(tried), cand))
         return cand
     error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk"
                % "; ".join(tried))
