@@ -13,6 +13,10 @@
    O_CREAT`` (as the journal is): the ceiling one write per record allows on this file system.
    The ``mark`` row does the same with ``lora_otel.mark("tick")`` (an ``event`` and a ``line``
    record each, and the line on stdout, which goes to /dev/null here).
+   The ``stage, no identity check`` row (interleaved too) runs the same stages with the journal
+   writer as it was before the descriptor identity check (issue 12 item 2: one ``os.fstat`` per
+   record, compared with the (device, inode) recorded at open): the check's cost per record and per
+   stage, before and after, in one run.
 2. **Per job.** ``examples/train_lora.py --steps N`` traced (``LORA_OTEL=1``, no endpoint), its
    journal(s) measured by ``scale.per_job`` (bench/scale.py part (a)): bytes, records (lines),
    spans in the journal, spans exported after translation (short successful imports are
@@ -41,9 +45,32 @@ from sidecar_cost import env_base  # noqa: E402
 
 PY = sys.executable
 
+# The journal writer before the identity check, compiled into lora_otel's core module (same global
+# look-ups as the real one), for the "no identity check" row.
+UNCHECKED_WRITE_LINE = r"""
+def write_line(data):
+    global _journal_failed, _journal_lost
+    if _journal_fd < 0:
+        return
+    try:
+        n = os.write(_journal_fd, data)
+        if n != len(data):
+            os.write(_journal_fd, b"\n")
+            raise OSError(28, "short write (disk full?)")
+    except Exception as e:
+        _write_failed(e)
+        return
+    if _journal_failed:
+        pass
+"""
+
 CHILD = r"""
 import os, sys, time
 kind, n = sys.argv[1], int(sys.argv[2])
+if kind == "stage-unchecked":
+    from lora_otel._boot import core
+    exec(sys.argv[3], core.__dict__)
+    kind = "stage"
 if kind == "raw":
     line = b"x" * (int(sys.argv[3]) - 1) + b"\n"
     fd = os.open(sys.argv[4], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -91,7 +118,7 @@ def traced_run(kind: str, n: int, work: str) -> dict:
     """One traced process writing ``n`` stages (or marks); records and bytes inside its loop's window."""
     d = tempfile.mkdtemp(prefix=kind + "-", dir=work)
     env = dict(env_base(), LORA_OTEL="1", LORA_OTEL_DIR=d, LORA_OTEL_STALL_AFTER="100000")
-    t0, t1 = run_child([kind, n], env, d)
+    t0, t1 = run_child([kind, n] + ([UNCHECKED_WRITE_LINE] if kind == "stage-unchecked" else []), env, d)
     paths = glob.glob(os.path.join(d, "*.otel.jsonl"))
     if len(paths) != 1:
         raise RuntimeError("expected one journal in %s, found %d" % (d, len(paths)))
@@ -120,11 +147,12 @@ def raw_run(n: int, size: int, work: str) -> dict:
     return {"records": n, "bytes": n * size, "secs": secs, "rate": n / secs, "mbs": n * size / secs / 1e6}
 
 
-def measure_throughput(stages: int = 20000, runs: int = 5, marks: bool = True) -> dict:
-    """Stage (and mark) rows interleaved with their raw-write baselines; medians over ``runs``."""
+def measure_throughput(stages: int = 20000, runs: int = 5, marks: bool = True, unchecked: bool = False) -> dict:
+    """Stage (and mark) rows interleaved with their raw-write baselines; medians over ``runs``.
+    ``unchecked`` adds the stage row without the descriptor identity check."""
     compileall.compile_dir(str(REPO / "lora_otel"), quiet=1)
     work = tempfile.mkdtemp(prefix="lora-otel-journal-")
-    kinds = ["stage"] + (["mark"] if marks else [])
+    kinds = ["stage"] + (["stage-unchecked"] if unchecked else []) + (["mark"] if marks else [])
     samples: dict = {k: [] for k in kinds}
     raw: dict = {k: [] for k in kinds}
     try:
@@ -142,6 +170,8 @@ def measure_throughput(stages: int = 20000, runs: int = 5, marks: bool = True) -
     out: dict = {"stages": stages, "runs": runs, "kinds": kinds, "samples": samples, "raw": raw}
     for k in kinds:
         out[k] = {"rate": statistics.median(r["rate"] for r in samples[k]),
+                  "us_per_record": statistics.median(r["secs"] * 1e6 / max(r["records"], 1) for r in samples[k]),
+                  "us_per_stage": statistics.median(r["secs"] * 1e6 / r["n"] for r in samples[k]),
                   "mbs": statistics.median(r["mbs"] for r in samples[k]),
                   "per_record": statistics.median(r["per_record"] for r in samples[k]),
                   "raw_rate": statistics.median(r["rate"] for r in raw[k]),
@@ -166,8 +196,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="train_lora.py --steps for the per-job figures (default 40)")
     ap.add_argument("--no-marks", action="store_true", help="leave out the lora_otel.mark row")
     ap.add_argument("--skip-job", action="store_true", help="leave out the per-job figures")
+    ap.add_argument("--no-check-row", action="store_true", help="leave out the stage row without the identity check")
     args = ap.parse_args()
-    t = measure_throughput(args.stages, args.runs, not args.no_marks)
+    t = measure_throughput(args.stages, args.runs, not args.no_marks, not args.no_check_row)
     print("lora_otel journal throughput — %s, Python %s, %d CPUs, %s; %d stages per process, %d processes per "
           "row (interleaved, median); journal on %s"
           % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
@@ -175,7 +206,8 @@ def main() -> None:
     print()
     print("| what | records/s | MB/s | bytes per record | vs raw os.write | records in the window |")
     print("|---|---:|---:|---:|---:|---|")
-    names = {"stage": "empty lora_otel.stage blocks", "mark": "lora_otel.mark(\"tick\")"}
+    names = {"stage": "empty lora_otel.stage blocks", "mark": "lora_otel.mark(\"tick\")",
+             "stage-unchecked": "empty lora_otel.stage blocks, no identity check (the writer before)"}
     for k in t["kinds"]:
         m = t[k]
         print("| %s, LORA_OTEL=1 | %.0f | %.2f | %.0f | %.2fx | %s |"
@@ -183,6 +215,17 @@ def main() -> None:
                  ", ".join("%s %d" % kv for kv in sorted(m["kinds"].items()))))
         print("| raw os.write of a %d-byte line, O_APPEND (baseline) | %.0f | %.2f | %.0f | 1.00x | |"
               % (round(m["per_record"]), m["raw_rate"], m["raw_mbs"], m["per_record"]))
+    if "stage-unchecked" in t:
+        a, b = t["stage-unchecked"], t["stage"]
+        print()
+        print("| descriptor identity check (os.fstat per record) | without | with | ratio | added |")
+        print("|---|---:|---:|---:|---:|")
+        print("| µs per journal record | %.2f | %.2f | %.2fx | %+.2f µs |"
+              % (a["us_per_record"], b["us_per_record"], b["us_per_record"] / a["us_per_record"],
+                 b["us_per_record"] - a["us_per_record"]))
+        print("| µs per stage (a start and an end record) | %.2f | %.2f | %.2fx | %+.2f µs |"
+              % (a["us_per_stage"], b["us_per_stage"], b["us_per_stage"] / a["us_per_stage"],
+                 b["us_per_stage"] - a["us_per_stage"]))
     if not args.skip_job:
         print("running train_lora.py --steps %d ..." % args.steps, file=sys.stderr, flush=True)
         a = measure_job(args.steps)

@@ -25,14 +25,32 @@ def lora_errors(stderr: str) -> list:
     return [ln for ln in stderr.splitlines() if ln.startswith("[lora-otel]")]
 
 
+def _no_room() -> None:
+    """In the child before exec: no regular file may grow (``ulimit -f 0``), as on a full disk."""
+    import resource
+    import signal
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of killing
+
+
+def run_full(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``run`` where every write that grows a regular file fails: a full disk. (``/dev/full`` no
+    longer serves: lora_otel writes only to regular files, see docs/security.md.)"""
+    (tmp_path / "job.py").write_text(SCRIPT)
+    return subprocess.run([PYTHON, "-B", "job.py", *args], cwd=tmp_path, env=clean_env(LORA_OTEL="1", **env),
+                          capture_output=True, text=True, timeout=60, preexec_fn=_no_room)
+
+
 def test_journal_on_a_full_disk(tmp_path: Path) -> None:
-    """LORA_OTEL_JOURNAL=/dev/full: every write fails; the program runs; one line says so."""
-    r = run(tmp_path, LORA_OTEL_JOURNAL="/dev/full")
+    """A journal on a full disk: every write fails; the program runs; one line says so."""
+    journal = str(tmp_path / "j.otel.jsonl")
+    r = run_full(tmp_path, LORA_OTEL_JOURNAL=journal)
     assert r.returncode == 0
     assert "PROGRAM done" in r.stdout
     assert "Traceback" not in r.stderr
     errs = [ln for ln in lora_errors(r.stderr) if "journal write failed" in ln]
-    assert len(errs) == 1 and "/dev/full" in errs[0]
+    assert len(errs) == 1 and journal in errs[0]
 
 
 def test_journal_directory_is_a_file(tmp_path: Path) -> None:
@@ -73,10 +91,11 @@ def test_log_file_that_cannot_be_opened(tmp_path: Path) -> None:
 
 
 def test_log_file_on_a_full_disk(tmp_path: Path) -> None:
-    """`--log /dev/full`: appends fail once, reported once; the program runs."""
-    r = run(tmp_path, "--log", "/dev/full", LORA_OTEL_JOURNAL=str(tmp_path / "j.otel.jsonl"))
+    """`--log` on a full disk: appends fail once, reported once; the program runs."""
+    log = str(tmp_path / "run.log")
+    r = run_full(tmp_path, "--log", log, LORA_OTEL_JOURNAL=str(tmp_path / "j.otel.jsonl"))
     assert r.returncode == 0 and "PROGRAM done" in r.stdout
-    errs = [ln for ln in lora_errors(r.stderr) if "cannot append to log file /dev/full" in ln]
+    errs = [ln for ln in lora_errors(r.stderr) if "cannot append to log file %s" % log in ln]
     assert len(errs) == 1
 
 

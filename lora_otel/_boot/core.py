@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from _thread import get_ident
+from _thread import allocate_lock, get_ident
 
 from lora_otel._boot.jsonl import _quote, dumps_line
 
@@ -34,8 +34,10 @@ journal_path = ""
 log_path: str | None = None
 import_threshold_ms = 5.0
 
-_journal_fd = -1
+_journal_fd = -1  # moved to a high number; written only while its identity is still this:
+_journal_dev = _journal_ino = 0
 _log_fd = -1
+_log_dev = _log_ino = 0
 _journal_failed = False
 _journal_lost = 0  # records not written since the journal failed
 _log_failed = False
@@ -114,45 +116,70 @@ def _stderr(text: str) -> None:
         pass
 
 
-def open_journal(path: str, fresh: bool = False) -> str:
-    """Open (create) the journal at ``path``; on failure fall back to a temp dir, saying so.
+def _fallback_dir() -> str:
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp",
+                        "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel")
 
-    With ``fresh``, a file that already exists (another process's journal) is left alone and a
-    unique name beside it is used instead. Returns the path actually opened, or "" when no
-    journal could be opened at all.
-    """
-    global _journal_fd, journal_path
-    tried = []
-    if fresh:
-        from lora_otel._boot.paths import unique_variant
 
+def _create_journal(path: str, exact: bool) -> tuple:
+    """``(fd, path)``: ``path`` created new (``O_EXCL``, 0600); when something is already there, a
+    unique variant beside it (another process's journal, or a name someone planted). With ``exact``
+    (``LORA_OTEL_JOURNAL``, or the file `lora-otel run` created for its child) an existing file is
+    appended to when it is safely this user's."""
+    from lora_otel._boot import files, paths
+
+    if exact:
+        return files.open_append(path), path
+    try:
+        return files.create_new(path), path
+    except FileExistsError:
+        pass
+    for _ in range(8):
+        other = paths.unique_variant(path, os.getpid(), time.time())
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+            return files.create_new(other), other
         except FileExistsError:
-            path = unique_variant(path, os.getpid(), time.time())
-        except OSError:
-            pass  # reported by the attempt below
-        else:
-            _journal_fd = fd
-            journal_path = path
-            return path
-    candidates = [path]
-    fallback_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid()
-                                if hasattr(os, "getuid") else "lora-otel")
-    candidates.append(os.path.join(fallback_dir, os.path.basename(path)))
-    for cand in candidates:
+            continue
+    raise files.UnsafeFile("%s and 8 unique variants are taken" % path)
+
+
+def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
+    """Open the journal at ``path`` (or a unique name beside it); on failure fall back to
+    ``$TMPDIR/lora-otel-<uid>/``, saying so.
+
+    Every process gets a journal of its own: the file is created new (see `_create_journal`), its
+    descriptor moved to a high number and its identity recorded for :func:`write_line`. Without
+    ``make_dir`` (a forked child), a directory that is gone is not created again: the process goes
+    on without a journal, saying so. Returns the path actually opened, or "".
+    """
+    global journal_path
+    from lora_otel._boot import files
+
+    tried = []
+    d = os.path.dirname(path)
+    if not make_dir and d and not os.path.isdir(d):
+        _emit("the journal directory %s is gone (removed by the program?); pid %d goes on without a "
+              "journal rather than create it again" % (d, os.getpid()), "error")
+        journal_path = ""
+        return ""
+    for fallback in (False, True):
+        cand = path
         try:
-            d = os.path.dirname(cand)
-            if d and not os.path.isdir(d):
+            if fallback:
+                base = _fallback_dir()
+                cand_dir = files.private_dir(base)
+                if cand_dir != base:
+                    tried.append("%s (%s)" % (base, files.unsafe_dir_reason(base)))
+                cand = os.path.join(cand_dir, os.path.basename(path))
+            elif d and not os.path.isdir(d):
                 os.makedirs(d, mode=0o700, exist_ok=True)
-            fd = os.open(cand, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+            fd, cand = _create_journal(cand, exact and not fallback)
         except OSError as e:
             tried.append("%s (%s)" % (cand, e.strerror or e))
             continue
-        _journal_fd = fd
-        journal_path = cand
+        _set_journal(fd, cand)
         if tried:
-            error_line("cannot write journal at %s; using %s instead" % (tried[0], cand))
+            error_line("cannot write journal at %s; using %s instead" % ("; not in ".join(tried), cand))
         return cand
     error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk"
                % "; ".join(tried))
@@ -175,6 +202,47 @@ def _scrubbed(obj: object) -> object:
     if type(obj) is list or type(obj) is tuple:
         return [_scrubbed(v) for v in obj]
     return obj
+
+
+def _set_journal(fd: int, path: str) -> None:
+    global _journal_fd, _journal_dev, _journal_ino, journal_path
+    from lora_otel._boot import files
+
+    fd = files.move_high(fd)
+    _journal_dev, _journal_ino = files.identity(fd)
+    _journal_fd = fd
+    journal_path = path
+
+
+_reopen_lock = allocate_lock()
+
+
+def _reopen_journal() -> bool:
+    """The journal's descriptor was closed, or its number now names another file (the program
+    closed it and opened its own): never write to that number again; reopen the journal by its
+    path (``O_APPEND``, no symlink, only a file of this user's, created new when it was removed)
+    and say so in one line. Returns whether there is a journal to write to."""
+    global _journal_fd
+    from lora_otel._boot import files
+
+    with _reopen_lock:
+        old = _journal_fd
+        if old < 0:
+            return False
+        if files.same(old, (_journal_dev, _journal_ino)):
+            return True  # another thread reopened it meanwhile
+        _journal_fd = -1
+        try:
+            fd = files.open_append(journal_path)
+        except OSError as e:
+            _stderr(_format_line("the journal's descriptor %d was closed or reused by the program, and %s cannot "
+                                 "be reopened (%s); the program goes on without a journal"
+                                 % (old, journal_path, e.strerror or e)))
+            return False
+        _set_journal(fd, journal_path)
+    error_line("the journal's descriptor %d was closed or reused by the program (os.closerange?); reopened %s "
+               "as descriptor %d, nothing was written to the old number" % (old, journal_path, _journal_fd))
+    return True
 
 
 def write(rec: dict) -> None:
@@ -200,6 +268,13 @@ def write_line(data: bytes) -> None:
     global _journal_failed, _journal_lost
     if _journal_fd < 0:
         return
+    try:  # the identity check: is this number still our journal? (~0.5 µs, see docs/performance.md)
+        st = os.fstat(_journal_fd)
+        if st.st_ino != _journal_ino or st.st_dev != _journal_dev:
+            raise OSError
+    except OSError:
+        if not _reopen_journal():
+            return
     try:
         n = os.write(_journal_fd, data)
         if n != len(data):  # short write: the disk filled mid-record; end the broken line
@@ -231,18 +306,68 @@ def _format_line(msg: str) -> str:
     return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(time.time_ns()), msg)
 
 
+def _same_as_std(dev_ino: tuple) -> bool:
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == dev_ino:
+            return True
+    return False
+
+
 def open_log(path: str) -> None:
-    """Also append human lines to ``path`` (the program's ``--log`` file)."""
-    global _log_fd, _log_failed
+    """Also append human lines to ``path`` (the program's ``--log`` file).
+
+    Only to a regular file of this user's (created new 0600, or an existing one that is not a
+    symlink nor writable by others), and not when it is the stream the lines already go to
+    (``--log /dev/stdout``, or stdout redirected to the same file): then each line would be there twice.
+    """
+    global _log_fd, _log_failed, _log_dev, _log_ino
+    from lora_otel._boot import files, paths
+
     try:
+        if not paths.is_log_file(path):
+            try:
+                st = os.stat(path)
+                same = _same_as_std((st.st_dev, st.st_ino))
+            except OSError:
+                same = False
+            if not same:
+                _stderr(_format_line("--log %s is not a regular file; lora_otel's lines are not copied there" % path))
+            return
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d):
             os.makedirs(d, exist_ok=True)
-        _log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = files.open_append(path)
+        ident = files.identity(fd)
+        if _same_as_std(ident):  # `prog --log run.log > run.log`: the lines reach it already
+            os.close(fd)
+            return
+        _log_fd = files.move_high(fd)
+        _log_dev, _log_ino = ident
     except OSError as e:
         _log_failed = True
         _stderr(_format_line("cannot append to log file %s (%s); lines go to the terminal only"
                              % (path, e.strerror or e)))
+
+
+def _write_log(data: bytes) -> None:
+    """Append to the ``--log`` copy, after the same identity check as the journal's."""
+    global _log_fd, _log_failed
+    from lora_otel._boot import files
+
+    if not files.same(_log_fd, (_log_dev, _log_ino)):
+        old, _log_fd = _log_fd, -1  # never touch that number again: it may be the program's now
+        open_log(log_path or "")
+        if _log_fd < 0:
+            return
+        _stderr(_format_line("the --log file's descriptor %d was closed or reused by the program; reopened %s"
+                             % (old, log_path)))
+        os.write(_log_fd, _format_line("the --log file's descriptor %d was closed or reused by the program; "
+                                       "reopened %s" % (old, log_path)).encode("utf-8", "backslashreplace"))
+    os.write(_log_fd, data)
 
 
 def _emit(msg: str, level: str) -> None:
@@ -273,7 +398,7 @@ def _emit(msg: str, level: str) -> None:
         _stderr(text)
     if _log_fd >= 0:
         try:
-            os.write(_log_fd, text.encode("utf-8", "backslashreplace"))
+            _write_log(text.encode("utf-8", "backslashreplace"))
         except Exception as e:  # noqa: BLE001
             if not _log_failed:
                 _log_failed = True
@@ -387,14 +512,17 @@ def beat() -> None:
 
 
 def reset_for_child(new_pid: int) -> None:
-    """After ``fork``: forget the parent's open spans, descriptors stay until reopened."""
+    """After ``fork``: forget the parent's open spans; let go of the parent's journal descriptor
+    (closed only while it is still the journal: the number may be the program's file by now)."""
     global pid, _journal_fd, steps, last_step_ns, _stacks
+    from lora_otel._boot import files
+
     pid = new_pid
-    try:
-        if _journal_fd >= 0:
+    if _journal_fd >= 0 and files.same(_journal_fd, (_journal_dev, _journal_ino)):
+        try:
             os.close(_journal_fd)
-    except OSError:
-        pass
+        except OSError:
+            pass
     _journal_fd = -1
     open_spans.clear()
     _stacks = {}

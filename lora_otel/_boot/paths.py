@@ -22,6 +22,20 @@ def log_path_from_argv(argv: list) -> str | None:
     return None
 
 
+def is_log_file(log: str) -> bool:
+    """Whether ``--log`` names a regular file (or nothing yet) outside ``/dev`` and ``/proc``: the
+    only kind lora_otel copies lines to and puts a journal beside."""
+    import stat
+
+    path = os.path.abspath(log)
+    if path.startswith(("/dev/", "/proc/")):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True  # not there yet: it will be a file
+
+
 def journal_name(pid: int, now_s: float) -> str:
     """``<UTC time>-<pid>.otel.jsonl``, e.g. ``20261130T221348Z-4242.otel.jsonl``."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s)) + "-%d%s" % (pid, JOURNAL_SUFFIX)
@@ -32,12 +46,14 @@ def choose_journal_path(argv: list, environ, pid: int, now_s: float, cwd: str | 
 
     1. ``LORA_OTEL_JOURNAL``; 2. ``--log PATH`` in argv → ``PATH.otel.jsonl``;
     3. ``LORA_OTEL_DIR``/<name>; 4. ``./lora-otel/``/<name>.
+    A ``--log`` that is not a regular file (``/dev/stdout``, a FIFO, a device) gets no journal
+    beside it: 3 or 4 apply.
     """
     exact = environ.get("LORA_OTEL_JOURNAL")
     if exact:
         return os.path.abspath(exact)
     log = log_path_from_argv(argv)
-    if log:
+    if log and is_log_file(log):
         return os.path.abspath(log) + JOURNAL_SUFFIX
     base = environ.get("LORA_OTEL_DIR") or os.path.join(cwd or os.getcwd(), "lora-otel")
     return os.path.join(os.path.abspath(base), journal_name(pid, now_s))
@@ -57,9 +73,11 @@ def child_journal_path(parent_path: str, pid: int) -> str:
 
 
 def unique_variant(path: str, pid: int, now_s: float) -> str:
-    """``run.log.otel.jsonl`` → ``run.log.<UTC time>-<pid>.otel.jsonl``: for when the first is taken.
+    """``run.log.otel.jsonl`` → ``run.log.<UTC time>-<pid>-<random>.otel.jsonl``: for when the first is taken.
 
     Several processes can share one ``--log`` (ranks of one job, or a re-run of the same job);
-    each still gets a journal of its own.
+    each still gets a journal of its own. The random part makes the name one nobody can prepare
+    in advance (a shared directory).
     """
-    return "%s.%s" % (stem(path), journal_name(pid, now_s))
+    return "%s.%s-%s%s" % (stem(path), journal_name(pid, now_s)[: -len(JOURNAL_SUFFIX)], os.urandom(3).hex(),
+                           JOURNAL_SUFFIX)

@@ -153,9 +153,10 @@ def _start(how: str) -> None:
     core.log_path = paths.log_path_from_argv(argv)
     if core.log_path:
         core.open_log(core.log_path)
-    # Beside --log, the name is shared by every process given that --log: first come keeps it.
+    # Each process creates a journal of its own (beside --log the name is shared by every process
+    # given that --log: first come keeps it, the others get a unique name beside it).
     core.open_journal(paths.choose_journal_path(argv, env, core.pid, now / 1e9),
-                      fresh=not env.get("LORA_OTEL_JOURNAL") and core.log_path is not None)
+                      exact=bool(env.get("LORA_OTEL_JOURNAL")))
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     _write_root_start(start_ns, parent, ticks, how, argv)
@@ -224,9 +225,9 @@ def _start_sidecar(env) -> None:
             core.error_line("live export off: %s; the journal remains for `lora-otel replay %s`"
                             % (why, core.journal_path))
         else:
-            _sidecar_pid, _sidecar_log = pid, spawn.log_path(core.journal_path)
+            _sidecar_pid, _sidecar_log = pid, spawn.opened_log
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
-            env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, os.path.abspath(spawn.registry_path(core.journal_path)))
+            env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
 
 
 def stacks_path(journal_path: str) -> str:
@@ -235,6 +236,22 @@ def stacks_path(journal_path: str) -> str:
 
 
 _stacks_fd = -1
+_stacks_id: tuple = (0, 0)
+
+
+def _check_stacks_fd() -> None:
+    """At each beat: faulthandler writes to a descriptor number, at a signal, with no check of its
+    own; when that number no longer names the stacks file (the program closed it and opened its own
+    file), register the dump again on a reopened stacks file, so a dump never lands in the program's file."""
+    global _stacks_fd
+    from lora_otel._boot import files
+
+    if _stacks_fd < 0 or files.same(_stacks_fd, _stacks_id):
+        return
+    old, _stacks_fd = _stacks_fd, -1
+    _register_stack_dump()
+    core.error_line("the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
+                    "a reopened stacks file (descriptor %d)" % (old, _stacks_fd))
 
 
 def _register_stack_dump() -> None:
@@ -244,7 +261,7 @@ def _register_stack_dump() -> None:
     in native code) too: the exporting side sends the signal when it declares a stall. Skipped
     when the program already handles SIGUSR1.
     """
-    global _stacks_fd
+    global _stacks_fd, _stacks_id
     import _signal
     import faulthandler
 
@@ -253,18 +270,22 @@ def _register_stack_dump() -> None:
     if _signal.getsignal(_signal.SIGUSR1) not in (_signal.SIG_DFL, None):
         core.info_line("SIGUSR1 is already handled by the program; no stack dumps on demand")
         return
+    from lora_otel._boot import files
+
     path = stacks_path(core.journal_path)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd, path = files.open_sibling(path)  # created new, or safely this user's; no symlink
+        fd = files.move_high(fd)
+        ident = files.identity(fd)
     except OSError as e:
         core.error_line("cannot open stack dump file %s (%s); no stack dumps on demand" % (path, e.strerror or e))
         return
-    if _stacks_fd >= 0:
+    if _stacks_fd >= 0 and files.same(_stacks_fd, _stacks_id):  # else the number may be the program's now
         try:
             os.close(_stacks_fd)
         except OSError:
             pass
-    _stacks_fd = fd
+    _stacks_fd, _stacks_id = fd, ident
     faulthandler.register(_signal.SIGUSR1, file=fd, all_threads=True, chain=False)
     core.span_attrs(core.root_id, {"lora_otel.stacks.path": path})
 
@@ -426,8 +447,10 @@ def _after_fork_child() -> None:
         hooks._importing.clear()
         now = time.time_ns()
         core.root_id = core.new_span_id()
+        # The parent's directory, only while it exists: never create again one the program removed.
         core.open_journal(paths.child_journal_path(parent_path, core.pid) if parent_path
-                          else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9))
+                          else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
+                          make_dir=False)
         _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
         _register_stack_dump()
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
@@ -477,6 +500,7 @@ def _beat_loop(my_pid: int) -> None:
             return
         try:
             core.beat()
+            _check_stacks_fd()
             if not hooks._importing:
                 hooks._after_import()
             _check_sidecar()

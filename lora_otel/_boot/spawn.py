@@ -70,8 +70,10 @@ def join_parent_sidecar(journal_path: str, env) -> int:
         return 0
     except OSError:
         pass  # alive, not ours to signal
+    from lora_otel._boot import files
+
     try:
-        fd = os.open(registry, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = files.open_append(registry)  # no symlink, only a file of this user's
         try:
             os.write(fd, (os.path.abspath(journal_path) + "\n").encode("utf-8", "surrogateescape"))
         finally:
@@ -79,6 +81,12 @@ def join_parent_sidecar(journal_path: str, env) -> int:
     except OSError:
         return 0
     return pid
+
+
+opened_log = ""
+"""The sidecar log :func:`start` opened last (``log_path``, or a unique name beside it when that was taken)."""
+opened_registry = ""
+"""The children registry :func:`start` created last."""
 
 
 def _package_root() -> str:
@@ -105,8 +113,17 @@ def start(journal_path: str, watched_pid: int, env=None) -> tuple:
     if not _has_sdk(python):
         return None, ("the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
                       "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
+    global opened_log, opened_registry
+    from lora_otel._boot import files
+
+    # The registry is created here, new (or a unique name), so nobody can have prepared it.
+    try:
+        reg_fd, registry = files.open_sibling(os.path.abspath(registry_path(journal_path)))
+        os.close(reg_fd)
+    except OSError as e:
+        return None, "cannot create the children registry %s (%s)" % (registry_path(journal_path), e.strerror or e)
     argv = [python, "-m", "lora_otel.export.sidecar", "--journal", os.path.abspath(journal_path),
-            "--pid", str(watched_pid), "--children", os.path.abspath(registry_path(journal_path))]
+            "--pid", str(watched_pid), "--children", registry]
     from lora_otel._boot import cgroup
 
     memory = cgroup.memory_cgroup()
@@ -124,9 +141,10 @@ def start(journal_path: str, watched_pid: int, env=None) -> tuple:
         old = child_env.get("PYTHONPATH")
         child_env["PYTHONPATH"] = root + (os.pathsep + old if old else "")
     try:
-        log_fd = os.open(log_path(journal_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        log_fd, opened_log = files.open_sibling(log_path(journal_path))
     except OSError:
-        log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        log_fd, opened_log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC), os.devnull
+    opened_registry = registry
     try:
         open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except (OSError, ValueError):

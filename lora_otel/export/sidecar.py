@@ -79,19 +79,60 @@ def describe_end(journal, oom: Optional[str] = None) -> str:
     return "exit code %s" % code if code is not None else "exited"
 
 
+def owned_file_reason(path: str) -> str:
+    """Why the sidecar will not read ``path`` ("" when it will): it must be reached without a
+    symlink at its last component (``O_NOFOLLOW``) and be a regular file owned by this user (the
+    job's: the sidecar runs as the job's user) that nobody else can write. A journal or registry
+    that another local user planted in a shared directory is never followed."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        return "%s is a symlink" % path if e.errno == 40 else "%s: %s" % (path, e.strerror or e)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return "%s is not a regular file" % path
+    if st.st_uid != os.geteuid():
+        return "%s belongs to uid %d, not to the job's user (uid %d)" % (path, st.st_uid, os.geteuid())
+    if st.st_mode & 0o022:
+        return "%s is writable by other users (mode %o)" % (path, st.st_mode & 0o777)
+    return ""
+
+
 class _Registry:
-    """The journals the job's other processes registered (``<stem>.children``, one path per line)."""
+    """The journals the job's other processes registered (``<stem>.children``, one path per line).
+
+    Read only while it is a regular file of the job's user, not a symlink; a path it names is
+    returned only when that journal is one too (:func:`owned_file_reason`). Anything else is
+    ignored, with one line in the sidecar's log.
+    """
 
     def __init__(self, path: Optional[str]) -> None:
         self.path = path
         self.offset = 0
         self.pending = b""
+        self.refused: set = set()
+
+    def _refuse(self, what: str, why: str) -> None:
+        if why not in self.refused:
+            self.refused.add(why)
+            _say("ignoring %s: %s" % (what, why))
 
     def new_paths(self) -> list:
         if not self.path:
             return []
+        why = owned_file_reason(self.path)
+        if why:
+            if not why.endswith("No such file or directory"):
+                self._refuse("the children registry", why)
+            return []
         try:
-            with open(self.path, "rb") as f:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with open(fd, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()
         except OSError:
@@ -99,7 +140,17 @@ class _Registry:
         self.offset += len(data)
         lines = (self.pending + data).split(b"\n")
         self.pending = lines.pop()
-        return [os.fsdecode(line) for line in lines if line.strip()]
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            path = os.fsdecode(line)
+            why = owned_file_reason(path) if os.path.isabs(path) else "%r is not an absolute path" % path
+            if why:
+                self._refuse("a journal named in %s" % self.path, why)
+                continue
+            out.append(path)
+        return out
 
 
 def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S,

@@ -34,13 +34,49 @@ def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
     if getattr(args, "stall_after", None) is not None:
         env["LORA_OTEL_STALL_AFTER"] = args.stall_after
     journal = paths.choose_journal_path(cmd, env, os.getpid(), time.time())
-    if os.path.exists(journal) and not getattr(args, "journal", None):
-        journal = paths.unique_variant(journal, os.getpid(), time.time())  # a re-run: keep the old one
+    if not getattr(args, "journal", None):
+        journal = _create_journal(journal)
     # Name the top process's journal here, so we know where to look afterwards; only for our
     # direct child (a shell's Pythons write beside it, see the preamble).
     env["LORA_OTEL_JOURNAL"] = journal
     env["LORA_OTEL_JOURNAL_OWNER"] = str(os.getpid())
     return env, journal
+
+
+def _create_journal(journal: str) -> str:
+    """Create the child's journal here, new (``O_EXCL``, no symlink, 0600), so that this run and no
+    other owns it: a unique name beside it when the name is taken (a re-run, or a name someone
+    prepared in a shared directory). The child appends to it after checking it is this user's.
+    When it cannot be created, the name is passed on and the child falls back as without `run`."""
+    from lora_otel._boot import files
+
+    d = os.path.dirname(journal)
+    try:
+        if d and not os.path.isdir(d):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+    except OSError:
+        return journal
+    for attempt in range(9):
+        name = journal if attempt == 0 else paths.unique_variant(journal, os.getpid(), time.time())
+        try:
+            os.close(files.create_new(name))
+            return name
+        except FileExistsError:
+            continue
+        except OSError:
+            return journal
+    return journal
+
+
+def _drop_if_unused(journal: str) -> None:
+    """The journal created for the child stays empty when the child is not a traced Python (a shell
+    whose Pythons write beside it): remove it, as if it had never been made."""
+    try:
+        st = os.lstat(journal)
+        if st.st_size == 0 and st.st_uid == os.geteuid() and not os.path.islink(journal):
+            os.unlink(journal)
+    except OSError:
+        pass
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -88,6 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
 
+    _drop_if_unused(journal)
     record_exit(journal, rc, oom.struck() if rc == -signal.SIGKILL else None)
     if getattr(args, "tree", False):
         _print_tree(journal)
@@ -138,7 +175,7 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
     if not journal:
         return False
     try:
-        fd = os.open(journal, os.O_RDWR | os.O_APPEND)
+        fd = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:

@@ -1,0 +1,200 @@
+"""How lora_otel opens the files it writes, and keeps the descriptors it holds its own.
+
+Two rules (DESIGN.md principle 6), for every file the training process, ``lora-otel run`` or the
+sidecar writes — the journal, the ``--log`` copy, the stacks file, the sidecar's log, the children
+registry:
+
+- **No path another user could have prepared.** A file is created new (``O_CREAT | O_EXCL |
+  O_NOFOLLOW``, mode 0600); one that already exists is opened with ``O_NOFOLLOW`` and kept only when
+  ``fstat`` on the opened descriptor says it is a regular file owned by this user and not
+  group- or world-writable (:func:`open_append`). A directory lora_otel falls back to is created
+  0700 and kept only when it is this user's, not a symlink, with no access for others
+  (:func:`private_dir`).
+- **No descriptor number the program may reuse.** A descriptor is moved to a high number, below
+  the soft ``RLIMIT_NOFILE`` (never changed), where programs that allocate the lowest free number do
+  not reach (:func:`move_high`), and its identity (device, inode) is compared with the one recorded
+  at open before each write (:func:`same`): after ``os.closerange(3, 1024)`` the number may name the
+  program's own file, which lora_otel then never writes to.
+
+Standard library only; ``fcntl`` is imported on the first :func:`move_high` (~0.2 ms, once).
+"""
+
+from __future__ import annotations
+
+import os
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+APPEND = os.O_WRONLY | os.O_APPEND | O_CLOEXEC | O_NOFOLLOW
+HIGH_FLOOR_MAX = 4096
+"""The highest descriptor floor used: a table of 4096 entries costs the kernel 32 KiB per process
+(and ``fork`` copies it), where the soft limit may be a million."""
+
+
+class UnsafeFile(OSError):
+    """An existing path lora_otel will not write to: not a regular file, someone else's, or
+    writable by others. ``str()`` is one English clause naming why."""
+
+
+def check_own(fd: int, path: str) -> tuple:
+    """``(st_dev, st_ino)`` of ``fd`` when it is a regular file owned by this user and not group-
+    or world-writable; else :class:`UnsafeFile`."""
+    import stat
+
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile("%s is not a regular file" % path)
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise UnsafeFile("%s belongs to uid %d, not to this user (uid %d)" % (path, st.st_uid, os.geteuid()))
+    if st.st_mode & 0o022:
+        raise UnsafeFile("%s is writable by other users (mode %o)" % (path, st.st_mode & 0o777))
+    return st.st_dev, st.st_ino
+
+
+def create_new(path: str, flags: int = APPEND) -> int:
+    """A new file at ``path``, mode 0600: ``FileExistsError`` when anything (a symlink included) is there."""
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, 0o600)
+
+
+def open_existing(path: str, flags: int = APPEND) -> int:
+    """``path`` opened without following a symlink, kept only when :func:`check_own` accepts it."""
+    fd = os.open(path, flags | O_NOFOLLOW)
+    try:
+        check_own(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_append(path: str, create: bool = True) -> int:
+    """For appending: ``path`` created new, or the existing file when it is safely this user's.
+
+    Raises ``OSError`` (``ELOOP`` for a symlink, :class:`UnsafeFile` for someone else's file,
+    ``ENOENT`` when absent and not ``create``).
+    """
+    if create:
+        try:
+            return create_new(path)
+        except FileExistsError:
+            pass
+    try:
+        return open_existing(path)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
+            raise UnsafeFile("%s is a symlink" % path) from None
+        raise
+
+
+def unique_name(path: str, suffix: str = "") -> str:
+    """``run.log.stacks.txt`` → ``run.log.stacks.<random>.txt``: a name nobody could predict."""
+    token = os.urandom(4).hex()
+    if suffix and path.endswith(suffix):
+        return "%s.%s%s" % (path[: -len(suffix)], token, suffix)
+    base, dot, ext = path.rpartition(".")
+    if dot and "/" not in ext:
+        return "%s.%s.%s" % (base, token, ext)
+    return "%s.%s" % (path, token)
+
+
+def open_sibling(path: str) -> tuple:
+    """``(fd, path used)`` for a file beside the journal (stacks, sidecar log, children registry):
+    ``path`` created new or reused when safely this user's; otherwise a unique variant, created new.
+    Raises ``OSError`` when neither can be created."""
+    try:
+        return open_append(path), path
+    except FileNotFoundError:
+        raise
+    except OSError:
+        pass
+    for _ in range(8):
+        other = unique_name(path)
+        try:
+            return create_new(other), other
+        except FileExistsError:
+            continue
+    raise UnsafeFile("%s and 8 unique variants are taken" % path)
+
+
+def private_dir(path: str) -> str:
+    """``path`` as a directory only this user can use: created 0700, or kept when it already is one
+    (not a symlink, this user's, no access for group or others). Otherwise a new unique directory
+    ``<path>-<random>`` (0700). Returns the directory used; raises ``OSError`` when none can be made."""
+    import stat
+
+    try:
+        os.mkdir(path, 0o700)
+        return path
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if (stat.S_ISDIR(st.st_mode) and not (st.st_mode & 0o077)
+            and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid())):
+        return path
+    for _ in range(8):
+        other = "%s-%s" % (path, os.urandom(4).hex())
+        try:
+            os.mkdir(other, 0o700)
+            return other
+        except FileExistsError:
+            continue
+    raise UnsafeFile("%s is unsafe and 8 unique variants are taken" % path)
+
+
+def unsafe_dir_reason(path: str) -> str:
+    """Why ``path`` is not a private directory of this user's ("" when it is)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return "%s: %s" % (path, e.strerror or e)
+    if stat.S_ISLNK(st.st_mode):
+        return "%s is a symlink" % path
+    if not stat.S_ISDIR(st.st_mode):
+        return "%s is not a directory" % path
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return "%s belongs to uid %d" % (path, st.st_uid)
+    if st.st_mode & 0o077:
+        return "%s has mode %o" % (path, st.st_mode & 0o777)
+    return ""
+
+
+_floor = 0
+
+
+def move_high(fd: int) -> int:
+    """``fd`` duplicated (close-on-exec) to the lowest free number at or above a high floor
+    (``min(soft RLIMIT_NOFILE, 4096) - 64``), the original closed; ``fd`` itself when that fails."""
+    global _floor
+    try:
+        if not _floor:
+            limit = os.sysconf("SC_OPEN_MAX")  # the soft RLIMIT_NOFILE
+            _floor = max(min(limit, HIGH_FLOOR_MAX) - 64, 3)
+        if fd >= _floor:
+            return fd
+        import fcntl
+
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _floor)
+    except (OSError, ValueError, AttributeError, ImportError):
+        return fd
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    return high
+
+
+def identity(fd: int) -> tuple:
+    """``(st_dev, st_ino)`` of an open descriptor (``OSError`` when it is closed)."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def same(fd: int, ident: tuple) -> bool:
+    """Whether ``fd`` still names the file recorded as ``ident`` (one ``fstat``, ~0.5 µs)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return st.st_ino == ident[1] and st.st_dev == ident[0]

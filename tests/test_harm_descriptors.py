@@ -1,0 +1,220 @@
+"""Harmless everywhere: lora_otel never writes to a descriptor it does not still own (issue 12,
+items 2 and two bullets of 10).
+
+Each case is a real traced program (``LORA_OTEL=1``) doing what daemonising code and some
+launchers do — ``os.closerange(3, N)``, then opening its own files — and the assertions are on
+what the user would check: their file's bytes, exactly; the journal still complete; where files
+appear.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from lora_otel.export.reader import read_journal
+from procs import PYTHON, clean_env, journals, wait_for
+
+# Both the common bound and "every descriptor there can be" (the daemon idiom).
+CLOSE_TO = ["1024", "os.sysconf('SC_OPEN_MAX')"]
+
+
+def _run(tmp_path: Path, src: str, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    (tmp_path / "prog.py").write_text(src)
+    e = clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05", **env)
+    return subprocess.run([PYTHON, "prog.py", *args], cwd=tmp_path, env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+CSV_PROG = r"""
+import os, sys, time
+import lora_otel
+
+os.closerange(3, %s)
+f = open("rows.csv", "w")
+for i in range(20):
+    with lora_otel.stage("row"):
+        f.write("%%d,%%d\n" %% (i, i * i))
+        f.flush()
+    time.sleep(0.02)                 # beats (every 0.05 s) go on meanwhile
+lora_otel.mark("rows written")       # a human line: stdout, the --log copy, the journal
+f.close()
+"""
+
+
+@pytest.mark.parametrize("close_to", CLOSE_TO)
+def test_closerange_then_csv_gets_only_its_rows(tmp_path: Path, close_to: str) -> None:
+    """After ``os.closerange(3, N)`` the program's CSV holds exactly the rows it wrote — no beat,
+    span record or human line of lora_otel's — and the journal and the ``--log`` copy go on: every
+    ``row`` span is in the journal, the mark's line is in the log; when the journal's own
+    descriptor was closed, one line says it was reopened."""
+    r = _run(tmp_path, CSV_PROG % close_to, "--log", "run.log")
+    assert r.returncode == 0, r.stderr
+    expected = "".join("%d,%d\n" % (i, i * i) for i in range(20))
+    assert (tmp_path / "rows.csv").read_bytes() == expected.encode()
+    j = read_journal(tmp_path / "run.log.otel.jsonl")
+    rows = [s for s in j.spans if s.name == "row"]
+    assert len(rows) == 20 and all(s.end_ns is not None for s in rows)
+    assert j.exit is not None and j.exit["code"] == 0
+    assert "rows written" in (tmp_path / "run.log").read_text()
+    reopened = [ln.msg for ln in j.lines if ln.msg.startswith("the journal's descriptor")]
+    if close_to != "1024":  # everything closed: the journal was reopened, and says so once
+        assert len(reopened) == 1, [ln.msg for ln in j.lines]
+        assert "closed or reused by the program" in reopened[0]
+
+
+FORK_PROG = r"""
+import os
+import lora_otel
+
+os.closerange(3, %s)
+files = [open("results-%%d.txt" %% i, "w") for i in range(4)]   # the numbers lora_otel had
+pid = os.fork()
+if pid == 0:
+    for f in files:
+        f.write("child result\n")
+        f.flush()
+    g = open("child-own.txt", "w")   # a file of the child's own, opened after the fork
+    g.write("child own\n")
+    g.close()
+    os._exit(0)
+os.waitpid(pid, 0)
+for f in files:
+    f.write("parent result\n")
+    f.close()
+"""
+
+
+@pytest.mark.parametrize("close_to", CLOSE_TO)
+def test_forked_child_results_land_in_the_users_file(tmp_path: Path, close_to: str) -> None:
+    """A forked child of a program that closed every descriptor and opened its results files writes
+    its results to those files (lora_otel's fork handler must not close a number that is the
+    program's now), and to a file it opens itself; parent and child each have a complete journal
+    holding none of it."""
+    r = _run(tmp_path, FORK_PROG % close_to)
+    assert r.returncode == 0, r.stderr
+    for i in range(4):
+        assert (tmp_path / ("results-%d.txt" % i)).read_bytes() == b"child result\nparent result\n"
+    assert (tmp_path / "child-own.txt").read_bytes() == b"child own\n"
+    found = journals(tmp_path)
+    assert len(found) == 2, found
+    for p in found:
+        text = p.read_text()
+        assert "child result" not in text and "child own" not in text
+        assert read_journal(p).exit is not None
+
+
+STACKS_PROG = r"""
+import os, sys, time
+import lora_otel
+
+os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+rows = open("rows.csv", "wb")
+ckpts = [open("ckpt-%d.bin" % i, "wb") for i in range(4)]   # the numbers lora_otel had
+for c in ckpts:
+    c.write(bytes(range(256)))
+    c.flush()
+time.sleep(0.5)                       # a few beats: lora_otel notices its stacks file is gone
+print("READY", flush=True)
+sys.stdin.readline()                  # the test sends the stack request meanwhile
+time.sleep(0.5)
+for c in ckpts:
+    c.close()
+rows.close()
+"""
+
+
+def _stack_signal() -> int:
+    """The signal that asks the preamble's faulthandler for a stack dump."""
+    from lora_otel._boot import preamble
+
+    return int(getattr(preamble, "STACK_SIGNAL", signal.SIGUSR1))
+
+
+def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
+    """A stack dump requested after the program closed every descriptor and opened its own files
+    (binary checkpoints among them, on the numbers lora_otel had) goes to the stacks file beside the
+    journal, not into a checkpoint: each checkpoint's bytes are exactly what the program wrote."""
+    (tmp_path / "prog.py").write_text(STACKS_PROG)
+    p = subprocess.Popen([PYTHON, "prog.py"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"))
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        wait_for(lambda: b"READY" in p.stdout.readline(), 30, "READY")
+        os.kill(p.pid, _stack_signal())
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    for i in range(4):
+        assert (tmp_path / ("ckpt-%d.bin" % i)).read_bytes() == bytes(range(256))
+    assert (tmp_path / "rows.csv").read_bytes() == b""
+    stacks = list((tmp_path / "lora-otel").glob("*.stacks.txt"))
+    assert len(stacks) == 1 and b"prog.py" in stacks[0].read_bytes()
+
+
+@pytest.mark.parametrize("log", ["/dev/stdout", "/dev/stderr"])
+def test_log_to_the_terminal_stream_prints_each_line_once(tmp_path: Path, log: str) -> None:
+    """``--log /dev/stdout`` (or ``/dev/stderr``): each lora_otel line appears once, not twice, and
+    no journal is made in /dev (``/dev/stdout.otel.jsonl``): it goes where it would without
+    ``--log``, ``./lora-otel/``."""
+    stray = Path(log + ".otel.jsonl")
+    existed = stray.exists()
+    try:
+        r = _run(tmp_path, "print('hello')\n", "--log", log)
+        assert r.returncode == 0, r.stderr
+        both = r.stdout + r.stderr
+        assert sum(1 for ln in both.splitlines() if "] started pid" in ln) == 1, both
+        assert r.stdout.count("hello") == 1
+        assert existed or not stray.exists()
+        assert len(journals(tmp_path / "lora-otel")) == 1
+    finally:
+        if stray.exists() and not existed:
+            stray.unlink()
+
+
+def test_log_fifo_gets_only_the_programs_lines(tmp_path: Path) -> None:
+    """``--log`` naming a FIFO (a log shipper reading it): only what the program writes reaches
+    the FIFO's reader, and no journal is created beside the FIFO."""
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    got: list = []
+
+    def reader() -> None:
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    prog = "f = open(%r, 'w'); f.write('program line\\n'); f.close()\n" % str(fifo)
+    r = _run(tmp_path, prog, "--log", str(fifo))
+    t.join(30)
+    assert r.returncode == 0, r.stderr
+    assert got == [b"program line\n"]
+    assert not (tmp_path / "log.fifo.otel.jsonl").exists()
+    assert len(journals(tmp_path / "lora-otel")) == 1
+
+
+def test_forked_child_does_not_recreate_a_removed_journal_dir(tmp_path: Path) -> None:
+    """A program that removes ``./lora-otel/`` (cleaning up) and then forks: the directory stays
+    removed — no child creates it again."""
+    prog = r"""
+import os, shutil
+shutil.rmtree("lora-otel")
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+    r = _run(tmp_path, prog)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "lora-otel").exists()

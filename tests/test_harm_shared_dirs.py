@@ -1,0 +1,285 @@
+"""Harmless everywhere: another local user cannot steer lora_otel through a shared directory
+(issue 12, items 4 and 7).
+
+The job runs in a world-writable sticky directory (``/tmp/...``, mode 1777) as ``--log`` or
+``LORA_OTEL_DIR``. The attacker is a second, real, unprivileged account created here with
+``useradd``; everything it does (symlinks, planted files, a forged registry and journal, a fallback
+directory) runs as that account via ``setpriv``, so only what such a user can really do is done.
+The victim is the test's own user (root in CI): root bypasses permission checks, which is the
+worst case — only lora_otel's own checks (``O_EXCL``, ``O_NOFOLLOW``, the owner and mode of what it
+opens) stand between the attacker and the victim's files. The kernel's ``fs.protected_symlinks``
+and ``fs.protected_regular`` are off on this machine (0), as on many; the assertions do not rely
+on them.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from lora_otel.export.reader import read_journal
+from procs import PYTHON, clean_env, journals
+from test_sidecar import alive, wait_gone
+
+ATTACKER = "lora_otel_attacker"
+PRECIOUS = b"the victim's own data\n"
+
+
+@pytest.fixture(scope="module")
+def attacker() -> pwd.struct_passwd:
+    """A second real user account (created once; kept, it is harmless)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user and act as it (useradd, setpriv)")
+    try:
+        return pwd.getpwnam(ATTACKER)
+    except KeyError:
+        pass
+    if not shutil.which("useradd") or not shutil.which("setpriv"):
+        pytest.skip("useradd or setpriv is not installed: cannot act as a second real user")
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("useradd failed: %s" % r.stderr.strip())
+    return pwd.getpwnam(ATTACKER)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A world-writable sticky directory, like /tmp/shared."""
+    d = Path(tempfile.mkdtemp(prefix="lora-otel-shared-", dir="/tmp"))
+    d.chmod(0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = True):
+    """Run Python ``code`` as the attacker account (a real uid/gid change, no groups)."""
+    cmd = ["setpriv", "--reuid=%d" % user.pw_uid, "--regid=%d" % user.pw_gid, "--clear-groups",
+           PYTHON, "-c", code, *args]
+    if not wait:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=clean_env())
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _victim_file(tmp_path: Path, name: str) -> Path:
+    f = tmp_path / name
+    f.write_bytes(PRECIOUS)
+    f.chmod(0o600)
+    return f
+
+
+def _assert_own_private(path: Path) -> None:
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode), path
+    assert st.st_uid == os.geteuid(), "%s belongs to uid %d" % (path, st.st_uid)
+    assert stat.S_IMODE(st.st_mode) == 0o600, "%s has mode %o" % (path, stat.S_IMODE(st.st_mode))
+
+
+JOB = r"""
+import os, signal, sys, time
+import lora_otel
+with lora_otel.stage("train"):
+    time.sleep(0.3)
+from lora_otel._boot import preamble
+os.kill(os.getpid(), getattr(preamble, "STACK_SIGNAL", signal.SIGUSR1))   # a stack dump beside the journal
+time.sleep(0.3)
+"""
+
+
+def _sidecar_env(**extra: str) -> dict:
+    return clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="1",
+                     LORA_OTEL_DRAIN_S="1", **extra)
+
+
+def _wait_sidecar(journal: Path) -> None:
+    pid = read_journal(journal).root.attrs.get("lora_otel.sidecar.pid")
+    if pid and alive(pid):
+        wait_gone(pid)
+
+
+def test_planted_symlinks_for_sidecar_log_stacks_and_registry(tmp_path: Path, shared: Path, attacker) -> None:
+    """Symlinks planted where the job's sidecar log, stacks file and children registry would go
+    (``run.log.sidecar.log``, ``run.log.stacks.txt``, ``run.log.children``), pointing at the
+    victim's own files: those files keep their bytes; lora_otel's files are new ones of the
+    victim's, mode 0600, beside them."""
+    targets = {suffix: _victim_file(tmp_path, "victim" + suffix) for suffix in (".sidecar.log", ".stacks.txt", ".children")}
+    plant = "import os, sys\nfor a in sys.argv[1:]:\n    link, target = a.split('=', 1)\n    os.symlink(target, link)\n"
+    as_attacker(attacker, plant, *("%s=%s" % (shared / ("run.log" + s), t) for s, t in targets.items()))
+    (tmp_path / "job.py").write_text(JOB)
+    r = subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")], cwd=tmp_path,
+                       env=_sidecar_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    journal = shared / "run.log.otel.jsonl"
+    _wait_sidecar(journal)
+    for t in targets.values():
+        assert t.read_bytes() == PRECIOUS, "lora_otel wrote into %s through a planted symlink" % t
+    _assert_own_private(journal)
+    root = read_journal(journal).root.attrs
+    for key in ("lora_otel.stacks.path", "lora_otel.sidecar.log"):
+        p = Path(root[key])
+        assert p.parent == shared and not p.is_symlink()
+        _assert_own_private(p)
+    assert b"File" in Path(root["lora_otel.stacks.path"]).read_bytes()  # the dump is there
+    assert b"following" in Path(root["lora_otel.sidecar.log"]).read_bytes()
+
+
+SPRAY = r"""
+import os, sys, time
+d, pid, kind, target, seconds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+t0 = int(time.time())
+stamps = [time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(s)) + "-" + pid for s in range(t0 - 1, t0 + int(seconds) + 1)]
+names = [os.path.join(d, a + ".otel.jsonl") for a in stamps]
+# and the "unique" variant a taken name used to get: <stem>.<UTC second>-<pid>.otel.jsonl
+names += [os.path.join(d, "%s.%s.otel.jsonl" % (a, b)) for i, a in enumerate(stamps) for b in stamps[i:]]
+for name in names:
+    try:
+        if kind == "symlink":
+            os.symlink(target, name)
+        else:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            os.fchmod(fd, 0o666)
+            os.close(fd)
+    except FileExistsError:
+        pass
+print("PLANTED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["zero-code", "lora-otel run"])
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_predicted_journal_names_cannot_be_prepared(tmp_path: Path, shared: Path, attacker, kind: str, how: str) -> None:
+    """The attacker prepares every ``<UTC second>-<pid>.otel.jsonl`` the job could get, and the
+    ``<name>.<UTC second>-<pid>.otel.jsonl`` variants a taken name led to (its pid is known: a
+    launcher started it) — symlinks to the victim's file, or world-readable files of the
+    attacker's: the victim's file keeps its bytes, the planted files stay empty, and the job's
+    journal is a new file of the victim's (mode 0600) under another name."""
+    victim = _victim_file(tmp_path, "victim.txt")
+    (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('train'):\n    pass\n")
+    prefix = [PYTHON, "-m", "lora_otel", "run", "--"] if how == "lora-otel run" else []
+    # The launcher: the pid is fixed before Python starts (sh exec's it), and the attacker knows it.
+    p = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", *prefix, PYTHON, str(tmp_path / "job.py")],
+                         cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=clean_env(LORA_OTEL_DIR=str(shared), **({} if prefix else {"LORA_OTEL": "1"})))
+    try:
+        as_attacker(attacker, SPRAY, str(shared), str(p.pid), kind, str(victim), "4")
+        assert p.stdin is not None
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert victim.read_bytes() == PRECIOUS
+    planted = [f for f in shared.iterdir() if os.lstat(f).st_uid == attacker.pw_uid]
+    assert planted
+    for f in planted:
+        if not f.is_symlink():
+            assert f.read_bytes() == b"", "the journal went into the attacker's file %s" % f
+    mine = [f for f in journals(shared) if os.lstat(f).st_uid == os.geteuid()]
+    assert len(mine) == 1, sorted(os.listdir(shared))
+    _assert_own_private(mine[0])
+    j = read_journal(mine[0])
+    assert j.exit is not None and [s.name for s in j.spans if s.name == "train"] == ["train"]
+
+
+FORGED = r"""
+import json, os, sys
+d, reg, forged = sys.argv[1], sys.argv[2], sys.argv[3]
+rec = {"v": 1, "k": "start", "ts": 1, "trace_id": "ab" * 16, "span_id": "cd" * 8, "parent_id": None,
+       "name": "process", "pid": 1, "start_ticks": 1, "attrs": {"service.name": "forged"}}
+with open(forged, "w") as f:
+    f.write(json.dumps(rec) + "\n")
+with open(reg, "w") as f:
+    f.write(forged + "\n")
+os.chmod(forged, 0o644)
+os.chmod(reg, 0o666)
+"""
+
+
+def test_planted_children_registry_is_not_followed(tmp_path: Path, shared: Path, attacker) -> None:
+    """A ``run.log.children`` planted by the attacker, naming a forged journal (a process with
+    pid 1): the victim's sidecar never follows the forged journal."""
+    reg, forged = shared / "run.log.children", shared / "forged.otel.jsonl"
+    as_attacker(attacker, FORGED, str(shared), str(reg), str(forged))
+    (tmp_path / "job.py").write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'])\n")
+    r = subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")], cwd=tmp_path,
+                       env=_sidecar_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    journal = shared / "run.log.otel.jsonl"
+    _wait_sidecar(journal)
+    log = Path(read_journal(journal).root.attrs["lora_otel.sidecar.log"]).read_text()
+    assert "following %s" % journal in log
+    assert str(forged) not in log.replace("ignoring", "")  # never followed
+    assert "following" in log and log.count("too") >= 1, log  # the job's real child was followed
+
+
+def test_sidecar_ignores_a_forged_registry_entry(tmp_path: Path, shared: Path, attacker) -> None:
+    """The sidecar itself, given a registry that names an attacker's journal (the registry reached
+    through a path the attacker controls), follows only journals of the job's user, and says once
+    in its log what it ignored."""
+    reg, forged = shared / "reg.children", shared / "forged.otel.jsonl"
+    as_attacker(attacker, FORGED, str(shared), str(reg), str(forged))
+    journal = tmp_path / "job.otel.jsonl"
+    (tmp_path / "job.py").write_text("pass\n")
+    subprocess.run([PYTHON, str(tmp_path / "job.py")], env=clean_env(LORA_OTEL="1", LORA_OTEL_JOURNAL=str(journal)),
+                   check=True, capture_output=True, timeout=60)
+    own_reg = tmp_path / "own.children"
+    own_reg.write_text(str(forged) + "\n")
+    own_reg.chmod(0o600)
+    for registry in (reg, own_reg):
+        r = subprocess.run([PYTHON, "-m", "lora_otel.export.sidecar", "--journal", str(journal), "--children",
+                            str(registry)], env=_sidecar_env(LORA_OTEL_SIDECAR="1"), capture_output=True,
+                           text=True, timeout=60)
+        assert "following %s too" % forged not in r.stderr
+        assert "ignoring" in r.stderr, r.stderr
+
+
+def test_fallback_dir_prepared_by_another_user_is_not_used(tmp_path: Path, shared: Path, attacker) -> None:
+    """``$TMPDIR/lora-otel-<uid>`` pre-created by the attacker, mode 777, and a ``--log`` the job
+    cannot write (``/sys``, where even root cannot create a file, stands in for a read-only mount):
+    the journal goes to a new private directory (0700, the victim's), and one line says why."""
+    fallback = shared / ("lora-otel-%d" % os.geteuid())
+    as_attacker(attacker, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)", str(fallback))
+    (tmp_path / "job.py").write_text("pass\n")
+    r = subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"], cwd=tmp_path,
+                       env=clean_env(LORA_OTEL="1", TMPDIR=str(shared)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert list(fallback.iterdir()) == []
+    found = journals(shared)
+    assert len(found) == 1
+    d = found[0].parent
+    st = os.lstat(d)
+    assert d != fallback and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700
+    _assert_own_private(found[0])
+    assert "using %s instead" % found[0] in r.stdout + r.stderr
+
+
+def test_fallback_journal_is_never_shared_between_runs(tmp_path: Path) -> None:
+    """Two runs of the same job with ``--log`` where no file can be created (``/sys``): each run
+    gets its own journal in the fallback directory, one process per journal, so a later job's
+    sidecar can never read an earlier job's exit record."""
+    (tmp_path / "job.py").write_text("pass\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    for _ in range(2):
+        subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"], cwd=tmp_path,
+                       env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)), check=True, capture_output=True, timeout=60)
+    found = journals(tmp)
+    assert len(found) == 2, found
+    for f in found:
+        j = read_journal(f)
+        assert len([s for s in j.spans if s.name == "process"]) == 1
+        _assert_own_private(f)
