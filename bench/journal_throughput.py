@@ -12,7 +12,7 @@
    line as long as the average record just measured, to a file opened ``O_WRONLY | O_APPEND |
    O_CREAT`` (as the journal is): the ceiling one write per record allows on this file system.
    The ``mark`` row does the same with ``lora_otel.mark("tick")`` (an ``event`` and a ``line``
-   record each, and the line on stdout, which goes to /dev/null here).
+   record each, and the line on stderr, a pipe the bench reads).
 2. **Per job.** ``examples/train_lora.py --steps N`` traced (``LORA_OTEL=1``, no endpoint), its
    journal(s) measured by ``scale.per_job`` (bench/scale.py part (a)): bytes, records (lines),
    spans in the journal, spans exported after translation (short successful imports are
