@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -174,8 +173,3 @@ def test_closed_stderr_does_not_raise(tmp_path: Path) -> None:
     j = read_journal(journals(tmp_path / "lora-otel")[0])
     assert any(ln.msg.startswith("started pid") for ln in j.lines)
 
-
-if sys.platform != "linux":  # pragma: no cover - fork and /proc
-    import pytest
-
-    pytestmark = pytest.mark.skip("Linux only")
