@@ -12,7 +12,7 @@
    line as long as the average record just measured, to a file opened ``O_WRONLY | O_APPEND |
    O_CREAT`` (as the journal is): the ceiling one write per record allows on this file system.
    The ``mark`` row does the same with ``lora_otel.mark("tick")`` (an ``event`` and a ``line``
-   record each, and the line on stdout, which goes to /dev/null here).
+   record each, and the line on stderr, a pipe the bench reads).
    The ``stage, no identity check`` row (interleaved too) runs the same stages with the journal
    writer as it was before the descriptor identity check (issue 12 item 2: one ``os.fstat`` per
    record, compared with the (device, inode) recorded at open): the check's cost per record and per

@@ -7,7 +7,7 @@ job starts its detached sidecar) that runs for ``--seconds`` inside ``lora_otel.
 
 - idle: ``time.sleep`` (the job only writes its once-per-second beat);
 - marks: ``lora_otel.mark(...)`` at ``--mark-rate`` per second (each is a span event, a line on
-  stdout and a ``line`` record, which the sidecar sends as an OTLP log record);
+  stderr and a ``line`` record, which the sidecar sends as an OTLP log record);
 - stages: ``with lora_otel.stage(...)`` blocks at ``--stage-rate`` per second (each a span the
   sidecar exports when it ends);
 - burst: ``--burst`` short stages as fast as it can at the start, then ``time.sleep``: an idle job

@@ -25,7 +25,7 @@ Variants (rows):
   the environment) exporting to the same rotel agent;
 - sdk-refused: the same with the endpoint a loopback port nobody listens on;
 - mark: ``lora_otel.mark("tick")`` inside one stage, traced (an ``event`` record, a ``line``
-  record and the line on stdout, which goes to /dev/null here);
+  record and the line on stderr, a pipe the bench reads);
 - sdk-event: ``span.add_event("tick")`` on one open SDK span (rotel endpoint).
 
 The SDK's ``BatchSpanProcessor`` holds at most 2048 spans and drops the rest when the exporter

@@ -197,7 +197,7 @@ def section_span(t: Table, s: dict) -> None:
     t.row("per span vs doing nothing", "empty `with` of a no-op context manager", us(med["empty"]),
           "%s (journal only)" % us(med["stage"]), "%+.2f µs" % (med["stage"] - med["empty"]), "— (none set)")
     if "sdk-event" in med:
-        t.row("per `lora_otel.mark(\"tick\")` (event + line record + stdout line)", "OTel SDK `span.add_event(\"tick\")`",
+        t.row("per `lora_otel.mark(\"tick\")` (event + line record + stderr line)", "OTel SDK `span.add_event(\"tick\")`",
               us(med["sdk-event"]), us(med["mark"]),
               "%s, %+.2f µs" % (ratio(med["mark"], med["sdk-event"]), med["mark"] - med["sdk-event"]), "— (none set)")
 

@@ -28,12 +28,13 @@ def write_script(tmp_path: Path, body: str = SCRIPT, name: str = "train.py") -> 
     return path
 
 
-def assert_traced_run(out: str, j, script_name: str = "train.py") -> None:
-    first = out.splitlines()[0]
+def assert_traced_run(r: subprocess.CompletedProcess, j, script_name: str = "train.py") -> None:
+    """The program's stdout is its own; lora_otel's lines are on stderr, the first one first."""
+    assert r.stdout.startswith("PROGRAM") and "[lora-otel]" not in r.stdout
+    first = r.stderr.splitlines()[0]
     m = re.match(LINE_RE, first)
-    assert m, "first stdout line is not a lora-otel line: %r" % first
+    assert m, "first stderr line is not a lora-otel line: %r" % first
     assert "started pid" in m.group(3)
-    assert "PROGRAM" in out
     root = j.root
     assert root.name == "process" and root.parent_id is None
     assert root.status == "ok" and root.end_ns is not None
@@ -49,15 +50,16 @@ def assert_traced_run(out: str, j, script_name: str = "train.py") -> None:
 
 class TestActivation:
     def test_env_variable_and_pth_hook(self, tmp_path: Path) -> None:
-        """LORA_OTEL=1 alone traces a plain `python train.py`: line first, journal in ./lora-otel/."""
+        """LORA_OTEL=1 alone traces a plain `python train.py`: line first (on stderr, nothing else
+        there), journal in ./lora-otel/."""
         script = write_script(tmp_path)
         r = run_traced([str(script), "--name", "a"], cwd=tmp_path)
         assert r.returncode == 0, r.stderr
-        assert r.stderr == ""
+        assert all(re.match(LINE_RE, ln) for ln in r.stderr.splitlines()), r.stderr
         found = journals(tmp_path / "lora-otel")
         assert len(found) == 1
         assert re.fullmatch(r"\d{8}T\d{6}Z-\d+\.otel\.jsonl", found[0].name)
-        assert_traced_run(r.stdout, only_journal(tmp_path / "lora-otel"))
+        assert_traced_run(r, only_journal(tmp_path / "lora-otel"))
 
     def test_unset_variable_does_nothing(self, tmp_path: Path) -> None:
         """Without LORA_OTEL the hook is silent: no line, no journal, output untouched."""
@@ -82,7 +84,7 @@ class TestActivation:
                            env=clean_env(), capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert "PROGRAM m" in r.stdout
-        assert_traced_run(r.stdout, only_journal(tmp_path / "lora-otel"))
+        assert_traced_run(r, only_journal(tmp_path / "lora-otel"))
 
     def test_import_auto(self, tmp_path: Path) -> None:
         """`import lora_otel.auto` as a script's first line traces it."""
@@ -90,7 +92,7 @@ class TestActivation:
         r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         j = only_journal(tmp_path / "lora-otel")
-        assert_traced_run(r.stdout, j)
+        assert_traced_run(r, j)
         assert j.root.attrs["lora_otel.activation"] == "import lora_otel.auto"
 
     def test_lora_otel_run(self, tmp_path: Path) -> None:
@@ -104,12 +106,14 @@ class TestActivation:
         assert j.root.status == "error" and "exit code 3" in (j.root.message or "")
 
     def test_run_tree_prints_the_tree(self, tmp_path: Path) -> None:
-        """`lora-otel run --tree` prints the span tree after the command ends."""
+        """`lora-otel run --tree` prints the span tree after the command ends, on stderr: stdout is
+        the program's alone."""
         script = write_script(tmp_path)
         r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--tree", "--", PYTHON, str(script)],
                            cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert "arguments" in r.stdout and "import json" in r.stdout
+        assert r.stdout == "PROGRAM x\n"
+        assert "arguments" in r.stderr and "import json" in r.stderr
 
     def test_log_flag_gets_lines_and_journal(self, tmp_path: Path) -> None:
         """`--log PATH` in the program's argv: lines appended there, journal at PATH.otel.jsonl."""

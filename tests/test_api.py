@@ -24,12 +24,11 @@ class TestBadArguments:
         with pytest.raises(ValueError):
             lora_otel.stage(None)  # type: ignore[arg-type]
 
-    def test_progress_validates(self) -> None:
-        """progress() wants a non-negative int step and numeric metrics."""
-        with pytest.raises(ValueError):
-            lora_otel.progress(step=-1)
-        with pytest.raises(ValueError):
-            lora_otel.progress(step=1, loss="low")  # type: ignore[arg-type]
+    def test_progress_never_raises(self) -> None:
+        """progress() is called in the training loop: a value it cannot record is dropped, not
+        raised (tests/test_harm_api_values.py checks what is recorded and said)."""
+        lora_otel.progress(step=-1)
+        lora_otel.progress(step=1, loss="low")
 
     def test_mark_needs_text(self) -> None:
         with pytest.raises(ValueError):
@@ -67,6 +66,6 @@ def test_stage_mark_and_errors_in_a_real_process(tmp_path: Path) -> None:
     assert [e[1] for e in weights.events] == ["weights found"]
     save = span_named(j, "save")
     assert save.status == "error" and "disk quota exceeded" in save.message
-    assert "mark: weights found" in r.stdout
+    assert "mark: weights found" in r.stderr and "[lora-otel]" not in r.stdout
     args = span_named(j, "arguments")
     assert args.attrs["lora_otel.arguments.parser"] == "lora_otel.mark"

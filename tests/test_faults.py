@@ -592,7 +592,8 @@ def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
         wall = time.monotonic() - t0
         assert proc.returncode == 0 and b"JOB done" in out, err.decode(errors="replace")
         # one line (stderr and journal) says live export stopped and how to ship the journal later
-        said = [ln for ln in err.decode().splitlines() if ln.startswith("[lora-otel]")]
+        said = [ln for ln in err.decode().splitlines() if ln.startswith("[lora-otel]") and "live export" in ln]
+        assert b"[lora-otel]" not in out
         assert len(said) == 1 and "live export stopped: the sidecar (pid %d) is gone" % side in said[0], said
         assert "lora-otel replay " in said[0]
         assert wall < 10

@@ -83,7 +83,7 @@ class TestTransformers:
             after="")
         r = _job(tmp_path, code, str(tmp_path / "out"))
         assert "WRAPPED=True" in r.stdout and "CALLBACKS=1" in r.stdout
-        assert "training started (transformers Trainer)" in r.stdout
+        assert "training started (transformers Trainer)" in r.stderr
         j = only_journal(tmp_path / "lora-otel")
         assert "transformers.trainer" in j.root.attrs["lora_otel.integrations"]
         [train] = _spans(j, "training")
@@ -258,7 +258,7 @@ def test_accelerate_prepare(tmp_path: Path) -> None:
     model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters()))
     """
     r = _job(tmp_path, code)
-    assert "accelerate init: done, 1 process(es)" in r.stdout
+    assert "accelerate init: done, 1 process(es)" in r.stderr
     j = only_journal(tmp_path / "lora-otel")
     init = span_named(j, "accelerate init")
     prep = span_named(j, "accelerate prepare")

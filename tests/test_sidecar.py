@@ -205,8 +205,8 @@ def test_sidecar_is_detached(tmp_path: Path) -> None:
     assert os.getsid(side) not in (os.getsid(proc.pid), os.getsid(0)), "the sidecar has its own session"
     with open("/proc/%d/stat" % side) as f:
         assert int(f.read().rpartition(")")[2].split()[1]) != proc.pid, "the sidecar is not the job's child"
-    out, _ = proc.communicate(timeout=30)  # returns at EOF: the job's exit, not the sidecar's
-    assert proc.returncode == 0 and b"exiting normally" in out
+    _, err = proc.communicate(timeout=30)  # returns at EOF: the job's exit, not the sidecar's
+    assert proc.returncode == 0 and b"exiting normally" in err
     assert alive(side), "EOF came while the sidecar was still running"
     assert len(journals(tmp_path / "lora-otel")) == 1, "the sidecar itself is not traced"
     os.kill(side, signal.SIGTERM)

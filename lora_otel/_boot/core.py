@@ -41,7 +41,9 @@ _log_dev = _log_ino = 0
 _journal_failed = False
 _journal_lost = 0  # records not written since the journal failed
 _log_failed = False
-_stdout_failed = False
+quiet = False
+"""A process started by a traced process (see ``preamble._is_child``): its info lines go to the
+journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
 
 # span_id -> (name, parent_id, thread id); only open spans
 open_spans: dict = {}
@@ -371,31 +373,14 @@ def _write_log(data: bytes) -> None:
 
 
 def _emit(msg: str, level: str) -> None:
-    global _stdout_failed, _log_failed
+    """Print a line on stderr (never stdout: that is the program's), unless it is an info line of a
+    `quiet` process, and append it to the ``--log`` file."""
+    global _log_failed
     if known_secrets:
         msg = _scrubbed(msg)  # type: ignore[assignment]
     text = _format_line(msg)
-    stream = sys.stdout if level == "info" else sys.stderr
-    ok = False
-    if not (_stdout_failed and level == "info"):
-        try:
-            if stream is not None:
-                stream.write(text)
-                stream.flush()
-                ok = True
-        except Exception:  # noqa: BLE001 - closed pipe, None stdout, bad encoding...
-            pass
-        if not ok:
-            try:
-                os.write(1 if level == "info" else 2, text.encode("utf-8", "backslashreplace"))
-                ok = True
-            except Exception:  # noqa: BLE001
-                pass
-        if not ok and level == "info":
-            _stdout_failed = True
-            _stderr(_format_line("cannot write to stdout; lines go to stderr from now on"))
-    if not ok:
-        _stderr(text)
+    if level != "info" or not quiet:
+        _to_stderr(text)
     if _log_fd >= 0:
         try:
             _write_log(text.encode("utf-8", "backslashreplace"))
@@ -405,8 +390,23 @@ def _emit(msg: str, level: str) -> None:
                 _stderr(_format_line("cannot append to log file %s (%s)" % (log_path, getattr(e, "strerror", e))))
 
 
+def _to_stderr(text: str) -> None:
+    """Through ``sys.stderr`` (keeps the order of the program's own stderr writes), else descriptor
+    2. No ``sys.stderr`` (descriptor 2 was closed at start, so it may now be one of the program's
+    files) or a broken one drops the line: the journal has it. Never raises."""
+    stream = sys.stderr
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except Exception:  # noqa: BLE001 - closed pipe, a replaced stream, bad encoding...
+        _stderr(text)
+
+
 def info_line(msg: str) -> None:
-    """Print an English line to stdout (flushed) and the ``--log`` file, and journal it."""
+    """Print an English line to stderr (flushed; not in a `quiet` process) and the ``--log`` file,
+    and journal it."""
     _emit(msg, "info")
     write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
 

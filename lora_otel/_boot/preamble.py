@@ -3,8 +3,9 @@
 Order matters and is the point of this module:
 
 1. the journal is opened and the root span ``process`` is written (its start is the
-   interpreter's real start, read from ``/proc/self/stat``), then one line goes to stdout —
-   the first evidence, before anything else is imported;
+   interpreter's real start, read from ``/proc/self/stat``), then one line goes to stderr —
+   the first evidence, before anything else is imported (a process started by a traced process
+   keeps its info lines off the terminal: `is_child`);
 2. the import hook goes in, so the program's first import is already traced;
 3. ``arguments`` opens; argv (redacted), the environment self-check and the process attributes
    are added to ``process``; children get ``TRACEPARENT``;
@@ -40,6 +41,19 @@ def parse_traceparent(value: str | None) -> tuple:
             and parts[1] != "0" * 32 and parts[2] != "0" * 16):
         return parts[1], parts[2], bool(int(parts[3], 16) & 1)
     return None, None, True
+
+
+JOB_ENV = "LORA_OTEL_JOB"
+"""``<trace id>:<pid>`` of the job's top process, set by it for everything it starts."""
+
+
+def is_child(env, trace_id: str | None) -> bool:
+    """Whether this process was started (directly or not) by a traced process of the same job: it
+    continues the trace that the job's top process (`JOB_ENV`) began or continued, and is not that
+    process itself (an ``exec`` keeps the pid). A ``TRACEPARENT`` from a launcher that is not
+    traced (a Slurm script, a web UI's own trace per run) makes a top process."""
+    top_trace, _, top_pid = (env.get(JOB_ENV) or "").partition(":")
+    return bool(trace_id) and top_trace == trace_id and top_pid != str(os.getpid())
 
 
 def _process_start(now_ns: int) -> tuple:
@@ -145,9 +159,12 @@ def _start(how: str) -> None:
         env.pop("LORA_OTEL_JOURNAL", None)
     env.pop("LORA_OTEL_JOURNAL_OWNER", None)
 
-    # 1. First evidence: the root span on disk, then one line on stdout.
+    # 1. First evidence: the root span on disk, then one line on stderr (not in a child).
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
+    core.quiet = is_child(env, trace_id)
     core.trace_id = trace_id or core.new_trace_id()
+    if not core.quiet:
+        env[JOB_ENV] = "%s:%d" % (core.trace_id, core.pid)
     core.sampled = sampled
     core.root_id = core.new_span_id()
     core.log_path = paths.log_path_from_argv(argv)
@@ -441,6 +458,7 @@ def _after_fork_child() -> None:
         parent_path = core.journal_path
         parent_span = _fork_parent_span or core.root_id
         core.reset_for_child(os.getpid())
+        core.quiet = True  # a fork of a traced process: its lines go to its journal, not the terminal
         from lora_otel._boot import hooks
 
         hooks._training_id = None

@@ -2,7 +2,10 @@
 
 The command inherits stdin, stdout and stderr untouched; SIGINT and SIGTERM sent to the supervisor
 are forwarded; the command's exit status is passed through (a death by signal is repeated on the
-supervisor, so the launcher above sees the same signal). ``--tree`` prints the span tree afterwards.
+supervisor, so the launcher above sees the same signal). ``--tree`` prints the span tree afterwards,
+on stderr: the supervisor's stdout carries the command's bytes and nothing else, so
+``lora-otel run -- python dump.py > out.json`` and ``… | jq`` work, and a terminal or a log panel
+(they show both streams) still shows the tree.
 
 It exports nothing itself: when an OTLP endpoint is configured by the standard ``OTEL_EXPORTER_OTLP_*``
 variables, the traced process starts its own detached sidecar (``lora_otel._boot.spawn``), exactly
@@ -149,8 +152,11 @@ def _print_tree(journal: str) -> None:
     from lora_otel.export.inspect import render_text
     from lora_otel.export.reader import read_journal
 
-    sys.stdout.write(render_text(read_journal(journal)))
-    sys.stdout.flush()
+    try:
+        sys.stderr.write(render_text(read_journal(journal)))
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # a closed stderr: the journal is there for `lora-otel inspect`
 
 
 def describe_status(rc: int) -> str:
