@@ -128,12 +128,15 @@ def describe_status(rc: int) -> str:
 
 def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by: str = "lora-otel run",
                 hint: str = " (os._exit?)") -> bool:
-    """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``).
+    """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``),
+    or one that corrects the child's own when the status it exited with is not the one it recorded
+    (``raise SystemExit(n)`` before Python 3.12 leaves no trace an exit handler can read).
 
     One ``O_APPEND`` write after the child is gone, so it cannot interleave with the child's own
-    records. Nothing is written when the journal already ends with an exit record or does not exist.
-    Returns True when a record was written. ``killer`` is added to a death by signal ("killed by
-    SIGKILL by <killer>"), ``by`` names the writer, ``hint`` follows the no-exit-handlers message.
+    records. Nothing is written when the journal already ends with an exit record that agrees
+    with ``rc``, or does not exist. Returns True when a record was written. ``killer`` is added to
+    a death by signal ("killed by SIGKILL by <killer>"), ``by`` names the writer, ``hint`` follows
+    the no-exit-handlers message.
     """
     if not journal:
         return False
@@ -144,10 +147,16 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
     try:
         size = os.fstat(fd).st_size
         os.lseek(fd, max(size - 65536, 0), os.SEEK_SET)
-        if b'"k":"exit"' in os.read(fd, 65536):
-            return False
+        tail = os.read(fd, 65536)
         rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": by}
-        if rc < 0:
+        if b'"k":"exit"' in tail:
+            recorded = _last_exit_code(tail)
+            if rc < 0 or recorded is None or recorded % 256 == rc:
+                return False
+            rec.update(code=rc, how="normal", corrects=recorded)
+            if rc:
+                rec["message"] = "exit code %d (the process recorded %d)" % (rc, recorded)
+        elif rc < 0:
             rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:
             rec.update(code=rc, how="no exit record",
@@ -160,3 +169,17 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
         return False
     finally:
         os.close(fd)
+
+
+def _last_exit_code(tail: bytes) -> "int | None":
+    """The code of the last exit record in the journal's tail, or None."""
+    import json
+
+    for line in reversed(tail.splitlines()):
+        if b'"k":"exit"' in line:
+            try:
+                code = json.loads(line).get("code")
+            except ValueError:
+                return None
+            return code if isinstance(code, int) and not isinstance(code, bool) else None
+    return None
