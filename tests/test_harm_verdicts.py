@@ -164,3 +164,41 @@ class TestSystemExitOnPython312:
         installed only in the test venv, whose Python is older)."""
         r = run_in_mode(tmp_path, "import lora_otel.auto", program, python=_python312() or "")
         assert_outcome(tmp_path, r, status, message)
+
+
+POOL = """\
+import multiprocessing as mp
+import sys
+import time
+
+
+def square(x):
+    return x * x
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    with ctx.Pool(4) as pool:
+        print(sum(pool.map(square, range(100))))
+        time.sleep(0.5)  # the workers wait for work when the pool shuts down, as after any map
+"""
+
+
+class TestPoolShutdown:
+    @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+    def test_workers_terminated_by_their_pool_are_not_a_failure(self, tmp_path: Path, method: str) -> None:
+        """`with multiprocessing.Pool(4) as p: p.map(...)`: Pool.__exit__ terminates its idle
+        workers (SIGTERM). The job finished as the user wanted: inspect DIR --summary says finished
+        and exits 0, and the workers read as stopped by their parent (before: `killed (no exit
+        record)`, exit status 3)."""
+        (tmp_path / "pool.py").write_text(POOL)
+        jdir = tmp_path / "j"
+        r = subprocess.run([PYTHON, "pool.py", method], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir)))
+        assert r.returncode == 0 and "328350" in r.stdout, r.stderr
+        s = summary(jdir)
+        assert s.returncode == 0 and "finished" in s.stdout and "killed" not in s.stdout, s.stdout
+        full = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(jdir)], env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert full.returncode == 0, full.stdout + full.stderr
+        assert "stopped by its parent with SIGTERM" in full.stdout, full.stdout
