@@ -158,6 +158,9 @@ def _start(how: str) -> None:
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     _write_root_start(start_ns, parent, ticks, how, argv)
+    if owner and owner == str(os.getppid()) and owner.isdigit():
+        # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
+        core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
     first_evidence_us = (time.perf_counter_ns() - t0) // 1000
 

@@ -397,6 +397,9 @@ def _end_phrase(proc: Proc) -> str:
     if proc.outcome == "killed":
         if exit_ is not None and exit_["message"]:
             return _display(exit_["message"])
+        supervisor = _gone_supervisor(proc)
+        if supervisor is not None:
+            return f"killed with its lora-otel run (pid {supervisor}, gone without recording the end)"
         return "killed (no exit record)"
     code = exit_["code"] if exit_ is not None else None
     return f"failed with exit code {code}" if code is not None else "failed"
@@ -406,6 +409,23 @@ def _stopped_phrase(proc: Proc) -> str:
     """``stopped by its parent with SIGTERM (multiprocessing terminate(), as a Pool shutting down) after 2.1 s``."""
     return (f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
             f"down) after {format_duration(proc.end_ns - proc.start_ns)}")
+
+
+def _gone_supervisor(proc: Proc) -> Optional[int]:
+    """The pid of the ``lora-otel run`` that started this process, when that is gone too: it
+    records the end of its child unless it dies first, and the kernel SIGKILLs the child when it
+    dies (``PR_SET_PDEATHSIG``)."""
+    root = proc.journal.root
+    pid = _int_attr(root.attrs, "lora_otel.supervisor.pid") if root is not None else None
+    if pid is None or pid == 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except OSError:
+        return None
+    return None
 
 
 def _failure(proc: Proc) -> str:

@@ -23,6 +23,34 @@ import time
 from lora_otel._boot import paths
 
 
+def die_with_parent():
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies, even by
+    SIGKILL (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the fork, so
+    what runs in the child is one foreign call and a ``getppid``: a parent that died between the
+    fork and that call (the signal would never come) is caught by the parent pid having changed.
+
+    The signal goes with the thread that forked: call from the main thread of a process that
+    stays until the child ends (``lora-otel run``, ``lora-otel doctor``).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sigkill = int(signal.SIGKILL)
+    parent = os.getpid()
+
+    def set_pdeathsig() -> None:
+        prctl(1, sigkill, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent is already gone: die as the signal would have made it
+            os.kill(os.getpid(), sigkill)
+
+    return set_pdeathsig
+
+
 def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
     env = dict(os.environ)
     env["LORA_OTEL"] = "1"
@@ -65,7 +93,9 @@ def run_command(args: argparse.Namespace) -> int:
     oom = OomWatch()
     oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup
     try:
-        child = subprocess.Popen(cmd, env=env)
+        # The job never outlives its wrapper: when a launcher SIGKILLs `lora-otel run`, the kernel
+        # SIGKILLs the command too, as the launcher's SIGKILL would have without the wrapper.
+        child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent())
     except OSError as e:
         print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 126
