@@ -27,7 +27,11 @@ def main() -> int:
         sys.argv = args
         sys.path[0] = os.path.dirname(os.path.abspath(script))
         preamble.start("python -m lora_otel")
-        runpy.run_path(script, run_name="__main__")
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:  # `raise SystemExit(n)` in the script: the exit record gives n
+            preamble.note_system_exit(e.code)
+            raise
         return 0
     from lora_otel.cli import main as cli_main
 

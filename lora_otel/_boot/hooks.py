@@ -166,6 +166,7 @@ _integrations: dict = {
     "accelerate": "accelerate",
     "subprocess": "install_subprocess_hook",
     "multiprocessing.util": "install_mp_spawn_hook",  # loaded lazily, when a spawn starts
+    "multiprocessing.process": "install_mp_terminate_hook",
 }
 _INTEGRATION_MODULES = tuple(_integrations)
 
@@ -338,6 +339,37 @@ def install_mp_spawn_hook(util) -> None:
     orig = getattr(util, "spawnv_passfds", None)
     if orig is not None and not getattr(orig, "_lora_otel", False):
         util.spawnv_passfds = _in_child_environ(orig, "multiprocessing hook")
+
+
+TERMINATED_CHILD = "terminated child"
+"""The root span event a process writes before it stops a child of its own with ``terminate()`` or
+``kill()`` (``multiprocessing.Pool`` does, for its workers, when it shuts down): the readers judge
+that child, gone without an exit record, as stopped by its parent, not killed."""
+
+
+def install_mp_terminate_hook(process) -> None:
+    """Wrap ``multiprocessing.process.BaseProcess.terminate`` and ``kill``: journal which child is
+    about to be stopped, then stop it as asked."""
+    cls = getattr(process, "BaseProcess", None)
+    for method, signal_name in (("terminate", "SIGTERM"), ("kill", "SIGKILL")):
+        orig = getattr(cls, method, None)
+        if orig is not None and not getattr(orig, "_lora_otel", False):
+            setattr(cls, method, _journal_stop(orig, signal_name))
+
+
+def _journal_stop(orig, signal_name: str):
+    def stop(self):
+        with core.fail_open("multiprocessing terminate hook"):
+            popen = getattr(self, "_popen", None)
+            if core.active and popen is not None and popen.poll() is None:
+                core.span_event(core.root_id, TERMINATED_CHILD, {
+                    "process.pid": popen.pid, "lora_otel.signal": signal_name,
+                    "lora_otel.process.name": str(getattr(self, "name", ""))})
+        return orig(self)
+
+    stop._lora_otel = True  # type: ignore[attr-defined]
+    stop.__wrapped__ = orig  # type: ignore[attr-defined]
+    return stop
 
 
 def install_os_system_hook() -> None:

@@ -24,7 +24,6 @@ from lora_otel._boot import core, paths
 
 _started_ns = 0
 _exit_code: object = None
-_exception: str | None = None
 _fork_parent_span: str | None = None
 _beat_interval = 1.0
 
@@ -177,6 +176,9 @@ def _start(how: str) -> None:
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     _write_root_start(start_ns, parent, ticks, how, argv)
+    if owner and owner == str(os.getppid()) and owner.isdigit():
+        # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
+        core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
     first_evidence_us = (time.perf_counter_ns() - t0) // 1000
 
@@ -368,44 +370,127 @@ def _describe_process(argv: list, how: str) -> None:
 # --- exit -----------------------------------------------------------------------------------
 
 def _install_exit_hooks() -> None:
+    """An atexit handler that writes the exit record, and what lets it know the real outcome.
+
+    The outcome is read when the interpreter exits, not kept from hooks a program may replace: an
+    uncaught exception is left in ``sys.last_exc``/``sys.last_value`` by the interpreter itself,
+    whatever ``sys.excepthook`` the program installed (rich, many CLIs). A ``SystemExit`` leaves
+    nothing there, so its code is noted where it is raised: ``sys.exit`` and the ``exit()``/
+    ``quit()`` builtins are wrapped (they pass through unchanged), and on Python 3.12+ a
+    ``sys.monitoring`` tool sees every ``SystemExit`` of the main thread, ``raise SystemExit(n)``
+    included, and forgets one that was caught.
+    """
     import atexit
 
     atexit.register(_on_exit)
-    orig_hook = sys.excepthook
-
-    def excepthook(et, ev, tb):
-        global _exception
-        with core.fail_open("excepthook"):
-            from lora_otel._boot import redact
-
-            _exception = redact.redact_text("%s: %s" % (et.__name__, ev))
-        return orig_hook(et, ev, tb)
-
-    sys.excepthook = excepthook
     orig_exit = sys.exit
 
     def exit(code=None):  # noqa: A001 - mirrors sys.exit
-        global _exit_code
-        _exit_code = code
+        note_system_exit(code)
         orig_exit(code)
 
     exit.__wrapped__ = orig_exit  # type: ignore[attr-defined]
     sys.exit = exit
+    quitter = getattr(sys.modules.get("_sitebuiltins"), "Quitter", None)
+    orig_call = getattr(quitter, "__call__", None)
+    if orig_call is not None and not hasattr(orig_call, "__wrapped__"):
+        def __call__(self, code=None):  # the exit() and quit() builtins raise SystemExit themselves
+            note_system_exit(code)
+            return orig_call(self, code)
+
+        __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
+        quitter.__call__ = __call__  # type: ignore[union-attr]
+    _watch_system_exit()
+
+
+def note_system_exit(code: object) -> None:
+    """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it)."""
+    global _exit_code
+    _exit_code = code
+
+
+_MONITORING_TOOL = 4
+"""The ``sys.monitoring`` tool id lora_otel takes on 3.12+ (0-2 and 5 are the debugger's,
+coverage's, the profiler's and the optimizer's); none when it is already in use."""
+_raised_exit: tuple | None = None
+"""(id, code) of the last ``SystemExit`` raised in the main thread and not caught since (3.12+)."""
+_watching_exit = False
+
+
+def _watch_system_exit() -> None:
+    """On 3.12+: follow ``SystemExit`` in the main thread with ``sys.monitoring`` (RAISE, RERAISE,
+    EXCEPTION_HANDLED events: a call per exception raised, none per instruction)."""
+    global _watching_exit
+    mon = getattr(sys, "monitoring", None)
+    if mon is None:
+        return
+    with core.fail_open("SystemExit watch"):
+        if mon.get_tool(_MONITORING_TOOL) is not None:
+            return
+        mon.use_tool_id(_MONITORING_TOOL, "lora_otel")
+        from _thread import get_ident
+
+        main = get_ident()
+
+        def raised(code, offset, exc):
+            global _raised_exit
+            if isinstance(exc, SystemExit) and get_ident() == main:
+                _raised_exit = (id(exc), exc.code)
+
+        def handled(code, offset, exc):
+            global _raised_exit
+            if _raised_exit is not None and id(exc) == _raised_exit[0]:
+                _raised_exit = None
+
+        events = mon.events
+        mon.register_callback(_MONITORING_TOOL, events.RAISE, raised)
+        mon.register_callback(_MONITORING_TOOL, events.RERAISE, raised)
+        mon.register_callback(_MONITORING_TOOL, events.EXCEPTION_HANDLED, handled)
+        mon.set_events(_MONITORING_TOOL, events.RAISE | events.RERAISE | events.EXCEPTION_HANDLED)
+        _watching_exit = True
+
+
+def _uncaught_exception() -> BaseException | None:
+    """The exception the main program died of, as the interpreter left it for exit handlers.
+
+    ``sys.last_exc`` (3.12+) or ``sys.last_value`` is set by the interpreter before it calls
+    ``sys.excepthook``, whoever replaced that. ``code.InteractiveInterpreter`` and C extensions
+    that print an error also set it without ending the program: a real uncaught exception's
+    traceback starts at the bottom of the stack (its first frame has no caller).
+    """
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    tb = getattr(exc, "__traceback__", None)
+    if not isinstance(exc, BaseException) or tb is None or tb.tb_frame.f_back is not None:
+        return None
+    return exc
+
+
+def exit_outcome() -> tuple:
+    """``(how, status, message)`` of this process's end, read at exit (see _install_exit_hooks)."""
+    exc = _uncaught_exception()
+    if exc is not None:
+        from lora_otel._boot import redact
+
+        text = redact.redact_text("%s: %s" % (type(exc).__name__, exc))
+        return "exception", 1, "uncaught %s" % text
+    if _raised_exit is not None:
+        code = _raised_exit[1]
+    elif _watching_exit:
+        code = None  # sys.monitoring saw every SystemExit: the noted ones were caught
+    else:
+        code = _exit_code
+    if code is None or code == 0:
+        return "normal", 0, None
+    if isinstance(code, int):
+        return "normal", int(code), "exit code %d" % code
+    return "normal", 1, "exit: %s" % code
 
 
 def _on_exit() -> None:
     with core.fail_open("exit hook"):
         if not core.active or os.getpid() != core.pid:
             return
-        code = _exit_code
-        if _exception is not None:
-            how, status_code, message = "exception", 1, "uncaught %s" % _exception
-        elif code is None or code == 0:
-            how, status_code, message = "normal", 0, None
-        elif isinstance(code, int):
-            how, status_code, message = "normal", code, "exit code %d" % code
-        else:
-            how, status_code, message = "normal", 1, "exit: %s" % code
+        how, status_code, message = exit_outcome()
         from lora_otel._boot import hooks
 
         hooks.arguments_done("none seen")
@@ -440,10 +525,10 @@ _real_os_exit = os._exit
 def _forked_child_exit(code=0):
     """``os._exit`` in a forked child: write the exit record first (multiprocessing's fork workers
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked."""
-    global _exit_code
+    global _exit_code, _raised_exit
     try:
         if core.active and os.getpid() == core.pid:
-            _exit_code = code
+            _exit_code, _raised_exit = code, (0, code)
             _on_exit()
     finally:
         _real_os_exit(code)

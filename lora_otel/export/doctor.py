@@ -1287,27 +1287,6 @@ def _journal_path(args) -> str:
     return path
 
 
-def _die_with_parent():
-    """A ``preexec_fn`` that makes the kernel SIGKILL the check process when the doctor dies, even by
-    SIGKILL (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the fork, so
-    the function run in the child is one foreign call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-        import signal
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    sigkill = int(signal.SIGKILL)
-
-    def set_pdeathsig() -> None:
-        prctl(1, sigkill, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-    return set_pdeathsig
-
-
 def _child_env(journal: str, wfd: int) -> dict:
     env = dict(os.environ)
     env["LORA_OTEL"] = "1"
@@ -1325,6 +1304,7 @@ def doctor(args) -> dict:
     import subprocess
 
     from lora_otel import __version__
+    from lora_otel.export.supervisor import die_with_parent
     from lora_otel._boot import envfacts, paths, preamble
 
     started = time.monotonic()
@@ -1373,7 +1353,7 @@ def doctor(args) -> dict:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     env=_child_env(journal, wfd), pass_fds=(wfd,), start_new_session=True,
-                                    preexec_fn=_die_with_parent())
+                                    preexec_fn=die_with_parent())
         except OSError as e:
             run = _Run()
             run.died = {"step": "start-up", "kind": "import", "status": "cannot start %s: %s" % (

@@ -7,7 +7,9 @@ processes without one (a launcher) first by start time, then each rank followed 
 children (a child without a rank of its own takes its parent's). Without ranks, by start time.
 
 Each process gets an *outcome*, by the same rules as ``lora-otel watch``'s exit status:
-``finished`` (an exit record, normal, code 0), ``failed`` (an exit record with an exception or a
+``finished`` (an exit record, normal, code 0), ``stopped`` (gone without an exit record, after
+another process of the job journaled stopping it: a ``multiprocessing.Pool`` shutting down
+terminates its workers), ``failed`` (an exit record with an exception or a
 non-zero code), ``killed`` (no exit record and the process is gone, or ``lora-otel run`` recorded a
 death by a signal), ``stalled`` (running, and `stall.detect` finds a stage past its limit or the
 beat stopped) or ``running``.
@@ -42,7 +44,7 @@ from lora_otel.export.reader import (Journal, JournalError, ProcessState, format
                                      read_journal)
 from lora_otel.export.stall import FROZEN_AFTER_S, Stall, detect
 
-OUTCOME_STATUS = {"finished": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
+OUTCOME_STATUS = {"finished": 0, "stopped": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
 """A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
 
 TOGETHER_NS = 5_000_000_000
@@ -75,6 +77,8 @@ class Proc:
     children: list["Proc"] = field(default_factory=list)
     effective_rank: Optional[int] = None
     depth: int = 0
+    stopped_by: Optional[str] = None
+    """Outcome ``stopped``: the signal its parent journaled sending (``SIGTERM``)."""
 
     @property
     def start_ns(self) -> int:
@@ -242,6 +246,7 @@ def group_jobs(procs: Iterable[Proc]) -> list[Job]:
 
 def _make_job(trace_id: str, procs: list[Proc]) -> Job:
     _link(procs)
+    _mark_stopped(procs)
     procs.sort(key=_order_key)
     callout = _callout(procs)
     if callout is not None:
@@ -253,6 +258,35 @@ def _make_job(trace_id: str, procs: list[Proc]) -> Job:
     job = Job(trace_id, procs, callout, outcome, "")
     job.phrase = _phrase(job)
     return job
+
+
+TERMINATED_CHILD = "terminated child"
+"""The root span event of a process about to stop a child with ``terminate()``/``kill()`` (hooks.py)."""
+
+
+def _mark_stopped(procs: list[Proc]) -> None:
+    """A process killed without an exit record, whose pid another process of the job journaled
+    stopping while it ran (``multiprocessing.Pool`` terminates its workers when it shuts down),
+    was ``stopped`` by its parent: what the program asked for, not a failure."""
+    stops: dict[int, list[tuple[int, str]]] = {}
+    for proc in procs:
+        root = proc.journal.root
+        for ts, name, attrs in root.events if root is not None else ():
+            pid = _int_attr(attrs, "process.pid")
+            if name == TERMINATED_CHILD and pid is not None:
+                signal_name = attrs.get("lora_otel.signal")
+                stops.setdefault(pid, []).append((ts, signal_name if isinstance(signal_name, str) else "a signal"))
+    for proc in procs:
+        exit_ = proc.journal.exit
+        if proc.outcome != "killed" or proc.journal.pid not in stops:
+            continue
+        if exit_ is not None and exit_["code"] not in (128 + 15, 128 + 9):
+            continue  # `lora-otel run` saw another death than SIGTERM/SIGKILL
+        for ts, signal_name in stops[proc.journal.pid]:
+            if proc.start_ns <= ts:
+                proc.outcome = "stopped"
+                proc.stopped_by = signal_name
+                break
 
 
 def _link(procs: list[Proc]) -> None:
@@ -363,9 +397,35 @@ def _end_phrase(proc: Proc) -> str:
     if proc.outcome == "killed":
         if exit_ is not None and exit_["message"]:
             return _display(exit_["message"])
+        supervisor = _gone_supervisor(proc)
+        if supervisor is not None:
+            return f"killed with its lora-otel run (pid {supervisor}, gone without recording the end)"
         return "killed (no exit record)"
     code = exit_["code"] if exit_ is not None else None
     return f"failed with exit code {code}" if code is not None else "failed"
+
+
+def _stopped_phrase(proc: Proc) -> str:
+    """``stopped by its parent with SIGTERM (multiprocessing terminate(), as a Pool shutting down) after 2.1 s``."""
+    return (f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
+            f"down) after {format_duration(proc.end_ns - proc.start_ns)}")
+
+
+def _gone_supervisor(proc: Proc) -> Optional[int]:
+    """The pid of the ``lora-otel run`` that started this process, when that is gone too: it
+    records the end of its child unless it dies first, and the kernel SIGKILLs the child when it
+    dies (``PR_SET_PDEATHSIG``)."""
+    root = proc.journal.root
+    pid = _int_attr(root.attrs, "lora_otel.supervisor.pid") if root is not None else None
+    if pid is None or pid == 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except OSError:
+        return None
+    return None
 
 
 def _failure(proc: Proc) -> str:
@@ -491,8 +551,9 @@ def process_line(proc: Proc, label_width: int, pid_width: int, steps_width: int)
     """``rank 1  pid 4243  running  0 steps  stuck in import bitsandbytes for 312 s (process running)``."""
     journal = proc.journal
     pid = str(journal.pid) if journal.pid is not None else "?"
+    how = _stopped_phrase(proc) if proc.outcome == "stopped" else proc.view.stuck()
     line = (f"{proc.label:<{label_width}}  pid {pid:<{pid_width}}  {proc.state:<7}  "
-            f"{journal.steps:>{steps_width}} steps  {_display(proc.view.stuck())}")
+            f"{journal.steps:>{steps_width}} steps  {_display(how)}")
     if journal.problems:
         line += f"  [{len(journal.problems)} journal problem{'s' if len(journal.problems) != 1 else ''}]"
     return line

@@ -548,7 +548,7 @@ class _JournalBuilder:
         self.journal.lines.append(Line(ts, level if isinstance(level, str) else "info", _str(record, "msg")))
 
     def _on_exit(self, number: int, ts: int, record: dict[str, Any]) -> None:
-        if self.journal.exit is not None:
+        if self.journal.exit is not None and "corrects" not in record:
             raise _BadRecord("second exit record; the first is kept")
         code, how, message = record.get("code"), record.get("how"), record.get("message")
         self.journal.exit = {
@@ -557,6 +557,12 @@ class _JournalBuilder:
             "how": how if isinstance(how, str) else "normal",
             "message": message if isinstance(message, str) else None,
         }
+        root = self.journal.root
+        if "corrects" in record and root is not None and not root.is_open and _is_int(code):
+            # `lora-otel run` saw another exit status than the process recorded: the root span too.
+            root.status = "error" if code else "ok"
+            root.message = self.journal.exit["message"]
+            root.attrs["process.exit.code"] = code
 
     # --- fields ----------------------------------------------------------------------------
 

@@ -26,6 +26,34 @@ import time
 from lora_otel._boot import paths
 
 
+def die_with_parent():
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies, even by
+    SIGKILL (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the fork, so
+    what runs in the child is one foreign call and a ``getppid``: a parent that died between the
+    fork and that call (the signal would never come) is caught by the parent pid having changed.
+
+    The signal goes with the thread that forked: call from the main thread of a process that
+    stays until the child ends (``lora-otel run``, ``lora-otel doctor``).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    sigkill = int(signal.SIGKILL)
+    parent = os.getpid()
+
+    def set_pdeathsig() -> None:
+        prctl(1, sigkill, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent is already gone: die as the signal would have made it
+            os.kill(os.getpid(), sigkill)
+
+    return set_pdeathsig
+
+
 def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
     env = dict(os.environ)
     env["LORA_OTEL"] = "1"
@@ -104,7 +132,9 @@ def run_command(args: argparse.Namespace) -> int:
     oom = OomWatch()
     oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup
     try:
-        child = subprocess.Popen(cmd, env=env)
+        # The job never outlives its wrapper: when a launcher SIGKILLs `lora-otel run`, the kernel
+        # SIGKILLs the command too, as the launcher's SIGKILL would have without the wrapper.
+        child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent())
     except OSError as e:
         print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 126
@@ -171,12 +201,15 @@ def describe_status(rc: int) -> str:
 
 def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by: str = "lora-otel run",
                 hint: str = " (os._exit?)") -> bool:
-    """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``).
+    """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``),
+    or one that corrects the child's own when the status it exited with is not the one it recorded
+    (``raise SystemExit(n)`` before Python 3.12 leaves no trace an exit handler can read).
 
     One ``O_APPEND`` write after the child is gone, so it cannot interleave with the child's own
-    records. Nothing is written when the journal already ends with an exit record or does not exist.
-    Returns True when a record was written. ``killer`` is added to a death by signal ("killed by
-    SIGKILL by <killer>"), ``by`` names the writer, ``hint`` follows the no-exit-handlers message.
+    records. Nothing is written when the journal already ends with an exit record that agrees
+    with ``rc``, or does not exist. Returns True when a record was written. ``killer`` is added to
+    a death by signal ("killed by SIGKILL by <killer>"), ``by`` names the writer, ``hint`` follows
+    the no-exit-handlers message.
     """
     if not journal:
         return False
@@ -187,10 +220,16 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
     try:
         size = os.fstat(fd).st_size
         os.lseek(fd, max(size - 65536, 0), os.SEEK_SET)
-        if b'"k":"exit"' in os.read(fd, 65536):
-            return False
+        tail = os.read(fd, 65536)
         rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": by}
-        if rc < 0:
+        if b'"k":"exit"' in tail:
+            recorded = _last_exit_code(tail)
+            if rc < 0 or recorded is None or recorded % 256 == rc:
+                return False
+            rec.update(code=rc, how="normal", corrects=recorded)
+            if rc:
+                rec["message"] = "exit code %d (the process recorded %d)" % (rc, recorded)
+        elif rc < 0:
             rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:
             rec.update(code=rc, how="no exit record",
@@ -203,3 +242,17 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
         return False
     finally:
         os.close(fd)
+
+
+def _last_exit_code(tail: bytes) -> "int | None":
+    """The code of the last exit record in the journal's tail, or None."""
+    import json
+
+    for line in reversed(tail.splitlines()):
+        if b'"k":"exit"' in line:
+            try:
+                code = json.loads(line).get("code")
+            except ValueError:
+                return None
+            return code if isinstance(code, int) and not isinstance(code, bool) else None
+    return None
