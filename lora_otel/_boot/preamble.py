@@ -350,19 +350,50 @@ def _register_stack_dump() -> None:
                                    "lora_otel.stacks.fd": fd, "lora_otel.stacks.file": [st.st_dev, st.st_ino]})
 
 
+def _kernel_disposition(signum: int) -> str:
+    """``caught``, ``ignored`` or ``default``: this process's disposition for ``signum`` as the
+    kernel has it (``SigCgt``/``SigIgn`` of ``/proc/self/status``); ``""`` when unreadable."""
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        masks = {}
+        for name in (b"SigCgt:", b"SigIgn:"):
+            i = data.index(name)
+            masks[name] = int(data[i + 7:data.index(b"\n", i)].strip(), 16) >> (signum - 1) & 1
+    except (OSError, ValueError):
+        return ""
+    return "caught" if masks[b"SigCgt:"] else "ignored" if masks[b"SigIgn:"] else "default"
+
+
 def _check_stack_signal() -> None:
-    """Each beat: has the program installed its own Python handler for the stack request signal
-    (``signal.signal``, which replaced faulthandler's)? Then say so once in the journal, and
-    lora_otel no longer claims the signal (the sidecar reads ``lora_otel.stacks.off``)."""
+    """Each beat: is faulthandler still the handler of the stack request signal?
+
+    - The program installed its own Python handler for it (``signal.signal``, which replaced
+      faulthandler's): say so once in the journal (``lora_otel.stacks.off``) and claim it no more;
+      the sidecar reads that and never signals.
+    - It was set back to the default from Python (``signal.getsignal`` still says SIG_DFL but the
+      kernel shows no handler: PyTorch Lightning's teardown restores every signal to what
+      ``getsignal`` reported, SIG_DFL, at the end of each ``fit``): the program did not take it,
+      it is as it was when lora_otel registered, so lora_otel registers again.
+    """
     global _stack_signal
     signum = _stack_signal
-    if signum:
-        import _signal
+    if not signum:
+        return
+    import _signal
 
-        if _signal.getsignal(signum) is not _signal.SIG_DFL:
-            _stack_signal = 0
-            core.span_attrs(core.root_id, {"lora_otel.stacks.off": "the program installed its own handler "
-                                                                   "for signal %d" % signum})
+    if _signal.getsignal(signum) is not _signal.SIG_DFL:
+        _stack_signal = 0
+        core.span_attrs(core.root_id, {"lora_otel.stacks.off": "the program installed its own handler "
+                                                               "for signal %d" % signum})
+    elif _stacks_fd >= 0 and _kernel_disposition(signum) == "default":
+        import faulthandler
+
+        faulthandler.unregister(signum)
+        faulthandler.register(signum, file=_stacks_fd, all_threads=True, chain=False)
 
 
 _RANK_VARIABLES = (
@@ -510,7 +541,27 @@ def _exec_record(path, argv, via: str | None = None, error: BaseException | None
                 pass
             if via:
                 rec["via"] = via
+        _write_by_path(rec)
+
+
+def _write_by_path(rec: dict) -> None:
+    """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
+    the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
+    ``os.closerange`` in daemonising code). Execs are rare; the extra open costs nothing that matters."""
+    from lora_otel._boot.jsonl import dumps_line
+
+    try:
+        fd = os.open(core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) |
+                     getattr(os, "O_NOFOLLOW", 0))
+    except (OSError, TypeError, ValueError):
         core.write(rec)
+        return
+    try:
+        os.write(fd, dumps_line(rec))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _execv(path, argv):
