@@ -111,7 +111,7 @@ def case_sleep_import(collector: Collector, workdir: Path) -> dict:
 def _frozen_deadline(workdir: Path, collector: Collector, name: str) -> float:
     """The last sign of life before the stall was declared, + the frozen limit (as stall.detect).
 
-    The stall's detection time is the incomplete span's end; records after it (the SIGUSR1 for the
+    The stall's detection time is the incomplete span's end; records after it (the stack request signal for the
     stacks can wake a GIL holder for a moment) do not count.
     """
     import json

@@ -211,7 +211,7 @@ def test_journal_lines_are_versioned_json(tmp_path: Path) -> None:
     path = journals(tmp_path / "lora-otel")[0]
     for line in path.read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
-        assert rec["v"] == 1 and rec["k"] in {"start", "end", "event", "attrs", "beat", "line", "exit"}
+        assert rec["v"] == 1 and rec["k"] in {"start", "end", "event", "attrs", "beat", "line", "exit", "exec"}
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
 
 

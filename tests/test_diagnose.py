@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from lora_otel.export.diagnose import diagnose
-from lora_otel.export.evidence import gather
+from lora_otel.export.evidence import gather, stack_request
 from lora_otel.export.reader import read_journal
 from lora_otel.export.stall import detect, parse_limits
 from procs import journal_has_open, journals, wait_for
@@ -17,7 +17,7 @@ from test_hangs import kill_and_reap, start_traced
 
 def evidence_for(tmp_path: Path, pid: int):
     [path] = journals(tmp_path / "lora-otel")
-    return gather(pid, read_journal(path).root.attrs["lora_otel.stacks.path"])
+    return gather(pid, stack_request(read_journal(path)))
 
 
 def test_hub_download_that_never_answers(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import os
 import signal
 from pathlib import Path
 
-from lora_otel.export.evidence import PREFIX, gather, network_facts, process_facts
+from lora_otel.export.evidence import PREFIX, gather, network_facts, process_facts, stack_request
 from lora_otel.export.reader import read_journal
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
@@ -19,8 +19,7 @@ def test_sleeping_import_evidence(tmp_path: Path) -> None:
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import slowmod"), what="import span")
         [path] = journals(tmp_path / "lora-otel")
-        stacks = read_journal(path).root.attrs["lora_otel.stacks.path"]
-        ev = gather(proc.pid, stacks)
+        ev = gather(proc.pid, stack_request(read_journal(path)))
         assert ev[PREFIX + "process.state"].startswith("S")
         assert ev[PREFIX + "process.cpu_percent"] < 20
         assert ev[PREFIX + "process.rss_bytes"] > 1_000_000
@@ -43,7 +42,7 @@ def test_busy_and_stopped_processes(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: process_facts(proc.pid, 0.05)[PREFIX + "process.state"].startswith("T"), what="stopped")
         [path] = journals(tmp_path / "lora-otel")
-        ev = gather(proc.pid, read_journal(path).root.attrs["lora_otel.stacks.path"])
+        ev = gather(proc.pid, stack_request(read_journal(path)))
         stacks = read_journal(path).root.attrs["lora_otel.stacks.path"]
         assert "the process is stopped" in ev[PREFIX + "python.stacks.error"]
         os.kill(proc.pid, signal.SIGCONT)

@@ -151,8 +151,9 @@ def test_non_utf8_argv(tmp_path: Path, seed: int) -> None:
     assert "\udcff\udcfe\udc80bad" in j.root.attrs["process.command_args"]
 
 
-def test_sigusr1_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
-    """SIGUSR1 to a process frozen with the GIL held: its Python stack lands beside the journal."""
+def test_stack_signal_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
+    """The stack request signal (SIGRTMIN+10, as the journal records) to a process frozen with the
+    GIL held: its Python stack lands beside the journal."""
     make_module(tmp_path, "frozenmod", """
         import ctypes
         def hold_the_gil():
@@ -165,9 +166,11 @@ def test_sigusr1_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
         [path] = journals(tmp_path / "lora-otel")
         stacks = Path(str(path)[: -len(".otel.jsonl")] + ".stacks.txt")
-        assert read_journal(path).root.attrs["lora_otel.stacks.path"] == str(stacks)
+        attrs = read_journal(path).root.attrs
+        assert attrs["lora_otel.stacks.path"] == str(stacks)
+        assert attrs["lora_otel.stacks.signal"] == signal.SIGRTMIN + 10
         time.sleep(0.3)  # let pause() take hold
-        os.kill(proc.pid, signal.SIGUSR1)
+        os.kill(proc.pid, attrs["lora_otel.stacks.signal"])
         text = wait_for(lambda: stacks.exists() and "hold_the_gil" in stacks.read_text() and stacks.read_text(),
                         what="stack dump", timeout=10)
         assert "frozenmod.py" in text and "job.py" in text

@@ -133,7 +133,7 @@ def _stack_signal() -> int:
     """The signal that asks the preamble's faulthandler for a stack dump."""
     from lora_otel._boot import preamble
 
-    return int(getattr(preamble, "STACK_SIGNAL", signal.SIGUSR1))
+    return preamble.stack_signal()
 
 
 def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:

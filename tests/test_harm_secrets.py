@@ -97,10 +97,14 @@ def test_sidecar_learns_what_the_process_redacted(tmp_path: Path) -> None:
     proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)", "--hf_token", SECRET, "-k", API_KEY],
                             env=clean_env())
     try:
+        cmdline = Path("/proc/%d/cmdline" % proc.pid)
+        wait_for(lambda: SECRET.encode() in cmdline.read_bytes(), what="the child's command line")
         otlp.learn_secrets(proc.pid, environ={})
+        learned = redact.remembered()
     finally:
         proc.kill()
         proc.wait()
+    assert SECRET in learned and API_KEY in learned, learned
     attrs = otlp.otel_attributes({"lora_otel.evidence.python.stacks": f'File "x.py", line 3 in f ({SECRET})',
                                   "lora_otel.evidence.error": f"key {API_KEY} refused"})
     assert attrs == {"lora_otel.evidence.python.stacks": f'File "x.py", line 3 in f ({redact.REDACTED})',

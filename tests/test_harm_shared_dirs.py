@@ -93,7 +93,7 @@ import lora_otel
 with lora_otel.stage("train"):
     time.sleep(0.3)
 from lora_otel._boot import preamble
-os.kill(os.getpid(), getattr(preamble, "STACK_SIGNAL", signal.SIGUSR1))   # a stack dump beside the journal
+os.kill(os.getpid(), preamble.stack_signal())   # a stack dump beside the journal
 time.sleep(0.3)
 """
 

@@ -40,7 +40,7 @@ a = p.parse_args()
 lora_otel.mark("logged in with api_key=%s" % os.environ["MARK_VALUE"])
 with lora_otel.stage("train", api_key=os.environ["MARK_VALUE"]):
     lora_otel.progress(step=1, loss=0.5)
-os.kill(os.getpid(), signal.SIGUSR1)          # a stack dump beside the journal
+os.kill(os.getpid(), signal.SIGRTMIN + 10)   # a stack dump beside the journal (the stack request signal)
 time.sleep(0.3)
 subprocess.run([sys.executable, "-c", "pass"], check=True)   # a traced child: the .children registry
 print("READY", flush=True)

@@ -103,11 +103,49 @@ def _traceparent() -> str:
     return core.traceparent(core.root_id)
 
 
+def _digest(data: bytes) -> int:
+    """A short fingerprint of some bytes (not cryptographic; no import: ``hashlib`` costs at start)."""
+    return int.from_bytes(b"\x01" + data, "big") % 2305843009213693951  # 2**61 - 1
+
+
+def image_identity(pid: int | str = "self") -> dict:
+    """What identifies the program image a process runs, for telling later whether it exec'd.
+
+    ``exe``: ``[st_dev, st_ino]`` of ``/proc/<pid>/exe``; ``auxv``: a fingerprint of
+    ``/proc/<pid>/auxv``, which the kernel sets at exec and never changes after (its addresses are
+    randomised per exec); ``cmdline``: a fingerprint of ``/proc/<pid>/cmdline`` (set at exec, but a
+    program may rewrite it: ``setproctitle``). A fact that cannot be read is left out.
+    """
+    out: dict = {}
+    try:
+        st = os.stat("/proc/%s/exe" % pid)
+        out["exe"] = [st.st_dev, st.st_ino]
+    except OSError:
+        pass
+    for name in ("auxv", "cmdline"):
+        try:
+            fd = os.open("/proc/%s/%s" % (pid, name), os.O_RDONLY)
+            try:
+                data = b""
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        if data:
+            out[name] = _digest(data)
+    return out
+
+
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
     core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
                 "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
-                "ppid": os.getppid(), "start_ticks": ticks, "sampled": core.sampled,
+                "ppid": os.getppid(), "start_ticks": ticks, "image": image_identity(), "sampled": core.sampled,
                 "config": {"import_threshold_ms": core.import_threshold_ms},
                 "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
                           "process.parent_pid": os.getppid(), "lora_otel.activation": how}})
@@ -206,6 +244,7 @@ def _start(how: str) -> None:
 
     # 4. Exit, exceptions, fork, beat.
     _install_exit_hooks()
+    _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
     _beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
@@ -250,9 +289,16 @@ def _start_sidecar(env) -> None:
 
 
 def stacks_path(journal_path: str) -> str:
-    """``run.log.otel.jsonl`` → ``run.log.stacks.txt``: where SIGUSR1 dumps Python stacks."""
+    """``run.log.otel.jsonl`` → ``run.log.stacks.txt``: where a stack request dumps Python stacks."""
     return paths.stem(journal_path) + ".stacks.txt"
 
+
+STACK_SIGNAL_OFFSET = 10
+"""The stack request signal is ``SIGRTMIN + 10`` (44 with glibc): a real-time signal, so never one
+a scheduler or framework sends or handles (Slurm and Lightning use SIGUSR1/SIGUSR2/SIGTERM), above
+the low real-time signals programs allocate first (``timer_create`` examples, SIGRTMIN and +1)
+and far from SIGRTMAX (Valgrind's), and none of systemd's manager commands (+0..+7, +13..+16,
++20..+26) in case the process is a container's PID 1. ``LORA_OTEL_STACK_SIGNAL`` overrides it."""
 
 _stacks_fd = -1
 _stacks_id: tuple = (0, 0)
@@ -273,21 +319,55 @@ def _check_stacks_fd() -> None:
                     "a reopened stacks file (descriptor %d)" % (old, _stacks_fd))
 
 
+_stack_signal = 0
+"""The signal whose handler (faulthandler) lora_otel installed in this process; 0 when none."""
+_stack_signal_warned = False
+
+
+def stack_signal(env=None) -> int:
+    """The stack request signal: ``LORA_OTEL_STACK_SIGNAL`` (a number) or ``SIGRTMIN + 10``; 0 where
+    the platform has no real-time signals. A bad value: one line, and the default."""
+    global _stack_signal_warned
+    import _signal
+
+    rtmin, rtmax = getattr(_signal, "SIGRTMIN", 0), getattr(_signal, "SIGRTMAX", 0)
+    default = rtmin + STACK_SIGNAL_OFFSET if rtmin and rtmin + STACK_SIGNAL_OFFSET <= rtmax else 0
+    raw = (os.environ if env is None else env).get("LORA_OTEL_STACK_SIGNAL", "").strip()
+    if not raw:
+        return default
+    try:
+        n = int(raw)
+        if not (1 <= n <= (rtmax or 64)) or n in (9, 19) or (rtmin and 31 < n < rtmin):
+            raise ValueError
+        return n
+    except ValueError:
+        if not _stack_signal_warned:
+            _stack_signal_warned = True
+            core.error_line("LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (1-%d, not SIGKILL, "
+                            "SIGSTOP or the C library's own); using %d" % (raw, rtmax or 64, default))
+        return default
+
+
 def _register_stack_dump() -> None:
-    """SIGUSR1 → ``faulthandler`` writes every thread's Python stack beside the journal.
+    """The stack request signal (`stack_signal`) → ``faulthandler`` writes every thread's Python
+    stack beside the journal.
 
     faulthandler's handler runs in C without the GIL, so it works on a frozen process (GIL held
-    in native code) too: the exporting side sends the signal when it declares a stall. Skipped
-    when the program already handles SIGUSR1.
+    in native code) too: the exporting side sends the signal when it declares a stall, after
+    checking the facts recorded here (root attributes ``lora_otel.stacks.*``: the signal, the file,
+    its descriptor and identity). Skipped when the program already handles that signal.
     """
-    global _stacks_fd, _stacks_id
+    global _stacks_fd, _stacks_id, _stack_signal
     import _signal
     import faulthandler
 
-    if not core.journal_path or not hasattr(_signal, "SIGUSR1"):
+    _stack_signal = 0
+    signum = stack_signal()
+    if not core.journal_path or not signum:
         return
-    if _signal.getsignal(_signal.SIGUSR1) not in (_signal.SIG_DFL, None):
-        core.info_line("SIGUSR1 is already handled by the program; no stack dumps on demand")
+    if _signal.getsignal(signum) is not _signal.SIG_DFL:  # theirs: a handler, SIG_IGN, or set from C (None)
+        core.span_attrs(core.root_id, {"lora_otel.stacks.signal": signum,
+                                       "lora_otel.stacks.off": "the program handles signal %d itself" % signum})
         return
     from lora_otel._boot import files
 
@@ -305,8 +385,56 @@ def _register_stack_dump() -> None:
         except OSError:
             pass
     _stacks_fd, _stacks_id = fd, ident
-    faulthandler.register(_signal.SIGUSR1, file=fd, all_threads=True, chain=False)
-    core.span_attrs(core.root_id, {"lora_otel.stacks.path": path})
+    faulthandler.register(signum, file=fd, all_threads=True, chain=False)
+    _stack_signal = signum
+    core.span_attrs(core.root_id, {"lora_otel.stacks.path": path, "lora_otel.stacks.signal": signum,
+                                   "lora_otel.stacks.fd": fd, "lora_otel.stacks.file": list(ident)})
+
+
+def _kernel_disposition(signum: int) -> str:
+    """``caught``, ``ignored`` or ``default``: this process's disposition for ``signum`` as the
+    kernel has it (``SigCgt``/``SigIgn`` of ``/proc/self/status``); ``""`` when unreadable."""
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        masks = {}
+        for name in (b"SigCgt:", b"SigIgn:"):
+            i = data.index(name)
+            masks[name] = int(data[i + 7:data.index(b"\n", i)].strip(), 16) >> (signum - 1) & 1
+    except (OSError, ValueError):
+        return ""
+    return "caught" if masks[b"SigCgt:"] else "ignored" if masks[b"SigIgn:"] else "default"
+
+
+def _check_stack_signal() -> None:
+    """Each beat: is faulthandler still the handler of the stack request signal?
+
+    - The program installed its own Python handler for it (``signal.signal``, which replaced
+      faulthandler's): say so once in the journal (``lora_otel.stacks.off``) and claim it no more;
+      the sidecar reads that and never signals.
+    - It was set back to the default from Python (``signal.getsignal`` still says SIG_DFL but the
+      kernel shows no handler: PyTorch Lightning's teardown restores every signal to what
+      ``getsignal`` reported, SIG_DFL, at the end of each ``fit``): the program did not take it,
+      it is as it was when lora_otel registered, so lora_otel registers again.
+    """
+    global _stack_signal
+    signum = _stack_signal
+    if not signum:
+        return
+    import _signal
+
+    if _signal.getsignal(signum) is not _signal.SIG_DFL:
+        _stack_signal = 0
+        core.span_attrs(core.root_id, {"lora_otel.stacks.off": "the program installed its own handler "
+                                                               "for signal %d" % signum})
+    elif _stacks_fd >= 0 and _kernel_disposition(signum) == "default":
+        import faulthandler
+
+        faulthandler.unregister(signum)
+        faulthandler.register(signum, file=_stacks_fd, all_threads=True, chain=False)
 
 
 _RANK_VARIABLES = (
@@ -512,6 +640,102 @@ def _on_exit() -> None:
         core.active = False
 
 
+# --- exec -----------------------------------------------------------------------------------
+
+_real_execv = getattr(os, "execv", None)
+_real_execve = getattr(os, "execve", None)
+
+
+def _exec_record(path, argv, via: str | None = None, error: BaseException | None = None) -> None:
+    """Journal an ``exec`` record: this process is about to become ``path`` (or, with ``error``,
+    its attempt failed and it goes on as it was). Only the program's own argv, redacted."""
+    with core.fail_open("exec hook"):
+        if not core.active or os.getpid() != core.pid:
+            return
+        from lora_otel._boot import redact
+
+        where = "/proc/self/fd/%d" % path if isinstance(path, int) else os.fsdecode(path)
+        rec: dict = {"v": core.FORMAT_VERSION, "k": "exec", "ts": time.time_ns(), "path": redact.redact_value(where)}
+        if error is not None:
+            rec["error"] = redact.redact_text("%s: %s" % (type(error).__name__, error))
+        else:
+            try:
+                rec["argv"] = redact.redact_argv([os.fsdecode(a) for a in argv])
+            except Exception:  # noqa: BLE001 - an argv exec itself will refuse
+                pass
+            if via:
+                rec["via"] = via
+        _write_by_path(rec)
+
+
+def _write_by_path(rec: dict) -> None:
+    """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
+    the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
+    ``os.closerange`` in daemonising code). Execs are rare; the extra open costs nothing that matters."""
+    from lora_otel._boot.jsonl import dumps_line
+
+    try:
+        fd = os.open(core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) |
+                     getattr(os, "O_NOFOLLOW", 0))
+    except (OSError, TypeError, ValueError):
+        core.write(rec)
+        return
+    try:
+        os.write(fd, dumps_line(rec))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _execv(path, argv):
+    _exec_record(path, argv)
+    try:
+        return _real_execv(path, argv)
+    except BaseException as e:
+        _exec_record(path, argv, error=e)
+        raise
+
+
+def _execve(path, argv, env):
+    _exec_record(path, argv)
+    try:
+        return _real_execve(path, argv, env)
+    except BaseException as e:
+        _exec_record(path, argv, error=e)
+        raise
+
+
+def _install_exec_hooks() -> None:
+    """Wrap ``os.execv`` and ``os.execve``: every other ``os.exec*`` function ends in one of them
+    (looked up as module globals of ``os`` at call time), so each exec from Python is journaled
+    before it happens, and a failed one after. Exec from C is seen from outside (the image)."""
+    if _real_execv is not None and getattr(os.execv, "__wrapped__", None) is None:
+        _execv.__wrapped__ = _real_execv  # type: ignore[attr-defined]
+        os.execv = _execv
+    if _real_execve is not None and getattr(os.execve, "__wrapped__", None) is None:
+        _execve.__wrapped__ = _real_execve  # type: ignore[attr-defined]
+        if _real_execve in getattr(os, "supports_fd", ()):
+            os.supports_fd.add(_execve)
+        os.execve = _execve
+
+
+def _subprocess_exec_target() -> tuple | None:
+    """In a child forked by ``subprocess.Popen`` with ``preexec_fn`` (CPython runs the at-fork
+    hooks then, and execs from C right after): ``(executable, args)``; else None."""
+    try:
+        frame = sys._getframe(2)  # 0: this, 1: _after_fork_child, 2: who forked (C frames are skipped)
+    except ValueError:
+        return None
+    code = frame.f_code
+    if code.co_name != "_execute_child" or frame.f_globals.get("__name__") != "subprocess":
+        return None
+    local = frame.f_locals
+    args = local.get("args")
+    executable = local.get("executable") or (args[0] if isinstance(args, (list, tuple)) and args else None)
+    return (executable, args) if isinstance(executable, (str, bytes)) else None
+
+
 # --- fork -----------------------------------------------------------------------------------
 
 def _before_fork() -> None:
@@ -555,6 +779,9 @@ def _after_fork_child() -> None:
                           else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
                           make_dir=False)
         _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
+        target = _subprocess_exec_target()
+        if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
+            _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         _register_stack_dump()
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
         spawn = sys.modules.get("lora_otel._boot.spawn")
@@ -607,6 +834,7 @@ def _beat_loop(my_pid: int) -> None:
             if not hooks._importing:
                 hooks._after_import()
             _check_sidecar()
+            _check_stack_signal()
         except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
             core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from lora_otel.export.evidence import PREFIX
 from lora_otel.export.inspect import deepest_open_span, iso_time
-from lora_otel.export.reader import Journal, process_state
+from lora_otel.export.reader import Journal, exec_phrase, process_state
 from lora_otel.export.stall import FROZEN_AFTER_S, Stall
 
 _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "httpx/", "selectors.py")
@@ -292,6 +292,8 @@ def _steps(n: int) -> str:
 
 
 def _ended(peer: Journal, state: str) -> str:
+    if state == "exec'd":
+        return exec_phrase(peer)
     if state == "exited":
         exit_ = peer.exit or {}
         code, message = exit_.get("code"), exit_.get("message")

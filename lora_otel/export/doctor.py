@@ -19,7 +19,7 @@ It tells the parent where it is over a pipe (one JSON line as each step begins a
 stdout and stderr go to ``<journal stem>.log`` beside the journal. The parent holds every step to a
 time limit (``--import-timeout``, ``--cuda-timeout``, ``--gpu-timeout``, ``--lora-timeout``). A step
 past its limit is a hang: the parent gathers the evidence (``evidence.gather``: the process state
-and wait channel from /proc and every thread's Python stack through SIGUSR1), kills the check
+and wait channel from /proc and every thread's Python stack through the stack request signal), kills the check
 process's whole process group, appends the ``exit`` record to the journal and reports the step as
 failed, with the innermost frames of the stack and their source lines. A check process that dies
 (a segfault in a native library) fails the step it was in, with the tail of its log.
@@ -843,10 +843,15 @@ def _kill_group(proc) -> None:
 
 
 def _gather(pid: int, stacks_path: str | None) -> dict:
+    """Evidence about the check process (lora_otel's own child: its stack handler is the preamble's,
+    or the one the check script registers on the same signal)."""
+    from lora_otel._boot.preamble import stack_signal
     from lora_otel.export import evidence
 
     try:
-        return evidence.gather(pid, stacks_path)
+        signum = stack_signal()
+        request = evidence.StackRequest(signum, stacks_path) if stacks_path and signum else None
+        return evidence.gather(pid, request)
     except Exception as e:  # noqa: BLE001 - evidence is best effort
         return {evidence.PREFIX + "error": "%s: %s" % (type(e).__name__, e)}
 
@@ -979,7 +984,7 @@ def _on_hang(run: _Run, proc, step: _Step, journal: str | None, fallback_stacks:
 
     stacks_path = run.hello.get("stacks") or (fallback_stacks if os.path.exists(fallback_stacks) else None)
     if not run.hello and journal and not os.path.exists(journal):
-        stacks_path = None  # no preamble, no handler: SIGUSR1 would only kill it
+        stacks_path = None  # no preamble, no handler: the stack request signal would only kill it
     waited = time.monotonic() - step.began
     ev = _gather(proc.pid, stacks_path)
     stacks = str(ev.get(PREFIX + "python.stacks") or ev.get(PREFIX + "py_spy.dump") or "")
@@ -1637,9 +1642,10 @@ def _child_main(argv: list) -> int:
         if stacks_path:
             try:  # untraced (no .pth hook): stacks on demand all the same
                 faulthandler = _quiet_import("faulthandler")
-                signal = _quiet_import("signal")
+                from lora_otel._boot.preamble import stack_signal
+
                 f = os.fdopen(os.open(stacks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
-                faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+                faulthandler.register(stack_signal(), file=f, all_threads=True, chain=False)
                 _KEEP.append(f)
             except Exception:  # noqa: BLE001
                 stacks_path = None

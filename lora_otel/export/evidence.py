@@ -8,8 +8,10 @@ with the reason under ``lora_otel.evidence.<what>.error``.
   threads, I/O bytes (``/proc/<pid>/{stat,status,wchan,io}``);
 - ``network_facts(pid)``: bytes received/sent by the process's network namespace
   (``/proc/<pid>/net/dev``), so two samples tell whether a download is moving;
-- ``python_stacks(pid, stacks_path)``: SIGUSR1 → the preamble's ``faulthandler`` dump (works on a
-  frozen process), and ``py-spy dump --native`` when py-spy is installed and permitted;
+- ``python_stacks(pid, request)``: the stack request signal → the preamble's ``faulthandler`` dump
+  (works on a frozen process), sent only when `stack_request` verified that the process is still
+  the traced image with lora_otel's handler on that signal; and ``py-spy dump --native`` when
+  py-spy is installed and permitted;
 - ``gpu_facts(pid)``: GPU utilisation and the process's GPU memory through NVML (``nvidia-ml-py``)
   when available.
 """
@@ -18,12 +20,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
+from lora_otel.export.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
 
@@ -136,30 +139,115 @@ def tcp_connections(pid: int) -> list:
         return []
 
 
-def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5, py_spy: bool = True) -> dict[str, Any]:
-    """Ask the process for its stacks (SIGUSR1) and read what its faulthandler wrote; py-spy too
-    (unless ``py_spy`` is False).
+@dataclass(frozen=True)
+class StackRequest:
+    """How to ask a traced process for its Python stacks: send ``signal``, read ``path``.
 
-    A stopped process (SIGSTOP, a debugger) cannot answer until it continues, so it is not waited
-    for: the signal stays pending and the dump lands in the stacks file when it resumes.
+    ``refusal``: why the signal must not be sent now (then only py-spy and /proc are used, and the
+    evidence says why under ``lora_otel.evidence.python.stacks.error``); None when verified.
+    """
+
+    signal: int
+    path: str
+    refusal: Optional[str] = None
+
+
+def stack_request(journal: Journal) -> Optional[StackRequest]:
+    """The stack request for the journal's process, verified now; None when it has no stack handler.
+
+    Before every request: the process runs with the journal's start time; it is the same image
+    (no ``exec`` record; ``/proc/<pid>/exe`` and auxv as recorded); lora_otel still claims the
+    signal (no ``lora_otel.stacks.off``); ``/proc/<pid>/status`` shows the signal caught; and the
+    descriptor faulthandler writes to is still the stacks file (dev, ino), so that a dump can never
+    land in a file of the program's. Any check failing gives a `StackRequest` with a ``refusal``.
+    """
+    attrs = journal.root.attrs if journal.root is not None else {}
+    path, signum = attrs.get("lora_otel.stacks.path"), attrs.get("lora_otel.stacks.signal")
+    if not isinstance(path, str) or not path:
+        off = attrs.get("lora_otel.stacks.off")
+        if isinstance(off, str) and isinstance(signum, int):
+            return StackRequest(signum, "", "not requested: %s" % off)
+        return None
+    if not isinstance(signum, int) or isinstance(signum, bool):
+        # Written by a lora_otel that registered SIGUSR1 without saying so: not verifiable.
+        return StackRequest(0, path, "not requested: the journal does not say which signal its stack handler is on")
+    return StackRequest(signum, path, _refusal(journal, attrs, signum))
+
+
+def _refusal(journal: Journal, attrs: dict, signum: int) -> Optional[str]:
+    pid = journal.pid
+    state = process_state(journal)
+    if state == "exec'd":
+        return "not requested: the process %s" % exec_phrase(journal)
+    if state != "running" or not pid:
+        return "not requested: the process is gone"
+    off = attrs.get("lora_otel.stacks.off")
+    if isinstance(off, str):
+        return "not requested: %s" % off
+    if not journal.image:
+        return "not requested: the journal does not identify the process's program image"
+    if image_changed(journal):  # checked again: the state above may predate an exec
+        return "not requested: the process %s" % exec_phrase(journal)
+    caught = caught_signals(pid)
+    if caught is None:
+        return "not requested: cannot read /proc/%d/status to see which signals it catches" % pid
+    if not caught & (1 << (signum - 1)):
+        return "not requested: signal %d is not caught in the process any more (its handler was reset)" % signum
+    fd, file_id = attrs.get("lora_otel.stacks.fd"), attrs.get("lora_otel.stacks.file")
+    if not isinstance(fd, int) or not isinstance(file_id, list) or len(file_id) != 2:
+        return "not requested: the journal does not identify the stacks file's descriptor"
+    try:
+        st = os.stat("/proc/%d/fd/%d" % (pid, fd))
+    except OSError:
+        return "not requested: descriptor %d of the process is closed (the stack dump would go nowhere)" % fd
+    if [st.st_dev, st.st_ino] != list(file_id):
+        return ("not requested: descriptor %d of the process is no longer the stacks file (a dump would "
+                "land in another file)" % fd)
+    return None
+
+
+def caught_signals(pid: int) -> Optional[int]:
+    """The ``SigCgt`` mask of ``/proc/<pid>/status`` (bit ``n - 1`` for signal ``n``), or None."""
+    try:
+        for line in _read("/proc/%d/status" % pid).splitlines():
+            if line.startswith("SigCgt:"):
+                return int(line.split(":", 1)[1].strip(), 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def python_stacks(pid: int, request: Optional[StackRequest], wait_s: float = 1.5,
+                  py_spy: bool = True) -> dict[str, Any]:
+    """Ask the process for its stacks (the request's signal) and read what its faulthandler
+    wrote; py-spy too (unless ``py_spy`` is False).
+
+    No signal when ``request`` is None (no handler) or carries a ``refusal`` (then the refusal is
+    the ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
+    continues, so it is not waited for: the signal stays pending and the dump lands in the stacks
+    file when it resumes.
     """
     out: dict[str, Any] = {}
+    if request is not None and request.refusal:
+        out[PREFIX + "python.stacks.error"] = request.refusal
+        request = None
     try:
         state = _stat_fields(pid)[0]
     except (OSError, IndexError):
         state = ""
-    if stacks_path and state in ("T", "t"):
+    if request is not None and state in ("T", "t"):
         try:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, request.signal)
         except OSError:
             pass
         out[PREFIX + "python.stacks.error"] = ("the process is stopped; its stacks will be written to %s "
-                                              "when it continues" % stacks_path)
-        stacks_path = None
-    if stacks_path:
+                                              "when it continues" % request.path)
+        request = None
+    if request is not None:
+        stacks_path = request.path
         try:
             before = os.path.getsize(stacks_path) if os.path.exists(stacks_path) else 0
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, request.signal)
             deadline = time.monotonic() + wait_s
             text = ""
             while time.monotonic() < deadline:
@@ -173,7 +261,7 @@ def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5, py_
             if text:
                 out[PREFIX + "python.stacks"] = text[-16000:]
             else:
-                out[PREFIX + "python.stacks.error"] = "no dump within %.0f s (stopped process, or SIGUSR1 taken)" % wait_s
+                out[PREFIX + "python.stacks.error"] = NO_DUMP % (wait_s, request.signal)
         except OSError as e:
             out[PREFIX + "python.stacks.error"] = str(e)
     spy = shutil.which("py-spy") if py_spy else None
@@ -188,6 +276,18 @@ def python_stacks(pid: int, stacks_path: Optional[str], wait_s: float = 1.5, py_
         except (OSError, subprocess.TimeoutExpired) as e:
             out[PREFIX + "py_spy.error"] = str(e)
     return out
+
+
+NO_DUMP = "no dump within %.0f s after signal %d (a handler of the program's own, set from C, may have it)"
+"""The ``python.stacks.error`` of a request nothing answered; a follower asks that process no more."""
+
+
+def refuse_after_silence(request: Optional[StackRequest]) -> Optional[StackRequest]:
+    """``request`` refused, once an earlier one to the same process got no dump."""
+    if request is None or request.refusal:
+        return request
+    return replace(request, refusal="not requested: an earlier request got no dump (the signal may be "
+                                    "handled by the program in C)")
 
 
 def gpu_facts(pid: int) -> dict[str, Any]:
@@ -212,12 +312,12 @@ def gpu_facts(pid: int) -> dict[str, Any]:
     return out
 
 
-def gather(pid: int, stacks_path: Optional[str]) -> dict[str, Any]:
-    """Everything above, in one dict."""
+def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
+    """Everything above, in one dict (``request``: from `stack_request`, or None for no signal)."""
     out: dict[str, Any] = {}
     out.update(process_facts(pid))
     out.update(network_facts(pid))
-    out.update(python_stacks(pid, stacks_path))
+    out.update(python_stacks(pid, request))
     out.update(gpu_facts(pid))
     return out
 

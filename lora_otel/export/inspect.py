@@ -37,6 +37,7 @@ from lora_otel.export.reader import (
     JournalError,
     ProcessState,
     Span,
+    exec_phrase,
     format_duration,
     process_state,
     read_journal,
@@ -220,6 +221,8 @@ class View:
             return "empty journal: no spans" if journal.last_evidence_ns is not None else "empty journal: no records"
         if journal.exit is not None:
             return self._ended(journal.exit, [span for span in journal.spans if span.is_open])
+        if self.state == "exec'd":
+            return f"{exec_phrase(journal)} after {self._lifetime()} (the traced program was replaced by it)"
         deepest = deepest_open_span(journal)
         if deepest is None:
             return f"ended without an exit record after {self._lifetime()} (process {self.state})"
@@ -256,7 +259,7 @@ class View:
 
     def _lifetime(self) -> str:
         root = self.journal.root or self.journal.spans[0]
-        exit_ = self.journal.exit
+        exit_ = self.journal.exit or self.journal.exec
         end = exit_["ts"] if exit_ is not None else (root.end_ns or self.reference_ns)
         return format_duration(end - root.start_ns)
 

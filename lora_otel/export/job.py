@@ -7,9 +7,9 @@ processes without one (a launcher) first by start time, then each rank followed 
 children (a child without a rank of its own takes its parent's). Without ranks, by start time.
 
 Each process gets an *outcome*, by the same rules as ``lora-otel watch``'s exit status:
-``finished`` (an exit record, normal, code 0), ``stopped`` (gone without an exit record, after
-another process of the job journaled stopping it: a ``multiprocessing.Pool`` shutting down
-terminates its workers), ``failed`` (an exit record with an exception or a
+``finished`` (an exit record, normal, code 0; or it exec'd another program), ``stopped`` (gone
+without an exit record, after another process of the job journaled stopping it: a
+``multiprocessing.Pool`` shutting down terminates its workers), ``failed`` (an exit record with an exception or a
 non-zero code), ``killed`` (no exit record and the process is gone, or ``lora-otel run`` recorded a
 death by a signal), ``stalled`` (running, and `stall.detect` finds a stage past its limit or the
 beat stopped) or ``running``.
@@ -90,6 +90,8 @@ class Proc:
         """When it ended (exit record, else the last evidence), or now while it runs."""
         if self.journal.exit is not None:
             return self.journal.exit["ts"]
+        if self.journal.exec is not None:
+            return self.journal.exec["ts"]
         return self.view.reference_ns
 
     @property
@@ -210,6 +212,8 @@ def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[St
     """finished / failed / killed / stalled / running (module docstring); the rules of watch's exit status."""
     if state == "running":
         return "stalled" if running_stall is not None else "running"
+    if state == "exec'd":
+        return "finished"  # the traced program ended by becoming another: not a failure
     exit_ = journal.exit
     if exit_ is None or exit_["how"] == "signal":
         return "killed"

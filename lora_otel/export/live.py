@@ -41,7 +41,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from lora_otel.export import otlp
 from lora_otel.export.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
-from lora_otel.export.evidence import PREFIX, gather, python_stacks
+from lora_otel.export.evidence import (NO_DUMP, PREFIX, StackRequest, gather, python_stacks, refuse_after_silence,
+                                       stack_request)
 from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
 from lora_otel.export.stall import Stall, detect, frozen_after_from_env, parse_limits
 
@@ -272,8 +273,9 @@ def outboxes(exporter: Any, log_exporter: Any = None) -> tuple:
 def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
     """The Python stacks of the other ranks of ``journal``'s world that still run, by journal path.
 
-    Each is asked as the stalled process is (SIGUSR1 to its faulthandler, whose file its journal
-    names; never py-spy), for at most `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
+    Each is asked as the stalled process is (the stack request signal to its faulthandler, whose
+    file its journal names, after the same checks: `evidence.stack_request`; never py-spy), for at
+    most `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
     """
     out: dict[str, str] = {}
     deadline = time.monotonic() + PEER_STACKS_S
@@ -281,10 +283,12 @@ def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        path = peer.root.attrs.get("lora_otel.stacks.path") if peer.root is not None else None
-        if not isinstance(path, str) or not peer.pid or process_state(peer) != "running":
+        if not peer.pid or process_state(peer) != "running":
             continue
-        text = python_stacks(peer.pid, path, wait_s=min(1.0, left), py_spy=False).get(PREFIX + "python.stacks")
+        request = stack_request(peer)
+        if request is None or request.refusal:
+            continue
+        text = python_stacks(peer.pid, request, wait_s=min(1.0, left), py_spy=False).get(PREFIX + "python.stacks")
         if text:
             out[peer.path] = text
     return out
@@ -316,7 +320,7 @@ class Follower:
 
     def __init__(self, path: str, exporter: Optional[SpanExporter] = None, limits: Optional[dict[str, float]] = None,
                  frozen_after_s: Optional[float] = None,
-                 evidence: Callable[[int, Optional[str]], dict[str, Any]] = gather,
+                 evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
                  log_exporter: Any = None, spans_out: Optional[Outbox] = None,
                  logs_out: Optional[Outbox] = None, peers: Optional[Callable[[], Sequence[Journal]]] = None,
                  peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None) -> None:
@@ -353,6 +357,7 @@ class Follower:
         self._baseline: Any = None  # LORA_OTEL_BASELINE: a Baseline, the BaselineError it gave, or None
         self._baseline_read = False
         self._learned = False
+        self._unanswered = False  # a stack request got no dump: this process is asked no more
 
     def poll(self, now_ns: Optional[int] = None) -> list[ReadableSpan]:
         """Read what the journal gained, queue what is new for export; returns the spans queued."""
@@ -371,8 +376,10 @@ class Follower:
         self._forget = set()
         return out
 
-    def finalize(self, how: str) -> list[ReadableSpan]:
-        """The process is gone: export every span never exported, once, as incomplete. ``how``: e.g. "killed by SIGKILL"."""
+    def finalize(self, how: str, failed: bool = True) -> list[ReadableSpan]:
+        """The process is gone: export every span never exported, once, as incomplete. ``how``: e.g.
+        "killed by SIGKILL". ``failed=False``: it ended as it meant to (it exec'd another program):
+        the spans go out with status OK and the log record is INFO."""
         journal = self._read()
         tr = self._translator(journal)
         out = self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending)
@@ -380,8 +387,9 @@ class Follower:
         for span in journal.spans:
             if span.end_ns is None and span.span_id not in self.exported:
                 end = max(journal.last_evidence_ns or span.start_ns, span.start_ns)
-                rs = _amend(tr.readable(span), status=Status(StatusCode.ERROR, "process ended (%s) with %s open"
-                                                             % (how, otlp.clean_text(span.name))),
+                status = (Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
+                          if failed else Status(StatusCode.OK))
+                rs = _amend(tr.readable(span), status=status,
                             attrs={otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.process.end": how},
                             events=[], end_ns=end)
                 out.append(rs)
@@ -389,7 +397,7 @@ class Follower:
         self._send(out)
         self._send_lines(journal, tr)
         if still_open and journal.root is not None:
-            self._log(tr, journal.last_evidence_ns or time.time_ns(), "error",
+            self._log(tr, journal.last_evidence_ns or time.time_ns(), "error" if failed else "info",
                       "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
                       journal.root.span_id, {"lora_otel.process.end": how})
         return out
@@ -490,8 +498,12 @@ class Follower:
         while span is not None and all(span is not link for link in chain):  # a corrupt journal's parents may cycle
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
-        stacks = journal.root.attrs.get("lora_otel.stacks.path") if journal.root else None
-        evidence = self.evidence(journal.pid, stacks) if journal.pid else {}
+        request = stack_request(journal)
+        if self._unanswered:
+            request = refuse_after_silence(request)
+        evidence = self.evidence(journal.pid, request) if journal.pid else {}
+        if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
+            self._unanswered = True
         peers: list = []
         others: dict = {}
         if self.peers is not None and collective_in(stacks_text(evidence)) is not None:

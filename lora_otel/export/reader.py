@@ -22,7 +22,7 @@ FORMAT_VERSION = 1
 STEP_SAMPLES = 300
 EVENTS_DROPPED = "lora_otel.events.dropped"
 """Span attribute: how many events a `JournalTail` with ``max_events`` left out of the middle."""
-KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit")
+KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit", "exec")
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "start": ("trace_id", "span_id", "name"),
@@ -32,13 +32,14 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "beat": ("steps",),
     "line": ("msg",),
     "exit": (),
+    "exec": (),
 }
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _MAX_TS = 2**63 - 1  # OTLP timestamps are 64-bit; this is the year 2262
 _NOT_UTF8 = "not valid UTF-8 (undecodable bytes replaced)"
 
-ProcessState = Literal["exited", "running", "gone"]
+ProcessState = Literal["exited", "running", "gone", "exec'd"]
 SpanStatus = Literal["ok", "error", "unset"]
 
 
@@ -85,7 +86,10 @@ class Journal:
 
     ``spans`` are ordered by start time; ``root`` is the ``process`` span (None when the journal
     lacks one). ``pid``, ``start_ticks``, ``config`` and ``sampled`` come from the ``process``
-    start record. ``exit`` is the ``exit`` record as ``{"ts", "code", "how", "message"}``, or None.
+    start record, and ``image`` (what identifies the program it ran: `preamble.image_identity`).
+    ``exit`` is the ``exit`` record as ``{"ts", "code", "how", "message"}``, or None. ``exec`` is the
+    last ``exec`` record as ``{"ts", "path", "argv", "via"}`` while no later one says it failed:
+    the process became another program; None otherwise.
     ``last_evidence_ns`` is the ``ts`` of the last readable record of any kind.
     """
 
@@ -105,6 +109,8 @@ class Journal:
     step_samples: list[tuple[int, int]] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
     exit: Optional[dict[str, Any]] = None
+    exec: Optional[dict[str, Any]] = None
+    image: dict[str, Any] = field(default_factory=dict)
     last_evidence_ns: Optional[int] = None
     problems: list[str] = field(default_factory=list)
 
@@ -275,21 +281,63 @@ def _read_error(path: str, e: OSError) -> JournalError:
 
 
 def process_state(journal: Journal) -> ProcessState:
-    """Whether the journal's process has ``"exited"``, is ``"running"`` or is ``"gone"``.
+    """Whether the journal's process has ``"exited"``, is ``"running"``, is ``"gone"`` or has
+    ``"exec'd"`` (become another program: it is no longer the one the journal traces).
 
-    ``exited``: the journal has an ``exit`` record. ``running``: ``/proc/<pid>/stat`` exists and its
-    start time equals the journal's ``start_ticks`` (so a re-used pid does not count); when
-    ``start_ticks`` is null (no ``/proc``), any process with that pid counts. ``gone`` otherwise.
+    ``exited``: the journal has an ``exit`` record. ``exec'd``: an ``exec`` record, or the process
+    still runs but its image changed (`image_changed`: an exec done outside Python). ``running``:
+    ``/proc/<pid>/stat`` exists and its start time equals the journal's ``start_ticks`` (so a
+    re-used pid does not count); when ``start_ticks`` is null (no ``/proc``), any process with that
+    pid counts. ``gone`` otherwise.
     """
     if journal.exit is not None:
         return "exited"
+    if journal.exec is not None:
+        return "exec'd"
     pid = journal.pid
     if pid is None or pid <= 0:
         return "gone"
     if journal.start_ticks is None:
         return "running" if _pid_exists(pid) else "gone"
     ticks = _read_start_ticks(pid)
-    return "running" if ticks is not None and ticks == journal.start_ticks else "gone"
+    if ticks is None or ticks != journal.start_ticks:
+        return "gone"
+    return "exec'd" if image_changed(journal) else "running"
+
+
+def image_changed(journal: Journal) -> bool:
+    """Whether the journal's (running) process now runs another program than the one it recorded.
+
+    Compares ``/proc/<pid>/exe`` (device, inode) and the fingerprint of ``/proc/<pid>/auxv`` (set
+    at each exec, never changed after) with the ``image`` of the process start record. Only where
+    auxv cannot be compared, the fingerprint of ``/proc/<pid>/cmdline`` (a program may rewrite its
+    command line, as ``setproctitle`` does, without any exec). A fact missing on either side proves
+    nothing: False.
+    """
+    recorded = journal.image
+    if not recorded or journal.pid is None:
+        return False
+    from lora_otel._boot.preamble import image_identity
+
+    now = image_identity(journal.pid)
+    if "exe" in recorded and "exe" in now and list(recorded["exe"]) != now["exe"]:
+        return True
+    if "auxv" in recorded and "auxv" in now:
+        return bool(recorded["auxv"] != now["auxv"])
+    return "cmdline" in recorded and "cmdline" in now and recorded["cmdline"] != now["cmdline"]
+
+
+def exec_phrase(journal: Journal) -> str:
+    """``exec'd into /bin/sleep``: what the process became (the exec record's path; for an exec
+    done outside Python, what ``/proc/<pid>/exe`` names while it runs)."""
+    exec_ = journal.exec
+    target = exec_.get("path") if exec_ is not None else None
+    if not target and journal.pid:
+        try:
+            target = os.readlink(f"/proc/{journal.pid}/exe")
+        except OSError:
+            target = None
+    return f"exec'd into {target}" if target else "exec'd into another program"
 
 
 def start_ticks_from_stat(stat: str) -> Optional[int]:
@@ -489,6 +537,11 @@ class _JournalBuilder:
             self._problem(number, f"process start has an invalid 'config': {_short(config)}")
         if isinstance(sampled, bool):
             journal.sampled = sampled
+        image = record.get("image")
+        if isinstance(image, dict):
+            journal.image = {key: value for key, value in image.items()
+                             if (key == "exe" and isinstance(value, list) and len(value) == 2
+                                 and all(_is_int(v) for v in value)) or (key != "exe" and _is_int(value))}
 
     def _on_end(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span = self._known_span(record, "end")
@@ -563,6 +616,18 @@ class _JournalBuilder:
             root.status = "error" if code else "ok"
             root.message = self.journal.exit["message"]
             root.attrs["process.exit.code"] = code
+
+    def _on_exec(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        if "error" in record:  # the attempt failed: the process goes on as it was
+            self.journal.exec = None
+            return
+        path, argv, via = record.get("path"), record.get("argv"), record.get("via")
+        self.journal.exec = {
+            "ts": ts,
+            "path": path if isinstance(path, str) else None,
+            "argv": [a for a in argv if isinstance(a, str)] if isinstance(argv, list) else None,
+            "via": via if isinstance(via, str) else None,
+        }
 
     # --- fields ----------------------------------------------------------------------------
 

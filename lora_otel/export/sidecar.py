@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Optional
 
-from lora_otel.export.reader import JournalError, process_state
+from lora_otel.export.reader import JournalError, exec_phrase, process_state
 
 POLL_S = 0.5
 DRAIN_S = 30.0
@@ -63,12 +63,15 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def describe_end(journal, oom: Optional[str] = None) -> str:
-    """How the process ended, from its exit record; or that it vanished without one.
+def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None) -> str:
+    """How the process ended, from its exit record; that it exec'd another program (its exec
+    record, or ``state`` "exec'd"); or that it vanished without either.
 
     ``oom``: the OOM killer's trace in the process's memory cgroup, when it rose meanwhile.
     """
     exit_ = journal.exit
+    if exit_ is None and (journal.exec is not None or state == "exec'd"):
+        return exec_phrase(journal)
     if exit_ is None:
         if oom:
             return "killed by %s: SIGKILL, exit status 137" % oom
@@ -221,12 +224,14 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             if path == journal_path and pid is not None:
                 oom.see(pid)
             journal = f.journal
-            gone = journal is None or process_state(journal) != "running"
-            if gone:
-                if path == journal_path:
+            state = process_state(journal) if journal is not None else "gone"
+            if state != "running":
+                if path == journal_path and state != "exec'd":
                     time.sleep(EXIT_GRACE_S)  # `lora-otel run` may be appending the exit record
-                how = describe_end(f.tail.read(), oom.struck() if journal is None or journal.exit is None else None)
-                f.finalize(how)
+                final = f.tail.read()
+                execd = final.exit is None and (final.exec is not None or state == "exec'd")
+                how = describe_end(final, None if execd or final.exit is not None else oom.struck(), state)
+                f.finalize(how, failed=not execd)
                 ended[path] = how
                 f.tail.close()  # a job of many short-lived processes must not hold a descriptor for each
                 if path != journal_path:

@@ -512,6 +512,7 @@ class Watcher:
         if not f.running and f.once("end"):
             stuck = View(journal, f.state, now_ns).stuck() if journal is not None else "journal unreadable"
             out.append(f"process exited: {stuck}" if f.state == "exited"
+                       else f"process {stuck}" if f.state == "exec'd"
                        else f"process gone without an exit record (killed or vanished): {stuck}")
         return out
 

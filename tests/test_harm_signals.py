@@ -1,0 +1,299 @@
+"""Harmless everywhere, signals: a stack request never kills, requeues or triggers anything of the program's.
+
+Each case is a real program run the way a user runs it (``LORA_OTEL=1``, a live sidecar exporting
+to a real collector, real exec, real ``subprocess``, real gevent, real PyTorch Lightning), with the
+stall limits shortened by the variables a user sets (``LORA_OTEL_FROZEN_AFTER``). A stall is made
+by holding the GIL in C (``ctypes.PyDLL``): the beat stops, the sidecar declares the process
+frozen and asks for its stacks. What is asserted is what the user checks: their program's exit
+status and output, their files, their signal handlers, what ``inspect`` says, what reached the
+collector.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lora_otel.export.reader import read_journal
+from procs import PYTHON, clean_env, journals, wait_for
+from test_sidecar import by_name, sidecar_pid, wait_gone
+
+pytestmark = [pytest.mark.collector,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and real-time signals")]
+
+STACK_SIGNAL = signal.SIGRTMIN + 10 if hasattr(signal, "SIGRTMIN") else 0
+"""lora_otel's default stack request signal (docs/journal.md)."""
+
+FROZEN = {"LORA_OTEL_FROZEN_AFTER": "2", "LORA_OTEL_POLL_S": "0.2"}
+
+HOLD_GIL = '''
+import ctypes, time
+
+def hold_gil(seconds):
+    """Freeze with the GIL held in C, as a native call that never returns would."""
+    libc, end = ctypes.PyDLL(None), time.monotonic() + seconds
+    while time.monotonic() < end:
+        libc.sleep(max(1, int(end - time.monotonic() + 0.999)))
+'''
+
+
+def run_job(tmp_path: Path, script: str, endpoint: str, *args: str, timeout: float = 60,
+            **env: str) -> subprocess.CompletedProcess:
+    """Run ``python job.py ARGS`` traced (``LORA_OTEL=1``) with a live sidecar, until it exits."""
+    path = tmp_path / "job.py"
+    path.write_text(script, encoding="utf-8")
+    return subprocess.run([PYTHON, str(path), *args], cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                          env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **FROZEN, **env))
+
+
+def lora_otel_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "lora_otel", *args], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+
+
+def collector_text(collector) -> str:
+    return collector.output.read_bytes().decode("utf-8", "replace")
+
+
+def stacks_files(tmp_path: Path) -> list:
+    return sorted((tmp_path / "lora-otel").glob("*.stacks.txt"))
+
+
+def stacks_text(tmp_path: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in stacks_files(tmp_path))
+
+
+def wait_sidecar_gone(tmp_path: Path) -> None:
+    wait_gone(sidecar_pid(tmp_path), timeout=40)
+
+
+class TestExec:
+    """A process that exec'd another program is that program now: never signalled, never "frozen"."""
+
+    def test_python_wrapper_that_execs_sleep(self, tmp_path: Path, collector) -> None:
+        """``os.execv("/bin/sleep", ...)`` from a traced wrapper: the sleep outlives the frozen limit
+        and exits 0; the journal has an ``exec`` record; inspect and the sidecar say "exec'd into
+        /bin/sleep", not killed, frozen or stalled."""
+        t0 = time.monotonic()
+        r = run_job(tmp_path, 'import os\nos.execv("/bin/sleep", ["sleep", "5"])\n', collector.http_endpoint)
+        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+        assert time.monotonic() - t0 >= 5
+        wait_sidecar_gone(tmp_path)
+        [path] = journals(tmp_path / "lora-otel")
+        journal = read_journal(path)
+        assert journal.exec is not None and journal.exec["path"] == "/bin/sleep"
+        assert journal.exec["argv"] == ["sleep", "5"]
+        first = lora_otel_cli("inspect", str(path)).stdout.splitlines()[0]
+        assert first.startswith("exec'd into /bin/sleep after "), first
+        summary = lora_otel_cli("inspect", str(tmp_path / "lora-otel"), "--summary")
+        assert summary.returncode == 0 and "finished" in summary.stdout, summary.stdout
+        root = by_name(collector.spans())["process"]
+        assert root.attributes["lora_otel.process.end"] == "exec'd into /bin/sleep"
+        assert root.status_code != "STATUS_CODE_ERROR"
+        assert "stall detected" not in collector_text(collector)
+
+    def test_failed_exec_is_recorded_and_the_program_goes_on(self, tmp_path: Path) -> None:
+        """An exec that fails (no such file) is journaled as failed and the process is still the
+        traced program: it finishes normally and inspect says so."""
+        script = ('import os\ntry:\n    os.execv("/nonexistent/prog", ["prog"])\nexcept OSError as e:\n'
+                  '    print("exec failed:", e.errno)\n')
+        (tmp_path / "job.py").write_text(script)
+        r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                           env=clean_env(LORA_OTEL="1"))
+        assert r.returncode == 0 and "exec failed: 2" in r.stdout, r.stderr
+        [path] = journals(tmp_path / "lora-otel")
+        records = [line for line in path.read_text().splitlines() if '"k":"exec"' in line]
+        assert len(records) == 2 and '"error":"FileNotFoundError' in records[1], records
+        journal = read_journal(path)
+        assert journal.exec is None and journal.exit is not None and not journal.problems
+        assert lora_otel_cli("inspect", str(path)).stdout.startswith("finished normally")
+
+    @pytest.mark.parametrize("preexec", ["setsid", "setpgrp"])
+    def test_popen_with_preexec_fn(self, tmp_path: Path, collector, preexec: str) -> None:
+        """``subprocess.Popen([...], preexec_fn=os.setsid)`` (or ``os.setpgrp``) forks with the
+        at-fork hooks (a child journal) and execs from C: the child exits 0, the job's summary is
+        not "killed"."""
+        script = ("import os, subprocess, sys\n"
+                  "p = subprocess.Popen(['/bin/sleep', '5'], preexec_fn=getattr(os, sys.argv[1]))\n"
+                  "print('child exit', p.wait(), flush=True)\n")
+        r = run_job(tmp_path, script, collector.http_endpoint, preexec)
+        assert r.returncode == 0 and "child exit 0" in r.stdout, (r.stdout, r.stderr[-2000:])
+        wait_sidecar_gone(tmp_path)
+        summary = lora_otel_cli("inspect", str(tmp_path / "lora-otel"), "--summary")
+        assert summary.returncode == 0 and "killed" not in summary.stdout, summary.stdout
+        assert "stall detected" not in collector_text(collector)
+
+    def test_exec_from_c_without_a_record(self, tmp_path: Path, collector) -> None:
+        """An exec the process does in C (here libc's ``execv`` through ctypes: no ``exec`` record)
+        is seen from outside by the image (``/proc/<pid>/exe``, auxv): the sleep survives the
+        frozen limit and the sidecar says the process exec'd."""
+        script = ("import ctypes\nargv = (ctypes.c_char_p * 3)(b'sleep', b'5', None)\n"
+                  "ctypes.CDLL(None).execv(b'/bin/sleep', argv)\n")
+        r = run_job(tmp_path, script, collector.http_endpoint)
+        assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+        wait_sidecar_gone(tmp_path)
+        log = next((tmp_path / "lora-otel").glob("*.sidecar.log")).read_text()
+        assert "process ended (exec'd into " in log and "sleep" in log, log
+        assert "stall detected" not in collector_text(collector)
+
+    def test_gevent_subprocess(self, tmp_path: Path, collector) -> None:
+        """Plain ``subprocess.Popen`` under gevent's monkey-patching (fork in Python, then
+        ``os.execvpe``): the child exits 0."""
+        pytest.importorskip("gevent")
+        script = ("from gevent import monkey\nmonkey.patch_all()\nimport subprocess\n"
+                  "p = subprocess.Popen(['/bin/sleep', '5'])\nprint('child exit', p.wait(), flush=True)\n")
+        r = run_job(tmp_path, script, collector.http_endpoint)
+        assert r.returncode == 0 and "child exit 0" in r.stdout, (r.stdout, r.stderr[-2000:])
+        wait_sidecar_gone(tmp_path)
+        summary = lora_otel_cli("inspect", str(tmp_path / "lora-otel"), "--summary")
+        assert summary.returncode == 0 and "killed" not in summary.stdout, summary.stdout
+
+
+LIGHTNING = HOLD_GIL + '''
+import os, sys
+import torch
+import lightning as L
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, i):
+        if sys.argv[1] == "during" and i == 1:
+            hold_gil(6)
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=2)
+trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=os.getcwd())
+trainer.fit(Tiny(), data)
+if sys.argv[1] == "after":
+    time.sleep(1.5)  # what a job does after fit (evaluate, save) before it freezes
+    hold_gil(6)
+print("done", flush=True)
+'''
+
+
+@pytest.mark.torch
+class TestLightning:
+    """Real PyTorch Lightning: its SIGUSR1 auto-requeue and its signal teardown are left alone."""
+
+    @pytest.fixture(autouse=True)
+    def _lightning(self) -> None:
+        pytest.importorskip("lightning")
+
+    def test_slurm_auto_requeue_is_never_triggered(self, tmp_path: Path, collector) -> None:
+        """Slurm variables set (Lightning registers its SIGUSR1 auto-requeue handler) and a freeze
+        inside ``fit``: no requeue (``scontrol`` never called, no ``hpc_ckpt`` file), the job ends
+        normally, and the stacks were still gathered. ``scontrol`` is a stand-in script first on
+        PATH that records being called: no Slurm runs here."""
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        called = tmp_path / "scontrol.called"
+        (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> %s\n' % called)
+        (bin_dir / "scontrol").chmod(0o755)
+        slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+                 "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+                 "PATH": "%s:%s" % (bin_dir, os.environ.get("PATH", ""))}
+        r = run_job(tmp_path, LIGHTNING, collector.http_endpoint, "during", timeout=120, **slurm)
+        assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-3000:])
+        assert not called.exists(), "scontrol was called: %s" % called.read_text()
+        assert not list(tmp_path.rglob("hpc_ckpt*")), "Lightning's requeue wrote a checkpoint"
+        assert "hold_gil" in stacks_text(tmp_path), "the stacks were not gathered"
+
+    def test_stall_after_fit_does_not_kill(self, tmp_path: Path, collector) -> None:
+        """After ``trainer.fit()`` Lightning restores every signal to what ``signal.getsignal``
+        said (SIG_DFL), which removes faulthandler from lora_otel's signal too: a later freeze does
+        not kill the job, and its stacks are gathered (the beat registers the handler again within a
+        second; a freeze inside that second is not signalled at all)."""
+        r = run_job(tmp_path, LIGHTNING, collector.http_endpoint, "after", timeout=120)
+        assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-3000:])
+        assert "hold_gil" in stacks_text(tmp_path), "the stacks were not gathered"
+
+
+class TestHandlers:
+    """A program's own signal handlers are never replaced or triggered; no handler means the default."""
+
+    def test_own_sigusr1_handler_is_never_triggered(self, tmp_path: Path, collector) -> None:
+        """A program with its own SIGUSR1 handler (installed after start, as frameworks do) that
+        freezes: the stall is declared and its stacks gathered, the handler never runs."""
+        script = HOLD_GIL + ("import signal\ncalls = []\nsignal.signal(signal.SIGUSR1, lambda s, f: calls.append(s))\n"
+                             "hold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n")
+        r = run_job(tmp_path, script, collector.http_endpoint)
+        assert r.returncode == 0 and "handler calls: 0" in r.stdout, (r.stdout, r.stderr[-2000:])
+        wait_sidecar_gone(tmp_path)
+        assert "stall detected" in collector_text(collector)
+        assert "hold_gil" in stacks_text(tmp_path)
+
+    def test_no_sigusr1_handler_dies_of_sigusr1(self, tmp_path: Path) -> None:
+        """Without a handler of its own, a traced program dies of SIGUSR1 (exit status -10) as it
+        would without lora_otel (Slurm relies on it), and no stacks are written."""
+        (tmp_path / "job.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(30)\n")
+        proc = subprocess.Popen([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            while "ready" not in (proc.stdout.readline() or "ready"):
+                pass
+            proc.send_signal(signal.SIGUSR1)
+            assert proc.wait(timeout=20) == -signal.SIGUSR1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        assert not stacks_text(tmp_path)
+
+    def test_own_handler_for_the_stack_signal(self, tmp_path: Path, collector) -> None:
+        """A program that installs its own handler for lora_otel's stack request signal after start:
+        a stall never triggers it, and the evidence says why there are no stacks."""
+        signum = STACK_SIGNAL
+        script = HOLD_GIL + ("import signal, time\ncalls = []\nsignal.signal(%d, lambda s, f: calls.append(s))\n"
+                             "time.sleep(1.5)\nhold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n" % signum)
+        r = run_job(tmp_path, script, collector.http_endpoint)
+        assert r.returncode == 0 and "handler calls: 0" in r.stdout, (r.stdout, r.stderr[-2000:])
+        wait_sidecar_gone(tmp_path)
+        text = collector_text(collector)
+        assert "stall detected" in text
+        assert "not requested: the program installed its own handler for signal %d" % signum in text
+        [path] = journals(tmp_path / "lora-otel")
+        assert "lora_otel.stacks.off" in read_journal(path).root.attrs
+
+    def test_reused_stacks_descriptor_is_not_signalled(self, tmp_path: Path, collector) -> None:
+        """After ``os.closerange(3, 1024)`` the program's next files reuse the stacks file's
+        descriptor number: a stall sends no signal (a dump would land in the user's file); the
+        evidence says why."""
+        script = HOLD_GIL + ("import os\nos.closerange(3, 1024)\n"
+                             "files = [open('user%d.bin' % i, 'wb') for i in range(8)]\n"
+                             "hold_gil(6)\nprint('done', flush=True)\n")
+        r = run_job(tmp_path, script, collector.http_endpoint)
+        assert r.returncode == 0 and "done" in r.stdout, (r.stdout, r.stderr[-2000:])
+        wait_for(lambda: "stall detected" in collector_text(collector), timeout=20, what="the stall")
+        for user_file in tmp_path.glob("user*.bin"):
+            assert b"most recent call first" not in user_file.read_bytes(), "a stack dump landed in %s" % user_file
+        assert "not requested: descriptor" in collector_text(collector)
+
+
+def test_bad_stack_signal_value_warns_once_and_uses_the_default(tmp_path: Path) -> None:
+    """``LORA_OTEL_STACK_SIGNAL=SIGKILL`` (not a number) or ``9``: one line on stderr, the default
+    signal is used; a valid number is used as given."""
+    (tmp_path / "job.py").write_text("pass\n")
+    default = STACK_SIGNAL
+    for value, expected in (("SIGKILL", default), ("9", default), ("50", 50)):
+        d = tmp_path / value
+        r = subprocess.run([PYTHON, str(tmp_path / "job.py")], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d), LORA_OTEL_STACK_SIGNAL=value))
+        assert r.returncode == 0, r.stderr
+        [path] = journals(d)
+        assert read_journal(path).root.attrs["lora_otel.stacks.signal"] == expected
+        assert r.stderr.count("LORA_OTEL_STACK_SIGNAL") == (0 if value == "50" else 1), r.stderr
+
