@@ -468,7 +468,10 @@ def test_disk_fills_mid_run_then_space_returns(tmp_path: Path) -> None:
         assert all("unknown span" in p or "not JSON" in p for p in j.problems), j.problems
         r = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(path)], capture_output=True, text=True,
                            env=clean_env(), timeout=60)
-        assert r.returncode == 0 and "finished normally" in r.stdout and "Traceback" not in r.stderr, r
+        # A clean exit; the one stage whose end record met the full disk may read as left open.
+        straddling = "ended with spans open: stage %d (exit code 0)" % (min(missing) - 1)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r
+        assert "finished normally" in r.stdout or straddling in r.stdout, r.stdout
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
 
