@@ -269,10 +269,12 @@ class TestHandlers:
         assert "lora_otel.stacks.off" in read_journal(path).root.attrs
 
     def test_reused_stacks_descriptor_is_not_signalled(self, tmp_path: Path, collector) -> None:
-        """After ``os.closerange(3, 1024)`` the program's next files reuse the stacks file's
-        descriptor number: a stall sends no signal (a dump would land in the user's file); the
-        evidence says why."""
-        script = HOLD_GIL + ("import os\nos.closerange(3, 1024)\n"
+        """After the program closes every descriptor (``os.closerange(3, SC_OPEN_MAX)``, daemonising
+        code) and opens its own files, the stacks file's descriptor is gone or, if a file took its
+        number (``dup2`` onto it), someone else's: a stall then sends no signal (a dump would go
+        nowhere or into the user's file); the evidence says why. (The descriptor sits high, so a
+        plain ``closerange(3, 1024)`` does not reach it.)"""
+        script = HOLD_GIL + ("import os\nos.closerange(3, os.sysconf('SC_OPEN_MAX'))\n"
                              "files = [open('user%d.bin' % i, 'wb') for i in range(8)]\n"
                              "hold_gil(6)\nprint('done', flush=True)\n")
         r = run_job(tmp_path, script, collector.http_endpoint)

@@ -55,14 +55,19 @@ def is_child(env, trace_id: str | None) -> bool:
     return bool(trace_id) and top_trace == trace_id and top_pid != str(os.getpid())
 
 
+def _read_proc_self(name: str) -> bytes:
+    """``/proc/self/<name>`` in one read (``OSError`` where there is no /proc)."""
+    fd = os.open("/proc/self/" + name, os.O_RDONLY)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
 def _process_start(now_ns: int) -> tuple:
     """``(start_ns, start_ticks)``: when this process really started (Linux), else now."""
     try:
-        fd = os.open("/proc/self/stat", os.O_RDONLY)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        data = _read_proc_self("stat")
         ticks = int(data[data.rindex(b")") + 2:].split()[19])
         hz = os.sysconf("SC_CLK_TCK")
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -395,11 +400,7 @@ def _kernel_disposition(signum: int) -> str:
     """``caught``, ``ignored`` or ``default``: this process's disposition for ``signum`` as the
     kernel has it (``SigCgt``/``SigIgn`` of ``/proc/self/status``); ``""`` when unreadable."""
     try:
-        fd = os.open("/proc/self/status", os.O_RDONLY)
-        try:
-            data = os.read(fd, 65536)
-        finally:
-            os.close(fd)
+        data = _read_proc_self("status")
         masks = {}
         for name in (b"SigCgt:", b"SigIgn:"):
             i = data.index(name)
