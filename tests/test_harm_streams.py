@@ -173,3 +173,33 @@ def test_closed_stderr_does_not_raise(tmp_path: Path) -> None:
     j = read_journal(journals(tmp_path / "lora-otel")[0])
     assert any(ln.msg.startswith("started pid") for ln in j.lines)
 
+
+
+RANKS = textwrap.dedent("""
+    import os, subprocess, sys
+    if len(sys.argv) == 1:  # the launcher (as torchrun is): two ranks, RANK set for each
+        procs = [subprocess.Popen([sys.executable, __file__, "rank"], env=dict(os.environ, RANK=str(r), WORLD_SIZE="2"))
+                 for r in (0, 1)]
+        print("LAUNCHER", [p.wait() for p in procs], flush=True)
+    elif sys.argv[1] == "rank":  # a rank starts a helper of its own (a DataLoader worker, a tool)
+        subprocess.check_call([sys.executable, "-c", "pass"])
+""")
+
+
+def test_ranks_a_traced_launcher_starts_speak_their_helpers_do_not(tmp_path: Path) -> None:
+    """A traced launcher (torchrun, a multi-process ``accelerate launch``) starts the job's ranks
+    (``RANK`` set): their lines reach the terminal and the log panel as a top process's do, since
+    the ranks are where training happens; the helpers each rank starts (same ``RANK``) stay quiet."""
+    (tmp_path / "launch.py").write_text(RANKS)
+    r = subprocess.run([PYTHON, "launch.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "LAUNCHER [0, 0]\n", r.stderr
+    found = [read_journal(path) for path in journals(tmp_path)]
+    assert len(found) == 5
+    by_kind: dict = {"launcher": [], "rank": [], "helper": []}
+    for j in found:
+        args = j.root.attrs.get("process.command_args") or []
+        by_kind["helper" if "-c" in args else "rank" if "rank" in args else "launcher"].append(j.pid)
+    assert [len(by_kind[k]) for k in ("launcher", "rank", "helper")] == [1, 2, 2], by_kind
+    started = {pid for pid, msg in lora_lines(r.stderr) if msg.startswith("started pid")}
+    assert started == set(by_kind["launcher"]) | set(by_kind["rank"]), (started, by_kind)

@@ -46,6 +46,21 @@ JOB_ENV = "LORA_OTEL_JOB"
 """``<trace id>:<pid>`` of the job's top process, set by it for everything it starts."""
 
 
+RANK_ENV = "LORA_OTEL_JOB_RANK"
+"""The rank (``RANK``, ``SLURM_PROCID``, …) of the nearest process above that speaks on the terminal."""
+
+
+def _new_rank(env) -> str | None:
+    """This process's rank when a distributed launcher (torchrun, accelerate, Slurm) started it as
+    a rank of its own: the job's workers, whose lines a log panel must show although a traced
+    launcher started them. Their own children (DataLoader workers, helpers) inherit the same rank
+    and stay quiet. None otherwise."""
+    rank = rank_attrs(env).get("rank")
+    if rank is None or env.get(RANK_ENV) == str(rank):
+        return None
+    return str(rank)
+
+
 def is_child(env, trace_id: str | None) -> bool:
     """Whether this process was started (directly or not) by a traced process of the same job: it
     continues the trace that the job's top process (`JOB_ENV`) began or continued, and is not that
@@ -203,10 +218,13 @@ def _start(how: str) -> None:
 
     # 1. First evidence: the root span on disk, then one line on stderr (not in a child).
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
-    core.quiet = is_child(env, trace_id)
+    rank = _new_rank(env)
+    core.quiet = is_child(env, trace_id) and rank is None
     core.trace_id = trace_id or core.new_trace_id()
     if not core.quiet:
         env[JOB_ENV] = "%s:%d" % (core.trace_id, core.pid)
+        if rank is not None:
+            env[RANK_ENV] = rank
     core.sampled = sampled
     core.root_id = core.new_span_id()
     core.log_path = paths.log_path_from_argv(argv)
