@@ -67,3 +67,39 @@ def test_sigkill_of_the_wrapper_ends_the_job(tmp_path: Path, program: str) -> No
                        env=clean_env(), capture_output=True, text=True, timeout=60)
     assert s.returncode == 3, s.stdout + s.stderr
     assert "killed with its lora-otel run (pid %d" % wrapper.pid in s.stdout, s.stdout
+
+
+CHECKPOINTS_ON_SIGNAL = """\
+import os, signal, sys, time
+def checkpoint(signum, frame):
+    time.sleep(0.5)  # writing a checkpoint takes a while
+    open("ckpt-%d.done" % signum, "w").write("ok")
+    sys.exit(0)
+for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM):
+    signal.signal(s, checkpoint)
+open("ready.tmp", "w").write(str(os.getpid()))
+os.rename("ready.tmp", "ready")
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM],
+                         ids=lambda s: signal.Signals(s).name)
+def test_signals_sent_to_the_wrapper_reach_the_job(tmp_path: Path, sig: int) -> None:
+    """Slurm's ``--signal=USR1@90``, Lightning's requeue, a user's ``kill -QUIT``: a signal sent to
+    ``lora-otel run`` reaches the command, whose own handler runs to the end (its checkpoint is
+    written) and decides the exit status, as without the wrapper. (Before: the wrapper died of the
+    signal's default action and the kernel's parent-death signal SIGKILLed the job mid-checkpoint.)"""
+    (tmp_path / "job.py").write_text(CHECKPOINTS_ON_SIGNAL)
+    wrapper = subprocess.Popen([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"], cwd=tmp_path,
+                               env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists(), 60, "the job to start")
+        wrapper.send_signal(sig)
+        _, err = wrapper.communicate(timeout=60)
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+    assert wrapper.returncode == 0, err
+    assert (tmp_path / ("ckpt-%d.done" % sig)).read_text() == "ok"

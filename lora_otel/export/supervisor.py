@@ -110,6 +110,12 @@ def _drop_if_unused(journal: str) -> None:
         pass
 
 
+FORWARDED = tuple(getattr(signal, name) for name in (
+    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
+    "SIGXCPU", "SIGXFSZ", "SIGPWR", "SIGSTKFLT", "SIGPOLL") if hasattr(signal, name))
+"""The signals ``lora-otel run`` passes to its command (all that would otherwise end it)."""
+
+
 def run_command(args: argparse.Namespace) -> int:
     cmd = list(args.cmd or [])
     if cmd and cmd[0] == "--":
@@ -146,11 +152,14 @@ def run_command(args: argparse.Namespace) -> int:
             pass
 
     old = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # Every signal whose default would end the supervisor and that a launcher, a scheduler or a
+    # user sends to stop, checkpoint or wake a job (Slurm's --signal=USR1@90, Lightning's SIGUSR1
+    # requeue, SIGQUIT, alarms) goes to the command instead: the supervisor dying of it would have
+    # the kernel kill the command with it (its parent-death signal). The terminal sends Ctrl-C to
+    # the whole foreground group, the child included; a SIGINT sent to the supervisor alone is
+    # forwarded.
+    for sig in FORWARDED:
         old[sig] = signal.signal(sig, forward)
-    # The terminal sends Ctrl-C to the whole foreground group, the child included; a SIGINT sent
-    # to the supervisor alone is forwarded.
-    old[signal.SIGINT] = signal.signal(signal.SIGINT, forward)
     try:
         rc = child.wait()
     finally:
