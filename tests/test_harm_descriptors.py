@@ -218,3 +218,40 @@ for _ in range(2):
     r = _run(tmp_path, prog)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "lora-otel").exists()
+
+
+DAEMON = r"""
+import os, sys, time
+out = sys.argv[1]
+if os.fork():
+    os._exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+os.closerange(0, os.sysconf("SC_OPEN_MAX"))
+pidfile = open(out + "/d.pid", "w")                    # descriptor 0
+log = open(out + "/d.log", "a")                        # descriptor 1
+records = open(out + "/d.records", "ab", buffering=0)  # descriptor 2: the program's data
+for i in range(3):
+    records.write(b"REC%d\n" % i)
+    time.sleep(0.6)  # beats meanwhile: lora_otel finds its descriptors gone and says so
+records.close()
+os.rename(out + "/d.records", out + "/d.done")
+os._exit(0)
+"""
+
+
+def test_daemon_whose_data_file_took_descriptor_2_gets_only_its_bytes(tmp_path: Path) -> None:
+    """Daemonising code (double fork, ``setsid``, close every descriptor) whose data file then
+    takes descriptor 2: lora_otel's lines (the journal reopened, the stacks file reopened) never
+    land there — descriptor 2 is no longer the stderr the process started with, so they go to the
+    journal only. (Before: two ``[lora-otel]`` lines were written between the program's records.)"""
+    (tmp_path / "daemon.py").write_text(DAEMON)
+    r = subprocess.run([PYTHON, "daemon.py", str(tmp_path)], cwd=tmp_path, capture_output=True, timeout=60,
+                       env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.2"))
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: (tmp_path / "d.done").exists(), 30, "the daemon to finish")
+    assert (tmp_path / "d.done").read_bytes() == b"REC0\nREC1\nREC2\n"
+    daemon = [read_journal(p) for p in journals(tmp_path) if "REC" not in p.name]
+    lines = [ln.msg for j in daemon for ln in j.lines]
+    assert any("closed or reused by the program" in m for m in lines), lines

@@ -111,9 +111,37 @@ def iso_ms(ns: int) -> str:
 
 # --- writing ---------------------------------------------------------------------------------
 
+stderr_id: tuple | None = None
+"""``(st_dev, st_ino)`` of descriptor 2 when the preamble started (``()``: closed then); None when
+not recorded. lora_otel writes to descriptor 2 only while it is still that file: a program that
+closed every descriptor and opened its own files (daemonising code) may have its data file there."""
+
+
+def stderr_is_ours() -> bool:
+    """Whether descriptor 2 is still the stderr this process started with (one ``fstat``)."""
+    if stderr_id is None:
+        return True
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == stderr_id
+
+
+def record_stderr() -> None:
+    """Remember what descriptor 2 is now (the preamble calls this first)."""
+    global stderr_id
+    try:
+        st = os.fstat(2)
+        stderr_id = (st.st_dev, st.st_ino)
+    except OSError:
+        stderr_id = ()
+
+
 def _stderr(text: str) -> None:
     try:
-        os.write(2, text.encode("utf-8", "backslashreplace"))
+        if stderr_is_ours():
+            os.write(2, text.encode("utf-8", "backslashreplace"))
     except Exception:  # noqa: BLE001 - nowhere left to report
         pass
 
@@ -397,6 +425,12 @@ def _to_stderr(text: str) -> None:
     stream = sys.stderr
     if stream is None:
         return
+    try:
+        fd = stream.fileno()
+    except Exception:  # noqa: BLE001 - a stream of the program's own (a tee, a log panel's capture)
+        fd = -1
+    if fd == 2 and not stderr_is_ours():
+        return  # descriptor 2 is no longer the stderr we started with: maybe the program's data file
     try:
         stream.write(text)
         stream.flush()

@@ -204,6 +204,7 @@ def _start(how: str) -> None:
     _started_ns = now
     core.active = True
     core.pid = os.getpid()
+    core.record_stderr()
     argv = list(sys.argv)
     env = os.environ
     if argv[:1] == ["-m"]:
