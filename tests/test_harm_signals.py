@@ -253,6 +253,22 @@ class TestHandlers:
             proc.stdout.close()
         assert not stacks_text(tmp_path)
 
+    def test_program_that_takes_signals_with_sigwait(self, tmp_path: Path, collector) -> None:
+        """A service that blocks every signal and takes them with ``sigwait`` (its shutdown
+        loop): a stall sends no stack request, which it would receive as its own signal and act on;
+        the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
+        script = ("import signal, sys\n"
+                  "sigs = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}\n"
+                  "signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n"
+                  "got = signal.sigtimedwait(sigs, 8)\n"
+                  "print('got', got.si_signo if got else None, flush=True)\n")
+        r = run_job(tmp_path, script, collector.http_endpoint, LORA_OTEL_STALL_AFTER="2")
+        assert r.returncode == 0 and "got None" in r.stdout, (r.stdout, r.stderr[-2000:])
+        wait_sidecar_gone(tmp_path)
+        text = collector_text(collector)
+        assert "stall detected" in text
+        assert "waits for signals (sigwait)" in text or "blocks signal %d" % STACK_SIGNAL in text, text[-3000:]
+
     def test_own_handler_for_the_stack_signal(self, tmp_path: Path, collector) -> None:
         """A program that installs its own handler for lora_otel's stack request signal after start:
         a stall never triggers it, and the evidence says why there are no stacks."""

@@ -193,6 +193,9 @@ def _refusal(journal: Journal, attrs: dict, signum: int) -> Optional[str]:
         return "not requested: cannot read /proc/%d/status to see which signals it catches" % pid
     if not caught & (1 << (signum - 1)):
         return "not requested: signal %d is not caught in the process any more (its handler was reset)" % signum
+    taker = signal_taker(pid, signum)
+    if taker:
+        return "not requested: %s; the program would receive signal %d itself" % (taker, signum)
     fd, file_id = attrs.get("lora_otel.stacks.fd"), attrs.get("lora_otel.stacks.file")
     if not isinstance(fd, int) or not isinstance(file_id, list) or len(file_id) != 2:
         return "not requested: the journal does not identify the stacks file's descriptor"
@@ -203,6 +206,47 @@ def _refusal(journal: Journal, attrs: dict, signum: int) -> Optional[str]:
     if [st.st_dev, st.st_ino] != list(file_id):
         return ("not requested: descriptor %d of the process is no longer the stacks file (a dump would "
                 "land in another file)" % fd)
+    return None
+
+
+def signal_taker(pid: int, signum: int) -> Optional[str]:
+    """Why ``signum`` might reach the program instead of faulthandler's handler, or None.
+
+    A handler only runs in a thread that does not block the signal; a program that blocks it and
+    takes it synchronously (``signal.sigwait``/``sigtimedwait``, whose thread shows
+    ``do_sigtimedwait`` as its wait channel while it waits, unblocking the set meanwhile; or a
+    ``signalfd``, whose ``fdinfo`` names the signals it reads) would receive the request as its
+    own signal, and may act on it (shut down, reload)."""
+    bit = 1 << (signum - 1)
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            wchan = _read("/proc/%d/task/%s/wchan" % (pid, tid))
+            status = _read("/proc/%d/task/%s/status" % (pid, tid))
+        except OSError:
+            continue
+        if "sigtimedwait" in wchan:
+            return "thread %s of the process waits for signals (sigwait)" % tid
+        for line in status.splitlines():
+            if line.startswith("SigBlk:") and int(line.split(":", 1)[1].strip(), 16) & bit:
+                return "thread %s of the process blocks signal %d (to take it with sigwait or a signalfd)" % (
+                    tid, signum)
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if os.readlink("/proc/%d/fd/%s" % (pid, fd)) != "anon_inode:[signalfd]":
+                continue
+            for line in _read("/proc/%d/fdinfo/%s" % (pid, fd)).splitlines():
+                if line.startswith("sigmask:") and int(line.split(":", 1)[1].strip(), 16) & bit:
+                    return "the process reads signal %d from a signalfd (descriptor %s)" % (signum, fd)
+        except (OSError, ValueError):
+            continue
     return None
 
 
