@@ -283,3 +283,32 @@ def test_fallback_journal_is_never_shared_between_runs(tmp_path: Path) -> None:
         j = read_journal(f)
         assert len([s for s in j.spans if s.name == "process"]) == 1
         _assert_own_private(f)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "open-dir"])
+def test_default_journal_dir_planted_by_another_user_is_not_used(tmp_path: Path, shared: Path, attacker,
+                                                                 planted: str) -> None:
+    """A job started in a shared directory (mode 1777) where another user planted ``lora-otel``:
+    a symlink to a directory of the attacker's choosing, or a directory
+    of the attacker's, mode 777 (they could delete the journals and stack dumps there). lora_otel
+    does not put the journal there: it uses a private directory of its own and one line says why.
+    (Found by the hostile trial: the journal and the stacks file went where the symlink pointed.)"""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    if planted == "symlink":
+        as_attacker(attacker, "import os, sys; os.symlink(sys.argv[1], sys.argv[2])", str(target),
+                    str(shared / "lora-otel"))
+    else:
+        as_attacker(attacker, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)",
+                    str(shared / "lora-otel"))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run([PYTHON, "-c", "print('hi')"], cwd=shared, env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    assert list(target.iterdir()) == []
+    if planted == "open-dir":
+        assert list((shared / "lora-otel").iterdir()) == []
+    [journal] = journals(tmp)
+    _assert_own_private(journal)
+    assert "using %s instead" % journal in r.stderr

@@ -146,6 +146,14 @@ def _stderr(text: str) -> None:
         pass
 
 
+def _default_dir() -> str:
+    """``./lora-otel``: where journals go when nobody chose a place (see ``paths``)."""
+    try:
+        return os.path.join(os.getcwd(), "lora-otel")
+    except OSError:
+        return ""
+
+
 def _fallback_dir() -> str:
     return os.path.join(os.environ.get("TMPDIR") or "/tmp",
                         "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel")
@@ -201,8 +209,13 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
                 if cand_dir != base:
                     tried.append("%s (%s)" % (base, files.unsafe_dir_reason(base)))
                 cand = os.path.join(cand_dir, os.path.basename(path))
-            elif d and not os.path.isdir(d):
-                os.makedirs(d, mode=0o700, exist_ok=True)
+            else:
+                reason = files.steered_dir_reason(d, default=d == _default_dir()) if d else ""
+                if reason:
+                    tried.append("%s (%s)" % (cand, reason))
+                    continue
+                if d and not os.path.isdir(d):
+                    os.makedirs(d, mode=0o700, exist_ok=True)
             fd, cand = _create_journal(cand, exact and not fallback)
         except OSError as e:
             tried.append("%s (%s)" % (cand, e.strerror or e))

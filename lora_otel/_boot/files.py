@@ -160,6 +160,33 @@ def unsafe_dir_reason(path: str) -> str:
     return ""
 
 
+def steered_dir_reason(path: str, default: bool) -> str:
+    """Why another local user could decide what happens in the journal directory ``path`` ("" when
+    nobody can): a symlink (the last component) that someone else made; a directory writable by
+    everyone without the sticky bit; and, for the default ``./lora-otel`` (not a place the user
+    chose), a directory or link that is not this user's. Root's are trusted, as the system's."""
+    import stat
+
+    try:
+        lst = os.lstat(path)
+    except OSError:
+        return ""  # absent: created 0700 by this process
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    if me is None:
+        return ""
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (me, 0):
+        return "%s is a symlink made by uid %d" % (path, lst.st_uid)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        return "%s is writable by every user (mode %o, no sticky bit)" % (path, st.st_mode & 0o7777)
+    if default and (lst.st_uid not in (me, 0) or st.st_uid not in (me, 0)):
+        return "%s belongs to uid %d" % (path, st.st_uid if lst.st_uid in (me, 0) else lst.st_uid)
+    return ""
+
+
 _floor = 0
 
 
