@@ -7,6 +7,7 @@ program's exit status, the journal's exit record and root span, the ``exiting: â
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lora_otel.export.reader import read_journal
-from procs import PYTHON, clean_env, journals
+from procs import PYTHON, REPO, clean_env, journals
 
 MODES = ("LORA_OTEL=1", "lora-otel run", "python -m lora_otel", "import lora_otel.auto")
 
@@ -26,6 +27,8 @@ def run_in_mode(tmp_path: Path, mode: str, program: str, python: str = PYTHON) -
         program = "import lora_otel.auto\n" + program
     (tmp_path / "prog.py").write_text(program)
     env = clean_env(LORA_OTEL_DIR=str(jdir))
+    if python != PYTHON:  # another interpreter (3.12+): lora_otel from this checkout, not installed there
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else str(REPO)
     if mode == "LORA_OTEL=1":
         env["LORA_OTEL"] = "1"
         cmd = [python, "prog.py"]
@@ -206,3 +209,12 @@ class TestPoolShutdown:
                               capture_output=True, text=True, timeout=60)
         assert full.returncode == 0, full.stdout + full.stderr
         assert "stopped by its parent with SIGTERM" in full.stdout, full.stdout
+
+
+@pytest.mark.parametrize("mode", ["LORA_OTEL=1", "lora-otel run", "python -m lora_otel", "import lora_otel.auto"])
+def test_sys_exit_in_a_thread_is_not_the_outcome(tmp_path: Path, mode: str) -> None:
+    """``sys.exit(4)`` in a thread ends that thread only; the program goes on and exits 0, and every
+    view says finished (found by the hostile trial: the journal said "exit code 4")."""
+    r = run_in_mode(tmp_path, mode, "import sys, threading\n"
+                                    "t = threading.Thread(target=lambda: sys.exit(4))\nt.start()\nt.join()\n")
+    assert_outcome(tmp_path, r, 0, None)

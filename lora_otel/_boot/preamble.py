@@ -551,9 +551,19 @@ def _install_exit_hooks() -> None:
     _watch_system_exit()
 
 
+import _thread as _thread_mod  # noqa: E402 - built in, already loaded
+
+_main_thread_ident = _thread_mod.get_ident()
+"""The thread that ran the preamble: the interpreter's main thread."""
+
+
 def note_system_exit(code: object) -> None:
-    """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it)."""
+    """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it).
+
+    Only in the main thread: ``sys.exit`` in another thread ends that thread, not the process."""
     global _exit_code
+    if _thread_mod.get_ident() != _main_thread_ident:
+        return
     _exit_code = code
 
 
