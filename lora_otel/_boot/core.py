@@ -305,21 +305,23 @@ def write(rec: dict) -> None:
     write_line(data)
 
 
-def write_line(data: bytes) -> None:
+def write_line(data: bytes, _fstat=os.fstat, _write=os.write) -> None:
     """Append one encoded record (a `dumps_line` result, or the same line built from a template)
     with a single ``os.write``. Never raises."""
     global _journal_failed, _journal_lost
-    if _journal_fd < 0:
+    fd = _journal_fd
+    if fd < 0:
         return
     try:  # the identity check: is this number still our journal? (~0.5 µs, see docs/performance.md)
-        st = os.fstat(_journal_fd)
+        st = _fstat(fd)
         if st.st_ino != _journal_ino or st.st_dev != _journal_dev:
             raise OSError
     except OSError:
         if not _reopen_journal():
             return
+        fd = _journal_fd
     try:
-        n = os.write(_journal_fd, data)
+        n = _write(fd, data)
         if n != len(data):  # short write: the disk filled mid-record; end the broken line
             os.write(_journal_fd, b"\n")
             raise OSError(28, "short write (disk full?)")
