@@ -484,6 +484,8 @@ def _value_spans(s: str, spans: list[tuple[int, int]]) -> None:
         _scan_bearer(s, spans)
     if "://" in s:
         _scan_url_userinfo(s, spans)
+        if "hook" in s:
+            _scan_webhook(s, spans)
     if "=" in s and ("?" in s or "#" in s):
         _scan_query(s, spans)
 
@@ -572,6 +574,23 @@ def _scan_url_userinfo(s, spans) -> None:
             # used as the user name).
             spans.append((a, at))
         i = s.find("://", a)
+
+
+# Webhook URLs whose path is the credential (anyone holding it can post): what follows the marker.
+_WEBHOOK_MARKERS = ("hooks.slack.com/services/", "hooks.slack.com/workflows/", "hooks.slack.com/triggers/",
+                    "/api/webhooks/", "webhook.office.com/webhookb2/")
+
+
+def _scan_webhook(s, spans) -> None:
+    n = len(s)
+    for marker in _WEBHOOK_MARKERS:
+        i = s.find(marker)
+        while i != -1:
+            a = i + len(marker)
+            e = _find_any(s, "?#" + _URL_STOPS, a, n)
+            if e - a >= 8:
+                spans.append((a, e))
+            i = s.find(marker, max(a, e))
 
 
 def _scan_query(s, spans) -> None:
