@@ -16,6 +16,7 @@ Imports only what the interpreter has already loaded, plus ``_thread`` and ``ate
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 import time
@@ -551,9 +552,7 @@ def _install_exit_hooks() -> None:
     _watch_system_exit()
 
 
-import _thread as _thread_mod  # noqa: E402 - built in, already loaded
-
-_main_thread_ident = _thread_mod.get_ident()
+_main_thread_ident = _thread.get_ident()
 """The thread that ran the preamble: the interpreter's main thread."""
 
 
@@ -562,7 +561,7 @@ def note_system_exit(code: object) -> None:
 
     Only in the main thread: ``sys.exit`` in another thread ends that thread, not the process."""
     global _exit_code
-    if _thread_mod.get_ident() != _main_thread_ident:
+    if _thread.get_ident() != _main_thread_ident:
         return
     _exit_code = code
 
@@ -870,6 +869,4 @@ def _beat_loop(my_pid: int) -> None:
 
 
 def _start_beat() -> None:
-    import _thread
-
     _thread.start_new_thread(_beat_loop, (core.pid,))
