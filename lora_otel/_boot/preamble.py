@@ -669,9 +669,10 @@ def _on_exit() -> None:
         how, status_code, message = exit_outcome()
         from lora_otel._boot import hooks
 
-        narrate = sys.modules.get("lora_otel._boot.narrate")
-        if narrate is not None:
-            narrate.at_exit(time.time_ns())
+        at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
+        if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
+            with core.fail_open("narration at exit"):
+                at_exit(time.time_ns())
         hooks.arguments_done("none seen")
         for sid, info in reversed(list(core.open_spans.items())):
             if sid != core.root_id:
@@ -841,9 +842,9 @@ def _after_fork_child() -> None:
             if joined:
                 core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
         os.environ["TRACEPARENT"] = _traceparent()
-        narrate = sys.modules.get("lora_otel._boot.narrate")
-        if narrate is not None:
-            narrate.reset()  # the parent's stages are not this process's
+        reset = getattr(sys.modules.get("lora_otel._boot.narrate"), "reset", None)
+        if reset is not None:
+            reset()  # the parent's stages are not this process's
         _start_beat()
 
 
@@ -876,14 +877,18 @@ def _check_sidecar() -> None:
 
 
 def _beat_loop(my_pid: int) -> None:
-    from lora_otel._boot import hooks, narrate, where
+    from lora_otel._boot import hooks
 
-    where.set_cwd(_start_cwd)
+    narrate = None
     while core.active and os.getpid() == my_pid:
         time.sleep(_beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
+            if narrate is None:  # after the first sleep: a short program never pays for it
+                from lora_otel._boot import narrate, where
+
+                where.set_cwd(_start_cwd)
             core.beat()
             narrate.tick(time.time_ns(), core.main_frames)
             _check_stacks_fd()
