@@ -37,7 +37,9 @@ Sections (``--only``; default all, in this order):
   script: ``TracerProvider`` + ``BatchSpanProcessor(OTLPSpanExporter())``, one open span, sampled
   from /proc over the same window);
 - stall (bench/stall_latency.py): stall → collector latency (rotel) after the stall's limit, the
-  SIGKILL case and recovery after an outage, vs the OTel SDK default with a span that hangs.
+  SIGKILL case and recovery after an outage, vs the OTel SDK default with a span that hangs.;
+- beat (bench/beat_cost.py): per beat, the main thread's frames sampled into the beat record vs
+  the beat record without them.
 
 The exit status is 1 when a measurement failed (the row says why), 0 otherwise; a goal not met is
 shown as "NO" and does not change the exit status. Progress goes to stderr, the table to stdout.
@@ -68,9 +70,10 @@ import sidecar_cost  # noqa: E402
 import span_cost  # noqa: E402
 import startup  # noqa: E402
 import step_cost  # noqa: E402
+import beat_cost  # noqa: E402
 
 PY = sys.executable
-SECTIONS = ["startup", "span", "step", "exit", "journal", "sidecar", "stall"]
+SECTIONS = ["startup", "span", "step", "exit", "journal", "sidecar", "stall", "beat"]
 
 # Settings per section: (quick, default). Defaults take about 10 minutes on a 2-core machine.
 SETTINGS = {
@@ -82,6 +85,7 @@ SETTINGS = {
     "sidecar": ({"seconds": 12.0, "warmup": 4.0, "burst": 5000, "burst_warmup": 8.0},
                 {"seconds": 30.0, "warmup": 5.0, "burst": 30000, "burst_warmup": 20.0}),
     "stall": ({"runs": 1, "sdk_wait_s": 8.0}, {"runs": 2, "sdk_wait_s": 10.0}),
+    "beat": ({"beats": 2000, "runs": 1}, {"beats": 20000, "runs": 5}),
 }
 SPAN_VARIANTS = ["empty", "stage", "stage+sidecar", "sdk", "sdk-refused", "mark", "sdk-event"]
 EXIT_MODES = ["refused", "blackhole", "slow", "ok"]
@@ -212,6 +216,16 @@ def section_step(t: Table, s: dict) -> None:
     t.row("per optimizer step, real loop: SGD on `nn.Linear(8, 8)` (%d steps × %d processes, median)"
           % (s["steps"], s["runs"]), "same loop, no lora_otel", us(b / 1000), "%s (`LORA_OTEL=1`)" % us(tr / 1000),
           "%s, %+.2f µs" % (ratio(tr, b), (tr - b) / 1000), "— (noise-bound; see the hooks row)")
+
+
+def section_beat(t: Table, s: dict) -> None:
+    r = beat_cost.measure(s["beats"], s["runs"], (0, 32))
+    for n in (0, 32):
+        v = r[n]
+        t.row("per beat: the main thread's innermost frames sampled into the beat record (main thread in a C "
+              "call 30 frames deep, %d other threads; median of %d processes)" % (n, s["runs"]),
+              "the beat record without `main`", us(v["base"]), us(v["main"]),
+              "%s, %+.2f µs" % (ratio(v["main"], v["base"]), v["added"]), goal(v["added"] <= 50, "≤ 50 µs added"))
 
 
 MODE_TEXT = {"refused": "refused (nothing listens)", "blackhole": "black-holed (accepts, never answers)",
@@ -357,7 +371,8 @@ def section_stall(t: Table, s: dict) -> None:
 
 
 RUNNERS = {"startup": section_startup, "span": section_span, "step": section_step, "exit": section_exit,
-           "journal": section_journal, "sidecar": section_sidecar, "stall": section_stall}
+           "journal": section_journal, "sidecar": section_sidecar, "stall": section_stall,
+           "beat": section_beat}
 
 
 # --- header -------------------------------------------------------------------------------------

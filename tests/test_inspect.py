@@ -217,8 +217,9 @@ class TestJson:
         end null, status "open" and open_for_s."""
         killed_in_import(journal)
         doc = inspect_json(capsys, journal)
-        assert set(doc) == {"journal", "trace_id", "pid", "process_state", "stuck", "exit", "steps",
+        assert set(doc) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps",
                             "problems", "spans"}
+        assert doc["main_thread"] is None  # its beats (none here) did not say where the main thread was
         assert doc["stuck"] == "stuck in import bitsandbytes for 312 s (process gone)"
         assert (doc["process_state"], doc["exit"], doc["steps"], doc["problems"]) == ("gone", None, 0, [])
         assert doc["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -285,7 +285,7 @@ class TestJson:
         assert [p["label"] for p in processes] == ["launcher", "rank 0", "rank 1"]
         assert [p["role"] for p in processes] == ["launcher", "rank", "rank"]
         for p in processes:
-            assert set(p) == {"journal", "trace_id", "pid", "process_state", "stuck", "exit", "steps", "problems",
+            assert set(p) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps", "problems",
                               "rank", "local_rank", "world_size", "role", "label", "parent_pid", "start",
                               "outcome", "stall"}
         assert processes[2]["stall"]["span"] == "import bitsandbytes"

@@ -45,8 +45,14 @@ quiet = False
 """A process started by a traced process (see ``preamble._is_child``): its info lines go to the
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
 
-# span_id -> (name, parent_id, thread id); only open spans
+# span_id -> (name, parent_id, thread id, start ts ns); only open spans, in start order
 open_spans: dict = {}
+last_ended: tuple | None = None
+"""``(span_id, name, end ts ns)`` of the stage that ended last — not counting imports shorter than
+``import_threshold_ms``, which export drops: the beat's narration says what ended before a quiet time."""
+main_ident = 0
+"""The thread id of the main thread (the one that ran the preamble, or that forked this process):
+the beat samples where it is."""
 # thread id -> list of open span ids (innermost last)
 _stacks: dict = {}
 
@@ -128,14 +134,27 @@ def stderr_is_ours() -> bool:
     return (st.st_dev, st.st_ino) == stderr_id
 
 
+stderr_path: str | None = None
+"""The path of descriptor 2 when it was a regular file at start (``prog 2>> log.txt``), else None."""
+
+
 def record_stderr() -> None:
-    """Remember what descriptor 2 is now (the preamble calls this first)."""
-    global stderr_id
+    """Remember what descriptor 2 is now (the preamble calls this first), and its path when it is a
+    regular file (the watchdog may append a line to it by path for a job that cannot speak)."""
+    global stderr_id, stderr_path
     try:
         st = os.fstat(2)
         stderr_id = (st.st_dev, st.st_ino)
     except OSError:
         stderr_id = ()
+        return
+    if st.st_mode & 0o170000 == 0o100000:  # S_ISREG, without importing stat
+        try:
+            path = os.readlink("/proc/self/fd/2")
+        except OSError:
+            return
+        if path.startswith("/") and not path.endswith(" (deleted)"):
+            stderr_path = path
 
 
 def _stderr(text: str) -> None:
@@ -460,6 +479,13 @@ def info_line(msg: str) -> None:
     write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
 
 
+def warn_line(msg: str) -> None:
+    """Print an English line to stderr — also in a `quiet` process: something to report, such as a
+    stage running long — and the ``--log`` file, and journal it (level ``warn``)."""
+    _emit(msg, "warn")
+    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "warn", "msg": msg})
+
+
 def error_line(msg: str) -> None:
     """Print an English line to stderr and the ``--log`` file, and journal it."""
     _emit(msg, "error")
@@ -496,7 +522,7 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
     else:
         write({"v": FORMAT_VERSION, "k": "start", "ts": ts, "trace_id": trace_id,
                "span_id": sid, "parent_id": parent, "name": name, "attrs": attrs or {}})
-    open_spans[sid] = (name, parent, tid)
+    open_spans[sid] = (name, parent, tid, ts)
     if push:
         _stacks.setdefault(tid, []).append(sid)
     return sid
@@ -505,6 +531,7 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
 def span_end(sid: str, status: str = "ok", message: str | None = None,
              attrs: dict | None = None, ts: int | None = None) -> None:
     """Write a span's end record (once; a second end for the same span is ignored)."""
+    global last_ended
     info = open_spans.pop(sid, None)
     if info is None:
         return
@@ -512,6 +539,9 @@ def span_end(sid: str, status: str = "ok", message: str | None = None,
     if stack and sid in stack:
         stack.remove(sid)
     ts = ts or time.time_ns()
+    if type(info[0]) is not str or not info[0].startswith("import ") or \
+            ts - info[3] >= import_threshold_ms * 1_000_000:  # an import too short to export is no stage
+        last_ended = (sid, info[0], ts)
     if not message and not attrs and type(sid) is str and type(status) is str and type(ts) is int:
         write_line(('{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
                     % (FORMAT_VERSION, ts, _quote(sid), _quote(status))).encode("utf-8", "backslashreplace"))
@@ -552,21 +582,39 @@ def training_attrs() -> dict:
     return attrs
 
 
+main_frames: list | None = None
+"""Where the main thread was at the last beat (``where.sample``), or None."""
+
+
 def beat() -> None:
+    """The liveness record: steps, metrics, and where the main thread is (``"main"``)."""
+    global main_frames
     rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps,
            "last_step_ts": last_step_ns}
     if metrics:
         rec["metrics"] = dict(metrics)
+    frames = None
+    if main_ident and main_ident != get_ident():  # the exit hook's last beat runs in the main thread
+        try:
+            from lora_otel._boot.where import sample
+
+            frames = sample(main_ident)
+        except Exception:  # noqa: BLE001 - a beat without "main" is still a beat
+            frames = None
+        if frames:
+            rec["main"] = frames
+    main_frames = frames
     write(rec)
 
 
 def reset_for_child(new_pid: int) -> None:
     """After ``fork``: forget the parent's open spans; let go of the parent's journal descriptor
     (closed only while it is still the journal: the number may be the program's file by now)."""
-    global pid, _journal_fd, steps, last_step_ns, _stacks
+    global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames
     from lora_otel._boot import files
 
     pid = new_pid
+    last_ended, main_ident, main_frames = None, get_ident(), None
     if _journal_fd >= 0 and files.same(_journal_fd, (_journal_dev, _journal_ino)):
         try:
             os.close(_journal_fd)

@@ -164,13 +164,21 @@ def image_identity(pid: int | str = "self") -> dict:
 
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
-    core.write({"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
-                "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
-                "ppid": os.getppid(), "start_ticks": ticks, "image": image_identity(), "sampled": core.sampled,
-                "config": {"import_threshold_ms": core.import_threshold_ms},
-                "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
-                          "process.parent_pid": os.getppid(), "lora_otel.activation": how}})
-    core.open_spans[core.root_id] = ("process", parent, 0)
+    env = os.environ
+    rec = {"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
+           "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
+           "ppid": os.getppid(), "start_ticks": ticks, "image": image_identity(), "sampled": core.sampled,
+           "config": {"import_threshold_ms": core.import_threshold_ms,
+                      # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
+                      "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
+                      "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER")},
+           "stderr": list(core.stderr_id) if core.stderr_id else None,
+           "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
+                     "process.parent_pid": os.getppid(), "lora_otel.activation": how}}
+    if core.stderr_path:
+        rec["stderr_path"] = core.stderr_path
+    core.write(rec)
+    core.open_spans[core.root_id] = ("process", parent, 0, start_ns)
 
 
 def start(how: str) -> None:
@@ -205,6 +213,7 @@ def _start(how: str) -> None:
     _started_ns = now
     core.active = True
     core.pid = os.getpid()
+    core.main_ident = _thread_mod.get_ident()
     core.record_stderr()
     argv = list(sys.argv)
     env = os.environ
@@ -273,6 +282,10 @@ def _start(how: str) -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
     _beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
+    if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
+        from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
+
+        narrate.configure(env)
     _start_beat()
     launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
     ui_trace, ui_span, _ = parse_traceparent(launched_by)
@@ -478,13 +491,18 @@ def rank_attrs(env) -> dict:
     return out
 
 
+_start_cwd = ""
+"""The working directory at start: the beat shows paths under it relative to it."""
+
+
 def _describe_process(argv: list, how: str) -> None:
     from lora_otel._boot import envfacts, redact
 
     clean_argv = redact.redact_argv(argv)
     exe = sys.executable or ""
+    global _start_cwd
     try:
-        cwd = os.getcwd()
+        cwd = _start_cwd = os.getcwd()
     except OSError:
         cwd = "(deleted)"
     u = os.uname()
@@ -650,6 +668,10 @@ def _on_exit() -> None:
         how, status_code, message = exit_outcome()
         from lora_otel._boot import hooks
 
+        at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
+        if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
+            with core.fail_open("narration at exit"):
+                at_exit(time.time_ns())
         hooks.arguments_done("none seen")
         for sid, info in reversed(list(core.open_spans.items())):
             if sid != core.root_id:
@@ -819,6 +841,9 @@ def _after_fork_child() -> None:
             if joined:
                 core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
         os.environ["TRACEPARENT"] = _traceparent()
+        reset = getattr(sys.modules.get("lora_otel._boot.narrate"), "reset", None)
+        if reset is not None:
+            reset()  # the parent's stages are not this process's
         _start_beat()
 
 
@@ -853,12 +878,18 @@ def _check_sidecar() -> None:
 def _beat_loop(my_pid: int) -> None:
     from lora_otel._boot import hooks
 
+    narrate = None
     while core.active and os.getpid() == my_pid:
         time.sleep(_beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
+            if narrate is None:  # after the first sleep: a short program never pays for it
+                from lora_otel._boot import narrate, where
+
+                where.set_cwd(_start_cwd)
             core.beat()
+            narrate.tick(time.time_ns(), core.main_frames)
             _check_stacks_fd()
             if not hooks._importing:
                 hooks._after_import()

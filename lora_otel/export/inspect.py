@@ -41,6 +41,7 @@ from lora_otel.export.reader import (
     format_duration,
     process_state,
     read_journal,
+    where_text,
 )
 
 STEP_STALE_S = 60
@@ -288,13 +289,35 @@ class View:
 
     def text_lines(self) -> list[str]:
         journal = self.journal
-        lines = [self.stuck(), f"journal: {_display(journal.path)}" + self._identity()]
+        lines = [self.stuck()]
+        main = self.main_thread_line()
+        if main:
+            lines.append(main)
+        lines.append(f"journal: {_display(journal.path)}" + self._identity())
         for depth, span in walk_tree(journal):
             lines.append("  " * depth + self._span_line(span))
         if journal.beats:
             lines.append(f"beats: {journal.beats}, steps: {journal.steps}")
         lines.extend(f"note: {_display(problem)}" for problem in journal.problems)
         return lines
+
+    def main_thread_line(self) -> str:
+        """``main thread at run.py:3 in <module> → time.sleep`` (its last beat) while the process
+        runs; ``main thread was at …`` for one gone without an exit record; "" otherwise."""
+        journal = self.journal
+        if journal.exit is not None or self.state not in ("running", "gone") or not journal.main_frames:
+            return ""
+        where = _display(where_text(journal.main_frames))
+        if self.state == "running":
+            return f"main thread at {where}"
+        return f"main thread was at {where} (its last beat)"
+
+    def _main_thread_json(self) -> Optional[dict[str, Any]]:
+        journal = self.journal
+        if not self.main_thread_line() or journal.main_frames_ts is None:
+            return None
+        return {"where": where_text(journal.main_frames), "frames": journal.main_frames,
+                "time": iso_time(journal.main_frames_ts)}
 
     def _identity(self) -> str:
         journal = self.journal
@@ -326,6 +349,7 @@ class View:
             "pid": journal.pid,
             "process_state": self.state,
             "stuck": self.stuck(),
+            "main_thread": self._main_thread_json(),
             "exit": journal.exit and {**journal.exit, "ts": iso_time(journal.exit["ts"])},
             "steps": journal.steps,
             "problems": list(journal.problems),

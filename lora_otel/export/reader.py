@@ -91,6 +91,9 @@ class Journal:
     last ``exec`` record as ``{"ts", "path", "argv", "via"}`` while no later one says it failed:
     the process became another program; None otherwise.
     ``last_evidence_ns`` is the ``ts`` of the last readable record of any kind.
+    ``main_frames`` is where the main thread was at the last beat (its ``main``: ``[file, line,
+    function]`` lists, outermost first, a C function called last as ``["", 0, "time.sleep"]``), or
+    None when that beat had none; ``main_frames_ts`` is that beat's time. `where_text` says it.
     """
 
     path: str
@@ -112,6 +115,8 @@ class Journal:
     exec: Optional[dict[str, Any]] = None
     image: dict[str, Any] = field(default_factory=dict)
     last_evidence_ns: Optional[int] = None
+    main_frames: Optional[list[list[Any]]] = None
+    main_frames_ts: Optional[int] = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -595,6 +600,8 @@ class _JournalBuilder:
         metrics = record.get("metrics")
         if isinstance(metrics, dict):
             journal.metrics = metrics
+        journal.main_frames = _frames(record.get("main"))
+        journal.main_frames_ts = ts if journal.main_frames is not None else None
 
     def _on_line(self, number: int, ts: int, record: dict[str, Any]) -> None:
         level = record.get("level")
@@ -646,6 +653,27 @@ class _JournalBuilder:
             self._problem(number, f"'attrs' is not an object: {_short(attrs)}; ignored")
             return {}
         return attrs
+
+
+def _frames(value: Any) -> Optional[list[list[Any]]]:
+    """A beat's ``main``: a list of ``[file, line, function]``, or None when absent or malformed."""
+    if not isinstance(value, list) or not value:
+        return None
+    out = []
+    for frame in value[:16]:
+        if not (isinstance(frame, list) and len(frame) == 3 and isinstance(frame[0], str)
+                and _is_int(frame[1]) and isinstance(frame[2], str)):
+            return None
+        out.append(list(frame))
+    return out
+
+
+def where_text(frames: Optional[list[list[Any]]]) -> str:
+    """``toolkit/job.py:2 in <module> → time.sleep``: where the main thread is, innermost last
+    (a C function it calls, by name). Every view says it this way; "" for no frames."""
+    from lora_otel._boot.where import text
+
+    return text(frames)
 
 
 def _is_int(value: Any) -> bool:

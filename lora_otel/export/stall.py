@@ -23,34 +23,23 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
+from lora_otel._boot import limits as _limits  # one definition, shared with the job itself
 from lora_otel.export.inspect import deepest_open_span
 from lora_otel.export.reader import Journal, Span
 
-DEFAULT_LIMITS_S: dict[str, float] = {
-    "arguments": 60.0,
-    "import": 120.0,
-    "cuda init": 120.0,
-    "cuda probe": 120.0,
-    "training": 120.0,  # the floor of the step-gap limit
-}
-FROZEN_AFTER_S = 10.0
-TRAINING_STEP_FACTOR = 20.0
+DEFAULT_LIMITS_S: dict[str, float] = _limits.DEFAULT_LIMITS_S
+FROZEN_AFTER_S = _limits.FROZEN_AFTER_S
+TRAINING_STEP_FACTOR = _limits.TRAINING_STEP_FACTOR
 
 
 def frozen_after_from_env(environ=None) -> float:
     """``LORA_OTEL_FROZEN_AFTER`` (seconds without a beat before a live process counts as frozen), default 10."""
     import os
 
-    text = (os.environ if environ is None else environ).get("LORA_OTEL_FROZEN_AFTER", "").strip()
-    if not text:
-        return FROZEN_AFTER_S
     try:
-        value = float(text)
-    except ValueError:
-        raise StallConfigError("LORA_OTEL_FROZEN_AFTER=%r is not a number of seconds" % text) from None
-    if not value > 0:
-        raise StallConfigError("LORA_OTEL_FROZEN_AFTER=%r must be more than 0 seconds" % text)
-    return value
+        return _limits.parse_frozen_after((os.environ if environ is None else environ).get(_limits.FROZEN_AFTER_ENV))
+    except _limits.LimitError as e:
+        raise StallConfigError(str(e)) from None
 
 
 class StallConfigError(ValueError):
@@ -71,35 +60,11 @@ class Stall:
 
 
 def parse_limits(text: Optional[str]) -> dict[str, float]:
-    """``"300"`` or ``"import=300,cuda init=60"`` → limits merged over the defaults."""
-    limits = dict(DEFAULT_LIMITS_S)
-    if text is None or not text.strip():
-        return limits
-    text = text.strip()
+    """``"300"`` or ``"import=300,cuda init=60"`` → limits merged over the defaults (`lora_otel._boot.limits`)."""
     try:
-        every = float(text)
-    except ValueError:
-        every = None
-    if every is not None:
-        _check(every, text)
-        return {k: every for k in list(limits) + ["default"]}
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise StallConfigError("stall limit %r is not NAME=SECONDS (e.g. import=300,training=900)" % part.strip())
-        try:
-            seconds = float(value)
-        except ValueError:
-            raise StallConfigError("stall limit for %r is not a number of seconds: %r" % (name, value.strip())) from None
-        _check(seconds, part)
-        limits[name] = seconds
-    return limits
-
-
-def _check(seconds: float, given: str) -> None:
-    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
-        raise StallConfigError("stall limit must be a positive number of seconds, got %r" % given.strip())
+        return _limits.parse_limits(text)
+    except _limits.LimitError as e:
+        raise StallConfigError(str(e)) from None
 
 
 def limit_for(span: Span, limits: dict[str, float]) -> Optional[float]:

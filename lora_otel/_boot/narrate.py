@@ -1,0 +1,292 @@
+"""The job narrates a slow stage in its own lines, from the beat thread (docs/narration.md).
+
+At each beat the *subject* is worked out, by the same rules as ``lora_otel.export.stall``:
+
+- the deepest open stage (the most recently started open span with no open child), except
+  ``process``; for ``training`` — and for a stage with no limit of its own inside ``training``
+  (``epoch 3``, ``step 40``) — the time since the last optimizer step;
+- with no stage open but ``process`` (and not in training): the quiet time since the last stage
+  ended (``between``).
+
+When the subject has run long — first after 10 s, then at 30 s, 60 s, 2 min, then every 5 min,
+never more often (``LORA_OTEL_NARRATE_S`` scales the whole cadence: its value is the first step;
+0 turns these lines off) — one line: ``still in import toolkit.job after 30 s — main thread at
+run.py:3 in <module> → toolkit/job.py:2 in <module> → time.sleep``. At its limit
+(``LORA_OTEL_STALL_AFTER``, `lora_otel._boot.limits`), one ``STALLED: import toolkit.job open for
+120 s (limit 120 s) — main thread at …`` line. When a narrated stage ends: ``import toolkit.job
+took 95 s``.
+
+The lines are level ``warn`` (``STALLED``: ``error``): they reach the terminal also from a
+process whose info lines are kept quiet (a worker, a helper), since a stage running long is
+something to report. The quiet time between stages and an ``arguments`` span still open (a
+script that has not parsed arguments, or never uses argparse) are narrated only where they can
+mean a stuck job: in the job's own process (not a quiet one), once it has imported torch, while
+it has no child process (a launcher waiting for the job it started is not stuck) and runs no web
+UI (gradio, uvicorn, streamlit wait for their users).
+
+Standard library only; runs in the beat thread, never in the program's own threads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from _thread import allocate_lock
+
+from lora_otel._boot import core
+from lora_otel._boot import limits as _lim
+
+CADENCE_S = (10.0, 30.0, 60.0, 120.0)
+"""When a stage is narrated, in seconds since it began; then every `REPEAT_S`."""
+REPEAT_S = 300.0
+NARRATE_ENV = "LORA_OTEL_NARRATE_S"
+STEP_SAMPLES = 300
+_UI_MODULES = ("gradio", "uvicorn", "streamlit")
+
+_configured = False
+_scale = 1.0
+_lines_on = True
+_limits: dict = dict(_lim.DEFAULT_LIMITS_S)
+_episodes: dict = {}  # key -> _Episode
+_samples: list = []  # (beat ts, steps) of the last STEP_SAMPLES beats
+
+
+class _Episode:
+    """One subject followed from the beat: a stage, a gap between optimizer steps, a quiet time."""
+
+    __slots__ = ("kind", "key", "name", "since_ns", "next_i", "stalled", "said", "steps")
+
+    def __init__(self, kind: str, key, name: str, since_ns: int) -> None:
+        self.kind, self.key, self.name, self.since_ns = kind, key, name, since_ns
+        self.next_i = 0
+        self.stalled = False
+        self.said = False
+        self.steps = core.steps
+
+
+def reset() -> None:
+    """Forget every episode (a forked child starts with its own stages)."""
+    _episodes.clear()
+    del _samples[:]
+
+
+def threshold_s(i: int) -> float:
+    """The ``i``-th narration point (0-based), in seconds: 10, 30, 60, 120, 420, 720, … × scale."""
+    base = CADENCE_S[i] if i < len(CADENCE_S) else CADENCE_S[-1] + REPEAT_S * (i - len(CADENCE_S) + 1)
+    return base * _scale
+
+
+def _say_bad(msg: str) -> None:
+    (core.info_line if core.quiet else core.error_line)(msg)
+
+
+def configure(env=None) -> None:
+    """Read ``LORA_OTEL_STALL_AFTER``, ``LORA_OTEL_FROZEN_AFTER`` and ``LORA_OTEL_NARRATE_S``; a bad
+    value: one line naming the variable and the default used instead (the job goes on)."""
+    global _configured, _scale, _lines_on, _limits
+    env = os.environ if env is None else env
+    _configured = True
+    raw = env.get(_lim.STALL_AFTER_ENV)
+    try:
+        _limits = _lim.parse_limits(raw)
+    except _lim.LimitError as e:
+        _limits = dict(_lim.DEFAULT_LIMITS_S)
+        _say_bad("%s=%r: %s; using the default limits (%s)" % (
+            _lim.STALL_AFTER_ENV, raw, e, ", ".join("%s %g s" % kv for kv in _limits.items())))
+    raw = env.get(_lim.FROZEN_AFTER_ENV)
+    try:
+        _lim.parse_frozen_after(raw)
+    except _lim.LimitError as e:
+        _say_bad("%s; using the default, %g s" % (e, _lim.FROZEN_AFTER_S))
+    raw = (env.get(NARRATE_ENV) or "").strip()
+    if raw:
+        try:
+            value = float(raw)
+            if not 0 <= value < float("inf"):
+                raise ValueError
+        except ValueError:
+            _say_bad("%s=%r is not a number of seconds (0 or more); using the default, %g s"
+                     % (NARRATE_ENV, raw, CADENCE_S[0]))
+        else:
+            _lines_on = value > 0
+            _scale = value / CADENCE_S[0] if value > 0 else 1.0
+
+
+def _secs(seconds: float) -> str:
+    return "%d s" % seconds if seconds >= 10 else "%.1f s" % seconds
+
+
+def _median_step_s() -> float | None:
+    per_step = []
+    for (t0, s0), (t1, s1) in zip(_samples, _samples[1:]):
+        if s1 > s0 and t1 > t0:
+            per_step.append((t1 - t0) / 1e9 / (s1 - s0))
+    if not per_step:
+        return None
+    per_step.sort()
+    n = len(per_step)
+    return per_step[n // 2] if n % 2 else (per_step[n // 2 - 1] + per_step[n // 2]) / 2
+
+
+def _subject(now_ns: int):
+    """``(kind, key, name, since_ns, limit_s or None)`` of what the job is in now, or None."""
+    items = list(core.open_spans.items())
+    if not items:
+        return None
+    by_id = dict(items)
+    parents = {info[1] for _, info in items}
+    sid, info = next(((s, i) for s, i in reversed(items) if s not in parents), items[-1])
+    name = info[0]
+    if sid == core.root_id:
+        ended = core.last_ended
+        since = ended[2] if ended is not None else info[3]
+        after = ended[1] if ended is not None else ""
+        return "between", ("between", since), after, since, _limits.get("between")
+    limit = _lim.limit_for(name, _limits) if isinstance(name, str) else None
+    training = None
+    if name == "training":
+        training = (sid, info)
+    elif limit is None:
+        seen = set()
+        up = info[1]
+        while up in by_id and up not in seen:  # a stage with no limit inside training: the step gap rules
+            seen.add(up)
+            if by_id[up][0] == "training":
+                training = (up, by_id[up])
+                break
+            up = by_id[up][1]
+    if training is not None:
+        tsid, tinfo = training
+        floor = _lim.limit_for("training", _limits) or _lim.DEFAULT_LIMITS_S["training"]
+        med = _median_step_s()
+        limit = max(floor, _lim.TRAINING_STEP_FACTOR * med) if med else floor
+        last = core.last_step_ns
+        since = last if last and last > tinfo[3] else tinfo[3]
+        return "training", ("training", tsid, since), "training", since, limit
+    return "stage", sid, name, info[3], limit
+
+
+def _has_children() -> bool:
+    """Whether this process has a child process now (``/proc/self/task/*/children``)."""
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open("/proc/self/task/%s/children" % tid, "rb") as f:
+                if f.read().strip():
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def _idle_ok() -> bool:
+    """Whether a quiet time (or ``arguments`` still open) may mean this job is stuck (docstring)."""
+    return (not core.quiet and "torch" in sys.modules
+            and not any(m in sys.modules for m in _UI_MODULES) and not _has_children())
+
+
+def _where(frames) -> str:
+    from lora_otel._boot.where import text
+
+    where = text(frames) if frames else ""
+    return " — main thread at %s" % where if where else ""
+
+
+def _still(ep: _Episode, open_s: float, frames) -> str:
+    if ep.kind == "training":
+        return "no optimizer step for %s in training (%s)%s" % (
+            _secs(open_s), "last was step %d" % core.steps if core.steps else "none yet", _where(frames))
+    if ep.kind == "between":
+        return "no stage open for %s since %s%s" % (
+            _secs(open_s), "%s ended" % ep.name if ep.name else "start", _where(frames))
+    return "still in %s after %s%s" % (ep.name, _secs(open_s), _where(frames))
+
+
+def _stalled(ep: _Episode, open_s: float, limit: float, frames) -> str:
+    if ep.kind == "training":
+        what = "training, no optimizer step for %s" % _secs(open_s)
+    elif ep.kind == "between":
+        what = "no stage open for %s since %s" % (_secs(open_s), "%s ended" % ep.name if ep.name else "start")
+    else:
+        what = "%s open for %s" % (ep.name, _secs(open_s))
+    return "STALLED: %s (limit %g s)%s" % (what, limit, _where(frames))
+
+
+def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
+    """The line for a narrated episode that is over, or None while it goes on."""
+    if ep.kind == "stage":
+        if ep.key in core.open_spans:
+            return None
+        last = core.last_ended
+        end = last[2] if last is not None and last[0] == ep.key else now_ns
+        return "%s took %s" % (ep.name, _secs((end - ep.since_ns) / 1e9))
+    if ep.kind == "training":
+        tsid = ep.key[1]
+        if core.steps > ep.steps and core.last_step_ns:
+            return "optimizer step %d came %s after the one before" % (
+                ep.steps + 1, _secs((core.last_step_ns - ep.since_ns) / 1e9))
+        if tsid not in core.open_spans:
+            return "training ended %s after its last optimizer step" % _secs((now_ns - ep.since_ns) / 1e9)
+        return None
+    if subject is not None and subject[1] == ep.key:
+        return None
+    then = ", until %s started" % subject[2] if subject is not None and subject[0] == "stage" else ""
+    return "no stage was open for %s after %s%s" % (
+        _secs((now_ns - ep.since_ns) / 1e9), "%s ended" % ep.name if ep.name else "start", then)
+
+
+_lock = allocate_lock()
+
+
+def at_exit(now_ns: int) -> None:
+    """At exit, before the spans still open are ended: the "took" lines of narrated stages that
+    ended since the last beat (a job often exits right after its slow stage)."""
+    with _lock:
+        subject = _subject(now_ns)
+        for key, ep in list(_episodes.items()):
+            line = _ended(ep, now_ns, subject)
+            if line is not None:
+                del _episodes[key]
+                if ep.said and _lines_on:
+                    core.warn_line(line)
+
+
+def tick(now_ns: int, frames) -> None:
+    """One beat's narration (called by the beat thread after the beat record)."""
+    with _lock:
+        _tick(now_ns, frames)
+
+
+def _tick(now_ns: int, frames) -> None:
+    if not _configured:
+        configure()
+    _samples.append((now_ns, core.steps))
+    if len(_samples) > STEP_SAMPLES:
+        del _samples[0]
+    subject = _subject(now_ns)
+    for key, ep in list(_episodes.items()):
+        line = _ended(ep, now_ns, subject)
+        if line is not None:
+            del _episodes[key]
+            if ep.said and _lines_on:
+                core.warn_line(line)
+    if subject is None:
+        return
+    kind, key, name, since_ns, limit = subject
+    ep = _episodes.get(key)
+    if ep is None:
+        ep = _episodes[key] = _Episode(kind, key, name, since_ns)
+    open_s = (now_ns - since_ns) / 1e9
+    stall_due = limit is not None and not ep.stalled and open_s >= limit
+    line_due = _lines_on and open_s >= threshold_s(ep.next_i)
+    if not (stall_due or line_due):
+        return
+    if (kind == "between" or name == "arguments") and not _idle_ok():
+        return
+    while threshold_s(ep.next_i) <= open_s:
+        ep.next_i += 1
+    ep.said = True
+    if stall_due:
+        ep.stalled = True
+        core.error_line(_stalled(ep, open_s, limit, frames))
+    else:
+        core.warn_line(_still(ep, open_s, frames))

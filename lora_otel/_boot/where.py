@@ -1,0 +1,182 @@
+"""Where the main thread is: its innermost frames, sampled by the beat, and one way to say it.
+
+`sample` reads the main thread's frame from ``sys._current_frames()`` (from the beat thread) and
+walks ``f_back``: at most `MAX_FRAMES` entries ``[file, line, function]``, outermost first. Frames
+of the import machinery (``<frozen importlib._bootstrap>``) and of lora_otel itself are left out
+unless innermost: a program stuck in ``import toolkit.job`` reads ``run.py:3 in <module> →
+toolkit/job.py:2 in <module>``, not five importlib frames. Paths lose the prefix of the standard
+library, of ``site-packages``/``dist-packages`` and of the working directory at start.
+
+When the main thread sits in a C function (``time.sleep``, ``socket.recv_into``, ``lock.acquire``)
+its innermost Python frame is the caller. If that frame is at a call instruction at two beats in
+a row (stuck there, not passing by), the called name is read from the bytecode — the loads that
+the call's source position starts with (``time.sleep``, ``self._sock.recv_into``), Python 3.11+
+only — and added as a last entry ``["", 0, "time.sleep"]`` (no file, line 0). The result is
+cached per code object and instruction, so a thread stuck there costs a dict look-up per beat.
+
+Standard library only; never raises (the caller catches). Cost: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+MAX_FRAMES = 4
+_WALK_LIMIT = 64  # frames looked at, at most (a deep recursion of skipped frames costs no more)
+_WINDOW = 48  # code units before a call searched for the loads that name its callee
+
+_boot_dir = os.path.dirname(os.path.abspath(__file__))
+_lora_otel_dir = os.path.dirname(_boot_dir) + os.sep
+_stdlib_dir = os.path.dirname(os.__file__) + os.sep
+_cwd = ""
+_short: dict = {}  # co_filename -> shortened path
+_callees: dict = {}  # (code, lasti) -> "time.sleep" or ""
+_last_spot: tuple = (None, -1)  # (code, lasti) of the innermost frame at the last sample
+
+
+def set_cwd(path: str) -> None:
+    """The working directory at start: paths under it are shown relative to it."""
+    global _cwd
+    _cwd = path.rstrip(os.sep) + os.sep if path else ""
+
+
+def _shorten(filename: str) -> str:
+    short = _short.get(filename)
+    if short is not None:
+        return short
+    short = filename
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        i = filename.rfind(marker)
+        if i >= 0:
+            short = filename[i + len(marker):]
+            break
+    else:
+        if filename.startswith(_stdlib_dir):
+            short = filename[len(_stdlib_dir):]
+        elif _cwd and filename.startswith(_cwd):
+            short = filename[len(_cwd):]
+    if len(_short) > 4096:
+        _short.clear()
+    _short[filename] = short
+    return short
+
+
+def _skipped(filename: str) -> bool:
+    return filename.startswith("<frozen importlib") or filename.startswith(_lora_otel_dir)
+
+
+def sample(main_ident: int, _frames=sys._current_frames) -> list | None:
+    """The main thread's innermost frames, outermost first (module docstring); None when it has none."""
+    global _last_spot
+    frame = _frames().get(main_ident)
+    if frame is None:
+        return None
+    out = []
+    innermost = frame
+    spot = (frame.f_code, frame.f_lasti)
+    callee = ""
+    if spot == _last_spot:
+        callee = _callees.get(spot)  # type: ignore[assignment]
+        if callee is None:
+            callee = _callee(*spot)
+            if len(_callees) > 512:
+                _callees.clear()
+            _callees[spot] = callee
+    _last_spot = spot
+    room = MAX_FRAMES - 1 if callee else MAX_FRAMES
+    n = 0
+    while frame is not None and len(out) < room and n < _WALK_LIMIT:
+        code = frame.f_code
+        filename = code.co_filename
+        if frame is innermost or not _skipped(filename):
+            out.append([_shorten(filename), frame.f_lineno or 0, code.co_name])
+        frame = frame.f_back
+        n += 1
+    del frame, innermost
+    out.reverse()
+    if callee:
+        out.append(["", 0, callee])
+    return out
+
+
+_CALLS = frozenset(("CALL", "PRECALL", "CALL_KW", "CALL_FUNCTION_EX"))
+_opcodes: tuple | None = None  # (opname list, EXTENDED_ARG, CACHE)
+
+
+def _callee(code, lasti: int) -> str:
+    """The dotted name a call instruction at ``lasti`` calls (``time.sleep``), or "" (3.11+ only)."""
+    global _opcodes
+    if sys.version_info < (3, 11) or lasti < 0:
+        return ""
+    try:
+        if _opcodes is None:
+            import opcode
+
+            _opcodes = (opcode.opname, opcode.opmap.get("EXTENDED_ARG", -1), opcode.opmap.get("CACHE", 0))
+        opname, ext_op, cache_op = _opcodes
+        co = code.co_code
+        if lasti + 1 >= len(co) or opname[co[lasti]] not in _CALLS:
+            return ""
+        unit = lasti // 2
+        base = max(0, unit - _WINDOW)
+        positions = code.co_positions()
+        for _ in range(base):
+            next(positions)
+        pos = [next(positions) for _ in range(unit - base + 1)]
+        line, end_line, col, end_col = pos[-1]
+        if line is None or col is None:
+            return ""
+        call_end = (end_line, end_col)
+        parts = []  # (end, name or None) of the loads that start where the call's expression starts
+        for u in range(base, unit):
+            p = pos[u - base]
+            op = co[2 * u]
+            if p[0] != line or p[2] != col or op == cache_op or op == ext_op or (p[1], p[3]) >= call_end:
+                continue
+            arg = co[2 * u + 1]
+            if u > 0 and co[2 * u - 2] == ext_op:
+                arg |= co[2 * u - 1] << 8
+            name = _load_name(opname[op], arg, code)
+            if name is not None or opname[op] in _CALLS:  # a call inside the callee (``a.b().c``) breaks the chain
+                parts.append(((p[1], p[3]), name))
+        if not parts:
+            return ""
+        parts.sort(key=lambda item: item[0])
+        names = []
+        for _end, name in parts:  # the longest run of plain loads that ends the callee
+            if name is None:
+                names = []
+            else:
+                names.append(name)
+        return ".".join(names) if names else ""
+    except Exception:  # noqa: BLE001 - a hint only: bytecode of another version, a short code object
+        return ""
+
+
+def _load_name(name: str, arg: int, code) -> str | None:
+    if name in ("LOAD_ATTR", "LOAD_METHOD"):
+        return code.co_names[arg >> 1 if sys.version_info >= (3, 12) and name == "LOAD_ATTR" else arg]
+    if name == "LOAD_GLOBAL":
+        return code.co_names[arg >> 1]
+    if name == "LOAD_NAME":
+        return code.co_names[arg]
+    if name in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW", "LOAD_DEREF", "LOAD_CLOSURE"):
+        names = code.co_varnames + code.co_cellvars + code.co_freevars
+        return names[arg] if arg < len(names) else None
+    return None
+
+
+def text(frames) -> str:
+    """``toolkit/job.py:2 in <module> → time.sleep``: frames (outermost first) as one line."""
+    parts = []
+    for frame in frames or ():
+        try:
+            filename, line, func = frame
+        except (TypeError, ValueError):
+            continue
+        if not filename:
+            parts.append(str(func))
+        else:
+            parts.append("%s:%s in %s" % (filename, line, func))
+    return " → ".join(parts)
