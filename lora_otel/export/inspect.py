@@ -329,6 +329,7 @@ class View:
             "exit": journal.exit and {**journal.exit, "ts": iso_time(journal.exit["ts"])},
             "steps": journal.steps,
             "problems": list(journal.problems),
+            "stalls": list(journal.stalls),  # the watchdog's stall records, in order (docs/journal.md)
             "spans": [self._span_json(span) for span in journal.spans],
         }
 

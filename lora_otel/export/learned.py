@@ -65,6 +65,8 @@ class Learned:
 
 
 def seconds_text(s: float) -> str:
+    if s < 1:
+        return "%d ms" % max(round(s * 1000), 1)
     return "%.1f s" % s if s < 10 else "%d s" % round(s)
 
 
