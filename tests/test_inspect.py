@@ -218,7 +218,7 @@ class TestJson:
         killed_in_import(journal)
         doc = inspect_json(capsys, journal)
         assert set(doc) == {"journal", "trace_id", "pid", "process_state", "stuck", "exit", "steps",
-                            "problems", "spans"}
+                            "problems", "stalls", "spans"}
         assert doc["stuck"] == "stuck in import bitsandbytes for 312 s (process gone)"
         assert (doc["process_state"], doc["exit"], doc["steps"], doc["problems"]) == ("gone", None, 0, [])
         assert doc["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
