@@ -291,12 +291,10 @@ def _start_sidecar(env) -> None:
     line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
     global _sidecar_pid, _sidecar_log
-    if not core.journal_path:
-        return
+    if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
+        return  # turned off: not even the import (spawn.wanted says the same)
     from lora_otel._boot import spawn
 
-    if not spawn.wanted(env):
-        return
     with core.fail_open("live export"):
         joined = spawn.join_parent_sidecar(core.journal_path, env)
         if joined:  # one sidecar per job: the one a parent started follows this journal too
