@@ -78,6 +78,14 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+def alive(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def cpu_s(pid: int) -> float:
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rpartition(")")[2].split()
@@ -137,7 +145,7 @@ def main() -> int:
     proc.wait()
     bare.wait()
     exited = time.monotonic()
-    while os.path.exists("/proc/%d" % side) and time.monotonic() - exited < 10:
+    while alive(side) and time.monotonic() - exited < 10:  # a zombie counts as gone: reaping is init's
         time.sleep(0.01)
     exit_after = time.monotonic() - exited
     starter = os.path.join(work, "starter.py")
