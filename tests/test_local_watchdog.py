@@ -263,3 +263,32 @@ def test_local_mode_imports_no_opentelemetry(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "lora_otel.export.watchdog" in r.stderr and "local mode" in r.stderr
     assert "opentelemetry" not in r.stderr, [x for x in r.stderr.splitlines() if "opentelemetry" in x][:3]
+
+
+def test_recorded_limits_apply_unless_the_command_line_says_otherwise(journal) -> None:
+    """One set of limits: `inspect` applies the limits the job recorded at start (config.stall_after,
+    config.frozen_after), not its own defaults; its own --stall-after still wins."""
+    journal.process(0, alive=True, config={"stall_after": "import=1e12", "frozen_after": "1e12"})
+    journal.start("import slowmod", 1)
+    r = lora_otel_cli("inspect", "--json", str(journal.path.parent))
+    assert r.returncode == 0, r.stderr
+    [proc] = [p for job in json.loads(r.stdout)["jobs"] for p in job["processes"]]
+    assert proc["stall"] is None, proc["stall"]
+    r = lora_otel_cli("inspect", "--json", "--stall-after", "import=5", str(journal.path.parent))
+    [proc] = [p for job in json.loads(r.stdout)["jobs"] for p in job["processes"]]
+    assert proc["stall"]["kind"] == "alive" and proc["stall"]["limit_s"] == 5
+
+
+def test_between_limit_in_stall_rules(journal) -> None:
+    """`between=` is a limit like the others: with only `process` open, the time since the last
+    stage ended counts against it (default 120 s)."""
+    from lora_otel.export.stall import DEFAULT_LIMITS_S, detect, parse_limits
+
+    assert DEFAULT_LIMITS_S["between"] == 120 and parse_limits("between=30")["between"] == 30
+    journal.process(0, alive=True, config={"stall_after": None, "frozen_after": "1e12"})
+    journal.span("import torch", 0.1, 2.0)
+    j = journal.read()
+    assert detect(j, journal.ns(100), True) is None
+    stall = detect(j, journal.ns(130), True)
+    assert stall.kind == "between" and stall.after == "import torch" and round(stall.open_for_s) == 128
+    assert detect(j, journal.ns(20), True, parse_limits("between=10")).kind == "between"
