@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -91,7 +92,8 @@ def _first_record(path: str) -> Optional[dict[str, Any]]:
 
 def earlier_journals(journal: Journal, runs: int = RUNS) -> list[Journal]:
     """Up to ``runs`` journals of earlier runs of the same program beside ``journal``, newest first:
-    same ``service.name``, another trace, started before it, with an exit record."""
+    same ``service.name``, another trace, started before it, exit status 0; only regular files of
+    this user's that nobody else can write (another user's planted journal teaches nothing)."""
     root = journal.root
     if root is None:
         return []
@@ -107,9 +109,11 @@ def earlier_journals(journal: Journal, runs: int = RUNS) -> list[Journal]:
         if os.path.abspath(path) == os.path.abspath(journal.path):
             continue
         try:
-            paths.append((os.stat(path).st_mtime, path))
+            st = os.stat(path, follow_symlinks=False)
         except OSError:
             continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            paths.append((st.st_mtime, path))  # only this user's own journals teach (a shared directory)
     out: list[Journal] = []
     for _, path in sorted(paths, reverse=True)[:MAX_CANDIDATES]:
         first = _first_record(path)
