@@ -218,7 +218,7 @@ class TestJson:
         killed_in_import(journal)
         doc = inspect_json(capsys, journal)
         assert set(doc) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps",
-                            "problems", "spans"}
+                            "problems", "stalls", "spans"}
         assert doc["main_thread"] is None  # its beats (none here) did not say where the main thread was
         assert doc["stuck"] == "stuck in import bitsandbytes for 312 s (process gone)"
         assert (doc["process_state"], doc["exit"], doc["steps"], doc["problems"]) == ("gone", None, 0, [])

@@ -286,7 +286,7 @@ class TestJson:
         assert [p["role"] for p in processes] == ["launcher", "rank", "rank"]
         for p in processes:
             assert set(p) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps", "problems",
-                              "rank", "local_rank", "world_size", "role", "label", "parent_pid", "start",
+                              "stalls", "rank", "local_rank", "world_size", "role", "label", "parent_pid", "start",
                               "outcome", "stall"}
         assert processes[2]["stall"]["span"] == "import bitsandbytes"
         assert processes[2]["stall"]["kind"] == "alive" and processes[2]["stall"]["limit_s"] == 120

@@ -229,13 +229,19 @@ def test_sidecar_that_cannot_start(tmp_path: Path) -> None:
         assert j.exit is not None and j.exit["code"] == 0 and not j.problems
 
 
-def test_no_sidecar_without_an_endpoint(tmp_path: Path) -> None:
-    """No OTLP endpoint configured: no sidecar, no sidecar log, the journal only."""
-    proc = start_traced(tmp_path, "pass\n")
+def test_no_sidecar_with_live_off(tmp_path: Path) -> None:
+    """LORA_OTEL_LIVE=0: no sidecar, no sidecar log, the journal only. Without it and without an
+    endpoint the sidecar runs as the local watchdog and exits with the job."""
+    proc = start_traced(tmp_path, "pass\n", LORA_OTEL_LIVE="0")
     proc.communicate(timeout=30)
     [path] = journals(tmp_path / "lora-otel")
     assert "lora_otel.sidecar.pid" not in read_journal(path).root.attrs
     assert not list((tmp_path / "lora-otel").glob("*.sidecar.log"))
+    proc = start_traced(tmp_path, "pass\n", LORA_OTEL_DIR=str(tmp_path / "local"))
+    proc.communicate(timeout=30)
+    wait_gone(sidecar_pid(tmp_path / "local"), timeout=10)
+    [log] = (tmp_path / "local").glob("*.sidecar.log")
+    assert "in local mode" in log.read_text()
 
 
 def test_outage_longer_than_the_queue(tmp_path: Path) -> None:

@@ -56,11 +56,15 @@ def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+ to list the stdlib")
-@pytest.mark.parametrize("live", [False, True], ids=["journal only", "starting the sidecar"])
-def test_pth_activation_loads_only_stdlib(tmp_path: Path, live: bool) -> None:
+@pytest.mark.parametrize("mode", ["off", "local", "otlp"],
+                         ids=["journal only (LORA_OTEL_LIVE=0)", "starting the local watchdog", "starting the sidecar"])
+def test_pth_activation_loads_only_stdlib(tmp_path: Path, mode: str) -> None:
     """`LORA_OTEL=1 python -X importtime -c pass`: every module imported is stdlib or lora_otel, and
-    none of the slow ones (json, re, typing, threading...), also when it starts the sidecar."""
-    extra = dict(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", LORA_OTEL_SIDECAR_PYTHON="/bin/true") if live else {}
+    none of the slow ones (json, re, typing, threading...), also when it starts the sidecar (for
+    every job unless LORA_OTEL_LIVE=0; with an endpoint, or as the local watchdog)."""
+    live = mode != "off"
+    extra = {"off": dict(LORA_OTEL_LIVE="0"), "local": dict(LORA_OTEL_SIDECAR_PYTHON="/bin/true"),
+             "otlp": dict(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", LORA_OTEL_SIDECAR_PYTHON="/bin/true")}[mode]
     r = subprocess.run([PYTHON, "-X", "importtime", "-c", "pass"], cwd=tmp_path,
                        env=clean_env(LORA_OTEL="1", **extra), capture_output=True, text=True)
     assert r.returncode == 0

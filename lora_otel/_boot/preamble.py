@@ -213,7 +213,7 @@ def _start(how: str) -> None:
     _started_ns = now
     core.active = True
     core.pid = os.getpid()
-    core.main_ident = _thread_mod.get_ident()
+    core.main_ident = _thread.get_ident()
     core.record_stderr()
     argv = list(sys.argv)
     env = os.environ
@@ -298,28 +298,26 @@ def _start(how: str) -> None:
 
 
 def _start_sidecar(env) -> None:
-    """Live export from a detached sidecar, when an OTLP endpoint is configured (see ``spawn``).
+    """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
+    when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none.
 
     Before any thread exists (the sidecar is started by a double fork). If it cannot start, one
     line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
     global _sidecar_pid, _sidecar_log
-    if not core.journal_path or not (env.get("LORA_OTEL_LIVE") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or
-                                     env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
-        return  # the common case costs no import
+    if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
+        return  # turned off: not even the import (spawn.wanted says the same)
     from lora_otel._boot import spawn
 
-    if not spawn.wanted(env):
-        return
     with core.fail_open("live export"):
         joined = spawn.join_parent_sidecar(core.journal_path, env)
         if joined:  # one sidecar per job: the one a parent started follows this journal too
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
             return
-        pid, why = spawn.start(core.journal_path, core.pid, env)
+        pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
         if pid is None:
-            core.error_line("live export off: %s; the journal remains for `lora-otel replay %s`"
-                            % (why, core.journal_path))
+            core.error_line("%s off: %s; the journal remains for `lora-otel replay %s`"
+                            % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path))
         else:
             _sidecar_pid, _sidecar_log = pid, spawn.opened_log
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
@@ -570,16 +568,12 @@ def _install_exit_hooks() -> None:
     _watch_system_exit()
 
 
-_main_thread_ident = _thread.get_ident()
-"""The thread that ran the preamble: the interpreter's main thread."""
-
-
 def note_system_exit(code: object) -> None:
     """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it).
 
     Only in the main thread: ``sys.exit`` in another thread ends that thread, not the process."""
     global _exit_code
-    if _thread.get_ident() != _main_thread_ident:
+    if _thread.get_ident() != core.main_ident:  # the thread that ran the preamble
         return
     _exit_code = code
 

@@ -8,9 +8,11 @@ session (a terminal's Ctrl-C or a launcher killing the process group does not re
 ``exec`` the sidecar's stdin and stdout become ``/dev/null``, stderr its own log file beside the
 journal, and every other descriptor is closed: it never holds the launcher's pipes.
 
-When is it started: ``LORA_OTEL_LIVE=1`` always, ``LORA_OTEL_LIVE=0`` never, and by default when an
+When is it started: for every job (the top-level traced process; its children register with it),
+unless ``LORA_OTEL_LIVE=0``. It exports over OTLP (`exports`) with ``LORA_OTEL_LIVE=1``, or when an
 OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._TRACES_ENDPOINT``) and neither
-``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none`` is set. ``LORA_OTEL_SIDECAR_PYTHON``
+``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none`` is set; otherwise it runs as the local
+watchdog, which needs no OpenTelemetry SDK. ``LORA_OTEL_SIDECAR_PYTHON``
 names the Python that runs it (default: this one), e.g. a separate virtual environment with
 ``lora_otel`` and the OpenTelemetry SDK installed, so that the training environment needs neither.
 """
@@ -34,7 +36,12 @@ _ON = ("1", "true", "yes", "on")
 
 
 def wanted(env) -> bool:
-    """Whether this process should start a sidecar (see the module docstring)."""
+    """Whether this process should start a sidecar: always, unless ``LORA_OTEL_LIVE=0``."""
+    return env.get("LORA_OTEL_LIVE", "").strip().lower() not in _OFF
+
+
+def exports(env) -> bool:
+    """Whether the sidecar exports over OTLP (else it is the local watchdog; see the module docstring)."""
     live = env.get("LORA_OTEL_LIVE", "").strip().lower()
     if live in _OFF:
         return False
@@ -103,14 +110,17 @@ def _has_sdk(python: str) -> bool:
     return False
 
 
-def start(journal_path: str, watched_pid: int, env=None) -> tuple:
-    """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start."""
+def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tuple:
+    """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start.
+
+    ``stderr_id``: ``(st_dev, st_ino)`` of this process's stderr at start (`core.stderr_id`), so
+    the sidecar can write the lines this process cannot (frozen, killed) to that stderr only."""
     env = os.environ if env is None else env
     python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
     if not python or not os.access(python, os.X_OK):
         return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if \
             env.get("LORA_OTEL_SIDECAR_PYTHON") else "no Python executable to run the sidecar"
-    if not _has_sdk(python):
+    if exports(env) and not _has_sdk(python):
         return None, ("the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
                       "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
     global opened_log, opened_registry
@@ -131,6 +141,17 @@ def start(journal_path: str, watched_pid: int, env=None) -> tuple:
     if memory is not None and kills is not None:
         # The baseline from now: a job can be OOM-killed before the sidecar has even started.
         argv += ["--cgroup", memory, "--oom-kills", str(kills)]
+    if stderr_id:
+        argv += ["--stderr", "%d:%d" % tuple(stderr_id)]
+        try:
+            target = os.readlink("/proc/self/fd/2")
+            import stat
+
+            st = os.stat(target)
+            if target.startswith("/") and stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == tuple(stderr_id):
+                argv += ["--stderr-path", target]
+        except OSError:
+            pass
     child_env = dict(env)
     for name in ("LORA_OTEL", "LORA_OTEL_JOURNAL"):
         child_env.pop(name, None)

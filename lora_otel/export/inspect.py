@@ -122,9 +122,12 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     except StallConfigError as e:
         return usage(f"{given}: {e}")
     try:
-        frozen_after = frozen_after_from_env()
+        frozen_after_from_env()
     except StallConfigError as e:
         return usage(e)
+    # One set of limits: each journal's recorded ones (`stall.journal_limits`) unless --stall-after.
+    limits_given = limits if stall_after is not None else None
+    limits, frozen_after = limits_given, None
     now_ns = time.time_ns()
     if os.path.isdir(path):
         if not jobs_mod.journal_paths(path):
@@ -353,6 +356,7 @@ class View:
             "exit": journal.exit and {**journal.exit, "ts": iso_time(journal.exit["ts"])},
             "steps": journal.steps,
             "problems": list(journal.problems),
+            "stalls": list(journal.stalls),  # the watchdog's stall records, in order (docs/journal.md)
             "spans": [self._span_json(span) for span in journal.spans],
         }
 

@@ -221,7 +221,7 @@ def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[St
 
 
 def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Optional[dict[str, float]] = None,
-              frozen_after_s: float = FROZEN_AFTER_S, stall: Optional[Stall] = None,
+              frozen_after_s: Optional[float] = FROZEN_AFTER_S, stall: Optional[Stall] = None,
               stall_known: bool = False) -> Proc:
     """A process from its journal. ``stall``/``stall_known``: the stall a follower already detected."""
     view = View(journal, state, now_ns)
@@ -520,7 +520,7 @@ def unreadable_reason(journal: Journal) -> Optional[str]:
 
 
 def read_dir(directory: str, now_ns: int, limits: Optional[dict[str, float]] = None,
-             frozen_after_s: float = FROZEN_AFTER_S) -> tuple[list[Job], list[Unreadable]]:
+             frozen_after_s: Optional[float] = FROZEN_AFTER_S) -> tuple[list[Job], list[Unreadable]]:
     """Every journal in ``directory`` read in full, grouped into jobs; the files that gave no process."""
     procs: list[Proc] = []
     unreadable: list[Unreadable] = []

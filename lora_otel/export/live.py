@@ -44,7 +44,7 @@ from lora_otel.export.diagnose import collective_in, explain, stacks_text, with_
 from lora_otel.export.evidence import (NO_DUMP, PREFIX, StackRequest, gather, python_stacks, refuse_after_silence,
                                        stack_request)
 from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
-from lora_otel.export.stall import Stall, detect, frozen_after_from_env, parse_limits
+from lora_otel.export.stall import Stall, detect, journal_limits
 
 
 def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
@@ -323,13 +323,17 @@ class Follower:
                  evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
                  log_exporter: Any = None, spans_out: Optional[Outbox] = None,
                  logs_out: Optional[Outbox] = None, peers: Optional[Callable[[], Sequence[Journal]]] = None,
-                 peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None) -> None:
+                 peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None,
+                 watch: Any = None) -> None:
         """``exporter``/``log_exporter`` give this follower its own outboxes; or pass ``spans_out``
         (and ``logs_out``) to share them between the followers of one job (see `outboxes`).
 
         ``peers``: returns the journals of the job's other processes as they stand now (the sidecar's
         other followers'); with them a stall inside a collective names the ranks that never arrived.
-        ``peer_stacks(journal, peers)``: their Python stacks by journal path (default `peer_stacks`)."""
+        ``peer_stacks(journal, peers)``: their Python stacks by journal path (default `peer_stacks`).
+        ``watch``: a `watchdog.Watch` of the same journal: its learned limits apply, it says slow
+        stages, and each stall exported is also appended to the journal as a ``stall`` record
+        (with the STALLED line where the job cannot write it), the same record local mode writes."""
         self.path = path
         self.tail = JournalTail(path, max_events=MAX_EVENTS)
         self.capacity = _queue_size()
@@ -341,8 +345,9 @@ class Follower:
         self._logs: Optional[LogSink] = None
         self._resource = None
         self._tr = None
-        self.limits = limits or parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER"))
-        self.frozen_after_s = frozen_after_s if frozen_after_s is not None else frozen_after_from_env()
+        self.limits = limits  # None: the limits the journal recorded (`stall.journal_limits`)
+        self.frozen_after_s = frozen_after_s
+        self.watch = watch
         self.evidence = evidence
         self.peers = peers
         self.peer_stacks = peer_stacks or globals()["peer_stacks"]
@@ -367,7 +372,14 @@ class Follower:
         out = self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending)
         alive = process_state(journal) == "running"
         stalled_now = {s.span.span_id for s in self.stalls}
-        stall = detect(journal, now, alive, self.limits, self.frozen_after_s)
+        learned = None
+        if self.watch is not None and alive and journal.root is not None:
+            self.watch.journal = journal
+            if self.watch.learned is None:
+                self.watch.read()
+            learned = self.watch.learned
+            self.watch._slow(journal, now)
+        stall = detect(journal, now, alive, self.limits, self.frozen_after_s, learned)
         if stall is not None and stall.span.span_id not in stalled_now and stall.span.span_id not in self.exported:
             out += self._stall(journal, tr, stall, now)
         self._send(out)
@@ -512,9 +524,15 @@ class Follower:
                 others = self.peer_stacks(journal, peers)
             except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
                 evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
-        found = explain(stall, evidence, journal, peers, others, frozen_after_s=self.frozen_after_s)
+        frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)[1]
+        found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
         found = with_baseline(found, stall, journal, self._baseline_for(journal), now)
         sentence = found.sentence
+        if self.watch is not None:
+            try:
+                self.watch.write(journal, stall, sentence, evidence, now)
+            except Exception as e:  # noqa: BLE001 - the export goes on
+                evidence[PREFIX + "record.error"] = "%s: %s" % (type(e).__name__, e)
         ranks = world_peers(journal, peers)
         for rank in (found.attrs.get("lora_otel.collective.missing_ranks") or [])[:PEER_STACKS_ATTACHED]:
             text = others.get(ranks[rank].path) if rank in ranks else None
@@ -522,9 +540,9 @@ class Follower:
                 evidence[PREFIX + "rank.%d.python.stacks" % rank] = text[-4000:]
         duration_s = (now - stall.span.start_ns) / 1e9
         self._log(tr, now, "warn", "stall detected: %s open for %s (%s): %s"
-                  % (stall.span.name, format_duration(now - stall.span.start_ns), stall.kind, sentence),
+                  % (stall.stage, format_duration(now - stall.span.start_ns), stall.kind, sentence),
                   stall.span.span_id,
-                  {"lora_otel.stall.stage": stall.span.name, "lora_otel.stall.duration_s": round(duration_s, 3),
+                  {"lora_otel.stall.stage": stall.stage, "lora_otel.stall.duration_s": round(duration_s, 3),
                    "lora_otel.stall.kind": stall.kind, "lora_otel.diagnosis": sentence,
                    "lora_otel.stall.message": stall.status_message, **found.attrs})
         out = []
@@ -538,7 +556,7 @@ class Follower:
                 ev.update(found.attrs)
                 events.append(Event("stall detected", otlp.otel_attributes(ev), now))
             attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.stall.kind": stall.kind,
-                     "lora_otel.stall.stage": stall.span.name, "lora_otel.diagnosis": sentence}
+                     "lora_otel.stall.stage": stall.stage, "lora_otel.diagnosis": sentence}
             if span is stall.span:
                 attrs.update(found.attrs)
             rs = _amend(tr.readable(span), status=Status(StatusCode.ERROR, stall.status_message),

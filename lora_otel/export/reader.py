@@ -22,7 +22,7 @@ FORMAT_VERSION = 1
 STEP_SAMPLES = 300
 EVENTS_DROPPED = "lora_otel.events.dropped"
 """Span attribute: how many events a `JournalTail` with ``max_events`` left out of the middle."""
-KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit", "exec")
+KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit", "exec", "stall")
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "start": ("trace_id", "span_id", "name"),
@@ -33,6 +33,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "line": ("msg",),
     "exit": (),
     "exec": (),
+    "stall": ("kind",),
 }
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
@@ -90,7 +91,11 @@ class Journal:
     ``exit`` is the ``exit`` record as ``{"ts", "code", "how", "message"}``, or None. ``exec`` is the
     last ``exec`` record as ``{"ts", "path", "argv", "via"}`` while no later one says it failed:
     the process became another program; None otherwise.
-    ``last_evidence_ns`` is the ``ts`` of the last readable record of any kind.
+    ``last_evidence_ns`` is the ``ts`` of the last readable record the process wrote (a ``stall``
+    record is the watchdog's, not the process's: it does not count).
+    ``stalls``: the ``stall`` records the watchdog or sidecar appended, as dicts, in file order.
+    ``stderr_id``/``stderr_path``: what descriptor 2 was when the process started (``[st_dev,
+    st_ino]``; its path when it was a regular file), from the ``process`` start record, or None.
     ``main_frames`` is where the main thread was at the last beat (its ``main``: ``[file, line,
     function]`` lists, outermost first, a C function called last as ``["", 0, "time.sleep"]``), or
     None when that beat had none; ``main_frames_ts`` is that beat's time. `where_text` says it.
@@ -118,6 +123,9 @@ class Journal:
     main_frames: Optional[list[list[Any]]] = None
     main_frames_ts: Optional[int] = None
     problems: list[str] = field(default_factory=list)
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    stderr_id: Optional[tuple[int, int]] = None
+    stderr_path: Optional[str] = None
 
     @property
     def trace_id(self) -> Optional[str]:
@@ -499,7 +507,8 @@ class _JournalBuilder:
         if not 0 <= ts <= _MAX_TS:
             raise _BadRecord(f"'ts' out of range: {ts}")
         getattr(self, f"_on_{kind}")(number, ts, record)
-        self.journal.last_evidence_ns = ts
+        if kind != "stall":  # the watchdog's record, not the process's evidence
+            self.journal.last_evidence_ns = ts
 
     def _on_start(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span_id = _span_id(record, "span_id")
@@ -542,6 +551,11 @@ class _JournalBuilder:
             self._problem(number, f"process start has an invalid 'config': {_short(config)}")
         if isinstance(sampled, bool):
             journal.sampled = sampled
+        stderr, stderr_path = record.get("stderr"), record.get("stderr_path")
+        if isinstance(stderr, list) and len(stderr) == 2 and all(_is_int(v) for v in stderr):
+            journal.stderr_id = (stderr[0], stderr[1])
+        if isinstance(stderr_path, str) and stderr_path.startswith("/"):
+            journal.stderr_path = stderr_path
         image = record.get("image")
         if isinstance(image, dict):
             journal.image = {key: value for key, value in image.items()
@@ -623,6 +637,12 @@ class _JournalBuilder:
             root.status = "error" if code else "ok"
             root.message = self.journal.exit["message"]
             root.attrs["process.exit.code"] = code
+
+    def _on_stall(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind not in ("alive", "frozen", "between", "died"):
+            raise _BadRecord(f"'stall' record has an unknown kind {_short(kind)}")
+        self.journal.stalls.append(dict(record))
 
     def _on_exec(self, number: int, ts: int, record: dict[str, Any]) -> None:
         if "error" in record:  # the attempt failed: the process goes on as it was

@@ -2,10 +2,16 @@
 
     python -m lora_otel.export.sidecar --journal PATH --pid PID
 
-The traced process starts it (see ``lora_otel._boot.spawn``) when an OTLP endpoint is configured.
-It runs in its own session with ``/dev/null`` for stdin and stdout and its own log file
-(``<journal stem>.sidecar.log``) for stderr, so it never holds the launcher's pipes. It is the only
-process that imports the OpenTelemetry SDK. It polls the journal (`lora_otel.export.live.Follower`:
+The traced process starts it (see ``lora_otel._boot.spawn``) for every job (``LORA_OTEL_LIVE=0``
+turns it off). It runs in its own session with ``/dev/null`` for stdin and stdout and its own log
+file (``<journal stem>.sidecar.log``) for stderr, so it never holds the launcher's pipes.
+
+Without an OTLP endpoint it runs in *local mode* (`follow_local`): the watchdog of
+`lora_otel.export.watchdog` for each journal of the job — stall records in the journals, the
+STALLED and death lines the job cannot write itself — and it never imports the OpenTelemetry SDK.
+It exits as soon as every process of the job is gone.
+
+With an endpoint it is the only process that imports the OpenTelemetry SDK. It polls the journal (`lora_otel.export.live.Follower`:
 spans as they end, stalls as incomplete spans with evidence, human lines and stalls as log
 records), and once the watched process is gone it finalises the spans still open with how the
 process ended, sends what is queued (for up to ``LORA_OTEL_DRAIN_S``, default 30 s, while the
@@ -25,6 +31,7 @@ import time
 from typing import Optional
 
 from lora_otel.export.reader import JournalError, exec_phrase, process_state
+from lora_otel.export.watchdog import owned_file_reason
 
 POLL_S = 0.5
 DRAIN_S = 30.0
@@ -82,30 +89,6 @@ def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None
     return "exit code %s" % code if code is not None else "exited"
 
 
-def owned_file_reason(path: str) -> str:
-    """Why the sidecar will not read ``path`` ("" when it will): it must be reached without a
-    symlink at its last component (``O_NOFOLLOW``) and be a regular file owned by this user (the
-    job's: the sidecar runs as the job's user) that nobody else can write. A journal or registry
-    that another local user planted in a shared directory is never followed."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        return "%s is a symlink" % path if e.errno == 40 else "%s: %s" % (path, e.strerror or e)
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(st.st_mode):
-        return "%s is not a regular file" % path
-    if st.st_uid != os.geteuid():
-        return "%s belongs to uid %d, not to the job's user (uid %d)" % (path, st.st_uid, os.geteuid())
-    if st.st_mode & 0o022:
-        return "%s is writable by other users (mode %o)" % (path, st.st_mode & 0o777)
-    return ""
-
-
 class _Registry:
     """The journals the job's other processes registered (``<stem>.children``, one path per line).
 
@@ -156,15 +139,90 @@ class _Registry:
         return out
 
 
+def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, cgroup: Optional[str] = None,
+                 oom_kills: Optional[int] = None, children: Optional[str] = None,
+                 stderr_hint: Optional[tuple] = None) -> int:
+    """Local mode: watch the job until every process of it is gone (no OpenTelemetry imported).
+
+    Each journal gets a `watchdog.Watch`: stalls under the recorded (and learned) limits, a
+    ``stall`` record in the journal, the STALLED line where the job cannot write it; a process that
+    vanished without an exit record gets a ``died`` record and its death line. Returns 0."""
+    from lora_otel.export.evidence import OomWatch
+    from lora_otel.export.watchdog import JobLines, Watch
+
+    _say("following %s (pid %s) in local mode: stalls go into the journal and the job's lines; no OTLP endpoint"
+         % (journal_path, pid))
+    oom = OomWatch(cgroup, oom_kills)
+    if pid is not None:
+        oom.see(pid)
+    registry = _Registry(children)
+
+    def peers_of(path: str):
+        return lambda: [w.journal for p, w in list(watches.items()) if p != path and w.journal is not None]
+
+    def watch(path: str, hint: Optional[tuple] = None) -> Watch:
+        return Watch(path, lines=JobLines(hint), by="watchdog", peers=peers_of(path), say=_say)
+
+    watches = {journal_path: watch(journal_path, stderr_hint)}
+    ended: dict = {}
+    while True:
+        for path in registry.new_paths():
+            if path not in watches:
+                watches[path] = watch(path)
+                _say("following %s too" % path)
+        for path, w in watches.items():
+            if path in ended:
+                continue
+            try:
+                w.poll()
+            except JournalError as e:
+                _say("cannot read %s: %s" % (path, e))
+                ended[path] = "unreadable journal"
+                w.close()
+                continue
+            if path == journal_path and pid is not None:
+                oom.see(pid)
+            journal = w.journal
+            state = process_state(journal) if journal is not None else "gone"
+            if state != "running":
+                if path == journal_path and state != "exec'd":
+                    time.sleep(EXIT_GRACE_S)  # `lora-otel run` may be appending the exit record
+                final = w.read()
+                execd = final.exit is None and (final.exec is not None or state == "exec'd")
+                struck = None if execd or final.exit is not None else (
+                    oom.struck() if path == journal_path else w.oom.struck())
+                told = None if execd else w.ended(struck or "")
+                how = describe_end(final, struck, state)
+                ended[path] = how
+                w.close()
+                _say("%s: process ended (%s)%s" % (path, how, "; told the job's log: %s" % told if told else ""))
+        if len(ended) == len(watches) and journal_path in ended:
+            for path in registry.new_paths():
+                if path not in watches:
+                    watches[path] = watch(path)
+            if len(ended) == len(watches):
+                break
+        time.sleep(poll_s)
+    stalls = sum(len(w.records) for w in watches.values())
+    _say("job ended (%s); %d journal(s); %d stall(s) recorded" % (ended[journal_path], len(watches), stalls))
+    return 0
+
+
 def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S,
-           cgroup: Optional[str] = None, oom_kills: Optional[int] = None, children: Optional[str] = None) -> int:
+           cgroup: Optional[str] = None, oom_kills: Optional[int] = None, children: Optional[str] = None,
+           stderr_hint: Optional[tuple] = None) -> int:
     """Follow the job until every process of it is gone, finalise, drain.
 
     The job is the process that started this sidecar (``journal_path``) and every process that
     registered its journal in ``children`` (forked and spawned workers, ranks, anything below it).
-    Returns 0 when everything was delivered.
+    Without an OTLP endpoint: `follow_local`. Returns 0 when everything was delivered.
     """
+    from lora_otel._boot.spawn import exports
+
+    if not exports(os.environ):
+        return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
     from lora_otel.export.live import Follower, outboxes
+    from lora_otel.export.watchdog import JobLines, Watch
     from lora_otel.export.otlp import (ExporterConfigError, describe_endpoint, learn_secrets, make_exporter,
                                        make_log_exporter)
 
@@ -181,22 +239,24 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             log_exporter = make_log_exporter(timeout=5)
         except Exception as e:  # noqa: BLE001 - log records are extra; spans go on
             _say("log records off: %s" % e)
-    from lora_otel.export.stall import FROZEN_AFTER_S, StallConfigError, frozen_after_from_env, parse_limits
+    from lora_otel.export.stall import StallConfigError, frozen_after_from_env, parse_limits
 
     try:
-        limits, frozen_after = parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER")), frozen_after_from_env()
+        parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER")), frozen_after_from_env()
     except StallConfigError as e:
         _say("%s; using the default limits" % e)
-        limits, frozen_after = parse_limits(None), FROZEN_AFTER_S
+    limits = frozen_after = None  # each journal's own recorded limits (`stall.journal_limits`)
     _say("following %s (pid %s), exporting to %s" % (journal_path, pid, describe_endpoint(exporter)))
     spans_out, logs_out = outboxes(exporter, log_exporter)
     spans_out.on_change = _say
     if logs_out is not None:
         logs_out.on_change = _say
 
-    def follower(path: str) -> Follower:
+    def follower(path: str, hint: Optional[tuple] = None) -> Follower:
+        # The same watchdog as in local mode writes the stall record and the lines the job cannot.
+        watch = Watch(path, limits, frozen_after, lines=JobLines(hint), by="sidecar", say=_say)
         return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out,
-                        peers=lambda: other_journals(followers, path))
+                        peers=lambda: other_journals(followers, path), watch=watch)
 
     from lora_otel.export.evidence import OomWatch
 
@@ -204,7 +264,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     if pid is not None:
         oom.see(pid)
     registry = _Registry(children)
-    followers = {journal_path: follower(journal_path)}
+    followers = {journal_path: follower(journal_path, stderr_hint)}
     ended: dict = {}  # path -> how its process ended
     while True:
         for path in registry.new_paths():
@@ -230,7 +290,10 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
                     time.sleep(EXIT_GRACE_S)  # `lora-otel run` may be appending the exit record
                 final = f.tail.read()
                 execd = final.exit is None and (final.exec is not None or state == "exec'd")
-                how = describe_end(final, None if execd or final.exit is not None else oom.struck(), state)
+                struck = None if execd or final.exit is not None else oom.struck()
+                how = describe_end(final, struck, state)
+                if not execd and f.watch is not None:
+                    f.watch.ended(struck or "")
                 f.finalize(how, failed=not execd)
                 ended[path] = how
                 f.tail.close()  # a job of many short-lived processes must not hold a descriptor for each
@@ -265,7 +328,8 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lora_otel.export.sidecar",
-                                     description="Follow a traced process's journal and export it live over OTLP.")
+                                     description="Follow a traced process's journal: the local watchdog, and live "
+                                                 "export over OTLP when an endpoint is configured.")
     parser.add_argument("--journal", required=True, help="the journal to follow (*.otel.jsonl)")
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
     parser.add_argument("--poll", type=float, default=_float_env("LORA_OTEL_POLL_S", POLL_S),
@@ -273,14 +337,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--children", help="the file where the job's other processes register their journals")
     parser.add_argument("--cgroup", help="the process's memory cgroup when it started")
     parser.add_argument("--oom-kills", type=int, help="that cgroup's oom_kill count when the process started")
+    parser.add_argument("--stderr", help="DEV:INO of the process's stderr at start, for a journal that does not record it")
+    parser.add_argument("--stderr-path", help="that stderr's path, when it was a regular file")
     args = parser.parse_args(argv)
+    hint = None
+    if args.stderr and args.stderr.count(":") == 1 and all(p.isdigit() for p in args.stderr.split(":")):
+        hint = (tuple(int(p) for p in args.stderr.split(":")), args.stderr_path or None)
     # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
     # sidecar reports the outage once itself.
     logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     try:
         return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
-                      args.cgroup, args.oom_kills, args.children)
+                      args.cgroup, args.oom_kills, args.children, hint)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - say it in the log file, once

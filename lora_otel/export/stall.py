@@ -8,6 +8,9 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
   ``training`` the time since the last optimizer step, max(120 s, 20 × the median step time);
   user stages have no limit unless one is configured, and one inside ``training`` (an ``epoch N``
   span) leaves the step-gap rule of ``training`` in force.
+- ``between``: no stage is open other than ``process`` (and no ``training``), and none has been
+  for 120 s since the last stage ended (``between=`` changes it): the program's own code between
+  stages, e.g. a download frozen at 0 B/s after ``import torch``.
 - ``frozen``: the process exists but its once-per-second beat has stopped for 10 s (the GIL held in
   C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in. ``LORA_OTEL_FROZEN_AFTER``
   changes the 10 s.
@@ -15,13 +18,22 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
 Limits are configured by ``--stall-after``/``LORA_OTEL_STALL_AFTER``: a number of seconds for
 every stage (``300``), or per stage (``import=300,cuda init=60,training=900,default=600``); a
 stage is matched by its full name first (``import bitsandbytes=900``), then by kind (``import``).
+
+One set of limits: the job records the raw texts of ``LORA_OTEL_STALL_AFTER`` and
+``LORA_OTEL_FROZEN_AFTER`` in its ``process`` start record (``config.stall_after``,
+``config.frozen_after``); `detect` called without limits applies those (`journal_limits`), so
+``inspect``, ``watch`` and the sidecar agree with the job. A journal from before that record falls
+back to this process's environment; a command-line ``--stall-after`` wins over both.
+
+Learned limits (``learned``: `lora_otel.export.learned`): a stage that earlier runs say takes at
+most L s is called stalled at max(30 s, 5 × L) when that is shorter than its limit (or it has none).
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from lora_otel._boot import limits as _limits  # one definition, shared with the job itself
 from lora_otel.export.inspect import deepest_open_span
@@ -48,14 +60,26 @@ class StallConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Stall:
-    kind: str  # "alive" or "frozen"
-    span: Span
-    open_for_s: float  # how long the stage has been open (training: since the last step)
+    kind: str  # "alive", "frozen" or "between"
+    span: Span  # the stalled stage; for "between" the root ``process`` span
+    open_for_s: float  # how long the stage has been open (training: since the last step; between: since the last stage ended)
     limit_s: float
     reason: str  # one English sentence
+    learned: Any = None  # the `learned.Learned` whose limit applied, or None
+    after: Optional[str] = None  # "between": the stage that ended last (None: none has)
+    since_ns: Optional[int] = None  # "between": when it ended (or the process started)
+
+    @property
+    def stage(self) -> str:
+        """The stage's name; "between stages" when none is open."""
+        return "between stages" if self.kind == "between" or self.span.parent_id is None and \
+            self.span.name == "process" else self.span.name
 
     @property
     def status_message(self) -> str:
+        if self.kind == "between":
+            return "stalled: no stage open for %d s%s" % (self.open_for_s, " since %s ended" % self.after
+                                                          if self.after else "")
         return "stalled: %s open for %d s" % (self.span.name, self.open_for_s)
 
 
@@ -65,6 +89,32 @@ def parse_limits(text: Optional[str]) -> dict[str, float]:
         return _limits.parse_limits(text)
     except _limits.LimitError as e:
         raise StallConfigError(str(e)) from None
+
+
+def journal_limits(journal: Journal, limits: Optional[dict[str, float]] = None,
+                   frozen_after_s: Optional[float] = None, environ: Optional[Mapping[str, str]] = None
+                   ) -> tuple[dict[str, float], float]:
+    """The limits ``journal``'s process ran with: ``limits``/``frozen_after_s`` when given (a command
+    line's), else the raw texts its start record holds (``config.stall_after``/``frozen_after``;
+    null there means the defaults), else — a journal from before those were recorded — this
+    process's ``LORA_OTEL_STALL_AFTER``/``LORA_OTEL_FROZEN_AFTER``. A bad text means the default."""
+    import os
+
+    env = os.environ if environ is None else environ
+    config = journal.config if isinstance(journal.config, dict) else {}
+    if limits is None:
+        text = config["stall_after"] if "stall_after" in config else env.get("LORA_OTEL_STALL_AFTER")
+        try:
+            limits = parse_limits(text if isinstance(text, str) else None)
+        except StallConfigError:
+            limits = parse_limits(None)
+    if frozen_after_s is None:
+        text = config["frozen_after"] if "frozen_after" in config else env.get("LORA_OTEL_FROZEN_AFTER")
+        try:
+            frozen_after_s = frozen_after_from_env({"LORA_OTEL_FROZEN_AFTER": text if isinstance(text, str) else ""})
+        except StallConfigError:
+            frozen_after_s = FROZEN_AFTER_S
+    return limits, frozen_after_s
 
 
 def limit_for(span: Span, limits: dict[str, float]) -> Optional[float]:
@@ -87,11 +137,14 @@ def median_step_s(journal: Journal) -> Optional[float]:
 
 
 def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str, float]] = None,
-           frozen_after_s: float = FROZEN_AFTER_S) -> Optional[Stall]:
-    """The stall in ``journal`` at ``now_ns``, or None. ``alive``: the process still exists."""
+           frozen_after_s: Optional[float] = None, learned: Optional[Mapping[str, Any]] = None) -> Optional[Stall]:
+    """The stall in ``journal`` at ``now_ns``, or None. ``alive``: the process still exists.
+
+    ``limits``/``frozen_after_s`` None: the ones the journal recorded (`journal_limits`).
+    ``learned``: stage name → `learned.Learned` (what earlier runs say about that stage)."""
     if not alive or journal.exit is not None:
         return None
-    limits = limits or DEFAULT_LIMITS_S
+    limits, frozen_after_s = journal_limits(journal, limits, frozen_after_s)
     span = deepest_open_span(journal)
     if span is None:
         return None
@@ -101,7 +154,11 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
         return Stall("frozen", span, (now_ns - span.start_ns) / 1e9, frozen_after_s,
                      "the process exists but has not beaten for %d s (frozen: GIL held in native code, "
                      "stopped, or in uninterruptible I/O)" % silent_s)
-    if span.name != "training" and limit_for(span, limits) is None:
+    if span is journal.root:
+        return _between(journal, span, now_ns, limits)
+    rule = learned.get(span.name) if learned else None
+    learned_limit = rule.limit_s if rule is not None else None
+    if span.name != "training" and limit_for(span, limits) is None and learned_limit is None:
         # A stage with no limit of its own inside `training` (an `epoch N` span from a trainer
         # integration, a user's stage): the step-gap rule of the enclosing training span holds.
         ancestor: Optional[Span] = span
@@ -122,7 +179,32 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
                 gap, limit, ", 20x the median step of %.2f s" % med if med and limit > floor else ""))
         return None
     limit = limit_for(span, limits)
+    used = None
+    if learned_limit is not None and (limit is None or learned_limit < limit):
+        limit, used = learned_limit, rule
     open_for = (now_ns - span.start_ns) / 1e9
     if limit is not None and open_for >= limit:
-        return Stall("alive", span, open_for, limit, "%s open for %d s, limit %d s" % (span.name, open_for, limit))
+        return Stall("alive", span, open_for, limit, "%s open for %d s, limit %d s%s" % (
+            span.name, open_for, limit, " (learned: %s)" % used.describe() if used is not None else ""), learned=used)
     return None
+
+
+def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
+    """The stage that ended last and when (``(None, the process's start)`` when none has)."""
+    root = journal.root
+    best: tuple[Optional[str], int] = (None, root.start_ns if root is not None else 0)
+    for span in journal.spans:
+        if span is not root and span.end_ns is not None and span.end_ns >= best[1]:
+            best = (span.name, span.end_ns)
+    return best
+
+
+def _between(journal: Journal, root: Span, now_ns: int, limits: dict[str, float]) -> Optional[Stall]:
+    """No stage open but ``process``: stalled once ``between`` seconds have passed since the last one ended."""
+    limit = limits.get("between", DEFAULT_LIMITS_S["between"])
+    after, since = last_stage_end(journal)
+    quiet_s = (now_ns - since) / 1e9
+    if quiet_s < limit:
+        return None
+    return Stall("between", root, quiet_s, limit, "no stage open for %d s%s, limit %d s" % (
+        quiet_s, " since %s ended" % after if after else "", limit), after=after, since_ns=since)

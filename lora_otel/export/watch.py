@@ -108,7 +108,8 @@ def _watch(args: argparse.Namespace) -> int:
     alerter = Alerter(command, webhook)
     exit_on_stall = bool(getattr(args, "exit_on_stall", False))
     try:
-        watcher = Watcher(args.path, limits, frozen_after_from_env())
+        frozen_after_from_env()  # a bad value is a usage error; each journal's recorded limits apply
+        watcher = Watcher(args.path, limits if args.stall_after is not None else None, None)
         watcher.poll(time.time_ns())
         for f in watcher.followed.values():  # the file named has lines, but not one record
             if not watcher.is_dir and f.journal and f.journal.last_evidence_ns is None and f.journal.problems:
@@ -322,7 +323,8 @@ class Followed:
 class Watcher:
     """The journals under a path, polled together."""
 
-    def __init__(self, path: str, limits: dict[str, float], frozen_after_s: float = FROZEN_AFTER_S) -> None:
+    def __init__(self, path: str, limits: Optional[dict[str, float]], frozen_after_s: Optional[float] = FROZEN_AFTER_S) -> None:
+        """``limits``/``frozen_after_s`` None: each journal's recorded limits (`stall.journal_limits`)."""
         self.path, self.is_dir, self.limits, self.frozen_after_s = path, os.path.isdir(path), limits, frozen_after_s
         self.followed: dict[str, Followed] = {}
         self.said_waiting = False

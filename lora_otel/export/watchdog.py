@@ -1,0 +1,410 @@
+"""The local watchdog: stalls, evidence and diagnoses for a job with no collector.
+
+The sidecar (`lora_otel.export.sidecar`) runs this for every job (``LORA_OTEL=1``) when no OTLP
+endpoint is configured. It never imports the OpenTelemetry SDK. For each journal of the job it:
+
+- detects stalls with `stall.detect` under the limits the job recorded (and the limits it learned
+  from earlier runs, `lora_otel.export.learned`), gathers the evidence (`evidence.gather`: the
+  verified stack request, /proc, NVML) and diagnoses it (`diagnose.explain`);
+- appends one ``stall`` record to the job's journal (the same record the live follower appends,
+  so ``inspect``, ``watch``, ``replay`` and a later export see the same stall);
+- speaks for the job when it cannot: a ``STALLED: …`` line for a frozen process or a stall only a
+  learned limit calls, a ``… is slow`` line (``import torch: 30 s so far, usually 2.4 s over the
+  last 5 runs``), and how a process that vanished without an exit record died — to the job's
+  ``--log`` file and its stderr (`JobLines`), never holding either open between writes.
+
+Standard library plus the analysis modules; nothing here waits on the network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from lora_otel.export.evidence import NO_DUMP, PREFIX, OomWatch, StackRequest, gather, refuse_after_silence, stack_request
+from lora_otel.export.learned import Learned, learn
+from lora_otel.export.reader import Journal, JournalTail, process_state
+from lora_otel.export.stall import Stall, detect, journal_limits
+
+EVIDENCE_TEXT_MAX = 200  # a value longer than this stays out of the stall record's summary
+
+
+def owned_file_reason(path: str) -> str:
+    """Why the watchdog will not read or append to ``path`` ("" when it will): it must be reached
+    without a symlink at its last component (``O_NOFOLLOW``) and be a regular file owned by this
+    user (the job's: the sidecar runs as the job's user) that nobody else can write. A journal or
+    registry that another local user planted in a shared directory is never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        return "%s is a symlink" % path if e.errno == 40 else "%s: %s" % (path, e.strerror or e)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return "%s is not a regular file" % path
+    if st.st_uid != os.geteuid():
+        return "%s belongs to uid %d, not to the job's user (uid %d)" % (path, st.st_uid, os.geteuid())
+    if st.st_mode & 0o022:
+        return "%s is writable by other users (mode %o)" % (path, st.st_mode & 0o777)
+    return ""
+
+
+# --- the stall record ----------------------------------------------------------------------------
+
+def evidence_summary(evidence: dict[str, Any]) -> dict[str, Any]:
+    """The evidence, flat and short: scalar facts without the ``lora_otel.evidence.`` prefix; stacks
+    and other long texts stay out (the stacks file has them)."""
+    out: dict[str, Any] = {}
+    for key, value in evidence.items():
+        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        if name.endswith("python.stacks") or name.startswith("rank."):
+            continue
+        if isinstance(value, bool) or isinstance(value, (int, float)):
+            out[name] = value
+        elif isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX:
+            out[name] = value
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            text = ", ".join(value[:4])
+            out[name] = text if len(text) <= EVIDENCE_TEXT_MAX else text[:EVIDENCE_TEXT_MAX - 1] + "\u2026"
+    return out
+
+
+def stall_record(stall: Stall, diagnosis: str, evidence: dict[str, Any], by: str, now_ns: int) -> dict[str, Any]:
+    """The journal's ``stall`` record for ``stall`` (see docs/journal.md)."""
+    no_stage = stall.kind == "between" or stall.span.parent_id is None and stall.span.name == "process"
+    evidence = evidence_summary(evidence)
+    if stall.kind == "between" and stall.after:
+        evidence["last_stage"] = stall.after
+    learned = stall.learned
+    return {"v": 1, "k": "stall", "ts": now_ns, "span_id": None if no_stage else stall.span.span_id,
+            "stage": stall.stage, "kind": stall.kind, "limit_s": round(float(stall.limit_s), 3),
+            "open_s": round(float(stall.open_for_s), 3),
+            "learned": learned.to_json() if isinstance(learned, Learned) else None,
+            "evidence": evidence, "diagnosis": diagnosis, "by": by}
+
+
+def append_record(journal_path: str, record: dict[str, Any]) -> str:
+    """Append ``record`` to the journal (``O_APPEND``, one ``os.write``), only when the journal is
+    the job user's regular file nobody else can write; "" when written, else why not."""
+    why = owned_file_reason(journal_path)
+    if why:
+        return why
+    data = (json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode(
+        "utf-8", "backslashreplace")
+    try:
+        fd = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        return "%s: %s" % (journal_path, e.strerror or e)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return "%s is not the job user's regular file" % journal_path
+        os.write(fd, data)
+    except OSError as e:
+        return "%s: %s" % (journal_path, e.strerror or e)
+    finally:
+        os.close(fd)
+    return ""
+
+
+# --- lines for the job ---------------------------------------------------------------------------
+
+def _iso_ms(ns: int) -> str:
+    s, rem = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + ".%03dZ" % (rem // 1_000_000)
+
+
+def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
+    """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid."""
+    from lora_otel._boot.redact import redact_text
+
+    msg = redact_text(" ".join(str(msg).splitlines()))
+    return "[lora-otel][%d][%s] %s\n" % (pid, _iso_ms(time.time_ns() if now_ns is None else now_ns), msg)
+
+
+def log_path(journal: Journal) -> Optional[str]:
+    """The job's ``--log`` file (absolute), from its root span's attributes, or None."""
+    root = journal.root
+    if root is None:
+        return None
+    path = root.attrs.get("lora_otel.log.path")
+    if not isinstance(path, str) or not path:
+        return None
+    if not os.path.isabs(path):
+        cwd = root.attrs.get("process.working_directory")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            return None
+        path = os.path.join(cwd, path)
+    return path
+
+
+def _write_checked(path: str, data: bytes, *, follow: bool, ident: Optional[tuple] = None) -> Optional[tuple]:
+    """Open ``path`` for appending, check it, write once, close. ``follow``: ``path`` is a
+    /proc/<pid>/fd link (followed on purpose; ``ident`` must match), else ``O_NOFOLLOW`` and only
+    a regular file of this user's. Returns the file's ``(st_dev, st_ino)`` when written."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        got = (st.st_dev, st.st_ino)
+        if ident is not None and got != tuple(ident):
+            return None
+        if not follow and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()):
+            return None
+        os.write(fd, data)
+        return got
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class JobLines:
+    """Lines written for a job that cannot write them itself: to its ``--log`` file (by path) and
+    its stderr (``/proc/<pid>/fd/2`` while it lives and is still the stderr the journal recorded,
+    else by path when it was a regular file). Each write opens, writes once and closes: a launcher
+    reading the job's pipe sees end-of-file the moment the job exits.
+
+    ``stderr_hint``: ``((st_dev, st_ino), path or None)`` the sidecar was told at start, for a
+    journal that does not record its stderr itself."""
+
+    def __init__(self, stderr_hint: Optional[tuple] = None) -> None:
+        self.stderr_hint = stderr_hint
+
+    def _stderr(self, journal: Journal) -> tuple:
+        if journal.stderr_id is not None:
+            return journal.stderr_id, journal.stderr_path
+        if self.stderr_hint is not None:
+            return self.stderr_hint
+        return None, None
+
+    def say(self, journal: Journal, msg: str, alive: bool) -> list[str]:
+        """Write one line; returns where it went (for the sidecar's log)."""
+        if journal.pid is None:
+            return []
+        data = format_line(journal.pid, msg).encode("utf-8", "backslashreplace")
+        went: list[str] = []
+        written: set = set()
+        ident, path = self._stderr(journal)
+        if ident:
+            got = None
+            if alive:
+                got = _write_checked("/proc/%d/fd/2" % journal.pid, data, follow=True, ident=ident)
+            if got is None and path:
+                got = _write_checked(path, data, follow=False, ident=ident)
+            if got is not None:
+                written.add(got)
+                went.append("stderr")
+        log = log_path(journal)
+        if log:
+            try:
+                st = os.stat(log, follow_symlinks=False)
+                same = (st.st_dev, st.st_ino) in written
+            except OSError:
+                same = True  # gone: nothing to append to
+            if not same and _write_checked(log, data, follow=False) is not None:
+                went.append(log)
+        return went
+
+
+def seconds(s: float) -> str:
+    return "%d s" % s if s >= 10 else "%.1f s" % s
+
+
+def stalled_line(stall: Stall, diagnosis: str) -> str:
+    """``STALLED: import x open for 12 s, frozen (no beat for 10 s): <diagnosis>``."""
+    if stall.kind == "between":
+        what = "no stage open for %s%s" % (seconds(stall.open_for_s),
+                                           " since %s ended" % stall.after if stall.after else "")
+    else:
+        what = "%s open for %s" % (stall.stage, seconds(stall.open_for_s))
+    if stall.kind == "frozen":
+        why = "frozen (no beat for %s)" % seconds(stall.limit_s)
+    elif isinstance(stall.learned, Learned):
+        why = "%s, limit %s learned from %s" % (stall.learned.describe(), seconds(stall.limit_s), stall.learned.over())
+    else:
+        why = "limit %s" % seconds(stall.limit_s)
+    return "STALLED: %s, %s \u2014 %s" % (what, why, diagnosis)
+
+
+def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
+    """``process 1234 was killed by the OOM killer in load model after 45 s``."""
+    from lora_otel.export.inspect import deepest_open_span
+
+    span = deepest_open_span(journal)
+    how = "was killed by the OOM killer" if oom else "was killed (SIGKILL or os._exit)"
+    if span is None or span is journal.root:
+        root = journal.root
+        after = (now_ns - root.start_ns) / 1e9 if root is not None else 0.0
+        where = "with no stage open, %s after it started" % seconds(after)
+    else:
+        where = "in %s after %s" % (span.name, seconds((now_ns - span.start_ns) / 1e9))
+    return "process %s %s %s" % (journal.pid, how, where)
+
+
+def speaks_for_job(stall: Stall) -> bool:
+    """Whether the watchdog writes the STALLED line: the job cannot (frozen) or does not know the
+    limit (learned). Other stalls the job says itself (its own beat)."""
+    return stall.kind == "frozen" or isinstance(stall.learned, Learned)
+
+
+def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
+    from lora_otel.export.inspect import deepest_open_span
+
+    span = deepest_open_span(journal)
+    no_stage = span is None or span is journal.root
+    start = journal.root.start_ns if no_stage and journal.root is not None else (span.start_ns if span else now_ns)
+    return {"v": 1, "k": "stall", "ts": now_ns, "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]
+            "stage": "between stages" if no_stage else span.name, "kind": "died",  # type: ignore[union-attr]
+            "limit_s": None, "open_s": round((now_ns - start) / 1e9, 3), "learned": None,
+            "evidence": {"oom": oom} if oom else {},
+            "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
+            "by": by}
+
+
+# --- following ------------------------------------------------------------------------------------
+
+class Watch:
+    """The local watchdog for one journal. `poll` often; `ended` once its process is gone.
+
+    ``limits``/``frozen_after_s``: a command line's (None: what the journal recorded).
+    ``say``: one line for the sidecar's log."""
+
+    def __init__(self, path: str, limits: Optional[dict[str, float]] = None, frozen_after_s: Optional[float] = None,
+                 lines: Optional[JobLines] = None, by: str = "watchdog",
+                 evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
+                 peers: Optional[Callable[[], Sequence[Journal]]] = None,
+                 say: Callable[[str], None] = lambda _msg: None) -> None:
+        self.path = path
+        self.tail = JournalTail(path)
+        self.limits, self.frozen_after_s = limits, frozen_after_s
+        self.lines = lines or JobLines()
+        self.by = by
+        self.evidence = evidence
+        self.peers = peers
+        self.say = say
+        self.journal: Optional[Journal] = None
+        self.learned: Optional[dict[str, Learned]] = None
+        self.records: list[dict[str, Any]] = []
+        self.stalled: set = set()  # (kind, span id or the quiet period's start)
+        self.slow_told: set = set()
+        self._unanswered = False
+        self.oom = OomWatch()
+
+    def read(self) -> Journal:
+        self.journal = self.tail.read()
+        if self.learned is None and self.journal.root is not None:
+            try:
+                self.learned = learn(self.journal)
+            except Exception as e:  # noqa: BLE001 - no learned limits, the defaults hold
+                self.learned = {}
+                self.say("learned limits off for %s: %s: %s" % (self.path, type(e).__name__, e))
+        return self.journal
+
+    def poll(self, now_ns: Optional[int] = None) -> Optional[dict[str, Any]]:
+        """Read what the journal gained; say a slow stage; on a new stall, append its record (returned)."""
+        journal = self.read()
+        now = time.time_ns() if now_ns is None else now_ns
+        alive = process_state(journal) == "running"
+        if not alive or journal.root is None:
+            return None
+        if journal.pid:
+            self.oom.see(journal.pid)
+        self._slow(journal, now)
+        stall = detect(journal, now, alive, self.limits, self.frozen_after_s, self.learned)
+        if stall is None:
+            return None
+        key = (stall.kind, stall.since_ns if stall.kind == "between" else stall.span.span_id)
+        if key in self.stalled:
+            return None
+        self.stalled.add(key)
+        return self.report(journal, stall, now)
+
+    def _slow(self, journal: Journal, now: int) -> None:
+        if not self.learned:
+            return
+        from lora_otel.export.inspect import deepest_open_span
+
+        span = deepest_open_span(journal)
+        if span is None or span is journal.root or span.span_id in self.slow_told:
+            return
+        rule = self.learned.get(span.name)
+        open_s = (now - span.start_ns) / 1e9
+        if rule is None or open_s < rule.slow_s:
+            return
+        self.slow_told.add(span.span_id)
+        self.lines.say(journal, "%s: %s so far, %s" % (span.name, seconds(open_s), rule.describe()), alive=True)
+
+    def report(self, journal: Journal, stall: Stall, now: int) -> dict[str, Any]:
+        """Gather, diagnose, append the record, speak for the job where it cannot."""
+        from lora_otel.export.diagnose import explain
+
+        request = stack_request(journal)
+        if self._unanswered:
+            request = refuse_after_silence(request)
+        evidence = self.evidence(journal.pid, request) if journal.pid else {}
+        if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
+            self._unanswered = True
+        peers: list = []
+        if self.peers is not None:
+            try:
+                peers = list(self.peers())
+            except Exception:  # noqa: BLE001 - the diagnosis goes on without them
+                peers = []
+        _, frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)
+        found = explain(stall, evidence, journal, peers, {}, frozen_after_s=frozen_after)
+        sentence = found.sentence
+        return self.write(journal, stall, sentence, evidence, now)
+
+    def write(self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int) -> dict[str, Any]:
+        record = stall_record(stall, sentence, evidence, self.by, now)
+        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records)
+
+    def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
+        """The process is gone: when it left no exit record (nor exec'd), say how it died (a
+        ``died`` stall record and the line for its --log and stderr). Returns the line, or None."""
+        journal = self.read()
+        return report_death(self.path, journal, oom if oom is not None else self.oom.struck(),
+                            time.time_ns() if now_ns is None else now_ns, self.by, self.lines, self.say)
+
+    def close(self) -> None:
+        self.tail.close()
+
+
+def write_stall(path: str, journal: Journal, stall: Stall, record: dict[str, Any], lines: JobLines,
+                say: Callable[[str], None], records: Optional[list] = None) -> dict[str, Any]:
+    """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot."""
+    why = append_record(path, record)
+    if why:
+        say("stall record not written: %s" % why)
+    if records is not None:
+        records.append(record)
+    if speaks_for_job(stall):
+        lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
+    say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
+    return record
+
+
+def report_death(path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines,
+                 say: Callable[[str], None]) -> Optional[str]:
+    """For a process gone without an exit record (nor an exec): the ``died`` record and its line."""
+    if journal.exit is not None or journal.exec is not None or journal.root is None:
+        return None
+    if process_state(journal) == "exec'd":
+        return None
+    text = death_line(journal, oom, now_ns)
+    why = append_record(path, death_record(journal, oom, now_ns, by))
+    if why:
+        say("stall record not written: %s" % why)
+    lines.say(journal, text, alive=False)
+    return text

@@ -1,0 +1,294 @@
+"""The local watchdog: every job (``LORA_OTEL=1``) gets one, collector or not.
+
+Each case is launched the way a UI launches a job with no collector: a detached launcher writing
+the job's stdout and stderr to ``log.txt``, the job given ``--log run.log``. What must hold is what
+the user sees there: the ``STALLED``/death line the job could not write itself, in ``log.txt``
+and ``run.log``; the ``stall`` record in the journal that ``lora-otel inspect --json`` reads back;
+a launcher's pipe at end-of-file the moment the job dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lora_otel.export.reader import read_journal
+from procs import PYTHON, clean_env, lora_otel_cli, wait_for
+from test_hangs import make_module
+
+FROZEN_MOD = "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n"
+
+
+def launch(tmp_path: Path, script: str, **env: str) -> subprocess.Popen:
+    """``python job.py --log run.log > log.txt 2>&1``, in its own session, as a UI starts a job."""
+    (tmp_path / "job.py").write_text(script, encoding="utf-8")
+    with open(tmp_path / "log.txt", "wb") as out:
+        return subprocess.Popen([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, stdout=out,
+                                stderr=subprocess.STDOUT, env=clean_env(LORA_OTEL="1", **env), start_new_session=True)
+
+
+def text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def journal_of(tmp_path: Path):
+    path = tmp_path / "run.log.otel.jsonl"
+    wait_for(path.exists, what="the journal")
+    return read_journal(path)
+
+
+def sidecar_of(tmp_path: Path) -> int:
+    return wait_for(lambda: (tmp_path / "run.log.otel.jsonl").exists() and
+                    journal_of(tmp_path).root is not None and
+                    journal_of(tmp_path).root.attrs.get("lora_otel.sidecar.pid"), what="the sidecar's pid")
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
+    """An import holding the GIL in C cannot speak for itself: the watchdog's STALLED line, with the
+    diagnosis, lands in the launcher's log.txt and in --log; the journal has a `frozen` stall record."""
+    make_module(tmp_path, "frozenmod", FROZEN_MOD)
+    proc = launch(tmp_path, "import frozenmod\n", LORA_OTEL_FROZEN_AFTER="2")
+    try:
+        line = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
+                        timeout=30, what="the STALLED line in log.txt")[0]
+        assert proc.poll() is None
+        assert line.startswith("[lora-otel][%d][" % proc.pid), line
+        assert "import frozenmod open for" in line and "frozen (no beat for 2.0 s)" in line
+        assert "Holding the GIL" in line, line
+        assert line in text(tmp_path / "run.log").splitlines()
+        [record] = journal_of(tmp_path).stalls
+        assert record["kind"] == "frozen" and record["stage"] == "import frozenmod" and record["by"] == "watchdog"
+        assert record["diagnosis"] in line
+    finally:
+        stop(proc)
+
+
+def test_sigstop_is_called_stalled(tmp_path: Path) -> None:
+    """SIGSTOP in a stage: the STALLED line says the process is stopped; it is written once."""
+    proc = launch(tmp_path, "import lora_otel, time\nwith lora_otel.stage('load data'):\n    time.sleep(60)\n",
+                  LORA_OTEL_FROZEN_AFTER="2")
+    try:
+        wait_for(lambda: any(s.name == "load data" for s in journal_of(tmp_path).spans), what="the stage")
+        os.kill(proc.pid, signal.SIGSTOP)
+        line = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
+                        timeout=30, what="the STALLED line")[0]
+        assert "load data open for" in line and "The process is stopped (SIGSTOP" in line, line
+        time.sleep(1.5)
+        assert text(tmp_path / "run.log").count("STALLED:") == 1
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        stop(proc)
+
+
+def test_sigkill_death_line_and_eof_at_once(tmp_path: Path) -> None:
+    """SIGKILL in a stage: a launcher reading the job's stderr pipe gets end-of-file right after
+    the job dies (the watchdog holds nothing of it); the death line lands in --log, and the journal
+    gets a `died` stall record."""
+    (tmp_path / "job.py").write_text("import lora_otel, time\nwith lora_otel.stage('load model'):\n"
+                                     "    time.sleep(60)\n")
+    proc = subprocess.Popen([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=clean_env(LORA_OTEL="1"))
+    eof_at = []
+
+    def read_all() -> None:
+        proc.stderr.read()
+        eof_at.append(time.monotonic())
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()
+    try:
+        side = sidecar_of(tmp_path)
+        wait_for(lambda: any(s.name == "load model" for s in journal_of(tmp_path).spans), what="the stage")
+        time.sleep(1)
+        killed = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        reader.join(timeout=10)
+        assert eof_at, "the launcher never saw end-of-file"
+        print("EOF %.3f s after SIGKILL" % (eof_at[0] - killed))
+        assert eof_at[0] - killed < 1.0
+        line = wait_for(lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
+                        timeout=15, what="the death line in run.log")[0]
+        assert line.startswith("[lora-otel][%d][" % proc.pid)
+        assert "process %d was killed (SIGKILL or os._exit) in load model after" % proc.pid in line, line
+        wait_for(lambda: gone(side), timeout=10, what="the sidecar to exit")
+        [record] = journal_of(tmp_path).stalls
+        assert record["kind"] == "died" and record["stage"] == "load model"
+    finally:
+        stop(proc)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_oom_killer_death_line(tmp_path: Path) -> None:
+    """A job the kernel's OOM killer kills (a real memory cgroup with a 200 MB limit): the death line
+    in --log and log.txt names the OOM killer and the stage."""
+    from test_sidecar import _make_memory_cgroup
+
+    cg = _make_memory_cgroup(200 * 2**20)
+    (tmp_path / "job.py").write_text("import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(1.5)\n"
+                                     "    hog = []\n    while True:\n        hog.append(bytearray(16 * 2**20))\n")
+    try:
+        with open(tmp_path / "log.txt", "wb") as out:
+            proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py --log run.log',
+                                     str(cg), PYTHON], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc.wait(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        line = wait_for(lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
+                        timeout=15, what="the death line")[0]
+        assert "process %d was killed by the OOM killer in load model after" % proc.pid in line, line
+        assert line in text(tmp_path / "log.txt")
+    finally:
+        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), what="the cgroup to empty")
+        cg.rmdir()
+
+
+def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
+    """A stage past its limit (LORA_OTEL_STALL_AFTER, recorded by the job): the watchdog appends one
+    `stall` record, which `lora-otel inspect --json` (run without that variable) reads back."""
+    make_module(tmp_path, "slowmod", "import time\ntime.sleep(60)\n")
+    proc = launch(tmp_path, "import slowmod\n", LORA_OTEL_STALL_AFTER="import=1")
+    try:
+        wait_for(lambda: journal_of(tmp_path).stalls, timeout=30, what="the stall record")
+        r = lora_otel_cli("inspect", "--json", str(tmp_path / "run.log.otel.jsonl"))
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        procs = [p for job in doc["jobs"] for p in job["processes"]] if "jobs" in doc else [doc]
+        [record] = [s for p in procs for s in p.get("stalls", [])]
+        assert record["kind"] == "alive" and record["stage"] == "import slowmod" and record["limit_s"] == 1.0
+        assert record["span_id"] == [s for s in journal_of(tmp_path).spans if s.name == "import slowmod"][0].span_id
+        assert record["diagnosis"] and record["evidence"]["process.state"]
+    finally:
+        stop(proc)
+
+
+def test_between_stages_stall(tmp_path: Path) -> None:
+    """No stage open after the arguments were parsed (the program's own code hangs, as a download
+    frozen at 0 B/s): with `between=2` a `between` stall record names the stage that ended last."""
+    proc = launch(tmp_path, "import argparse, time\nargparse.ArgumentParser().parse_known_args()\ntime.sleep(60)\n",
+                  LORA_OTEL_STALL_AFTER="between=2")
+    try:
+        [record] = wait_for(lambda: journal_of(tmp_path).stalls, timeout=30, what="the stall record")
+        assert record["kind"] == "between" and record["span_id"] is None and record["stage"] == "between stages"
+        assert record["limit_s"] == 2.0 and record["evidence"].get("last_stage")
+    finally:
+        stop(proc)
+
+
+def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
+    """Three earlier runs in the same directory imported `quickmod` in milliseconds; in the fourth it
+    hangs: at 10 s one line says it is slow ("usually … over the last 3 runs"), and at the learned
+    limit (30 s, far below the default 120 s) it is called stalled; the record says what was learned."""
+    make_module(tmp_path, "quickmod", "import os, time\nif os.environ.get('HANG'):\n    time.sleep(120)\n")
+    for _ in range(3):
+        r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
+                           capture_output=True, timeout=60) if (tmp_path / "job.py").exists() else None
+        if r is None:
+            (tmp_path / "job.py").write_text("import quickmod\n")
+            r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
+                               capture_output=True, timeout=60)
+        assert r.returncode == 0
+    (tmp_path / "run.log").unlink()
+    os.rename(tmp_path / "run.log.otel.jsonl", tmp_path / "earlier.otel.jsonl")
+    started = time.monotonic()
+    proc = launch(tmp_path, "import quickmod\n", HANG="1")
+    try:
+        slow = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "so far, usually" in x],
+                        timeout=30, what="the slow line")[0]
+        assert "import quickmod: 10 s so far, usually" in slow and "over the last 3 runs" in slow, slow
+        line = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
+                        timeout=45, what="the STALLED line")[0]
+        print("learned limit: called stalled %.1f s after the job started" % (time.monotonic() - started))
+        assert "import quickmod open for" in line and "learned from the last 3 runs" in line, line
+        [record] = journal_of(tmp_path).stalls
+        assert record["limit_s"] == 30.0 and record["learned"]["from"] == "3 earlier runs"
+        assert record["learned"]["longest_s"] < 1
+    finally:
+        stop(proc)
+
+
+@pytest.mark.collector
+def test_exported_stall_matches_the_journal(tmp_path: Path, collector) -> None:
+    """With a collector, the live follower appends the same stall record: the exported stall's kind,
+    stage and diagnosis are the journal's."""
+    make_module(tmp_path, "slowmod", "import time\ntime.sleep(60)\n")
+    proc = launch(tmp_path, "import slowmod\n", LORA_OTEL_STALL_AFTER="import=1",
+                  OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
+    try:
+        [record] = wait_for(lambda: journal_of(tmp_path).stalls, timeout=30, what="the stall record")
+        span = wait_for(lambda: {s.name: s for s in collector.spans()}.get("import slowmod"), timeout=30,
+                        what="the exported stall")
+    finally:
+        stop(proc)
+    assert record["by"] == "sidecar" and record["kind"] == span.attributes["lora_otel.stall.kind"] == "alive"
+    assert record["stage"] == span.attributes["lora_otel.stall.stage"]
+    assert record["diagnosis"] == span.attributes["lora_otel.diagnosis"]
+    assert record["span_id"] == span.span_id
+
+
+def test_local_mode_imports_no_opentelemetry(tmp_path: Path) -> None:
+    """Without an endpoint the sidecar never imports the OpenTelemetry SDK (-X importtime of the
+    sidecar itself, following a finished job); LORA_OTEL_LIVE=0 starts none."""
+    (tmp_path / "job.py").write_text("pass\n")
+    r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0"),
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0
+    j = journal_of(tmp_path)
+    assert "lora_otel.sidecar.pid" not in j.root.attrs and not list(tmp_path.glob("*.sidecar.log"))
+    r = subprocess.run([PYTHON, "-X", "importtime", "-m", "lora_otel.export.sidecar", "--journal",
+                        str(tmp_path / "run.log.otel.jsonl"), "--pid", str(j.pid)], cwd=tmp_path,
+                       env=clean_env(LORA_OTEL_SIDECAR="1"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "lora_otel.export.watchdog" in r.stderr and "local mode" in r.stderr
+    assert "opentelemetry" not in r.stderr, [x for x in r.stderr.splitlines() if "opentelemetry" in x][:3]
+
+
+def test_recorded_limits_apply_unless_the_command_line_says_otherwise(journal) -> None:
+    """One set of limits: `inspect` applies the limits the job recorded at start (config.stall_after,
+    config.frozen_after), not its own defaults; its own --stall-after still wins."""
+    journal.process(0, alive=True, config={"stall_after": "import=1e12", "frozen_after": "1e12"})
+    journal.start("import slowmod", 1)
+    r = lora_otel_cli("inspect", "--json", str(journal.path.parent))
+    assert r.returncode == 0, r.stderr
+    [proc] = [p for job in json.loads(r.stdout)["jobs"] for p in job["processes"]]
+    assert proc["stall"] is None, proc["stall"]
+    r = lora_otel_cli("inspect", "--json", "--stall-after", "import=5", str(journal.path.parent))
+    [proc] = [p for job in json.loads(r.stdout)["jobs"] for p in job["processes"]]
+    assert proc["stall"]["kind"] == "alive" and proc["stall"]["limit_s"] == 5
+
+
+def test_between_limit_in_stall_rules(journal) -> None:
+    """`between=` is a limit like the others: with only `process` open, the time since the last
+    stage ended counts against it (default 120 s)."""
+    from lora_otel.export.stall import DEFAULT_LIMITS_S, detect, parse_limits
+
+    assert DEFAULT_LIMITS_S["between"] == 120 and parse_limits("between=30")["between"] == 30
+    journal.process(0, alive=True, config={"stall_after": None, "frozen_after": "1e12"})
+    journal.span("import torch", 0.1, 2.0)
+    j = journal.read()
+    assert detect(j, journal.ns(100), True) is None
+    stall = detect(j, journal.ns(130), True)
+    assert stall.kind == "between" and stall.after == "import torch" and round(stall.open_for_s) == 128
+    assert detect(j, journal.ns(20), True, parse_limits("between=10")).kind == "between"
