@@ -22,7 +22,7 @@ FORMAT_VERSION = 1
 STEP_SAMPLES = 300
 EVENTS_DROPPED = "lora_otel.events.dropped"
 """Span attribute: how many events a `JournalTail` with ``max_events`` left out of the middle."""
-KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit", "exec")
+KINDS = ("start", "end", "event", "attrs", "beat", "line", "exit", "exec", "stall")
 
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "start": ("trace_id", "span_id", "name"),
@@ -33,7 +33,10 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "line": ("msg",),
     "exit": (),
     "exec": (),
+    "stall": ("kind",),
 }
+STALL_KINDS = ("alive", "frozen", "between", "died")
+"""The ``kind`` of a ``stall`` record (written by the watchdog or the sidecar, docs/journal.md)."""
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _MAX_TS = 2**63 - 1  # OTLP timestamps are 64-bit; this is the year 2262
@@ -90,7 +93,9 @@ class Journal:
     ``exit`` is the ``exit`` record as ``{"ts", "code", "how", "message"}``, or None. ``exec`` is the
     last ``exec`` record as ``{"ts", "path", "argv", "via"}`` while no later one says it failed:
     the process became another program; None otherwise.
-    ``last_evidence_ns`` is the ``ts`` of the last readable record of any kind.
+    ``last_evidence_ns`` is the ``ts`` of the last readable record of any kind other than
+    ``stall`` (a stall record is written from outside the process: not evidence of its life).
+    ``stalls``: the ``stall`` records, in order.
     """
 
     path: str
@@ -113,6 +118,8 @@ class Journal:
     image: dict[str, Any] = field(default_factory=dict)
     last_evidence_ns: Optional[int] = None
     problems: list[str] = field(default_factory=list)
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    """The ``stall`` records, in order, each as written (``ts`` an int, ``kind`` one of `STALL_KINDS`)."""
 
     @property
     def trace_id(self) -> Optional[str]:
@@ -494,7 +501,8 @@ class _JournalBuilder:
         if not 0 <= ts <= _MAX_TS:
             raise _BadRecord(f"'ts' out of range: {ts}")
         getattr(self, f"_on_{kind}")(number, ts, record)
-        self.journal.last_evidence_ns = ts
+        if kind != "stall":  # written by the watchdog, not by the process
+            self.journal.last_evidence_ns = ts
 
     def _on_start(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span_id = _span_id(record, "span_id")
@@ -628,6 +636,25 @@ class _JournalBuilder:
             "argv": [a for a in argv if isinstance(a, str)] if isinstance(argv, list) else None,
             "via": via if isinstance(via, str) else None,
         }
+
+    def _on_stall(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind not in STALL_KINDS:
+            raise _BadRecord(f"'stall' record of unknown kind {_short(kind)}")
+        span_id = record.get("span_id")
+        if span_id is not None:
+            _span_id(record, "span_id")
+        stall = {key: value for key, value in record.items() if key not in ("v", "k")}
+        for key in ("limit_s", "open_s"):
+            if not isinstance(stall.get(key), (int, float)) or isinstance(stall.get(key), bool):
+                stall[key] = None
+        for key in ("stage", "diagnosis", "by"):
+            if not isinstance(stall.get(key), str):
+                stall[key] = None
+        for key in ("evidence", "learned"):
+            if not isinstance(stall.get(key), dict):
+                stall[key] = None
+        self.journal.stalls.append(stall)
 
     # --- fields ----------------------------------------------------------------------------
 
