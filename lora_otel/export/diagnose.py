@@ -614,10 +614,18 @@ def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
     rate = evidence.get(PREFIX + "io.read_bytes_per_s")
     sampled = evidence.get(PREFIX + "io.sampled_s")
     conns = [c for c in evidence.get(PREFIX + "net.tcp_connections") or () if str(c).endswith("ESTABLISHED")]
-    if not conns or not isinstance(rate, (int, float)) or rate > 1024:
+    if not conns or not isinstance(rate, (int, float)) or rate > QUIET_BYTES_PER_S:
         return None
     remotes = [str(c).split(" -> ", 1)[1].rsplit(" ", 1)[0] for c in conns if " -> " in str(c)]
     remote = ", ".join(sorted(set(remotes))[:3])
-    return ("Waiting on the network: %s has sent nothing (%.0f B/s over the %s sampled) and the process has "
-            "waited on it for %s." % (remote, rate, format_duration(round((sampled or 0) * 1e9)),
-                                      format_duration(round(stall.open_for_s * 1e9))))
+    return ("Waiting on the network: %s has gone quiet (the process read %s/s in all over the %s sampled) and "
+            "it has waited on it for %s." % (remote, _bytes(rate), format_duration(round((sampled or 0) * 1e9)),
+                                            format_duration(round(stall.open_for_s * 1e9))))
+
+
+QUIET_BYTES_PER_S = 64 * 1024
+"""A process reading less than this (all its reads: /proc/<pid>/io ``rchar``) has no download moving."""
+
+
+def _bytes(n: float) -> str:
+    return "%.0f B" % n if n < 1000 else "%.1f kB" % (n / 1000)
