@@ -159,15 +159,18 @@ def test_two_lock_deadlock_names_the_threads_and_locks(tmp_path: Path) -> None:
     worker_at = lines.index("        with lock_a:") + 1
     try:
         journal = open_span(tmp_path, job.pid, "training")
-        time.sleep(4)
+        time.sleep(2)
         request_stacks(journal)
-        r = inspect(journal.path, LORA_OTEL_STALL_AFTER="training=3")
+        # the limit is max(3 s, 20x the median step time the beats saw)
+        r = wait_for(lambda: (r := inspect(journal.path, LORA_OTEL_STALL_AFTER="training=3")).stdout.startswith(
+            "stuck") and r, timeout=40, what="the stall")
         assert r.returncode == 0, r.stderr
         first, second = r.stdout.splitlines()[:2]
         assert first.startswith("stuck in training for "), r.stdout
         assert second.startswith("STALLED: training: no optimizer step for "), r.stdout
-        assert "Deadlock: the main thread waits in lock_b.acquire at job.py:%d holding lock_a" % main_at in second
-        assert "thread worker() waits in lock_a.acquire at job.py:%d holding lock_b" % worker_at in second
+        assert ("— Deadlock: the main thread waits in lock_b.acquire at job.py:%d in <module> holding lock_a "
+                "(lock_b is held by thread worker()); thread worker() waits in lock_a.acquire at job.py:%d in worker "
+                "holding lock_b (lock_a is held by the main thread)." % (main_at, worker_at)) in second, second
         # the stacks file is shown, the main thread first
         at = r.stdout.index("stacks (last dump in ")
         assert r.stdout[at:].splitlines()[1] == "  main thread:", r.stdout[at:]

@@ -592,6 +592,7 @@ def lock_waits(stacks: str) -> Optional[str]:
         waits.append((_thread_name(frames), lock, _short(frames[0]), held))
     if not waits:
         return None
+    waits.sort(key=lambda w: w[0] != "the main thread")
     holder = {h: name for name, _, _, held in waits for h in held}
     cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]
     parts = []
