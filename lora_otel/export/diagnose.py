@@ -499,6 +499,8 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
     kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict)]
     workers = [k for k in kids if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k
                or str(k.get("cmdline", "")) == ""] or kids
+    if PREFIX + "process.children" not in evidence:
+        return "%s for %s; its workers were not looked at." % (head, format_duration(round(stall.open_for_s * 1e9)))
     if not workers:
         return "%s; no worker process is left (they may have died)." % head
     stuck = [k for k in workers if k.get("where") or k.get("state") in ("R", "D")

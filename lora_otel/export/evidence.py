@@ -479,6 +479,8 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     out.update(network_facts(pid))
     out.update(python_stacks(pid, request))
     out.update(gpu_facts(pid))
+    out.update(memory_facts(pid))
+    out.update(children_facts(pid))
     return out
 
 

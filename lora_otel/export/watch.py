@@ -32,7 +32,7 @@ after its alerts have run.
 Watch ends when no followed process is running any more (``--once``: at once). Exit status, job by
 job as ``inspect --summary`` judges them (the process that failed or stuck first decides its job's
 outcome; the others it took down with it do not): 0 all finished normally (or still running), 1
-some failed, 3 some killed or gone without an exit record (wins over 1), 4 a
+some failed, 3 some killed, gone without an exit record, or (``--once``) stalled now (wins over 1), 4 a
 stall seen with ``--exit-on-stall`` (with ``--once``: a process stalled now), 2 usage, 130 Ctrl-C.
 """
 
