@@ -309,7 +309,7 @@ def test_garbage_otlp_endpoint_is_one_line_in_the_jobs_output(tmp_path: Path) ->
 
 def test_inspect_the_log_path_reads_its_newest_run(tmp_path: Path) -> None:
     """``inspect runs/demo.log`` (the ``--log`` path itself) and a re-run with the same ``--log``:
-    inspect reads the newest run's journal and says which file."""
+    inspect and watch read the newest run's journal and say which file."""
     runs = tmp_path / "runs"
     runs.mkdir()
     (tmp_path / "job.py").write_text("import sys\nsys.exit(int(sys.argv[-1]))\n")
@@ -319,12 +319,15 @@ def test_inspect_the_log_path_reads_its_newest_run(tmp_path: Path) -> None:
                        capture_output=True)
     newest = [p for p in journals(runs) if p.name != "demo.log.otel.jsonl"]
     assert len(newest) == 1
-    r = inspect("runs/demo.log", cwd=tmp_path) if False else subprocess.run(
+    r = subprocess.run(
         [PYTHON, "-m", "lora_otel", "inspect", "runs/demo.log"], cwd=tmp_path, env=clean_env(), capture_output=True,
         text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "failed with exit code 3"
     assert r.stderr == "lora-otel inspect: reading runs/%s\n" % newest[0].name
+    w = subprocess.run([PYTHON, "-m", "lora_otel", "watch", "--once", "runs/demo.log"], cwd=tmp_path, env=clean_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert w.returncode == 1 and w.stderr == "lora-otel watch: following runs/%s\n" % newest[0].name, w
 
 
 def test_inspect_a_file_that_is_not_a_journal_says_so_once(tmp_path: Path) -> None:

@@ -91,6 +91,12 @@ def _watch(args: argparse.Namespace) -> int:
         return 2
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
+    from lora_otel.export.inspect import resolve_path
+
+    resolved = resolve_path(args.path)  # a --log file: its newest run's journal
+    if resolved != args.path:
+        print(f"lora-otel watch: following {resolved}", file=sys.stderr)
+        args.path = resolved
     if not os.path.exists(args.path):
         return usage(f"{args.path}: no such file or directory")
     given = "--stall-after" if args.stall_after is not None else "LORA_OTEL_STALL_AFTER"
