@@ -90,14 +90,24 @@ class TestFirstLine:
             "died in training after 3600 s (process gone, 1200 steps, last step 400 ms before the journal ends)")
 
     def test_running_and_stuck(self, capsys, journal):
-        """A live process in ``cuda init``: stuck for now minus the span's start."""
+        """A live process in ``cuda init`` past its 120 s limit: stuck for now minus the span's start."""
+        journal.t0 = time.time_ns() - 131 * 10**9
+        journal.process(alive=True)
+        journal.span("import torch", 0.0, 1.0)
+        journal.start("cuda init", 1.0)
+        journal.beat(130.5)
+        first = inspect(capsys, journal)[1][0]
+        assert re.fullmatch(r"stuck in cuda init for 13[0-2] s \(process running\)", first), first
+
+    def test_running_within_its_limit(self, capsys, journal):
+        """A live process 45 s into ``cuda init`` (limit 120 s) is still in it, not stuck."""
         journal.t0 = time.time_ns() - 46 * 10**9
         journal.process(alive=True)
         journal.span("import torch", 0.0, 1.0)
         journal.start("cuda init", 1.0)
         journal.beat(45.5)
         first = inspect(capsys, journal)[1][0]
-        assert re.fullmatch(r"stuck in cuda init for 4[5-7] s \(process running\)", first), first
+        assert re.fullmatch(r"still in cuda init for 4[5-7] s \(process running\)", first), first
 
     def test_running_and_frozen(self, capsys, journal):
         """A live process whose beats stopped says how long there has been no beat."""
@@ -218,7 +228,7 @@ class TestJson:
         killed_in_import(journal)
         doc = inspect_json(capsys, journal)
         assert set(doc) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps",
-                            "problems", "stalls", "spans"}
+                            "stall", "problems", "stalls", "spans"}
         assert doc["main_thread"] is None  # its beats (none here) did not say where the main thread was
         assert doc["stuck"] == "stuck in import bitsandbytes for 312 s (process gone)"
         assert (doc["process_state"], doc["exit"], doc["steps"], doc["problems"]) == ("gone", None, 0, [])
@@ -264,11 +274,15 @@ def test_render_text_is_the_command_output(capsys, journal):
 @FUZZ
 @given(data=st.binary(max_size=400) | journal_lines.map(str.encode), as_json=st.booleans())
 def test_fuzz_inspect_never_fails(tmp_path, capsys, data, as_json):
-    """Whatever the journal holds, inspect exits 0 with a first line (or valid JSON), no exception."""
+    """Whatever the journal holds, inspect exits 0 with a first line (or valid JSON), no exception;
+    or, when not one line was a journal record, 2 with one "not a journal" line on stderr."""
     path = tmp_path / "fuzz.otel.jsonl"
     path.write_bytes(data)
     status = main(["inspect", *(["--json"] if as_json else []), str(path)])
-    out, _ = capsys.readouterr()
+    out, err = capsys.readouterr()
+    if status == 2:
+        assert not out and err.count("not a journal") == 1 and len(err.splitlines()) == 1
+        return
     assert status == 0
     if as_json:
         assert json.loads(out)["stuck"]

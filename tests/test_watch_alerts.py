@@ -89,7 +89,7 @@ def test_alert_command_gets_the_stall_as_json_once(tmp_path: Path) -> None:
     command = 'cat >> alerts.jsonl; echo "$LORA_OTEL_ALERT_STAGE|$LORA_OTEL_ALERT_KIND|$LORA_OTEL_ALERT_PID" >> env.txt'
     watcher = Watch("lora-otel", *STALL, "--alert-command", command, cwd=tmp_path)
     try:
-        watcher.wait_line("STALLED: stalled: import slowmod")
+        watcher.wait_line("STALLED: import slowmod")
         wait_for(lambda: lines_of(tmp_path / "env.txt"), what="the alert command to run")
         time.sleep(1.5)  # seven more polls, the job still stalled: no second alert
         assert watcher.proc.poll() is None, "watch keeps following after the alert"
@@ -120,7 +120,7 @@ def test_a_failing_alert_command_is_one_line_and_watch_goes_on(tmp_path: Path) -
     job = stuck_job(tmp_path)
     watcher = Watch("lora-otel", *STALL, "--alert-command", "exit 3", cwd=tmp_path)
     try:
-        watcher.wait_line("STALLED: stalled: import slowmod")
+        watcher.wait_line("STALLED: import slowmod")
         time.sleep(1.0)
         assert watcher.proc.poll() is None, "a failed alert does not stop watch"
         kill_and_reap(job)
@@ -147,7 +147,7 @@ def test_exit_on_stall_exits_4_after_the_alert(tmp_path: Path) -> None:
     assert status == watch_mod.STALLED_STATUS == 4, (out, err)
     assert err == ""
     assert json.loads((tmp_path / "alert.json").read_text())["stage"] == "import slowmod"
-    assert out.index("STALLED: stalled: import slowmod") < out.index("[watch] stalled: exiting (--exit-on-stall)")
+    assert out.index("STALLED: import slowmod") < out.index("[watch] stalled: exiting (--exit-on-stall)")
     assert "import slowmod  OPEN for" in out
 
 
@@ -169,11 +169,11 @@ def test_webhook_gets_the_stall_as_json(tmp_path: Path, hook: Hook) -> None:
 
 def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, hook: Hook) -> None:
     """--once on a stalled process: alerts (command and webhook, rank and host from the journal);
-    status 4 with --exit-on-stall, 0 without (a running job has not failed)."""
+    status 4 with --exit-on-stall, 3 without (stalled, as inspect DIR --summary says)."""
     stuck = stuck_here(tmp_path / "a.otel.jsonl", rank=1)
     out_file = tmp_path / "alert.json"
     args = ["watch", "--once", "--alert-command", "cat > %s" % out_file, "--alert-webhook", hook.url, str(stuck.path)]
-    assert main(args) == 0
+    assert main(args) == 3
     alert = json.loads(out_file.read_text())
     assert alert["rank"] == 1 and alert["host"] == "node7" and alert["service"] == "train.py"
     assert alert["stage"] == "import slowmod" and alert["limit_s"] == 120 and alert["open_for_s"] >= 299
@@ -205,7 +205,7 @@ def test_an_unreachable_webhook_is_one_line(tmp_path: Path, capfd) -> None:
     url = hook.url
     hook.close()  # nothing listens there any more
     stuck = stuck_here(tmp_path / "a.otel.jsonl")
-    assert main(["watch", "--once", "--alert-webhook", url, str(stuck.path)]) == 0
+    assert main(["watch", "--once", "--alert-webhook", url, str(stuck.path)]) == 3  # stalled
     [line] = capfd.readouterr().err.splitlines()
     assert line.startswith("lora-otel watch: alert webhook failed (") and line.endswith("): " + url)
 

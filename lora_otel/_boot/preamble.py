@@ -297,6 +297,29 @@ def _start(how: str) -> None:
         "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
 
 
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def _without_bad_endpoints(env):
+    """``env`` without the OTLP endpoint variables that are not an http(s) URL, each said in one
+    line at start (stderr and the ``--log`` file): the OTel SDK would only report "backend not
+    accepting" in the sidecar's log. The value is not printed (it may hold a token pasted there)."""
+    bad = []
+    for name in ENDPOINT_VARIABLES:
+        value = env.get(name, "").strip()
+        scheme, sep, rest = value.partition("://")
+        if value and not (sep and scheme.lower() in ("http", "https") and rest.split("/", 1)[0].strip()):
+            bad.append(name)
+    if not bad:
+        return env
+    env = dict(env)
+    for name in bad:
+        del env[name]
+        core.error_line("%s is not an http(s) URL (such as http://localhost:4318): ignored, no live export; "
+                        "the journal remains for `lora-otel inspect` and `lora-otel replay`" % name)
+    return env
+
+
 def _start_sidecar(env) -> None:
     """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
     when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none.
@@ -307,6 +330,7 @@ def _start_sidecar(env) -> None:
     global _sidecar_pid, _sidecar_log
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
+    env = _without_bad_endpoints(env)
     from lora_otel._boot import spawn
 
     with core.fail_open("live export"):

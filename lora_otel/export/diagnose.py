@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from lora_otel.export.evidence import PREFIX
 from lora_otel.export.inspect import deepest_open_span, iso_time
-from lora_otel.export.reader import Journal, exec_phrase, process_state
+from lora_otel.export.reader import Journal, exec_phrase, format_duration, process_state
 from lora_otel.export.stall import FROZEN_AFTER_S, Stall
 
 _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "httpx/", "selectors.py")
@@ -92,6 +92,9 @@ def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] =
         return Diagnosis("The process has ended; its parent has not reaped it yet (a zombie).")
     if state.startswith("T"):
         return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
+    memory = memory_pressure(evidence)
+    if memory is not None:
+        return Diagnosis(memory)
     if state.startswith("D"):
         return Diagnosis("The process is in uninterruptible disk I/O (kernel wait channel %s)." % (wchan or "unknown"))
     conns = [c for c in evidence.get(PREFIX + "net.tcp_connections") or () if c.endswith("ESTABLISHED")]
@@ -106,9 +109,18 @@ def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] =
     if collective is not None:
         return _collective(collective, journal, list(peers), peer_stacks or {},
                            time.time_ns() if now_ns is None else now_ns, frozen_after_s)
+    loader = dataloader_wait(stacks, evidence, stall)
+    if loader is not None:
+        return Diagnosis(loader)
+    locks = lock_waits(stacks)
+    if locks is not None:
+        return Diagnosis(locks)
     if "torch/cuda/__init__.py" in stacks and "_lazy_init" in stacks:
         return Diagnosis("Inside CUDA driver initialisation (torch.cuda._lazy_init).")
     if on_network:
+        quiet = network_quiet(evidence, stall)
+        if quiet is not None:
+            return Diagnosis(quiet)
         return Diagnosis("Waiting on the network (%s)." % (innermost or "a socket call"))
     if stall.kind == "frozen":
         cpu = evidence.get(PREFIX + "process.cpu_percent")
@@ -426,3 +438,197 @@ def _short_frame(frame: str) -> str:
         return "%s:%s in %s" % (path.rsplit("/", 1)[-1], line_no.replace("line", "").strip(), func)
     except IndexError:
         return frame
+
+
+# --- memory pressure, DataLoader workers, locks, a quiet connection -------------------------------
+
+MAJOR_FAULTS_PER_S = 50.0
+SWAP_IN_PER_S = 50.0
+PRESSURE_AVG10 = 10.0
+"""Above any of these (per second; the kernel's ``some avg10`` %), the process counts as slowed by memory."""
+
+
+def _mb(n: float) -> str:
+    return "%.0f MB" % (n / 1e6)
+
+
+def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
+    """``Loading is slowed by swapping: …`` (or by memory reclaim, without swap-ins) when the process
+    takes major faults, the machine swaps in, or the kernel reports memory pressure; else None."""
+    faults = evidence.get(PREFIX + "memory.major_faults_per_s")
+    swap = evidence.get(PREFIX + "memory.swap_in_pages_per_s")
+    pressure = max((v for k, v in evidence.items() if k.startswith(PREFIX + "memory.") and k.endswith("_some_avg10")
+                    and isinstance(v, (int, float))), default=None)
+    heavy = ((isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S)
+             or (isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S)
+             or (pressure is not None and pressure >= PRESSURE_AVG10))
+    if not heavy:
+        return None
+    facts = []
+    rss, limit = evidence.get(PREFIX + "process.rss_bytes"), evidence.get(PREFIX + "memory.limit_bytes")
+    usage = evidence.get(PREFIX + "memory.cgroup_usage_bytes")
+    if isinstance(rss, int) and isinstance(limit, int):
+        facts.append("RSS %s%s against a memory limit of %s" % (
+            _mb(rss), " (its cgroup %s)" % _mb(usage) if isinstance(usage, int) else "", _mb(limit)))
+    elif isinstance(rss, int):
+        facts.append("RSS %s" % _mb(rss))
+    if isinstance(faults, (int, float)):
+        facts.append("%.0f major page faults/s" % faults)
+    if isinstance(swap, (int, float)) and swap:
+        facts.append("%.0f pages swapped in/s" % swap)
+    if pressure is not None:
+        facts.append("memory pressure %.0f %% (some avg10)" % pressure)
+    swapping = isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S
+    return "Loading is slowed by %s: %s." % (
+        "swapping" if swapping else "memory reclaim (pages evicted and read back from disk)", ", ".join(facts))
+
+
+_IDLE_WORKER_WCHAN = ("poll", "select", "pipe_read", "futex", "ep_poll", "unix_stream", "wait_woken")
+
+
+def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
+    """The main thread waits for a DataLoader batch: which worker (pid) has not delivered and where
+    it is (its journal's main-thread frames or stage, else its kernel wait channel); None otherwise."""
+    main = _main_thread(stacks)
+    if main is None or not any(_in(f.file.replace("\\", "/"), "torch/utils/data/") for f in main[:12]):
+        return None
+    called = next((_short(f) for f in main if f.python and not _in(f.file.replace("\\", "/"), "torch/")
+                   and "/multiprocessing/" not in f.file and "/queue" not in f.file and "/threading" not in f.file
+                   and "/selectors" not in f.file), "")
+    head = "The main thread waits for a DataLoader batch%s" % (" (at %s)" % called if called else "")
+    kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict)]
+    workers = [k for k in kids if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k
+               or str(k.get("cmdline", "")) == ""] or kids
+    if PREFIX + "process.children" not in evidence:
+        return "%s for %s; its workers were not looked at." % (head, format_duration(round(stall.open_for_s * 1e9)))
+    if not workers:
+        return "%s; no worker process is left (they may have died)." % head
+    stuck = [k for k in workers if k.get("where") or k.get("state") in ("R", "D")
+             or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)]
+    busy = [k for k in stuck if not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN) or k.get("state") in ("R", "D")]
+    shown = busy or stuck
+    if not shown:
+        return "%s; its %d worker%s all wait for work (%s)." % (
+            head, len(workers), "" if len(workers) == 1 else "s", ", ".join("pid %s" % k["pid"] for k in workers))
+
+    def describe(k: dict) -> str:
+        where = k.get("where") or ""
+        how = {"R": "running", "D": "in disk I/O", "S": "sleeping", "T": "stopped"}.get(str(k.get("state")), str(k.get("state")))
+        text = "worker pid %s is %s%s, %s %% CPU" % (k["pid"], how, " in %s" % k["wchan"] if k.get("wchan") not in (None, "-") else "",
+                                                k.get("cpu_percent", "?"))
+        return text + ("; its journal: %s" % where if where else "")
+    return "%s for %s; %s." % (head, format_duration(round(stall.open_for_s * 1e9)), "; ".join(describe(k) for k in shown[:MAX_NAMED]))
+
+
+def _main_thread(stacks: str) -> Optional[list[Frame]]:
+    """The main thread's frames, innermost first: the thread whose outermost frame is ``<module>``."""
+    threads = _threads(stacks)
+    for _, frames in threads:
+        if frames and frames[-1].func == "<module>":
+            return frames
+    return threads[-1][1] if threads else None
+
+
+_WITH = re.compile(r"^\s*(?:async\s+)?with\s+(.+?)\s*:\s*(?:#.*)?$")
+_ACQUIRE = re.compile(r"([\w.\[\]]+)\.acquire\(")
+
+
+def _source(frame: Frame) -> str:
+    import linecache
+
+    return linecache.getline(frame.file, int(frame.line)) if frame.line.isdigit() else ""
+
+
+def _waits_for(frame: Frame) -> Optional[str]:
+    """The lock a thread's innermost Python frame is acquiring (``with lock_b:``, ``lock_b.acquire()``)."""
+    text = _source(frame)
+    m = _ACQUIRE.search(text)
+    if m:
+        return m.group(1)
+    m = _WITH.match(text)
+    if m:
+        return m.group(1).split(" as ")[0].strip()
+    return None
+
+
+def _holds(frames: list[Frame]) -> list[str]:
+    """The ``with X:`` blocks the thread's frames are inside (as far as the source shows), innermost last."""
+    import ast
+
+    held: list[str] = []
+    for frame in reversed(frames):
+        if not frame.python or not frame.line.isdigit():
+            continue
+        try:
+            with open(frame.file, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        line = int(frame.line)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.With, ast.AsyncWith)) and node.body and \
+                    node.body[0].lineno <= line <= (node.end_lineno or line):
+                held += [ast.unparse(item.context_expr) for item in node.items]
+    return held
+
+
+def _thread_name(frames: list[Frame]) -> str:
+    if frames and frames[-1].func == "<module>":
+        return "the main thread"
+    outer = [f for f in frames if f.python and "threading.py" not in f.file]
+    return "thread %s()" % outer[-1].func if outer else "a thread"
+
+
+def lock_waits(stacks: str) -> Optional[str]:
+    """Threads waiting to acquire ``threading`` locks (as the source lines of their innermost frames
+    show), which lock each waits for and which it holds; a cycle is called a deadlock. None when no
+    thread waits on a lock."""
+    waits = []
+    for _, frames in _threads(stacks):
+        if not frames or not frames[0].python:
+            continue
+        lock = _waits_for(frames[0])
+        if lock is None:
+            continue
+        held = [h for h in _holds(frames) if h != lock]
+        waits.append((_thread_name(frames), lock, _short(frames[0]), held))
+    if not waits:
+        return None
+    waits.sort(key=lambda w: w[0] != "the main thread")
+    holder = {h: name for name, _, _, held in waits for h in held}
+    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]
+    parts = []
+    for name, lock, where, held in waits:
+        text = "%s waits in %s.acquire at %s" % (name, lock, where)
+        if held:
+            text += " holding %s" % " and ".join(held)
+        if lock in holder and holder[lock] != name:
+            text += " (%s is held by %s)" % (lock, holder[lock])
+        parts.append(text)
+    if len(cycle) >= 2:
+        return "Deadlock: %s." % "; ".join(parts)
+    return "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts) \
+        if not any(w[1] in holder for w in waits) else "Waiting for a lock: %s." % "; ".join(parts)
+
+
+def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
+    """``Waiting on the network: nothing read from 10.0.0.5:443 in the 1 s sampled …`` when the
+    process read (almost) nothing meanwhile and holds an established TCP connection; else None."""
+    rate = evidence.get(PREFIX + "io.read_bytes_per_s")
+    sampled = evidence.get(PREFIX + "io.sampled_s")
+    conns = [c for c in evidence.get(PREFIX + "net.tcp_connections") or () if str(c).endswith("ESTABLISHED")]
+    if not conns or not isinstance(rate, (int, float)) or rate > QUIET_BYTES_PER_S:
+        return None
+    remotes = [str(c).split(" -> ", 1)[1].rsplit(" ", 1)[0] for c in conns if " -> " in str(c)]
+    remote = ", ".join(sorted(set(remotes))[:3])
+    return ("Waiting on the network: %s has gone quiet (the process read %s/s in all over the %s sampled) and "
+            "it has waited on it for %s." % (remote, _bytes(rate), format_duration(round((sampled or 0) * 1e9)),
+                                            format_duration(round(stall.open_for_s * 1e9))))
+
+
+QUIET_BYTES_PER_S = 64 * 1024
+"""A process reading less than this (all its reads: /proc/<pid>/io ``rchar``) has no download moving."""
+
+
+def _bytes(n: float) -> str:
+    return "%.0f B" % n if n < 1000 else "%.1f kB" % (n / 1000)

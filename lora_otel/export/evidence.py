@@ -98,6 +98,122 @@ def network_facts(pid: int) -> dict[str, Any]:
     return out
 
 
+
+def memory_facts(pid: int, sample_s: float = 0.5) -> dict[str, Any]:
+    """Memory pressure on the process, over ``sample_s``: RSS against its memory cgroup's limit
+    (cgroup v2 ``memory.max``/``memory.high``, v1 ``memory.limit_in_bytes``), its major faults and
+    the machine's swap-ins per second (``/proc/vmstat`` ``pswpin``), and the kernel's pressure
+    figures (``/proc/pressure/memory``, and the cgroup's own ``memory.pressure`` on v2)."""
+    out: dict[str, Any] = {}
+    try:
+        f0, swap0, t0 = _stat_fields(pid), _vmstat("pswpin"), time.monotonic()
+        time.sleep(sample_s)
+        f1, swap1, dt = _stat_fields(pid), _vmstat("pswpin"), time.monotonic() - t0
+        out[PREFIX + "memory.major_faults_per_s"] = round((int(f1[9]) - int(f0[9])) / dt, 1)
+        if swap0 is not None and swap1 is not None:
+            out[PREFIX + "memory.swap_in_pages_per_s"] = round((swap1 - swap0) / dt, 1)
+    except (OSError, ValueError, IndexError) as e:
+        out[PREFIX + "memory.error"] = str(e)
+        return out
+    cgroup = memory_cgroup(pid)
+    if cgroup is not None:
+        for name in ("memory.max", "memory.high", "memory.limit_in_bytes"):
+            try:
+                value = _read(os.path.join(cgroup, name)).strip()
+            except OSError:
+                continue
+            if value.isdigit() and int(value) < 1 << 60:
+                out[PREFIX + "memory.limit_bytes"] = int(value)
+                out[PREFIX + "memory.limit_from"] = os.path.join(cgroup, name)
+                break
+        for name in ("memory.current", "memory.usage_in_bytes"):
+            try:
+                out[PREFIX + "memory.cgroup_usage_bytes"] = int(_read(os.path.join(cgroup, name)).strip())
+                break
+            except (OSError, ValueError):
+                continue
+    for key, path in (("memory.pressure", "/proc/pressure/memory"),
+                      ("memory.cgroup_pressure", os.path.join(cgroup or "/nonexistent", "memory.pressure"))):
+        try:
+            for line in _read(path).splitlines():
+                if line.startswith("some "):
+                    fields = dict(part.split("=", 1) for part in line.split()[1:])
+                    out[PREFIX + key + "_some_avg10"] = float(fields["avg10"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def _vmstat(key: str) -> Optional[int]:
+    try:
+        for line in _read("/proc/vmstat").splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def children_facts(pid: int, journals: Optional[dict] = None) -> dict[str, Any]:
+    """The process's child processes (DataLoader workers among them): each as ``"pid state wchan
+    cpu% [where its journal says it is]"`` under ``process.children``, from ``/proc`` (sampled 0.2 s)
+    and ``journals`` (by pid) when one of them is its."""
+    try:
+        kids: list[int] = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                kids += [int(k) for k in _read("/proc/%d/task/%s/children" % (pid, tid)).split()]
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        return {}
+    if not kids:
+        return {}
+    hz = os.sysconf("SC_CLK_TCK")
+    first: dict[int, float] = {}
+    for kid in kids:
+        try:
+            f = _stat_fields(kid)
+            first[kid] = (int(f[11]) + int(f[12])) / hz
+        except (OSError, ValueError, IndexError):
+            continue
+    time.sleep(0.2)
+    rows = []
+    for kid in kids[:32]:
+        try:
+            f = _stat_fields(kid)
+            cpu = 100.0 * ((int(f[11]) + int(f[12])) / hz - first.get(kid, 0.0)) / 0.2
+            wchan = _read("/proc/%d/wchan" % kid).strip() or "-"
+            cmd = _read("/proc/%d/cmdline" % kid).replace("\0", " ").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        row = {"pid": kid, "state": f[0], "wchan": wchan if wchan != "0" else "-", "cpu_percent": round(cpu),
+               "cmdline": cmd[:200]}
+        other = (journals or {}).get(kid)
+        if other is not None:
+            row["journal"] = other.path
+            row["where"] = _where(other)
+        rows.append(row)
+    return {PREFIX + "process.children": rows} if rows else {}
+
+
+def _where(journal: Journal) -> str:
+    """Where a journal says its process is: the main thread's frames (the beat's ``main``), else
+    the deepest open span."""
+    frames = getattr(journal, "main_frames", None)
+    if frames:
+        try:
+            from lora_otel.export import reader
+
+            return reader.where_text(frames)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the BEAT formatter may not be here yet
+            pass
+    from lora_otel.export.inspect import deepest_open_span
+
+    span = deepest_open_span(journal)
+    return "in %s" % span.name if span is not None and span is not journal.root else ""
+
 _TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
                "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
                "0B": "CLOSING"}
@@ -363,6 +479,8 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     out.update(network_facts(pid))
     out.update(python_stacks(pid, request))
     out.update(gpu_facts(pid))
+    out.update(memory_facts(pid))
+    out.update(children_facts(pid))
     return out
 
 

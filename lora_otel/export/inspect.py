@@ -30,7 +30,10 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from lora_otel.export import verdict as verdict_mod
 
 from lora_otel.export.reader import (
     Journal,
@@ -47,6 +50,10 @@ from lora_otel.export.reader import (
 STEP_STALE_S = 60
 """Steps count as advancing while the last one is at most this many seconds old (at the end of the
 journal, for a process that is gone): ``still in training`` / ``died in training``, not ``stuck``."""
+
+STUCK_AFTER_S = 10
+"""Without a stall limit to go by, an open stage counts as stuck only after this long (a job 265 ms
+into training is not stuck)."""
 
 KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "import": ("lora_otel.package.version",),
@@ -67,6 +74,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         0, or 2 when the journal cannot be read (one line on stderr); ``--summary``: the outcome
         (`run_inspect_dir`).
     """
+    resolved = resolve_path(args.journal)
+    if resolved != args.journal:
+        print(f"lora-otel inspect: reading {resolved}", file=sys.stderr)
+        args.journal = resolved
     if os.path.isdir(args.journal) or getattr(args, "summary", False):
         return run_inspect_dir(args)
     try:
@@ -74,19 +85,41 @@ def run_inspect(args: argparse.Namespace) -> int:
     except JournalError as e:
         print(f"lora-otel inspect: {e}", file=sys.stderr)
         return 2
+    if not_a_journal(journal):
+        print(f"lora-otel inspect: {args.journal}: not a journal ({journal.problems[0]})", file=sys.stderr)
+        return 2
     from lora_otel.export import baseline
+    from lora_otel.export.stall import StallConfigError, detect, frozen_after_from_env, parse_limits
 
+    stall_after = getattr(args, "stall_after", None)
+    given = "--stall-after" if stall_after is not None else "LORA_OTEL_STALL_AFTER"
+    try:
+        parse_limits(stall_after if stall_after is not None else os.environ.get(given))
+        frozen_after_from_env()
+    except StallConfigError as e:
+        print(f"lora-otel inspect: {given}: {e}", file=sys.stderr)
+        return 2
+    # One set of limits: the journal's recorded ones (`stall.journal_limits`) unless --stall-after.
+    from lora_otel.export import verdict as verdict_mod
+    from lora_otel.export.stall import journal_limits
+
+    limits, frozen_after = journal_limits(journal, parse_limits(stall_after) if stall_after is not None else None)
     now_ns = time.time_ns()
+    state = process_state(journal)
+    stall = detect(journal, now_ns, state == "running", limits, frozen_after)
+    verdict = verdict_mod.current(journal, stall, now_ns, same_trace(journal), frozen_after)
     drift = baseline.inspect_report(journal, now_ns)  # None unless LORA_OTEL_BASELINE is set
     if drift is not None and drift["error"]:
         print(f"lora-otel inspect: {drift['error']}; shown without it", file=sys.stderr)
+    stalled = stall is not None or verdict is not None if state == "running" else (verdict is not None or None)
+    view = View(journal, state, now_ns, verdict=verdict, stalled=stalled)
     if args.json:
-        doc = render_json(journal, now_ns)
+        doc = view.to_json()
         if drift is not None:
             doc["baseline"] = baseline.report_json(drift)
         text = json.dumps(doc, indent=2) + "\n"  # ensure_ascii keeps lone surrogates as \udcXX
     else:
-        text = render_text(journal, now_ns)
+        text = "\n".join(view.text_lines()) + "\n"
         if drift is not None:  # the drift that bears on the stuck stage, right after the first line
             first, _, rest = text.partition("\n")
             text = "\n".join([first, *(_display(line) for line in baseline.report_lines(drift)), rest])
@@ -146,6 +179,8 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
             jobs, unreadable = jobs_mod.group_jobs([proc]), []
     show_all = getattr(args, "all", False)
     summary = getattr(args, "summary", False)
+    if not summary:
+        jobs_mod.attach_verdicts(jobs, now_ns, frozen_after)
     drift = {} if summary else _drift_by_proc(jobs, now_ns)  # LORA_OTEL_BASELINE: the focus processes' drift
     if args.json:
         doc = jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all)
@@ -184,6 +219,75 @@ def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:
     return reports
 
 
+def resolve_path(path: str) -> str:
+    """``runs/demo.log`` (a ``--log`` file, not a journal) → the journal of its newest run:
+    ``runs/demo.log.otel.jsonl`` or a re-run's ``runs/demo.log.<UTC>-<pid>-<hex>.otel.jsonl``,
+    whichever started last. Anything else is returned as it is."""
+    from lora_otel._boot.paths import JOURNAL_SUFFIX
+
+    if path.endswith(JOURNAL_SUFFIX) or os.path.isdir(path):
+        return path
+    runs = [p for p in [path + JOURNAL_SUFFIX] if os.path.isfile(p)]
+    import glob
+    import re
+
+    rerun = re.compile(re.escape(os.path.basename(path)) + r"\.\d{8}T\d{6}Z-\d+(?:-[0-9a-f]+)?" + re.escape(JOURNAL_SUFFIX))
+    runs += [p for p in glob.glob(glob.escape(path) + ".*" + JOURNAL_SUFFIX)
+             if rerun.fullmatch(os.path.basename(p)) and os.path.isfile(p)]
+    if not runs:
+        return path
+    return max(runs, key=lambda p: (_first_ts(p), p))
+
+
+def _first_ts(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            ts = json.loads(f.readline() or b"{}").get("ts")
+        return ts if isinstance(ts, int) else 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def not_a_journal(journal: Journal) -> bool:
+    """Nothing in the file was a journal record (a plain log, a binary file)."""
+    return journal.last_evidence_ns is None and not journal.stalls and bool(journal.problems)
+
+
+def same_trace(journal: Journal) -> list[Journal]:
+    """The journals next to ``journal`` of the same trace (its job's other ranks and processes)."""
+    from lora_otel.export.job import journal_paths
+
+    out = []
+    if journal.trace_id is None:
+        return out
+    for path in journal_paths(os.path.dirname(os.path.abspath(journal.path))):
+        if os.path.abspath(path) == os.path.abspath(journal.path):
+            continue
+        try:
+            other = read_journal(path)
+        except JournalError:
+            continue
+        if other.trace_id == journal.trace_id:
+            out.append(other)
+    return out
+
+
+MAX_NOTES = 5
+"""A journal's problems listed one by one; beyond that, counted with the first line numbers."""
+
+
+def problem_notes(problems: list[str]) -> list[str]:
+    """``note:`` lines: the first `MAX_NOTES` problems, then a count with the first line numbers."""
+    import re
+
+    notes = [f"note: {_display(problem)}" for problem in problems[:MAX_NOTES]]
+    if len(problems) > MAX_NOTES:
+        numbers = [m.group(1) for problem in problems if (m := re.match(r"line (\d+):", problem))]
+        notes.append(f"note: {len(problems)} lines could not be read in all"
+                     + (f" (lines {', '.join(numbers[:10])}{', ...' if len(numbers) > 10 else ''})" if numbers else ""))
+    return notes
+
+
 def render_text(journal: Journal, now_ns: Optional[int] = None) -> str:
     """The text report (first line, journal line, span tree, notes), ending with a newline."""
     return "\n".join(_view(journal, now_ns).text_lines()) + "\n"
@@ -205,13 +309,24 @@ class View:
     journal: Journal
     state: ProcessState
     now_ns: int
+    verdict: Optional[verdict_mod.Verdict] = None
+    """The stall and its diagnosis to lead with (`lora_otel.export.verdict`)."""
+    stalled: Optional[bool] = None
+    """Whether a stall limit says it is stuck; None: not known (then "stuck" past `STUCK_AFTER_S`)."""
+    alive_until_ns: Optional[int] = None
+    """A process gone without an exit record was seen alive (frozen) until then by a follower."""
 
     @property
     def reference_ns(self) -> int:
-        """The time open spans are open *until*: now while running, else the last evidence."""
+        """The time open spans are open *until*: now while running, else the last evidence of life
+        (the last record, or a later stall record or follower that saw it still there)."""
         if self.state == "running":
             return self.now_ns
-        return self.journal.last_evidence_ns or 0
+        seen = [ts for ts in (self.journal.last_evidence_ns, self.alive_until_ns) if ts]
+        if self.journal.exit is None and self.journal.exec is None:
+            seen += [s["ts"] for s in self.journal.stalls
+                     if s.get("kind") in ("alive", "frozen", "between") and isinstance(s.get("ts"), int)]
+        return max(seen, default=0)
 
     def open_for_ns(self, span: Span) -> Optional[int]:
         return max(self.reference_ns - span.start_ns, 0) if span.is_open else None
@@ -231,13 +346,35 @@ class View:
         if deepest is None:
             return f"ended without an exit record after {self._lifetime()} (process {self.state})"
         if deepest is journal.root:
+            if self.state == "running":
+                return f"{self._between()} ({self._process_clause()})"
             return f"ended with spans open: {_display(deepest.name)} (process {self.state})"
-        open_for = format_duration(self.open_for_ns(deepest) or 0)
-        if not self._steps_advancing():
+        open_ns = self.open_for_ns(deepest) or 0
+        open_for = format_duration(open_ns)
+        if self._is_stuck(open_ns):
             return f"stuck in {_display(deepest.name)} for {open_for} ({self._process_clause()})"
         if self.state == "running":
             return f"still in {_display(deepest.name)} for {open_for} ({self._process_clause()})"
         return f"died in {_display(deepest.name)} after {open_for} ({self._process_clause()})"
+
+    def _is_stuck(self, open_ns: int) -> bool:
+        """Stuck: a stall limit says so; without one, no step for `STEP_STALE_S` and open past
+        `STUCK_AFTER_S` (a process gone in a stage it never finished counts as stuck in it)."""
+        if self.verdict is not None:
+            return True
+        if self.stalled is not None:
+            return self.stalled
+        if self._steps_advancing():
+            return False
+        return self.state != "running" or open_ns >= STUCK_AFTER_S * 1_000_000_000
+
+    def _between(self) -> str:
+        """``no stage open for 25 s since import torch ended``: a running process between stages."""
+        ended = [span for span in self.journal.spans if span.end_ns is not None and span is not self.journal.root]
+        last = max(ended, key=lambda span: span.end_ns or 0, default=None)
+        since = last.end_ns if last is not None and last.end_ns is not None else self.journal.root.start_ns  # type: ignore[union-attr]
+        text = f"no stage open for {format_duration(self.reference_ns - since)}"
+        return text + (f" since {_display(last.name)} ended" if last is not None else " since it started")
 
     def _ended(self, exit_: dict[str, Any], open_spans: list[Span]) -> str:
         code = exit_["code"]
@@ -245,7 +382,12 @@ class View:
         if open_spans:
             names = ", ".join(_display(span.name) for span in open_spans)
             if exit_["how"] == "signal" and exit_["message"]:  # written by `lora-otel run`
-                return f"{_display(exit_['message'])} with spans open: {names} (exit status {code})"
+                deepest = deepest_open_span(self.journal)
+                where = ""
+                if deepest is not None and deepest is not self.journal.root:
+                    stuck = format_duration(max(exit_["ts"] - deepest.start_ns, 0))
+                    where = f" while in {_display(deepest.name)} for {stuck}"
+                return f"{_display(exit_['message'])}{where}, spans open: {names} (exit status {code})"
             return f"ended with spans open: {names} ({code_text})"
         if exit_["how"] == "normal" and code in (0, None):
             return f"finished normally in {self._lifetime()} ({code_text})"
@@ -293,6 +435,8 @@ class View:
     def text_lines(self) -> list[str]:
         journal = self.journal
         lines = [self.stuck()]
+        if self.verdict is not None:
+            lines.append(_display(self.verdict.line()))
         main = self.main_thread_line()
         if main:
             lines.append(main)
@@ -301,7 +445,11 @@ class View:
             lines.append("  " * depth + self._span_line(span))
         if journal.beats:
             lines.append(f"beats: {journal.beats}, steps: {journal.steps}")
-        lines.extend(f"note: {_display(problem)}" for problem in journal.problems)
+        if self.verdict is not None:
+            from lora_otel.export import verdict as verdict_mod
+
+            lines.extend(_display(line) for line in verdict_mod.stacks_lines(journal, self.verdict))
+        lines.extend(problem_notes(journal.problems))
         return lines
 
     def main_thread_line(self) -> str:
@@ -355,6 +503,7 @@ class View:
             "main_thread": self._main_thread_json(),
             "exit": journal.exit and {**journal.exit, "ts": iso_time(journal.exit["ts"])},
             "steps": journal.steps,
+            "stall": self.verdict.to_json() if self.verdict is not None else None,
             "problems": list(journal.problems),
             "stalls": list(journal.stalls),  # the watchdog's stall records, in order (docs/journal.md)
             "spans": [self._span_json(span) for span in journal.spans],

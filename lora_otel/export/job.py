@@ -229,13 +229,47 @@ def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Option
         stall = detect(journal, now_ns, True, limits, frozen_after_s)
     elif state != "running":
         stall = None
+    if stall is None and state == "running":
+        stall = stall_from_record(journal, now_ns)
     outcome = outcome_of(journal, state, stall)
     if outcome in ("failed", "killed"):  # was it already stuck when the journal ends?
-        stall = detect(dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s)
+        stall = (detect(dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s)
+                 or stall_from_record(journal, view.reference_ns))
+    view.stalled = stall is not None
     root = journal.root
     attrs = root.attrs if root is not None else {}
     return Proc(journal, state, view, outcome, stall, rank=_int_attr(attrs, "rank"),
                 local_rank=_int_attr(attrs, "local_rank"), world_size=_int_attr(attrs, "world_size"))
+
+
+def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
+    """The journal's last ``stall`` record (watchdog or sidecar) as a `Stall`, while it still holds."""
+    from lora_otel.export.verdict import from_record
+
+    found = from_record(journal)
+    if found is None or journal.root is None or found.kind == "died":
+        return None
+    record = journal.stalls[-1]
+    span = journal.span(record["span_id"]) if isinstance(record.get("span_id"), str) else None
+    span = span or journal.root
+    since = record["ts"] - round((found.open_s or 0) * 1e9)
+    return Stall("frozen" if found.kind == "frozen" else "alive", span, max(now_ns - since, 0) / 1e9,
+                 found.limit_s or 0.0, found.diagnosis)
+
+
+def attach_verdicts(jobs: Iterable[Job], now_ns: int, frozen_after_s: float = FROZEN_AFTER_S,
+                    by: str = "inspect") -> None:
+    """Give each job's focus process its verdict (`lora_otel.export.verdict`): the stall record,
+    or the diagnosis computed now for a live stalled process, its job's other journals as peers."""
+    from lora_otel.export.verdict import current
+
+    for job in jobs:
+        proc = focus(job)
+        if proc is None or proc.stall is None and not proc.journal.stalls:
+            continue
+        peers = [other.journal for other in job.procs if other is not proc]
+        proc.view.verdict = current(proc.journal, proc.stall if proc.state == "running" else None, now_ns, peers,
+                                    frozen_after_s, by)
 
 
 def group_jobs(procs: Iterable[Proc]) -> list[Job]:
@@ -609,6 +643,8 @@ def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = 
         if callout is not None and len(job.procs) > 1:  # a lone process's heading says it already
             out.append(_display(callout.text))
         first = focus(job)
+        if first is not None and first.view.verdict is not None:
+            out.append(_display(first.view.verdict.line()))
         if notes and first is not None:
             out.extend(_display(line) for line in notes.get(id(first), []))
         shown = job.procs if show_all else [callout.proc] if callout is not None else []
@@ -616,6 +652,8 @@ def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = 
             lines = proc.view.text_lines()
             if show_all:
                 out.append(f"  {proc.who}: {_display(lines[0])}")
+            if proc.view.verdict is not None:  # said above, under the job's lines
+                del lines[1]
             out.extend(_indent(lines[1:]))
         hidden = len(job.procs) - len(shown)
         if hidden and len(job.procs) > 1:

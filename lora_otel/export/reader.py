@@ -35,6 +35,8 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "exec": (),
     "stall": ("kind",),
 }
+STALL_KINDS = ("alive", "frozen", "between", "died")
+"""The ``kind`` of a ``stall`` record (written by the watchdog or the sidecar, docs/journal.md)."""
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _MAX_TS = 2**63 - 1  # OTLP timestamps are 64-bit; this is the year 2262
@@ -124,6 +126,7 @@ class Journal:
     main_frames_ts: Optional[int] = None
     problems: list[str] = field(default_factory=list)
     stalls: list[dict[str, Any]] = field(default_factory=list)
+    """The ``stall`` records, in order, each as written (``ts`` an int, ``kind`` one of `STALL_KINDS`)."""
     stderr_id: Optional[tuple[int, int]] = None
     stderr_path: Optional[str] = None
 
@@ -638,12 +641,6 @@ class _JournalBuilder:
             root.message = self.journal.exit["message"]
             root.attrs["process.exit.code"] = code
 
-    def _on_stall(self, number: int, ts: int, record: dict[str, Any]) -> None:
-        kind = record.get("kind")
-        if kind not in ("alive", "frozen", "between", "died"):
-            raise _BadRecord(f"'stall' record has an unknown kind {_short(kind)}")
-        self.journal.stalls.append(dict(record))
-
     def _on_exec(self, number: int, ts: int, record: dict[str, Any]) -> None:
         if "error" in record:  # the attempt failed: the process goes on as it was
             self.journal.exec = None
@@ -655,6 +652,25 @@ class _JournalBuilder:
             "argv": [a for a in argv if isinstance(a, str)] if isinstance(argv, list) else None,
             "via": via if isinstance(via, str) else None,
         }
+
+    def _on_stall(self, number: int, ts: int, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind not in STALL_KINDS:
+            raise _BadRecord(f"'stall' record of unknown kind {_short(kind)}")
+        span_id = record.get("span_id")
+        if span_id is not None:
+            _span_id(record, "span_id")
+        stall = {key: value for key, value in record.items() if key not in ("v", "k")}
+        for key in ("limit_s", "open_s"):
+            if not isinstance(stall.get(key), (int, float)) or isinstance(stall.get(key), bool):
+                stall[key] = None
+        for key in ("stage", "diagnosis", "by"):
+            if not isinstance(stall.get(key), str):
+                stall[key] = None
+        for key in ("evidence", "learned"):
+            if not isinstance(stall.get(key), dict):
+                stall[key] = None
+        self.journal.stalls.append(stall)
 
     # --- fields ----------------------------------------------------------------------------
 

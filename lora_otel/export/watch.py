@@ -32,7 +32,7 @@ after its alerts have run.
 Watch ends when no followed process is running any more (``--once``: at once). Exit status, job by
 job as ``inspect --summary`` judges them (the process that failed or stuck first decides its job's
 outcome; the others it took down with it do not): 0 all finished normally (or still running), 1
-some failed, 3 some killed or gone without an exit record (wins over 1), 4 a
+some failed, 3 some killed, gone without an exit record, or (``--once``) stalled now (wins over 1), 4 a
 stall seen with ``--exit-on-stall`` (with ``--once``: a process stalled now), 2 usage, 130 Ctrl-C.
 """
 
@@ -53,7 +53,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from lora_otel._boot.paths import JOURNAL_SUFFIX
 from lora_otel.export import job as jobs_mod
@@ -91,6 +91,12 @@ def _watch(args: argparse.Namespace) -> int:
         return 2
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
+    from lora_otel.export.inspect import resolve_path
+
+    resolved = resolve_path(args.path)  # a --log file: its newest run's journal
+    if resolved != args.path:
+        print(f"lora-otel watch: following {resolved}", file=sys.stderr)
+        args.path = resolved
     if not os.path.exists(args.path):
         return usage(f"{args.path}: no such file or directory")
     given = "--stall-after" if args.stall_after is not None else "LORA_OTEL_STALL_AFTER"
@@ -287,6 +293,10 @@ class Followed:
     state: ProcessState = "running"
     starting: bool = True  # no records yet, for at most STARTING_GRACE_S
     stall: Optional[Stall] = None
+    verdict: Optional[Any] = None  # the stall and its diagnosis (`lora_otel.export.verdict.Verdict`)
+    verdict_key: str = ""
+    alive_until_ns: Optional[int] = None  # the last poll that found the process there
+    was_stalled: bool = False  # stalled at the last poll that found it there
     error: Optional[str] = None
     said: set[str] = field(default_factory=set)
     label: Optional[str] = None  # "rank 1", "launcher", ... when its job has several processes
@@ -358,6 +368,29 @@ class Watcher:
                       and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9)
         f.journal, f.state = journal, state
         f.stall = detect(journal, now_ns, state == "running", self.limits, self.frozen_after_s)
+        if f.stall is None and state == "running":
+            f.stall = jobs_mod.stall_from_record(journal, now_ns)
+        if state == "running":
+            f.alive_until_ns, f.was_stalled = now_ns, f.stall is not None
+        f.verdict = self._verdict(f, journal, state, now_ns)
+
+    def _verdict(self, f: Followed, journal: Journal, state: ProcessState, now_ns: int) -> Optional[Any]:
+        """The stall record, or the diagnosis computed once per stall (it samples /proc for a second)."""
+        from lora_otel.export import verdict as verdict_mod
+
+        found = verdict_mod.from_record(journal)
+        if found is not None or state != "running" or f.stall is None:
+            return found if found is not None else (f.verdict if state != "running" and f.was_stalled else None)
+        key = f"{f.stall.span.span_id}:{f.stall.kind}"
+        if key != f.verdict_key or f.verdict is None:
+            peers = [other.journal for other in self.followed.values() if other is not f and other.journal is not None
+                     and other.journal.trace_id == journal.trace_id]
+            f.verdict, f.verdict_key = verdict_mod.current(journal, f.stall, now_ns, peers, self.frozen_after_s,
+                                                           "watch"), key
+        else:  # the same stall, longer now
+            f.verdict.open_s = (f.stall.open_for_s if f.stall.kind != "frozen"
+                                else (now_ns - max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)) / 1e9)
+        return f.verdict
 
     def jobs(self, now_ns: int) -> tuple[list[jobs_mod.Job], dict[int, Followed], list[Followed]]:
         """The followed journals grouped into jobs (ordered, called out), which `Followed` each
@@ -408,8 +441,7 @@ class Watcher:
         failed, though its launcher then killed the others); a job still running counts 0;
         journals without a span yet, process by process."""
         jobs, _, rest = self.jobs(time.time_ns())
-        return jobs_mod.worst([0 if job.outcome in ("running", "stalled") else job.status for job in jobs]
-                              + [_status(f) for f in rest])
+        return jobs_mod.worst([job.status for job in jobs] + [_status(f) for f in rest])
 
     def screen(self, now_ns: int, color: bool, header: Optional[str] = None) -> str:
         """Every followed process one after another: heading, report, stall; ends with a newline."""
@@ -458,13 +490,19 @@ class Watcher:
 
     def _report(self, f: Followed, journal: Journal, now_ns: int, color: bool) -> list[str]:
         """inspect's text report, its notes replaced by their count, the stall under it."""
-        lines = _WatchView(journal, f.state, now_ns, f.stall, color).text_lines()
+        view = _WatchView(journal, f.state, now_ns, verdict=f.verdict, stalled=self._stalled(f),
+                          alive_until_ns=f.alive_until_ns, stall=f.stall, color=color)
+        lines = view.text_lines()
         if journal.problems:
-            del lines[len(lines) - len(journal.problems):]
+            lines = [line for line in lines if not line.startswith("note: ")]
             lines.append(f"problems: {len(journal.problems)} (lora-otel inspect lists them)")
-        if f.stall is not None:
-            lines.append(_paint(f"STALLED ({f.stall.kind}): {_display(f.stall.reason)}", RED_BOLD, color))
+        if f.verdict is not None:  # the stall and its diagnosis lead, red and bold
+            lines[1] = _paint(lines[1], RED_BOLD, color)
         return lines
+
+    @staticmethod
+    def _stalled(f: Followed) -> bool:
+        return f.stall is not None if f.state == "running" else f.was_stalled
 
     def changes(self, now_ns: int) -> list[str]:
         """One line per change since the last call, for output that is not a terminal."""
@@ -507,12 +545,18 @@ class Watcher:
                 out.append(f"journal problems: {len(journal.problems)} (lora-otel inspect lists them)")
         stall = f.stall
         if stall is not None and f.once(f"x:{stall.span.span_id}:{stall.kind}"):
-            detail = f"limit {stall.limit_s:g} s" if stall.kind == "alive" else f"no beat for {stall.limit_s:g} s"
-            out.append(f"STALLED: {_display(stall.status_message)} ({stall.kind}, {detail})")
+            if f.verdict is not None:
+                out.append(_display(f.verdict.line()))
+            else:
+                from lora_otel.export.verdict import what_phrase
+
+                stage = None if stall.span is journal.root else stall.span.name  # type: ignore[union-attr]
+                out.append(f"STALLED: {_display(what_phrase(stage, stall.kind, stall.open_for_s, stall.limit_s))}")
         if f.error and f.once(f"!{f.error}"):
             out.append(f"note: {_display(f.error)}")
         if not f.running and f.once("end"):
-            stuck = View(journal, f.state, now_ns).stuck() if journal is not None else "journal unreadable"
+            stuck = (View(journal, f.state, now_ns, stalled=self._stalled(f) or None,
+                          alive_until_ns=f.alive_until_ns).stuck() if journal is not None else "journal unreadable")
             out.append(f"process exited: {stuck}" if f.state == "exited"
                        else f"process {stuck}" if f.state == "exec'd"
                        else f"process gone without an exit record (killed or vanished): {stuck}")
@@ -529,7 +573,7 @@ class _WatchView(View):
     def _span_line(self, span: Span) -> str:
         line = super()._span_line(span)
         if self.stall is not None and span is self.stall.span:
-            return _paint(f"{line}  <- STALLED: {_display(self.stall.status_message)}", RED_BOLD, self.color)
+            return _paint(f"{line}  <- STALLED", RED_BOLD, self.color)
         return _paint(line, YELLOW, self.color) if span.is_open else line
 
 

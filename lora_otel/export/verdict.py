@@ -1,0 +1,257 @@
+"""The stall every view leads with, and its one-sentence diagnosis.
+
+``inspect`` and ``watch`` show, for a process that is stalled, one line before anything else:
+``STALLED: <what> — <diagnosis>``. It comes from the journal's last ``stall`` record (written by the
+watchdog or the sidecar, docs/journal.md), or, for a live process that has none yet, is computed now
+by the same code the sidecar uses (`stall.detect`, `diagnose.explain`) from what can be read
+without signalling the process: ``/proc`` (two samples, about a second apart), its stacks file as
+the last stack request left it, and the journals of its job.
+
+The stacks file (``<journal stem>.stacks.txt``) is shown under it, the thread the diagnosis is about
+first, secrets redacted (`lora_otel._boot.redact.redact_text`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from lora_otel.export import evidence as ev
+from lora_otel.export.diagnose import explain, stacks_text
+from lora_otel.export.evidence import PREFIX
+from lora_otel.export.reader import Journal, Span, format_duration, process_state
+from lora_otel.export.stall import FROZEN_AFTER_S, Stall
+
+STACK_LINES = 12
+"""Lines of the stacks file a view shows (the relevant thread first)."""
+
+
+def seconds(value: Optional[float]) -> str:
+    """``12 s``, ``2.31 s``, ``312 s``: every view's way of writing a limit or a time in seconds."""
+    return format_duration(round((value or 0.0) * 1e9))
+
+
+def what_phrase(stage: Optional[str], kind: str, open_s: Optional[float], limit_s: Optional[float]) -> str:
+    """``import x open for 131 s (limit 120 s)``, ``training: no optimizer step for 19 s (limit 3 s)``,
+    ``frozen in cuda init: no beat for 12 s (limit 10 s)``, ``no stage open for 130 s (limit 120 s)``,
+    ``died in load model after 45 s``: the stall, in the same words in every view."""
+    limit = f" (limit {seconds(limit_s)})" if limit_s else ""
+    if kind == "died":
+        return f"died in {stage or 'no stage'}" + (f" after {seconds(open_s)}" if open_s is not None else "")
+    if kind == "frozen":
+        return f"frozen{' in ' + stage if stage else ''}: no beat for {seconds(open_s)}{limit}"
+    if kind == "between" or not stage:
+        return f"no stage open for {seconds(open_s)}{limit}"
+    if stage == "training":
+        return f"training: no optimizer step for {seconds(open_s)}{limit}"
+    return f"{stage} open for {seconds(open_s)}{limit}"
+
+
+@dataclass
+class Verdict:
+    """A stall and its diagnosis, as a view shows it."""
+
+    stage: Optional[str]
+    kind: str
+    open_s: Optional[float]
+    limit_s: Optional[float]
+    diagnosis: str
+    by: str  # "watchdog", "sidecar" (a stall record) or "inspect"/"watch" (computed now)
+    learned: Optional[dict[str, Any]] = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def what(self) -> str:
+        return what_phrase(self.stage, self.kind, self.open_s, self.limit_s)
+
+    def line(self) -> str:
+        """``STALLED: import x open for 131 s (limit 120 s) — Waiting on the network (…).``"""
+        learned = ""
+        if isinstance(self.learned, dict) and self.learned.get("from"):
+            learned = f" (limit learned from {self.learned['from']})"
+        return f"STALLED: {self.what}{learned} — {self.diagnosis or 'Cannot tell from the evidence.'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "kind": self.kind, "open_s": None if self.open_s is None else round(self.open_s, 3),
+                "limit_s": self.limit_s, "diagnosis": self.diagnosis, "by": self.by, "learned": self.learned,
+                "line": self.line()}
+
+
+def from_record(journal: Journal) -> Optional[Verdict]:
+    """The journal's last ``stall`` record, while it still holds: its span still open (or the process
+    died in it), and no exit record after it."""
+    if not journal.stalls:
+        return None
+    record = journal.stalls[-1]
+    if journal.exit is not None and journal.exit["ts"] >= record.get("ts", 0) and record.get("kind") != "died":
+        return None
+    span_id = record.get("span_id")
+    span = journal.span(span_id) if isinstance(span_id, str) else None
+    if span is not None and not span.is_open and record.get("kind") != "died":
+        return None  # the stage ended after all
+    return Verdict(record.get("stage") or (span.name if span is not None else None), str(record.get("kind")),
+                   record.get("open_s"), record.get("limit_s"), record.get("diagnosis") or "",
+                   record.get("by") or "watchdog", record.get("learned"), record.get("evidence") or {})
+
+
+def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterable[Journal] = (),
+            frozen_after_s: Optional[float] = FROZEN_AFTER_S, by: str = "inspect") -> Optional[Verdict]:
+    """The stall to lead with: the journal's stall record, else (``stall`` detected now in a live
+    process) the diagnosis computed now, as the sidecar computes it but without signalling.
+    ``frozen_after_s`` None: the one the journal recorded (`stall.journal_limits`)."""
+    found = from_record(journal)
+    if found is not None or stall is None or journal.pid is None or process_state(journal) != "running":
+        return found
+    if frozen_after_s is None:
+        from lora_otel.export.stall import journal_limits
+
+        frozen_after_s = journal_limits(journal)[1]
+    evidence = quiet_evidence(journal, stall.span)
+    peers = [peer for peer in peers if peer is not journal]
+    peer_stacks = {peer.path: text for peer in peers if (text := last_dump(peer))}
+    diagnosis = explain(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
+    kind = stall.kind
+    if kind == "frozen":
+        last = max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)
+        open_s = (now_ns - last) / 1e9 if last else stall.open_for_s
+    else:
+        open_s = stall.open_for_s
+    return Verdict(stall.span.name if stall.span is not journal.root else None, kind, open_s, stall.limit_s,
+                   diagnosis.sentence, by, None, evidence)
+
+
+# --- evidence without signalling ----------------------------------------------------------------
+
+def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: float = 1.0) -> dict[str, Any]:
+    """What `evidence.gather` would give, read without sending the process anything: /proc facts
+    (sampled over ``sample_s``), its TCP connections and bytes read meanwhile, memory pressure, its
+    children (DataLoader workers), and the last dump in its stacks file when it is newer than
+    ``span``'s start."""
+    pid = journal.pid
+    if pid is None:
+        return {}
+    before = _read_bytes(pid)
+    started = time.monotonic()
+    out = ev.process_facts(pid, sample_s=sample_s / 2)
+    out.update(ev.network_facts(pid))
+    out.update(ev.memory_facts(pid, sample_s=sample_s / 2))
+    after, elapsed = _read_bytes(pid), time.monotonic() - started
+    if before is not None and after is not None and elapsed > 0:
+        out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
+        out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
+    out.update(ev.children_facts(pid, _journals_by_pid(journal)))
+    text = last_dump(journal, since_ns=span.start_ns if span is not None else None)
+    if text:
+        out[PREFIX + "python.stacks"] = text
+        out[PREFIX + "python.stacks.from"] = "the stacks file (last request)"
+    return out
+
+
+def _read_bytes(pid: int) -> Optional[int]:
+    try:
+        with open("/proc/%d/io" % pid) as f:
+            for line in f:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _journals_by_pid(journal: Journal) -> dict[int, Journal]:
+    """The journals next to ``journal`` (its DataLoader workers write theirs there), by pid."""
+    from lora_otel.export.job import journal_paths
+    from lora_otel.export.reader import JournalError, read_journal
+
+    out: dict[int, Journal] = {}
+    for path in journal_paths(os.path.dirname(os.path.abspath(journal.path))):
+        if os.path.abspath(path) == os.path.abspath(journal.path):
+            continue
+        try:
+            other = read_journal(path)
+        except JournalError:
+            continue
+        if other.pid is not None and process_state(other) == "running":
+            out[other.pid] = other
+    return out
+
+
+# --- the stacks file ------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+
+
+def stacks_path(journal: Journal) -> Optional[str]:
+    """The stacks file the journal names (root attribute ``lora_otel.stacks.path``), if it exists."""
+    path = journal.root.attrs.get("lora_otel.stacks.path") if journal.root is not None else None
+    return path if isinstance(path, str) and path and os.path.isfile(path) else None
+
+
+def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256 * 1024) -> str:
+    """The last stack dump in the journal's stacks file ('' when none, or when the file was last
+    written before ``since_ns``)."""
+    path = stacks_path(journal)
+    if path is None:
+        return ""
+    try:
+        st = os.stat(path)
+        if since_ns is not None and st.st_mtime_ns < since_ns:
+            return ""
+        with open(path, "rb") as f:
+            f.seek(max(st.st_size - limit, 0))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = text.splitlines()
+    start, seen = 0, set()
+    for i, line in enumerate(lines):  # a dump names each thread once: a thread seen again starts the next one
+        m = _HEADER.match(line)
+        if m:
+            if m.group(2) in seen:
+                start, seen = i, set()
+            seen.add(m.group(2))
+    return "\n".join(lines[start:]).strip("\n")
+
+
+def stacks_lines(journal: Journal, verdict: Optional[Verdict], max_lines: int = STACK_LINES) -> list[str]:
+    """``stacks (from run.stacks.txt, the last request):`` and the last dump, the relevant thread
+    first (the one the diagnosis names, else the main thread), secrets redacted; [] when none."""
+    from lora_otel._boot.redact import redact_text
+
+    text = str(verdict.evidence.get(PREFIX + "python.stacks") or "") if verdict is not None else ""
+    text = text or last_dump(journal)
+    path = stacks_path(journal)
+    if not text or path is None:
+        return []
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if _HEADER.match(line):
+            blocks.append([line])
+        elif blocks and line.strip():
+            blocks[-1].append(line)
+    blocks = [b for b in blocks if not any("lora_otel/_boot/" in line for line in b[1:2])]  # the beat
+    focus = _focus_words(verdict)
+    blocks.sort(key=lambda b: (not any(w in line for w in focus for line in b[1:]) if focus else False,
+                               not _is_main(b)))
+    shown: list[str] = []
+    for block in blocks:
+        label = "main thread" if _is_main(block) else "thread %s" % _HEADER.match(block[0]).group(2)  # type: ignore[union-attr]
+        shown.append(f"  {label}:")
+        shown.extend("    " + line.strip() for line in block[1:])
+    cut = len(shown) - max_lines
+    shown = shown[:max_lines] + ([f"  ... {cut} more lines in the file"] if cut > 0 else [])
+    return [f"stacks (last dump in {path}):"] + [redact_text(line) for line in shown]
+
+
+def _is_main(block: list[str]) -> bool:
+    return bool(block) and "in <module>" in block[-1]
+
+
+def _focus_words(verdict: Optional[Verdict]) -> list[str]:
+    """Words of the diagnosis that name a place (``job.py:14``) — the thread with one of them goes first."""
+    if verdict is None:
+        return []
+    return ['%s", line %s' % m.groups() for m in re.finditer(r"([\w.-]+\.py):(\d+)", verdict.diagnosis)][:1]
