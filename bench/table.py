@@ -40,6 +40,8 @@ Sections (``--only``; default all, in this order):
   SIGKILL case and recovery after an outage, vs the OTel SDK default with a span that hangs.;
 - beat (bench/beat_cost.py): per beat, the main thread's frames sampled into the beat record vs
   the beat record without them.
+- hang (bench/hang_to_line.py): from a hang to the job's own line naming it and to its STALLED
+  line, no collector (an import that sleeps, a read frozen between stages, the GIL held), vs the goal.
 
 The exit status is 1 when a measurement failed (the row says why), 0 otherwise; a goal not met is
 shown as "NO" and does not change the exit status. Progress goes to stderr, the table to stdout.
@@ -71,9 +73,10 @@ import span_cost  # noqa: E402
 import startup  # noqa: E402
 import step_cost  # noqa: E402
 import beat_cost  # noqa: E402
+import hang_to_line  # noqa: E402
 
 PY = sys.executable
-SECTIONS = ["startup", "span", "step", "exit", "journal", "sidecar", "stall", "beat"]
+SECTIONS = ["startup", "span", "step", "exit", "journal", "sidecar", "stall", "beat", "hang"]
 
 # Settings per section: (quick, default). Defaults take about 10 minutes on a 2-core machine.
 SETTINGS = {
@@ -86,6 +89,7 @@ SETTINGS = {
                 {"seconds": 30.0, "warmup": 5.0, "burst": 30000, "burst_warmup": 20.0}),
     "stall": ({"runs": 1, "sdk_wait_s": 8.0}, {"runs": 2, "sdk_wait_s": 10.0}),
     "beat": ({"beats": 2000, "runs": 1}, {"beats": 20000, "runs": 5}),
+    "hang": ({"runs": 1}, {"runs": 3}),
 }
 SPAN_VARIANTS = ["empty", "stage", "stage+sidecar", "sdk", "sdk-refused", "mark", "sdk-event"]
 EXIT_MODES = ["refused", "blackhole", "slow", "ok"]
@@ -370,9 +374,18 @@ def section_stall(t: Table, s: dict) -> None:
           "—", goal(lost == 0 and dup == 0, "0 lost, 0 duplicated"))
 
 
+def section_hang(t: Table, s: dict) -> None:
+    for label, case, needle, extra, target in hang_to_line.CASES:
+        times = [hang_to_line.one(case, needle, hang_to_line._env(**extra)) for _ in range(s["runs"])]
+        med = statistics.median(times)
+        t.row("from a hang to the job's own line naming it, no collector: %s (median of %d jobs launched as a UI "
+              "does, stdout+stderr to log.txt)" % (label, s["runs"]), "the goal", "%.0f s" % target,
+              "%.2f s" % med, "—", goal(med <= target, "≤ %.0f s" % target))
+
+
 RUNNERS = {"startup": section_startup, "span": section_span, "step": section_step, "exit": section_exit,
            "journal": section_journal, "sidecar": section_sidecar, "stall": section_stall,
-           "beat": section_beat}
+           "beat": section_beat, "hang": section_hang}
 
 
 # --- header -------------------------------------------------------------------------------------
