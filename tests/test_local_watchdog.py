@@ -292,3 +292,25 @@ def test_between_limit_in_stall_rules(journal) -> None:
     stall = detect(j, journal.ns(130), True)
     assert stall.kind == "between" and stall.after == "import torch" and round(stall.open_for_s) == 128
     assert detect(j, journal.ns(20), True, parse_limits("between=10")).kind == "between"
+
+
+def test_watchdog_writes_only_to_the_log_recorded_at_start(tmp_path: Path) -> None:
+    """A process can append records to its own journal (after dropping root it still holds the
+    descriptor): a later attrs record naming another file as its ``--log`` is not believed. The
+    death line goes to the ``--log`` file the process opened at start (its identity is in the first
+    record), never to the file named later. (Found by the hostile trial: the root watchdog
+    appended the attacker's text to a root-owned file.)"""
+    victim = tmp_path / "victim.conf"
+    victim.write_bytes(b"precious\n")
+    (tmp_path / "job.py").write_text(
+        "import os, signal, sys, time\nimport lora_otel\nfrom lora_otel._boot import core\n"
+        "core.span_attrs(core.root_id, {'lora_otel.log.path': sys.argv[3]})\n"
+        "with lora_otel.stage('ALL=(ALL) NOPASSWD: ALL'):\n"
+        "    time.sleep(0.5)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([PYTHON, "job.py", "--log", "run.log", str(victim)], cwd=tmp_path, capture_output=True,
+                       env=clean_env(LORA_OTEL="1"), timeout=60)
+    assert r.returncode == -signal.SIGKILL
+    wait_for(lambda: "was killed" in text(tmp_path / "run.log"), timeout=15, what="the death line in run.log")
+    time.sleep(1)
+    assert victim.read_bytes() == b"precious\n"

@@ -177,6 +177,12 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
                      "process.parent_pid": os.getppid(), "lora_otel.activation": how}}
     if core.stderr_path:
         rec["stderr_path"] = core.stderr_path
+    if core._log_fd >= 0 and core.log_path:
+        # The --log copy as opened now: the only file the watchdog may write the job's lines to
+        # (a later attrs record naming another path is not believed: the process may have changed
+        # hands, e.g. dropped root, since).
+        rec["log"] = [core._log_dev, core._log_ino]
+        rec["log_path"] = os.path.abspath(core.log_path)
     core.write(rec)
     core.open_spans[core.root_id] = ("process", parent, 0, start_ns)
 

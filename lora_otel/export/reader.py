@@ -96,6 +96,8 @@ class Journal:
     ``last_evidence_ns`` is the ``ts`` of the last readable record the process wrote (a ``stall``
     record is the watchdog's, not the process's: it does not count).
     ``stalls``: the ``stall`` records the watchdog or sidecar appended, as dicts, in file order.
+    ``log_id``/``log_path``: the ``--log`` file the process opened at start (identity, absolute
+    path), from the ``process`` start record, or None.
     ``stderr_id``/``stderr_path``: what descriptor 2 was when the process started (``[st_dev,
     st_ino]``; its path when it was a regular file), from the ``process`` start record, or None.
     ``main_frames`` is where the main thread was at the last beat (its ``main``: ``[file, line,
@@ -129,6 +131,8 @@ class Journal:
     """The ``stall`` records, in order, each as written (``ts`` an int, ``kind`` one of `STALL_KINDS`)."""
     stderr_id: Optional[tuple[int, int]] = None
     stderr_path: Optional[str] = None
+    log_id: Optional[tuple[int, int]] = None
+    log_path: Optional[str] = None
 
     @property
     def trace_id(self) -> Optional[str]:
@@ -559,6 +563,10 @@ class _JournalBuilder:
             journal.stderr_id = (stderr[0], stderr[1])
         if isinstance(stderr_path, str) and stderr_path.startswith("/"):
             journal.stderr_path = stderr_path
+        log, log_path = record.get("log"), record.get("log_path")
+        if isinstance(log, list) and len(log) == 2 and all(_is_int(x) for x in log) \
+                and isinstance(log_path, str) and log_path.startswith("/"):
+            journal.log_id, journal.log_path = (log[0], log[1]), log_path
         image = record.get("image")
         if isinstance(image, dict):
             journal.image = {key: value for key, value in image.items()

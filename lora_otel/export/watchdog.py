@@ -128,19 +128,12 @@ def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
 
 
 def log_path(journal: Journal) -> Optional[str]:
-    """The job's ``--log`` file (absolute), from its root span's attributes, or None."""
-    root = journal.root
-    if root is None:
-        return None
-    path = root.attrs.get("lora_otel.log.path")
-    if not isinstance(path, str) or not path:
-        return None
-    if not os.path.isabs(path):
-        cwd = root.attrs.get("process.working_directory")
-        if not isinstance(cwd, str) or not os.path.isabs(cwd):
-            return None
-        path = os.path.join(cwd, path)
-    return path
+    """The job's ``--log`` file (absolute) as the process recorded it in its first record, or None.
+
+    Not the root span's ``lora_otel.log.path`` attribute: a later ``attrs`` record can say anything
+    (a process that dropped root still holds its journal's descriptor), and the watchdog may run as
+    the user the job started as."""
+    return journal.log_path if journal.log_id is not None else None
 
 
 def _write_checked(path: str, data: bytes, *, follow: bool, ident: Optional[tuple] = None) -> Optional[tuple]:
@@ -212,7 +205,7 @@ class JobLines:
                 same = (st.st_dev, st.st_ino) in written
             except OSError:
                 same = True  # gone: nothing to append to
-            if not same and _write_checked(log, data, follow=False) is not None:
+            if not same and _write_checked(log, data, follow=False, ident=journal.log_id) is not None:
                 went.append(log)
         return went
 
