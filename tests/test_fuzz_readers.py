@@ -447,6 +447,9 @@ def no_lora_env(monkeypatch) -> None:
     for name in list(os.environ):
         if name.startswith("LORA_OTEL_"):
             monkeypatch.delenv(name)
+    # A hostile journal may name this very process as a live, stalled one: inspect then samples its
+    # /proc facts; one look instead of half a second per call keeps 150 examples quick.
+    monkeypatch.setenv("LORA_OTEL_INSPECT_SAMPLE_S", "0")
 
 
 # --- the readers, one by one ----------------------------------------------------------------------

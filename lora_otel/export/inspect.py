@@ -370,11 +370,11 @@ class View:
 
     def _between(self) -> str:
         """``no stage open for 25 s since import torch ended``: a running process between stages."""
-        ended = [span for span in self.journal.spans if span.end_ns is not None and span is not self.journal.root]
-        last = max(ended, key=lambda span: span.end_ns or 0, default=None)
-        since = last.end_ns if last is not None and last.end_ns is not None else self.journal.root.start_ns  # type: ignore[union-attr]
+        from lora_otel.export.stall import last_stage_end  # the same rule as the stall and the job's lines
+
+        name, since = last_stage_end(self.journal)
         text = f"no stage open for {format_duration(self.reference_ns - since)}"
-        return text + (f" since {_display(last.name)} ended" if last is not None else " since it started")
+        return text + (f" since {_display(name)} ended" if name is not None else " since it started")
 
     def _ended(self, exit_: dict[str, Any], open_spans: list[Span]) -> str:
         code = exit_["code"]

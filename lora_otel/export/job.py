@@ -373,9 +373,11 @@ def _order_key(proc: Proc) -> tuple:
 
 def _callout(procs: list[Proc]) -> Optional[Callout]:
     order = {id(proc): index for index, proc in enumerate(procs)}
-    # an "alive" stall of the root span (--stall-after N: between stages for N s) is a launcher waiting
+    # an "alive" stall of the root span is a launcher waiting for its children; quiet time with no
+    # stage open ("between") is a stall of a process that has no child in the job
     stuck = [proc for proc in procs if proc.stall is not None
-             and (proc.stall.kind == "frozen" or proc.stall.span is not proc.journal.root)]
+             and (proc.stall.kind == "frozen" or proc.stall.span is not proc.journal.root
+                  or proc.stall.kind == "between" and not proc.children)]
     if stuck:
         proc = min(stuck, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
         text = f"{proc.who} is the one stuck: {_stuck_phrase(proc)}"
@@ -426,6 +428,9 @@ def _stuck_phrase(proc: Proc) -> str:
         return f"frozen in {span} for {open_for} (no beat for {format_duration(proc.view.now_ns - last)})"
     if stall.span.name == "training":
         return f"in training, no optimizer step for {open_for} (at step {proc.journal.steps})"
+    if stall.kind == "between":
+        after = f" since {_display(stall.after)} ended" if stall.after else ""
+        return f"with no stage open for {open_for}{after}"
     return f"in {span} for {open_for}"
 
 
@@ -503,9 +508,10 @@ def _phrase(job: Job) -> str:
         stuck = _stuck_phrase(proc)
         stuck = stuck[len("in "):] if stuck.startswith("in ") else stuck
         if proc.outcome == "stalled":
-            text = f"stalled: {stuck}" if proc.stall and proc.stall.kind == "frozen" else f"stalled at {stuck}"
+            text = (f"stalled: {stuck}" if proc.stall and proc.stall.kind in ("frozen", "between")
+                    else f"stalled at {stuck}")
         else:
-            text = f"{_end_phrase(proc)} after stalling at {stuck}"
+            text = f"{_end_phrase(proc)} after stalling {'' if stuck.startswith('with ') else 'at '}{stuck}"
         return _with_tag(text, job, proc)
     if callout is not None and callout.kind == "failed":
         return _with_tag(f"failed{_failure(callout.proc)}", job, callout.proc)

@@ -190,12 +190,21 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
 
 
 def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
-    """The stage that ended last and when (``(None, the process's start)`` when none has)."""
+    """The stage that ended last and when (``(None, the process's start)`` when none has).
+
+    As the job itself counts (`lora_otel._boot.narrate`): an import shorter than the journal's
+    ``import_threshold_ms`` is not a stage here, so a library's lazy ``import encodings.idna``
+    inside a download does not reset the quiet time."""
     root = journal.root
+    threshold = journal.config.get("import_threshold_ms", 5.0) if isinstance(journal.config, dict) else 5.0
+    threshold_ns = threshold * 1e6 if isinstance(threshold, (int, float)) else 5e6
     best: tuple[Optional[str], int] = (None, root.start_ns if root is not None else 0)
     for span in journal.spans:
-        if span is not root and span.end_ns is not None and span.end_ns >= best[1]:
-            best = (span.name, span.end_ns)
+        if span is root or span.end_ns is None or span.end_ns < best[1]:
+            continue
+        if span.name.startswith("import ") and span.end_ns - span.start_ns < threshold_ns:
+            continue
+        best = (span.name, span.end_ns)
     return best
 
 

@@ -109,7 +109,7 @@ def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterab
         from lora_otel.export.stall import journal_limits
 
         frozen_after_s = journal_limits(journal)[1]
-    evidence = quiet_evidence(journal, stall.span)
+    evidence = quiet_evidence(journal, stall.span, sample_s())
     peers = [peer for peer in peers if peer is not journal]
     peer_stacks = {peer.path: text for peer in peers if (text := last_dump(peer))}
     diagnosis = explain(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
@@ -125,7 +125,17 @@ def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterab
 
 # --- evidence without signalling ----------------------------------------------------------------
 
-def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: float = 1.0) -> dict[str, Any]:
+def sample_s() -> float:
+    """How long inspect/watch sample a live stalled process's /proc facts (CPU, bytes read, memory):
+    ``LORA_OTEL_INSPECT_SAMPLE_S`` (seconds, default 0.5; 0: one look, no rates)."""
+    try:
+        value = float(os.environ.get("LORA_OTEL_INSPECT_SAMPLE_S", "0.5"))
+    except ValueError:
+        return 0.5
+    return min(max(value, 0.0), 10.0) if value == value else 0.5
+
+
+def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: float = 0.5) -> dict[str, Any]:
     """What `evidence.gather` would give, read without sending the process anything: /proc facts
     (sampled over ``sample_s``), its TCP connections and bytes read meanwhile, memory pressure, its
     children (DataLoader workers), and the last dump in its stacks file when it is newer than
