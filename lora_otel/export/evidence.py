@@ -472,11 +472,27 @@ def gpu_facts(pid: int) -> dict[str, Any]:
     return out
 
 
+def read_chars(pid: int) -> Optional[int]:
+    """All bytes the process has read so far (``rchar`` of ``/proc/<pid>/io``), or None."""
+    try:
+        for line in _read("/proc/%d/io" % pid).splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     """Everything above, in one dict (``request``: from `stack_request`, or None for no signal)."""
     out: dict[str, Any] = {}
+    before, started = read_chars(pid), time.monotonic()
     out.update(process_facts(pid))
     out.update(network_facts(pid))
+    after, elapsed = read_chars(pid), time.monotonic() - started
+    if before is not None and after is not None and elapsed > 0:  # is a download moving? (diagnose)
+        out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
+        out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
     out.update(python_stacks(pid, request))
     out.update(gpu_facts(pid))
     out.update(memory_facts(pid))

@@ -143,12 +143,12 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
     pid = journal.pid
     if pid is None:
         return {}
-    before = _read_bytes(pid)
+    before = ev.read_chars(pid)
     started = time.monotonic()
     out = ev.process_facts(pid, sample_s=sample_s / 2)
     out.update(ev.network_facts(pid))
     out.update(ev.memory_facts(pid, sample_s=sample_s / 2))
-    after, elapsed = _read_bytes(pid), time.monotonic() - started
+    after, elapsed = ev.read_chars(pid), time.monotonic() - started
     if before is not None and after is not None and elapsed > 0:
         out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
@@ -158,17 +158,6 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
         out[PREFIX + "python.stacks"] = text
         out[PREFIX + "python.stacks.from"] = "the stacks file (last request)"
     return out
-
-
-def _read_bytes(pid: int) -> Optional[int]:
-    try:
-        with open("/proc/%d/io" % pid) as f:
-            for line in f:
-                if line.startswith("rchar:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _journals_by_pid(journal: Journal) -> dict[int, Journal]:
