@@ -197,7 +197,12 @@ def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
     inside a download does not reset the quiet time."""
     root = journal.root
     threshold = journal.config.get("import_threshold_ms", 5.0) if isinstance(journal.config, dict) else 5.0
-    threshold_ns = threshold * 1e6 if isinstance(threshold, (int, float)) else 5e6
+    try:  # a journal's value may be anything (a hostile or broken one: 10**400, NaN)
+        threshold_ns = min(float(threshold), 1e12) * 1e6 if not isinstance(threshold, bool) else 5e6
+    except (TypeError, ValueError, OverflowError):
+        threshold_ns = 5e6
+    if not threshold_ns >= 0:
+        threshold_ns = 5e6
     best: tuple[Optional[str], int] = (None, root.start_ns if root is not None else 0)
     for span in journal.spans:
         if span is root or span.end_ns is None or span.end_ns < best[1]:
