@@ -187,8 +187,8 @@ def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
 def test_between_stages_stall(tmp_path: Path) -> None:
     """No stage open after the arguments were parsed (the program's own code hangs, as a download
     frozen at 0 B/s): with `between=2` a `between` stall record names the stage that ended last."""
-    proc = launch(tmp_path, "import argparse, time\nargparse.ArgumentParser().parse_known_args()\ntime.sleep(60)\n",
-                  LORA_OTEL_STALL_AFTER="between=2")
+    proc = launch(tmp_path, "import argparse, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+                  "time.sleep(60)\n", LORA_OTEL_STALL_AFTER="between=2")
     try:
         [record] = wait_for(lambda: journal_of(tmp_path).stalls, timeout=30, what="the stall record")
         assert record["kind"] == "between" and record["span_id"] is None and record["stage"] == "between stages"
@@ -314,3 +314,21 @@ def test_watchdog_writes_only_to_the_log_recorded_at_start(tmp_path: Path) -> No
     wait_for(lambda: "was killed" in text(tmp_path / "run.log"), timeout=15, what="the death line in run.log")
     time.sleep(1)
     assert victim.read_bytes() == b"precious\n"
+
+
+def test_a_quiet_service_is_not_called_stalled(tmp_path: Path) -> None:
+    """A long-running service (no argparse, no torch: a select loop) with the whole environment
+    traced: its `arguments` span stays open and nothing happens for a while, by design. The
+    watchdog writes no stall record, sends no stack request and prints no STALLED line, as the
+    job's own narration stays quiet (found by the hostile trial: at 60 s the service was called
+    stalled in `arguments` and signalled)."""
+    proc = launch(tmp_path, "import select, socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(1)\n"
+                  "select.select([s], [], [], 6)\n", LORA_OTEL_STALL_AFTER="arguments=1,between=1")
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        stop(proc)
+    j = journal_of(tmp_path)
+    assert j.stalls == []
+    assert "STALLED" not in text(tmp_path / "log.txt")
+    assert all(p.stat().st_size == 0 for p in (tmp_path / "lora-otel").glob("*.stacks.txt"))

@@ -168,7 +168,7 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
     rec = {"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
            "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
            "ppid": os.getppid(), "start_ticks": ticks, "image": image_identity(), "sampled": core.sampled,
-           "config": {"import_threshold_ms": core.import_threshold_ms,
+           "config": {"import_threshold_ms": core.import_threshold_ms, "quiet": core.quiet,
                       # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
                       "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
                       "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER")},

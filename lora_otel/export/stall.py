@@ -154,6 +154,8 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
         return Stall("frozen", span, (now_ns - span.start_ns) / 1e9, frozen_after_s,
                      "the process exists but has not beaten for %d s (frozen: GIL held in native code, "
                      "stopped, or in uninterruptible I/O)" % silent_s)
+    if (span is journal.root or span.name == "arguments") and not idle_may_be_stuck(journal):
+        return None
     if span is journal.root:
         return _between(journal, span, now_ns, limits)
     rule = learned.get(span.name) if learned else None
@@ -187,6 +189,39 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
         return Stall("alive", span, open_for, limit, "%s open for %d s, limit %d s%s" % (
             span.name, open_for, limit, " (learned: %s)" % used.describe() if used is not None else ""), learned=used)
     return None
+
+
+_UI_IMPORTS = ("import gradio", "import uvicorn", "import streamlit")
+
+
+def idle_may_be_stuck(journal: Journal) -> bool:
+    """Whether quiet time with no stage open (or ``arguments`` still open) may mean this process is
+    stuck — the job's own narration's rule (`lora_otel._boot.narrate`), so every view agrees: a
+    training job's own process (not a quiet child), that has imported torch, runs no web UI
+    (gradio, uvicorn, streamlit wait for their users) and has no child process now (a launcher
+    waiting for its ranks). A service, pip, a helper script or a DataLoader worker idles by design."""
+    config = journal.config if isinstance(journal.config, dict) else {}
+    if config.get("quiet") is True:
+        return False
+    names = {span.name for span in journal.spans}
+    if "import torch" not in names and "training" not in names:
+        return False
+    if any(name in names for name in _UI_IMPORTS):
+        return False
+    return not (journal.pid and _has_children(journal.pid))
+
+
+def _has_children(pid: int) -> bool:
+    import os
+
+    try:
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, tid), "rb") as f:
+                if f.read().strip():
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
