@@ -332,3 +332,48 @@ def test_a_quiet_service_is_not_called_stalled(tmp_path: Path) -> None:
     assert j.stalls == []
     assert "STALLED" not in text(tmp_path / "log.txt")
     assert all(p.stat().st_size == 0 for p in (tmp_path / "lora-otel").glob("*.stacks.txt"))
+
+
+MEMORY_BOUND_LOAD = """\
+import mmap, os, time
+import lora_otel
+with open("weights.bin", "wb") as f:  # written from inside the cgroup: its page cache is charged there
+    for _ in range(160):
+        f.write(os.urandom(1 << 20))
+with lora_otel.stage("load model"):
+    with open("weights.bin", "rb") as f:
+        weights = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        end, total = time.time() + 14, 0
+        while time.time() < end:  # the load keeps touching pages the memory limit evicted
+            for offset in range(0, len(weights), 4096):
+                total += weights[offset]
+print("loaded", total > 0)
+"""
+
+
+def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
+    """A model load in a real memory cgroup (48 MB) that maps a 160 MB file: the pages the limit
+    evicts are read back from disk again and again. Past the stage's limit the watchdog's stall
+    record, and inspect after it, name memory reclaim with its figures (major faults, the limit),
+    not "cannot tell why". (No swap on this machine: reclaim of the page cache, not swapping.)"""
+    from test_sidecar import _make_memory_cgroup
+
+    cg = _make_memory_cgroup(48 * 2**20)
+    (tmp_path / "job.py").write_text(MEMORY_BOUND_LOAD)
+    try:
+        env = clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER="load model=4")
+        with open(tmp_path / "log.txt", "wb") as out:
+            proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py --log run.log',
+                                     str(cg), PYTHON], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        assert proc.wait(timeout=120) == 0, text(tmp_path / "log.txt")
+        [record] = wait_for(lambda: read_journal(tmp_path / "run.log.otel.jsonl").stalls, timeout=15,
+                            what="the stall record")
+        assert record["stage"] == "load model" and record["kind"] == "alive"
+        assert record["diagnosis"].startswith("Loading is slowed by memory reclaim"), record
+        assert "major page faults/s" in record["diagnosis"] and "memory limit of 50 MB" in record["diagnosis"]  # 48 MiB
+        doc = json.loads(lora_otel_cli("inspect", "--json", str(tmp_path / "run.log.otel.jsonl")).stdout)
+        assert [s["diagnosis"] for s in doc["stalls"]] == [record["diagnosis"]]
+    finally:
+        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), what="the cgroup to empty")
+        cg.rmdir()
