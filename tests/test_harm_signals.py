@@ -257,7 +257,7 @@ class TestHandlers:
         """A service that blocks every signal and takes them with ``sigwait`` (its shutdown
         loop): a stall sends no stack request, which it would receive as its own signal and act on;
         the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
-        script = ("import signal, sys\n"
+        script = ("import signal, sys\nimport torch  # a training job (quiet time alone is no stall elsewhere)\n"
                   "sigs = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}\n"
                   "signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n"
                   "got = signal.sigtimedwait(sigs, 8)\n"

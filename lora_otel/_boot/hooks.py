@@ -495,6 +495,9 @@ def on_step_post(*_args) -> None:
 def install_torch_hooks(torch) -> None:
     global _torch_done
     _torch_done = True
+    # Said on the root span, which every reader keeps (ended import spans may be dropped by a live
+    # tail): a process that imported torch idling with no stage open may be a stuck job.
+    core.span_attrs(core.root_id, {"lora_otel.torch.imported": True})
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     except ImportError:

@@ -459,9 +459,12 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
     swap = evidence.get(PREFIX + "memory.swap_in_pages_per_s")
     pressure = max((v for k, v in evidence.items() if k.startswith(PREFIX + "memory.") and k.endswith("_some_avg10")
                     and isinstance(v, (int, float))), default=None)
+    # The kernel's pressure figure may be the whole machine's: it names this process only while the
+    # process itself takes major faults (another job thrashing is not this one's stall).
+    own_faults = isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S / 10
     heavy = ((isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S)
              or (isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S)
-             or (pressure is not None and pressure >= PRESSURE_AVG10))
+             or (pressure is not None and pressure >= PRESSURE_AVG10 and own_faults))
     if not heavy:
         return None
     facts = []

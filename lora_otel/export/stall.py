@@ -204,7 +204,8 @@ def idle_may_be_stuck(journal: Journal) -> bool:
     if config.get("quiet") is True:
         return False
     names = {span.name for span in journal.spans}
-    if "import torch" not in names and "training" not in names:
+    root_attrs = journal.root.attrs if journal.root is not None else {}
+    if "import torch" not in names and "training" not in names and root_attrs.get("lora_otel.torch.imported") is not True:
         return False
     if any(name in names for name in _UI_IMPORTS):
         return False
