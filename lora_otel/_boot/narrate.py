@@ -241,13 +241,17 @@ def at_exit(now_ns: int) -> None:
     """At exit, before the spans still open are ended: the "took" lines of narrated stages that
     ended since the last beat (a job often exits right after its slow stage)."""
     with _lock:
-        subject = _subject(now_ns)
-        for key, ep in list(_episodes.items()):
-            line = _ended(ep, now_ns, subject)
-            if line is not None:
-                del _episodes[key]
-                if ep.said and _lines_on:
-                    core.warn_line(line)
+        _say_ended(now_ns, _subject(now_ns))
+
+
+def _say_ended(now_ns: int, subject) -> None:
+    """Forget the episodes whose stage is over, saying "took N s" for those that were narrated."""
+    for key, ep in list(_episodes.items()):
+        line = _ended(ep, now_ns, subject)
+        if line is not None:
+            del _episodes[key]
+            if ep.said and _lines_on:
+                core.warn_line(line)
 
 
 def tick(now_ns: int, frames) -> None:
@@ -263,12 +267,7 @@ def _tick(now_ns: int, frames) -> None:
     if len(_samples) > STEP_SAMPLES:
         del _samples[0]
     subject = _subject(now_ns)
-    for key, ep in list(_episodes.items()):
-        line = _ended(ep, now_ns, subject)
-        if line is not None:
-            del _episodes[key]
-            if ep.said and _lines_on:
-                core.warn_line(line)
+    _say_ended(now_ns, subject)
     if subject is None:
         return
     kind, key, name, since_ns, limit = subject

@@ -450,6 +450,25 @@ def refuse_after_silence(request: Optional[StackRequest]) -> Optional[StackReque
                                     "handled by the program in C)")
 
 
+class StackAsker:
+    """Evidence for one followed process, asking for its stacks (`stack_request`, with its checks)
+    until a request goes unanswered; after that, that process is asked no more. The sidecar's live
+    follower and the local watchdog both gather through one of these."""
+
+    def __init__(self, gather_fn: Any) -> None:
+        self.gather = gather_fn  # (pid, request) -> evidence dict, `gather` by default
+        self.unanswered = False
+
+    def __call__(self, journal: Journal) -> dict[str, Any]:
+        request = stack_request(journal)
+        if self.unanswered:
+            request = refuse_after_silence(request)
+        evidence = self.gather(journal.pid, request) if journal.pid else {}
+        if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
+            self.unanswered = True
+        return evidence
+
+
 def gpu_facts(pid: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:

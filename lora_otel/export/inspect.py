@@ -255,21 +255,11 @@ def not_a_journal(journal: Journal) -> bool:
 
 def same_trace(journal: Journal) -> list[Journal]:
     """The journals next to ``journal`` of the same trace (its job's other ranks and processes)."""
-    from lora_otel.export.job import journal_paths
+    from lora_otel.export.job import sibling_journals
 
-    out = []
     if journal.trace_id is None:
-        return out
-    for path in journal_paths(os.path.dirname(os.path.abspath(journal.path))):
-        if os.path.abspath(path) == os.path.abspath(journal.path):
-            continue
-        try:
-            other = read_journal(path)
-        except JournalError:
-            continue
-        if other.trace_id == journal.trace_id:
-            out.append(other)
-    return out
+        return []
+    return [other for other in sibling_journals(journal) if other.trace_id == journal.trace_id]
 
 
 MAX_NOTES = 5

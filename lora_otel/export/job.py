@@ -548,6 +548,20 @@ def journal_paths(directory: str) -> list[str]:
     return sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
 
 
+def sibling_journals(journal: Journal) -> list[Journal]:
+    """The readable journals beside ``journal`` (its directory), itself left out."""
+    own = os.path.abspath(journal.path)
+    out = []
+    for path in journal_paths(os.path.dirname(own)):
+        if os.path.abspath(path) == own:
+            continue
+        try:
+            out.append(read_journal(path))
+        except JournalError:
+            continue
+    return out
+
+
 def unreadable_reason(journal: Journal) -> Optional[str]:
     """Why a journal gives no process (no span at all), or None when it has spans."""
     if journal.spans:

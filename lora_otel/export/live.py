@@ -41,8 +41,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from lora_otel.export import otlp
 from lora_otel.export.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
-from lora_otel.export.evidence import (NO_DUMP, PREFIX, StackRequest, gather, python_stacks, refuse_after_silence,
-                                       stack_request)
+from lora_otel.export.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
 from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
 from lora_otel.export.stall import Stall, detect, journal_limits
 
@@ -362,7 +361,7 @@ class Follower:
         self._baseline: Any = None  # LORA_OTEL_BASELINE: a Baseline, the BaselineError it gave, or None
         self._baseline_read = False
         self._learned = False
-        self._unanswered = False  # a stack request got no dump: this process is asked no more
+        self._ask = StackAsker(evidence)  # a stack request that got no dump: this process is asked no more
 
     def poll(self, now_ns: Optional[int] = None) -> list[ReadableSpan]:
         """Read what the journal gained, queue what is new for export; returns the spans queued."""
@@ -510,12 +509,7 @@ class Follower:
         while span is not None and all(span is not link for link in chain):  # a corrupt journal's parents may cycle
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
-        request = stack_request(journal)
-        if self._unanswered:
-            request = refuse_after_silence(request)
-        evidence = self.evidence(journal.pid, request) if journal.pid else {}
-        if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
-            self._unanswered = True
+        evidence = self._ask(journal)
         peers: list = []
         others: dict = {}
         if self.peers is not None and collective_in(stacks_text(evidence)) is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from lora_otel.export import evidence as ev
-from lora_otel.export.diagnose import explain, stacks_text
+from lora_otel.export.diagnose import explain
 from lora_otel.export.evidence import PREFIX
 from lora_otel.export.reader import Journal, Span, format_duration, process_state
 from lora_otel.export.stall import FROZEN_AFTER_S, Stall
@@ -162,20 +162,10 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
 
 def _journals_by_pid(journal: Journal) -> dict[int, Journal]:
     """The journals next to ``journal`` (its DataLoader workers write theirs there), by pid."""
-    from lora_otel.export.job import journal_paths
-    from lora_otel.export.reader import JournalError, read_journal
+    from lora_otel.export.job import sibling_journals
 
-    out: dict[int, Journal] = {}
-    for path in journal_paths(os.path.dirname(os.path.abspath(journal.path))):
-        if os.path.abspath(path) == os.path.abspath(journal.path):
-            continue
-        try:
-            other = read_journal(path)
-        except JournalError:
-            continue
-        if other.pid is not None and process_state(other) == "running":
-            out[other.pid] = other
-    return out
+    return {other.pid: other for other in sibling_journals(journal)
+            if other.pid is not None and process_state(other) == "running"}
 
 
 # --- the stacks file ------------------------------------------------------------------------------

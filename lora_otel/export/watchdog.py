@@ -24,7 +24,7 @@ import stat
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from lora_otel.export.evidence import NO_DUMP, PREFIX, OomWatch, StackRequest, gather, refuse_after_silence, stack_request
+from lora_otel.export.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
 from lora_otel.export.learned import Learned, learn
 from lora_otel.export.reader import Journal, JournalTail, process_state
 from lora_otel.export.stall import Stall, detect, journal_limits
@@ -291,7 +291,7 @@ class Watch:
         self.records: list[dict[str, Any]] = []
         self.stalled: set = set()  # (kind, span id or the quiet period's start)
         self.slow_told: set = set()
-        self._unanswered = False
+        self._ask = StackAsker(evidence)  # a stack request that got no dump: this process is asked no more
         self.oom = OomWatch()
 
     def read(self) -> Journal:
@@ -342,12 +342,7 @@ class Watch:
         """Gather, diagnose, append the record, speak for the job where it cannot."""
         from lora_otel.export.diagnose import explain
 
-        request = stack_request(journal)
-        if self._unanswered:
-            request = refuse_after_silence(request)
-        evidence = self.evidence(journal.pid, request) if journal.pid else {}
-        if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
-            self._unanswered = True
+        evidence = self._ask(journal)
         peers: list = []
         if self.peers is not None:
             try:
