@@ -198,7 +198,12 @@ def test_sidecar_is_detached(tmp_path: Path) -> None:
     proc = traced(tmp_path, "import time\ntime.sleep(1)\n", "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="20")
     side = sidecar_pid(tmp_path)
     pipes = {os.readlink("/proc/self/fd/%d" % f.fileno()) for f in (proc.stdout, proc.stderr)}
-    held = {os.readlink("/proc/%d/fd/%s" % (side, fd)) for fd in os.listdir("/proc/%d/fd" % side)}
+    held = set()
+    for fd in os.listdir("/proc/%d/fd" % side):
+        try:
+            held.add(os.readlink("/proc/%d/fd/%s" % (side, fd)))
+        except FileNotFoundError:
+            pass  # closed between the listing and the look (the sidecar opens and closes files)
     assert not pipes & held, "the sidecar holds the launcher's pipes"
     assert os.readlink("/proc/%d/fd/0" % side) == os.devnull == os.readlink("/proc/%d/fd/1" % side)
     assert os.readlink("/proc/%d/fd/2" % side).endswith(".sidecar.log")
