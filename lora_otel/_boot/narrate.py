@@ -166,11 +166,12 @@ def _subject(now_ns: int):
     return "stage", sid, name, info[3], limit
 
 
-def _has_children() -> bool:
-    """Whether this process has a child process now (``/proc/self/task/*/children``)."""
+def has_children(pid: object = "self") -> bool:
+    """Whether process ``pid`` (this one by default) has a child process now
+    (``/proc/<pid>/task/*/children``); False when that cannot be read. The watchdog's views use it too."""
     try:
-        for tid in os.listdir("/proc/self/task"):
-            with open("/proc/self/task/%s/children" % tid, "rb") as f:
+        for tid in os.listdir("/proc/%s/task" % pid):
+            with open("/proc/%s/task/%s/children" % (pid, tid), "rb") as f:
                 if f.read().strip():
                     return True
     except OSError:
@@ -181,7 +182,7 @@ def _has_children() -> bool:
 def _idle_ok() -> bool:
     """Whether a quiet time (or ``arguments`` still open) may mean this job is stuck (docstring)."""
     return (not core.quiet and "torch" in sys.modules
-            and not any(m in sys.modules for m in _UI_MODULES) and not _has_children())
+            and not any(m in sys.modules for m in _UI_MODULES) and not has_children())
 
 
 def _where(frames) -> str:
