@@ -3,8 +3,9 @@ configurations under collector/, Tempo, Prometheus (scrape config, alert and rec
 Grafana provisioning under deploy/; and, end to end, a real stalled job exported to a real
 collector (rotel), carrying every attribute the collector configuration counts and groups by.
 
-What is not checked here: that the pinned images start, that otelcol-contrib accepts the
-configuration (its own `validate` needs the binary), PromQL and TraceQL syntax (no promtool).
+What is not checked here: that the pinned images start (no Docker engine), and TraceQL syntax (no
+Tempo). The real programs load these files in tests/test_backends_*.py: our collector built from
+its Go modules, Jaeger v2 built from its module, and Debian's Prometheus and promtool.
 """
 
 from __future__ import annotations
@@ -164,16 +165,20 @@ def test_collector_config_is_consistent(path: Path) -> None:
 
 def test_collector_sends_traces_to_jaeger_and_tempo_metrics_to_prometheus(compose, otelcol) -> None:
     pipes = otelcol["service"]["pipelines"]
-    assert {"otlp/jaeger", "otlp/tempo", "spanmetrics", "count"} <= set(pipes["traces"]["exporters"])
+    assert {"otlp_grpc/jaeger", "otlp_grpc/tempo", "span_metrics", "count"} <= set(pipes["traces"]["exporters"])
     assert {"debug", "count"} <= set(pipes["logs"]["exporters"])
-    assert set(pipes["metrics"]["receivers"]) == {"spanmetrics", "count"} and pipes["metrics"]["exporters"] == ["prometheus"]
+    assert set(pipes["metrics"]["receivers"]) == {"span_metrics", "count"} and pipes["metrics"]["exporters"] == ["prometheus"]
     services = compose["services"]
     tempo = load(TEMPO)
     tempo_otlp = host_port(tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])[1]
-    for exporter, service, port in (("otlp/jaeger", "jaeger", 4317), ("otlp/tempo", "tempo", tempo_otlp)):
+    for exporter, service, port in (("otlp_grpc/jaeger", "jaeger", 4317), ("otlp_grpc/tempo", "tempo", tempo_otlp)):
         assert host_port(otelcol["exporters"][exporter]["endpoint"]) == (service, port)
         assert service in services and services["collector"]["depends_on"][service]["condition"] == "service_healthy"
-    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    # Jaeger v2 receives OTLP on 4317 per the config compose mounts into it
+    jaeger_mounts = {m.split(":")[1]: m.split(":")[0] for m in services["jaeger"]["volumes"]}
+    jaeger_config = load(REPO / jaeger_mounts["/etc/jaeger/config.yaml"][2:])
+    assert host_port(jaeger_config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])[1] == 4317
+    assert services["jaeger"]["command"] == ["--config=/etc/jaeger/config.yaml"]
 
 
 def test_stall_counts_and_dimensions(otelcol) -> None:
@@ -187,7 +192,7 @@ def test_stall_counts_and_dimensions(otelcol) -> None:
     assert "SEVERITY_NUMBER_WARN" in log_condition and '"^stall detected:"' in log_condition
     for metric in (count["spans"]["lora_otel.stalls"], count["logs"]["lora_otel.stall.log_records"]):
         assert [a["key"] for a in metric["attributes"]] == ["lora_otel.stall.kind", "lora_otel.stall.stage"]
-    dims = [d["name"] for d in otelcol["connectors"]["spanmetrics"]["dimensions"]]
+    dims = [d["name"] for d in otelcol["connectors"]["span_metrics"]["dimensions"]]
     assert dims == ["lora_otel.incomplete", "lora_otel.stall.kind"]
 
 
@@ -199,12 +204,12 @@ def prometheus_names(otelcol: dict) -> tuple:
         return re.sub(r"[^a-zA-Z0-9_]", "_", name)
     count = otelcol["connectors"]["count"]
     metrics = {prom(n) + "_total" for kind in ("spans", "logs") for n in count[kind]}
-    ns = prom(otelcol["connectors"]["spanmetrics"]["namespace"])
-    unit = {"ms": "milliseconds", "s": "seconds"}[otelcol["connectors"]["spanmetrics"]["histogram"]["unit"]]
+    ns = prom(otelcol["connectors"]["span_metrics"]["namespace"])
+    unit = {"ms": "milliseconds", "s": "seconds"}[otelcol["connectors"]["span_metrics"]["histogram"]["unit"]]
     metrics |= {ns + "_calls_total"} | {"%s_duration_%s_%s" % (ns, unit, s) for s in ("bucket", "sum", "count")}
     labels = {"service_name", "span_name", "status_code", "le", "job", "instance"}
     labels |= {prom(a["key"]) for kind in ("spans", "logs") for m in count[kind].values() for a in m["attributes"]}
-    labels |= {prom(d["name"]) for d in otelcol["connectors"]["spanmetrics"]["dimensions"]}
+    labels |= {prom(d["name"]) for d in otelcol["connectors"]["span_metrics"]["dimensions"]}
     return metrics, labels
 
 
@@ -216,8 +221,9 @@ def test_prometheus_scrapes_the_collector(compose, otelcol) -> None:
     assert {"collector:%d" % exporter_port, "collector:%d" % telemetry_port} <= targets
     mounts = {m.split(":")[1]: m.split(":")[0] for m in compose["services"]["prometheus"]["volumes"]}
     assert mounts["/etc/prometheus/prometheus.yml"] == "./" + str(PROMETHEUS.relative_to(REPO))
-    for rule_file in config["rule_files"]:
-        assert (REPO / mounts[rule_file][2:]).resolve() == RULES.resolve()
+    for rule_file in config["rule_files"]:  # relative to the config file, in the repo and in compose
+        assert (PROMETHEUS.parent / rule_file).resolve() == RULES.resolve()
+        assert (REPO / mounts["/etc/prometheus/" + rule_file][2:]).resolve() == RULES.resolve()
 
 
 def test_prometheus_rules(otelcol) -> None:
@@ -338,7 +344,7 @@ def test_stalled_job_carries_what_the_collector_counts(tmp_path: Path, collector
     assert {"process", "import stuckmod"} <= {s.name for s in flagged}
     stalls = [s for s in flagged if s.attributes.get("lora_otel.stall.stage") == s.name]
     assert [s.name for s in stalls] == ["import stuckmod"]
-    spanmetrics_dims = [d["name"] for d in otelcol["connectors"]["spanmetrics"]["dimensions"]]
+    spanmetrics_dims = [d["name"] for d in otelcol["connectors"]["span_metrics"]["dimensions"]]
     assert all(d in stall.attributes for d in spanmetrics_dims)
     [warn] = [r for r in collector.logs() if r.severity == "WARN"]
     assert warn.body.startswith("stall detected:")  # the log count condition

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the backends lora_otel's tests run, natively and from their own Go modules:
+#   otelcol-lora  from collector/otelcol-lora (our collector: the components collector/*.yaml use)
+#   jaeger        from deploy/jaeger (Jaeger v2, github.com/jaegertracing/jaeger/cmd/jaeger v1.76.0)
+# into build/backends/ (or $LORA_OTEL_BACKENDS_DIR) and prints one `name=path` line per binary.
+# Cached: a binary is rebuilt only when its module's go.mod, go.sum or *.go or the Go version
+# change (a second run takes well under a second). Go's module and build caches make a rebuild
+# after a change take seconds to a minute; the first build on a fresh machine takes minutes
+# (measured in README.md). Needs Go >= 1.26 and the Go module proxy; fails loudly without them.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${LORA_OTEL_BACKENDS_DIR:-$root/build/backends}
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "collector/build.sh: Go is not installed (or not on PATH): the collector and Jaeger are built from their Go modules; install Go >= 1.26 (https://go.dev/dl/, or Debian's golang package if it is new enough)" >&2
+  exit 1
+fi
+mkdir -p "$out"
+
+build() {  # build NAME MODULE_DIR PACKAGE
+  local name=$1 dir=$root/$2 pkg=$3 stamp
+  stamp=$( (go version; cd "$dir" && cat go.mod go.sum $(ls ./*.go 2>/dev/null)) | sha256sum | cut -c1-16)
+  if [ -x "$out/$name" ] && [ "$(cat "$out/$name.stamp" 2>/dev/null)" = "$stamp" ]; then
+    echo "$name=$out/$name"
+    return
+  fi
+  echo "collector/build.sh: building $name from $2 (the first build on a machine takes minutes)" >&2
+  local start=$SECONDS
+  # -mod=readonly: go.mod and go.sum are the pinned versions; a build never changes them.
+  if ! (cd "$dir" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$out/$name.tmp" "$pkg"); then
+    echo "collector/build.sh: building $name failed (above); a module the Go proxy does not serve shows as '403 Forbidden'" >&2
+    exit 1
+  fi
+  mv -f "$out/$name.tmp" "$out/$name"
+  echo "$stamp" >"$out/$name.stamp"
+  echo "collector/build.sh: built $name in $((SECONDS - start)) s" >&2
+  echo "$name=$out/$name"
+}
+
+build otelcol-lora collector/otelcol-lora .
+build jaeger deploy/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
