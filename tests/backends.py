@@ -190,7 +190,8 @@ class Jaeger(Service):
         now = time.time()
         query = {"query.service_name": service,
                  "query.start_time_min": _rfc3339(now - lookback_s),
-                 "query.start_time_max": _rfc3339(now + 60)}
+                 "query.start_time_max": _rfc3339(now + 60),
+                 "query.num_traces": "100"}
         query.update(params)
         try:
             body = http_get(self.query + "/api/v3/traces?" + urllib.parse.urlencode(query))
