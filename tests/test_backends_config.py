@@ -150,3 +150,18 @@ def test_collector_starts_without_deprecation_warnings(name: str, tmp_path: Path
         log = col.log()
     assert "Everything is ready" in log, log
     assert "deprecated" not in log.lower(), log
+
+
+def test_build_without_go_fails_with_the_reason(tmp_path: Path) -> None:
+    """A machine without Go gets an error that says so, not a skipped test or a traceback."""
+    bash = subprocess.run(["bash", "-c", "command -v bash"], capture_output=True, text=True).stdout.strip()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "cat", "sha256sum", "cut", "mkdir", "ls", "dirname", "mv"):
+        found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        (bin_dir / tool).symlink_to(found)
+    proc = subprocess.run([bash, str(REPO / "collector" / "build.sh")], capture_output=True, text=True,
+                          env={"PATH": str(bin_dir), "LORA_OTEL_BACKENDS_DIR": str(tmp_path / "out")})
+    assert proc.returncode == 1
+    assert "Go is not installed" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
