@@ -165,3 +165,24 @@ def test_build_without_go_fails_with_the_reason(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "Go is not installed" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_native_stack_overlay_loads_and_clears_jaegers_ports() -> None:
+    """docs/backends.md "Without Docker": the collector with deploy/native/collector-ports.yaml
+    validates, listens on no port Jaeger's config takes, and sends to Jaeger's OTLP port."""
+    overlay = REPO / "deploy" / "native" / "collector-ports.yaml"
+    proc = validate([OTELCOL_CONFIG, overlay])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jaeger = yaml.safe_load(JAEGER_CONFIG.read_text())
+    jaeger_ports = {int(p["endpoint"].rsplit(":", 1)[1]) for p in jaeger["receivers"]["otlp"]["protocols"].values()}
+    jaeger_ports |= {int(jaeger["extensions"][e][k]["endpoint"].rsplit(":", 1)[1])
+                     for e, k in (("jaeger_query", "http"), ("jaeger_query", "grpc"), ("healthcheckv2", "http"))}
+    jaeger_ports.add(jaeger["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"])
+    ours = yaml.safe_load(overlay.read_text())
+    listening = {int(p["endpoint"].rsplit(":", 1)[1]) for p in ours["receivers"]["otlp"]["protocols"].values()}
+    listening |= {int(ours["extensions"]["health_check"]["endpoint"].rsplit(":", 1)[1]),
+                  int(ours["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1]),
+                  ours["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"]}
+    assert not listening & jaeger_ports, sorted(listening & jaeger_ports)
+    assert ours["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "127.0.0.1:%d" % int(
+        jaeger["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].rsplit(":", 1)[1])
