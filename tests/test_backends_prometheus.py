@@ -48,9 +48,10 @@ OLD_STALL_EXPR = ("sum by (service_name, lora_otel_stall_stage, lora_otel_stall_
 OLD_FROZEN_EXPR = ('sum by (service_name, lora_otel_stall_stage) '
                    '(increase(lora_otel_stalls_total{lora_otel_stall_kind="frozen"}[5m])) > 0')
 _PHASES = '{span_name=~"arguments|import .+|cuda probe|cuda init", lora_otel_incomplete=""}'
-OLD_AVG30M_EXPR = ("sum by (service_name, span_name) (increase(traces_span_metrics_duration_milliseconds_sum%s[30m]))"
-                   " / sum by (service_name, span_name) (increase(traces_span_metrics_duration_milliseconds_count%s[30m]))"
-                   " / 1000" % (_PHASES, _PHASES))
+_DURATION = "traces_span_metrics_duration_milliseconds"
+OLD_AVG30M_EXPR = ("sum by (service_name, span_name) (increase(%s_sum%s[30m]))"
+                   " / sum by (service_name, span_name) (increase(%s_count%s[30m]))"
+                   " / 1000" % (_DURATION, _PHASES, _DURATION, _PHASES))
 """The expressions ``deploy/prometheus/lora_otel.rules.yml`` shipped before this module."""
 
 
@@ -161,7 +162,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]
             firing = wait_until(lambda: _firing(prom, {"LoraOtelStallDetected", "LoraOtelProcessFrozen"}, 3),
                                 60, "both stall alerts firing in Prometheus")
             # the span metrics connector flushes every 15 s: wait for the ended import's series
-            wait_until(lambda: prom.query('traces_span_metrics_duration_milliseconds_count{span_name="import quickmod"}'),
+            wait_until(lambda: prom.query(_DURATION + '_count{span_name="import quickmod"}'),
                        60, "the span metrics of the ended import in Prometheus")
             for proc, _ in jobs:
                 assert proc.poll() is None, "the alerts fire while the jobs still run"
@@ -242,7 +243,8 @@ def test_the_expressions_shipped_before_miss_it(stack) -> None:
     starts at 1 — and the old 30-minute phase mean is 0/0; the shipped ones see them."""
     prom = stack.prometheus
     assert prom.query(OLD_STALL_EXPR) == [] and prom.query(OLD_FROZEN_EXPR) == []
-    assert {s["metric"]["service_name"] for s in prom.query(rules()["LoraOtelStallDetected"]["expr"])} == {STALLED, FROZEN}
+    stalled = prom.query(rules()["LoraOtelStallDetected"]["expr"])
+    assert {s["metric"]["service_name"] for s in stalled} == {STALLED, FROZEN}
     assert {s["metric"]["service_name"] for s in prom.query(rules()["LoraOtelProcessFrozen"]["expr"])} == {FROZEN}
     old = [_value(s) for s in prom.query(OLD_AVG30M_EXPR) if s["metric"]["span_name"] == "import quickmod"]
     assert all(math.isnan(v) for v in old), old  # nothing, or 0/0
@@ -254,19 +256,17 @@ def test_span_metrics_carry_what_the_rules_select(stack) -> None:
     with ``lora_otel_incomplete="true"`` and its stall kind; and the 30-minute phase mean (the
     recording rule's expression, evaluated now) is the ended import's ~0.3 s, the stalled one left out."""
     prom = stack.prometheus
-    series = prom.query('traces_span_metrics_duration_milliseconds_count{service_name="%s"}' % STALLED)
+    series = prom.query(_DURATION + '_count{service_name="%s"}' % STALLED)
     by_span = {s["metric"]["span_name"]: s["metric"] for s in series}
     assert "lora_otel_incomplete" not in by_span["import quickmod"]
     assert by_span["import quickmod"]["status_code"] == "STATUS_CODE_UNSET"
-    stalled = prom.query('traces_span_metrics_duration_milliseconds_count{service_name="%s", span_name="import stuckmod"}'
-                         % STALLED)
+    stalled = prom.query(_DURATION + '_count{service_name="%s", span_name="import stuckmod"}' % STALLED)
     assert [(s["metric"]["lora_otel_incomplete"], s["metric"]["lora_otel_stall_kind"], s["metric"]["status_code"])
             for s in stalled] == [("true", "alive", "STATUS_CODE_ERROR")]
-    assert prom.query('traces_span_metrics_duration_milliseconds_bucket{service_name="%s", span_name="import quickmod", le="500.0"}'
-                      % STALLED)
+    assert prom.query(_DURATION + '_bucket{service_name="%s", span_name="import quickmod", le="500.0"}' % STALLED)
     assert prom.query('traces_span_metrics_calls_total{service_name="%s", span_name="import quickmod"}' % STALLED)
-    mean = {s["metric"]["span_name"]: _value(s) for s in prom.query(rules()["lora_otel:phase_duration_seconds:avg30m"]["expr"])
-            if s["metric"]["service_name"] == STALLED}
+    avg30m = rules()["lora_otel:phase_duration_seconds:avg30m"]["expr"]
+    mean = {s["metric"]["span_name"]: _value(s) for s in prom.query(avg30m) if s["metric"]["service_name"] == STALLED}
     assert 0.3 <= mean["import quickmod"] < 3, mean
     assert "import stuckmod" not in mean
 
