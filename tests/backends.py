@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 OTELCOL_CONFIG = REPO / "collector" / "otelcol.yaml"
 AGENT_CONFIG = REPO / "collector" / "agent.yaml"
@@ -304,3 +306,61 @@ def validate(configs: list[Path], env: Optional[dict[str, str]] = None) -> subpr
     return subprocess.run([str(binary), "validate", *[f"--config={c}" for c in configs]],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
+
+
+# --- Prometheus -----------------------------------------------------------------------------------
+
+def prometheus_config(collector: OtelCol, port: int, interval: str = "1s") -> dict[str, Any]:
+    """``deploy/prometheus/prometheus.yml`` as Prometheus loads it here: the file itself, with only
+    what must differ on this machine replaced — each job's target (``collector:8889`` → the
+    collector's Prometheus exporter, ``collector:8888`` → its own telemetry, ``127.0.0.1:9090`` →
+    this Prometheus), the global scrape and evaluation intervals (``interval``, so that a test sees
+    a scrape and an evaluation within seconds) and the rule file's path (relative to the repository's
+    file, absolute here: the same ``deploy/prometheus/lora_otel.rules.yml``, unchanged)."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    targets = {"collector:8889": collector.ports["prometheus"], "collector:8888": collector.ports["metrics"],
+               "127.0.0.1:9090": port}
+    for job in config["scrape_configs"]:
+        for static in job["static_configs"]:
+            static["targets"] = ["127.0.0.1:%d" % targets[t] for t in static["targets"]]
+    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = interval
+    config["rule_files"] = [str((PROMETHEUS_CONFIG.parent / f).resolve()) for f in config["rule_files"]]
+    return config
+
+
+class Prometheus(Service):
+    """Debian's ``prometheus`` with :func:`prometheus_config` (written to ``workdir/prometheus.yml``),
+    its TSDB in ``workdir/prometheus-data``, on a free loopback port."""
+
+    def __init__(self, workdir: Path, collector: OtelCol, interval: str = "1s") -> None:
+        port = free_port()
+        self.config = prometheus_config(collector, port, interval)
+        path = write_overlay(workdir / "prometheus.yml", self.config)
+        super().__init__("prometheus", [
+            str(debian_tool("prometheus")), f"--config.file={path}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        ], workdir, {"http": port}, ready_url=f"http://127.0.0.1:{port}/-/ready")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['http']}"
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """``GET /api/v1/query``: the instant vector's ``[{"metric": {...}, "value": [t, "v"]}]``."""
+        body = http_get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        if body.get("status") != "success":
+            raise RuntimeError(f"{expr}: {body}")
+        return list(body["data"]["result"])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/alerts``: the active alerts (pending and firing), labels and annotations."""
+        return list(http_get(self.url + "/api/v1/alerts")["data"]["alerts"])
+
+    def targets(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/targets``: the active scrape targets, with ``health`` and ``lastError``."""
+        return list(http_get(self.url + "/api/v1/targets")["data"]["activeTargets"])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/rules``: the rule groups, each rule with its ``health`` and ``lastError``."""
+        return list(http_get(self.url + "/api/v1/rules")["data"]["groups"])

@@ -238,14 +238,15 @@ def test_prometheus_rules(otelcol) -> None:
         assert re.fullmatch(r"\d+[smh]", rule["for"]), name
     metrics, labels = prometheus_names(otelcol)
     known = metrics | recorded | {"up"}
-    functions = {"sum", "by", "increase", "rate", "and", "or", "offset", "histogram_quantile"}
+    functions = {"sum", "by", "increase", "rate", "last_over_time", "and", "or", "unless", "offset",
+                 "histogram_quantile"}
     for rule in rules:
         expr = rule["expr"]
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
         for selector in re.findall(r"\{([^}]*)\}", expr):
             for label in re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", selector):
                 assert label in labels, "%s: label %s is not exported" % (rule.get("alert") or rule["record"], label)
-        stripped = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"|\b\d+(\.\d+)?[smhdwy]?\b', "", expr)
+        stripped = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"|\b(\d+[smhdwy])+\b|\b\d+(\.\d+)?\b', "", expr)
         for name in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", stripped):
             if name in functions or re.fullmatch(r"\d+[smhd]?", name):
                 continue
