@@ -20,7 +20,6 @@ One Jaeger and one collector serve the whole module; each test has its own servi
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -76,13 +75,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def the_trace(jaeger: Jaeger, service: str) -> list[dict[str, Any]]:
     """The service's one trace as the trace page shows it (``/api/v3/traces/{id}``), checked against
-    the search result it was found by; flattened by ``otlp_spans``."""
+    the search result it was found by, the stored spans and the UI's trace call; flattened by
+    ``otlp_spans``."""
     found = otlp_spans(jaeger.find_traces(service))
     trace_ids = {s["traceId"] for s in found}
     assert len(trace_ids) == 1, "service %s: %d traces, want one: %s" % (service, len(trace_ids), sorted(trace_ids))
     trace_id = trace_ids.pop()
     page = otlp_spans(jaeger.get_trace(trace_id))
     assert sorted(s["spanId"] for s in page) == sorted(s["spanId"] for s in found)
+    # what is stored, before the query's adjusters (which drop exact copies of a span): the same
+    raw = http_get("%s/api/v3/traces/%s?raw_traces=true" % (jaeger.query, trace_id))["result"]["resourceSpans"]
+    assert sorted(s["spanId"] for s in otlp_spans(raw)) == sorted(s["spanId"] for s in page)
     # the UI's own call for the trace page: its spans, and no warning on any (Jaeger's adjusters
     # flag duplicate span IDs, parents not in the trace, clock skew they cannot fix) ...
     [ui] = http_get("%s/api/traces/%s" % (jaeger.query, trace_id))["data"]
@@ -108,7 +111,8 @@ def _explained(warning: str, span: dict[str, Any], by_id: dict[str, dict[str, An
       host (it keys hosts by the Jaeger-client tag ``ip``) and would move the span into its parent's
       bar; ``max_clock_skew_adjust`` is 0 (the default), so it only says so.
     """
-    missing = re.fullmatch(r"parent span ID=([0-9a-f]{16}) is not in the trace; skipping clock skew adjustment", warning)
+    missing = re.fullmatch(r"parent span ID=([0-9a-f]{16}) is not in the trace; skipping clock skew adjustment",
+                           warning)
     if missing:
         return missing.group(1) in by_id
     if warning.startswith("clock skew adjustment disabled; not applying calculated delta of "):
@@ -164,8 +168,8 @@ def ids_are(expected: set[str]) -> Any:
 @pytest.mark.torch
 def test_example_lora_run_in_jaeger(tmp_path: Path, stack: Stack) -> None:
     """``examples/train_lora.py --steps 5`` (a real peft LoRA on a tiny random Llama, nothing
-    downloaded), zero-code mode: its trace under the script's name without ``.py`` (the default service name) with
-    ``process`` at the root and the stages below it — arguments, the heavy imports, the CUDA
+    downloaded), zero-code mode: its trace under the script's name without ``.py`` (the default service
+    name) with ``process`` at the root and the stages below it — arguments, the heavy imports, the CUDA
     probe, training with its step count — every span ended without error, all of them there once."""
     pytest.importorskip("peft")
     r = run_traced([str(REPO / "examples" / "train_lora.py"), "--steps", "5"], cwd=tmp_path, timeout=180,
@@ -369,7 +373,8 @@ def test_agents_to_gateways_deliver_one_trace_whole(tmp_path: Path, stack: Stack
             assert 'otelcol_loadbalancer_num_backends{resolver="static"} 2' in text.splitlines(), text
         (tmp_path / "node2.py").write_text(NODE2)
         (tmp_path / "node1.py").write_text(NODE1)
-        env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=agent1.grpc_endpoint, OTEL_SERVICE_NAME=service, **GRPC)
+        env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=agent1.grpc_endpoint, OTEL_SERVICE_NAME=service,
+                        **GRPC)
         r = subprocess.run([PYTHON, "node1.py", agent2.grpc_endpoint], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr[-4000:]
