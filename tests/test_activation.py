@@ -237,3 +237,26 @@ def test_run_passes_death_by_signal_through(tmp_path: Path) -> None:
                        env=clean_env(), capture_output=True, text=True)
     assert r.returncode == -9, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_child_process_never_starts_before_the_span_that_started_it(tmp_path: Path) -> None:
+    """The root span's start is the process's real start from /proc (clock ticks, 10 ms): rounded
+    down, a child forked a few ms into its parent's stage started "before" that stage, and Jaeger's
+    trace page flagged the child's ``process`` with a clock skew warning (found by
+    tests/test_backends_jaeger.py's agent → gateway case). Rounded up, it never does: the fork
+    comes after the stage's start record."""
+    write_script(tmp_path, "import subprocess, sys\nimport lora_otel\nfor i in range(5):\n"
+                           "    with lora_otel.stage('start child %d' % i):\n"
+                           "        subprocess.run([sys.executable, '-c', 'pass'], check=True)\n", name="launch.py")
+    r = run_traced(["launch.py"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    from lora_otel.export.reader import read_journal
+
+    found = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
+    [parent] = [j for j in found if j.root.parent_id is None]
+    children = [j for j in found if j is not parent]
+    assert len(children) == 5
+    for child in children:
+        stage = parent.span(child.root.parent_id)
+        assert stage is not None and stage.name.startswith("start child")
+        assert child.root.start_ns >= stage.start_ns, (stage.name, (stage.start_ns - child.root.start_ns) / 1e6)

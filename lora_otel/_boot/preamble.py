@@ -81,13 +81,20 @@ def _read_proc_self(name: str) -> bytes:
 
 
 def _process_start(now_ns: int) -> tuple:
-    """``(start_ns, start_ticks)``: when this process really started (Linux), else now."""
+    """``(start_ns, start_ticks)``: when this process really started (Linux), else now.
+
+    The kernel gives the start in clock ticks (10 ms), rounded down; the end of that tick is used,
+    so that a child never seems to start before the span of its parent that forked it (the fork
+    comes after that span's start record; the preamble runs well over a tick after the fork). The
+    two clocks are read together: ``now_ns``, taken earlier, would put the start that much early.
+    """
     try:
         data = _read_proc_self("stat")
         ticks = int(data[data.rindex(b")") + 2:].split()[19])
         hz = os.sysconf("SC_CLK_TCK")
-        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-        start = now_ns - int((since_boot - ticks / hz) * 1e9)
+        since_boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        wall_ns = time.time_ns()
+        start = wall_ns - since_boot_ns + (ticks + 1) * 1_000_000_000 // hz
         return min(start, now_ns), ticks
     except Exception:  # noqa: BLE001 - not Linux, or /proc not mounted
         return now_ns, None
