@@ -25,14 +25,19 @@ build() {  # build NAME MODULE_DIR PACKAGE
     return
   fi
   echo "collector/build.sh: building $name from $2 (the first build on a machine takes minutes)" >&2
-  local start=$SECONDS
+  local start=$SECONDS tmp
+  # A private temporary name, renamed into place: two builds at once (two test sessions) never
+  # write one file, and a binary is either the old one or the new one, never half of one.
+  tmp=$(mktemp "$out/.$name.XXXXXX")
   # -mod=readonly: go.mod and go.sum are the pinned versions; a build never changes them.
-  if ! (cd "$dir" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$out/$name.tmp" "$pkg"); then
+  if ! (cd "$dir" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$tmp" "$pkg"); then
+    rm -f "$tmp"
     echo "collector/build.sh: building $name failed (above); a module the Go proxy does not serve shows as '403 Forbidden'" >&2
     exit 1
   fi
-  mv -f "$out/$name.tmp" "$out/$name"
-  echo "$stamp" >"$out/$name.stamp"
+  chmod 755 "$tmp"
+  mv -f "$tmp" "$out/$name"
+  echo "$stamp" >"$out/$name.stamp.$$" && mv -f "$out/$name.stamp.$$" "$out/$name.stamp"
   echo "collector/build.sh: built $name in $((SECONDS - start)) s" >&2
   echo "$name=$out/$name"
 }
