@@ -16,6 +16,8 @@ that the overlay with that one exporter replaced by ``debug`` validates.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends import JAEGER_CONFIG, OTELCOL_CONFIG, REPO, OtelCol, backend_binaries, validate
+from backends import JAEGER_CONFIG, OTELCOL_CONFIG, REPO, OtelCol, backend_binaries, debian_tool, validate
 
 CLOUD = REPO / "collector" / "cloud"
 CLOUD_OVERLAYS = sorted(CLOUD.glob("*.yaml"))
@@ -186,3 +188,53 @@ def test_native_stack_overlay_loads_and_clears_jaegers_ports() -> None:
     assert not listening & jaeger_ports, sorted(listening & jaeger_ports)
     assert ours["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "127.0.0.1:%d" % int(
         jaeger["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].rsplit(":", 1)[1])
+
+
+def test_native_jaeger_and_prometheus_files_load(tmp_path: Path) -> None:
+    """docs/backends.md "Without Docker": Jaeger with deploy/native/jaeger-local.yaml validates and
+    binds only 127.0.0.1; Prometheus' deploy/native/prometheus.yml passes `promtool check config`
+    (rules included) and scrapes where deploy/native/collector-ports.yaml has the collector listen."""
+    native = REPO / "deploy" / "native"
+    proc = subprocess.run([str(backend_binaries()["jaeger"]), "validate", f"--config={JAEGER_CONFIG}",
+                           f"--config={native / 'jaeger-local.yaml'}"], capture_output=True, text=True,
+                          timeout=120, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    local = yaml.safe_load((native / "jaeger-local.yaml").read_text())
+    endpoints = [p["endpoint"] for p in local["receivers"]["otlp"]["protocols"].values()]
+    endpoints += [local["extensions"]["healthcheckv2"]["http"]["endpoint"],
+                  local["extensions"]["jaeger_query"]["http"]["endpoint"],
+                  local["extensions"]["jaeger_query"]["grpc"]["endpoint"]]
+    assert all(e.startswith("127.0.0.1:") for e in endpoints), endpoints
+    assert local["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["host"] == "127.0.0.1"
+    check = subprocess.run([str(debian_tool("promtool")), "check", "config", str(native / "prometheus.yml")],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, check.stdout + check.stderr
+    assert "lora_otel.rules.yml" in check.stdout + check.stderr  # the rules came with it
+    prom = yaml.safe_load((native / "prometheus.yml").read_text())
+    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in prom["scrape_configs"]}
+    collector = yaml.safe_load((native / "collector-ports.yaml").read_text())
+    assert targets["lora-otel-spanmetrics"] == [collector["exporters"]["prometheus"]["endpoint"]]
+    own = collector["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]
+    assert targets["otel-collector"] == ["%s:%d" % (own["host"], own["port"])]
+
+
+def test_build_ignores_the_shells_target_and_rebuilds_a_damaged_binary(tmp_path: Path) -> None:
+    """A user's GOOS/GOARCH/GOFLAGS never give a binary this machine cannot run (they are for the
+    user's own builds), and a binary cut short after its build is rebuilt, not reused because its
+    stamp matched (issue 14's hostile trial)."""
+    out = tmp_path / "backends"
+    out.mkdir()
+    for name, path in backend_binaries().items():
+        shutil.copy2(path, out / name)
+        shutil.copy2(path.parent / (name + ".stamp"), out / (name + ".stamp"))
+    env = {**os.environ, "LORA_OTEL_BACKENDS_DIR": str(out), "GOOS": "windows", "GOARCH": "arm64",
+           "GOFLAGS": "-tags=nosuchtag"}
+    with open(out / "jaeger", "r+b") as f:
+        f.truncate(1000)
+    proc = subprocess.run(["bash", str(REPO / "collector" / "build.sh")], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert "building jaeger" in proc.stderr and "building otelcol-lora" not in proc.stderr, proc.stderr
+    for name in ("jaeger", "otelcol-lora"):
+        run = subprocess.run([str(out / name), "--help"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, (name, run.stderr[-500:])

@@ -238,10 +238,22 @@ def test_stalled_import_in_jaeger_while_the_job_runs(tmp_path: Path, stack: Stac
         kill_and_reap(proc)
     wait_gone(side)  # it has finalised what was still open ("killed by SIGKILL")
     expected = exported_ids(tmp_path / "lora-otel")
-    spans = wait_for_spans(stack.jaeger, service, ids_are(expected), "every span of the killed job")
+    spans = wait_for_spans(stack.jaeger, service,
+                           lambda spans: ids_are(expected)(spans) and any(s["name"] == "import stuckmod (continued)"
+                                                                            for s in spans),
+                           "every span of the killed job, and how the stalled import ended")
     assert_whole(spans)
-    assert {s["spanId"] for s in spans} == expected
-    assert named(spans, "import stuckmod")["attrs"]["lora_otel.stall.kind"] == "alive"  # the stall copy, once
+    assert {s["spanId"] for s in spans if not s["name"].endswith(" (continued)")} == expected
+    stalled = named(spans, "import stuckmod")
+    assert stalled["attrs"]["lora_otel.stall.kind"] == "alive"  # the stall copy, once
+    # How it ended reaches Jaeger too: the stalled spans, sent before the kill, get a "(continued)"
+    # child from the stall to the death that says so (before, Jaeger showed only "stalled").
+    for name, parent in (("import stuckmod (continued)", stalled), ("process (continued)", named(spans, "process"))):
+        ended = named(spans, name)
+        assert ended["parentSpanId"] == parent["spanId"]
+        assert is_error(ended) and "killed by SIGKILL" in ended["status"]["message"], ended["status"]
+        assert "SIGKILL" in ended["attrs"]["lora_otel.process.end"]
+        assert ended["attrs"]["lora_otel.incomplete"] is True
 
 
 def test_stall_then_recovery_gives_continued_children(tmp_path: Path, stack: Stack) -> None:

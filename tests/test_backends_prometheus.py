@@ -40,7 +40,9 @@ RULES_TEST = PROMETHEUS_RULES.parent / "lora_otel.rules.test.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "training-jobs.json"
 BACKENDS_DOC = REPO / "docs" / "backends.md"
 
-STALLED, FROZEN = "lora-stalled", "lora-frozen"
+STALLED, FROZEN, CLASHING = "lora-stalled", "lora-frozen", 'my "clashing" job'
+CLASHING_ATTRIBUTES = "le=5,job=finetune-42,lora_otel.stall.stage=fake,span.name=zzz"
+"""Resource attributes named like the exporter's and the metrics' own labels (issue 14's hostile trial)."""
 """The two jobs' ``OTEL_SERVICE_NAME``: Prometheus' ``service_name`` label."""
 
 OLD_STALL_EXPR = ("sum by (service_name, lora_otel_stall_stage, lora_otel_stall_kind) "
@@ -141,7 +143,8 @@ def test_the_doc_shows_the_rules_files_expressions() -> None:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """Our collector, Prometheus scraping it, and two traced jobs that stall in an import: one
     whose import sleeps (``import stuckmod``, after an ``import quickmod`` that ends in ~0.3 s),
-    one whose import holds the GIL (``import frozenmod``). Yields once both stall alerts fire; the
+    one whose import holds the GIL (``import frozenmod``), and one that stalls like the first with
+    resource attributes that clash with labels and a quote in its name. Yields once the stall alerts fire; the
     jobs run until the module's tests are done, then are killed and their sidecars waited for."""
     work = tmp_path_factory.mktemp("prometheus")
     jobs: list[tuple[Any, Path]] = []
@@ -159,7 +162,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]
                                              "        ctypes.PyDLL(None).pause()\nhold()\n")
             jobs.append((traced(frozen, "import frozenmod\n", col.grpc_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
                                 OTEL_SERVICE_NAME=FROZEN, LORA_OTEL_FROZEN_AFTER="2"), frozen))
-            firing = wait_until(lambda: _firing(prom, {"LoraOtelStallDetected", "LoraOtelProcessFrozen"}, 3),
+            clashing = work / "clashing"
+            clashing.mkdir()
+            make_module(clashing, "stuckmod", "import time\ntime.sleep(600)\n")
+            jobs.append((traced(clashing, "import stuckmod\n",
+                                col.grpc_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_SERVICE_NAME=CLASHING,
+                                OTEL_RESOURCE_ATTRIBUTES=CLASHING_ATTRIBUTES, LORA_OTEL_STALL_AFTER="import=1"),
+                         clashing))
+            firing = wait_until(lambda: _firing(prom, {"LoraOtelStallDetected", "LoraOtelProcessFrozen"}, 4),
                                 60, "both stall alerts firing in Prometheus")
             # the span metrics connector flushes every 15 s: wait for the ended import's series
             wait_until(lambda: prom.query(_DURATION + '_count{span_name="import quickmod"}'),
@@ -244,7 +254,7 @@ def test_the_expressions_shipped_before_miss_it(stack) -> None:
     prom = stack.prometheus
     assert prom.query(OLD_STALL_EXPR) == [] and prom.query(OLD_FROZEN_EXPR) == []
     stalled = prom.query(rules()["LoraOtelStallDetected"]["expr"])
-    assert {s["metric"]["service_name"] for s in stalled} == {STALLED, FROZEN}
+    assert {s["metric"]["service_name"] for s in stalled} == {STALLED, FROZEN, CLASHING}
     assert {s["metric"]["service_name"] for s in prom.query(rules()["LoraOtelProcessFrozen"]["expr"])} == {FROZEN}
     old = [_value(s) for s in prom.query(OLD_AVG30M_EXPR) if s["metric"]["span_name"] == "import quickmod"]
     assert all(math.isnan(v) for v in old), old  # nothing, or 0/0
@@ -291,3 +301,30 @@ def test_the_dashboards_prometheus_queries_show_the_jobs(stack) -> None:
             assert all(s["metric"].get("service_name", job) == job for s in result), (panel["title"], expr)
             checked += 1
     assert checked >= 5
+
+
+def test_a_jobs_resource_attributes_cannot_break_or_falsify_the_metrics(stack) -> None:
+    """A job with OTEL_RESOURCE_ATTRIBUTES ``le=5,job=...,lora_otel.stall.stage=fake,span.name=zzz``
+    beside the others: every target stays up (``le`` as a label once made every
+    scrape fail for every job), its stall is counted under its real stage (the attribute once
+    replaced the metric's label), the alert fires for it, and no series carries its command line
+    (resource attributes other than service name, instance, host and pid stay in target_info).
+    Before the exporter's resource labels were limited, this job took the other jobs' alerts down."""
+    assert all(t["health"] == "up" for t in stack.prometheus.targets()), stack.prometheus.targets()
+    [counted] = stack.prometheus.query('lora_otel_stalls_total{service_name=%s}' % json.dumps(CLASHING))
+    assert counted["metric"]["lora_otel_stall_stage"] == "import stuckmod"
+    assert "le" not in counted["metric"] and _value(counted) == 1
+    [alert] = [a for a in stack.prometheus.alerts()
+               if a["labels"]["alertname"] == "LoraOtelStallDetected" and a["labels"]["service_name"] == CLASHING]
+    assert alert["state"] == "firing" and alert["labels"]["lora_otel_stall_stage"] == "import stuckmod"
+    # the Tempo query in the description stays valid TraceQL for a name with quotes
+    assert 'resource.service.name = %s }' % json.dumps(CLASHING) in alert["annotations"]["description"]
+    labels = set()
+    for line in stack.collector.prometheus_metrics().splitlines():
+        if line.startswith(("lora_otel_", "traces_span_metrics_")):
+            labels |= set(re.findall(r'([A-Za-z_]\w*)="', line.split("{", 1)[1] if "{" in line else ""))
+    resource = {"service_name", "service_instance_id", "host_name", "process_pid", "job", "instance"}
+    metric = {"lora_otel_stall_kind", "lora_otel_stall_stage", "lora_otel_incomplete", "span_name", "span_kind",
+              "status_code", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url",
+              "collector_instance_id"}  # the span metrics connector's own
+    assert labels - resource - metric == set(), "labels from the resource: %s" % sorted(labels - resource - metric)

@@ -645,7 +645,7 @@ def follow_like_the_sidecar(paths: list[str], evidence: dict, peer_stacks: str, 
                 for f in followers.values():
                     f.poll(now_ns)
             for f in followers.values():
-                f.finalize("vanished without an exit record: killed by SIGKILL or os._exit")
+                f.finalize("vanished without an exit record: killed by a signal (SIGKILL, SIGTERM, ...) or os._exit")
             deadline = time.monotonic() + 5
             for f in followers.values():
                 f.drain(deadline)
@@ -973,7 +973,7 @@ def test_fuzz_follower_in_pieces_sends_what_replay_would(tmp_path, no_lora_env, 
     try:
         with otel_errors() as sdk_errors, time_limit("Follower in pieces"):
             _grow(path, data, _cut_points(data, cuts), follower.poll)
-            follower.finalize("vanished without an exit record: killed by SIGKILL or os._exit")
+            follower.finalize("vanished without an exit record: killed by a signal (SIGKILL, SIGTERM, ...) or os._exit")
     finally:
         assert follower.close(5.0)
     assert exporter.errors == [] and sdk_errors == []

@@ -315,7 +315,7 @@ def _ended(peer: Journal, state: str) -> str:
         ts = exit_.get("ts")
         return "exited (%s)%s" % (how, " at %s" % iso_time(ts) if isinstance(ts, int) else "")
     last = peer.last_evidence_ns
-    return "vanished without an exit record (killed by SIGKILL or os._exit)%s" % (
+    return "vanished without an exit record (killed by a signal: SIGKILL, SIGTERM, ...; or os._exit)%s" % (
         ", last heard of at %s" % iso_time(last) if last else "")
 
 

@@ -396,14 +396,20 @@ class Follower:
         out = self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending)
         still_open = [span.name for span in journal.spans if span.end_ns is None]
         for span in journal.spans:
-            if span.end_ns is None and span.span_id not in self.exported:
+            if span.end_ns is not None:
+                continue
+            status = (Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
+                      if failed else Status(StatusCode.OK))
+            attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.process.end": how}
+            if span.span_id in self.incomplete_end:
+                # Sent as a stall, still open at the end: how it ended arrives as its "(continued)"
+                # child, from the stall's export to the last sign of life (its id is never sent twice).
+                since = self.incomplete_end.pop(span.span_id)
+                end = max(journal.last_evidence_ns or since, since)
+                out.append(_amend(self._continued(tr, span, since), status=status, attrs=attrs, events=[], end_ns=end))
+            elif span.span_id not in self.exported:
                 end = max(journal.last_evidence_ns or span.start_ns, span.start_ns)
-                status = (Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
-                          if failed else Status(StatusCode.OK))
-                rs = _amend(tr.readable(span), status=status,
-                            attrs={otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.process.end": how},
-                            events=[], end_ns=end)
-                out.append(rs)
+                out.append(_amend(tr.readable(span), status=status, attrs=attrs, events=[], end_ns=end))
                 self.exported.add(span.span_id)
         self._send(out)
         self._send_lines(journal, tr)

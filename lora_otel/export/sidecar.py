@@ -82,7 +82,7 @@ def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None
     if exit_ is None:
         if oom:
             return "killed by %s: SIGKILL, exit status 137" % oom
-        return "vanished without an exit record: killed by SIGKILL or os._exit"
+        return "vanished without an exit record: killed by a signal (SIGKILL, SIGTERM, ...) or os._exit"
     if exit_.get("message"):
         return exit_["message"]
     code = exit_.get("code")

@@ -235,7 +235,7 @@ def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
     from lora_otel.export.inspect import deepest_open_span
 
     span = deepest_open_span(journal)
-    how = "was killed by the OOM killer" if oom else "was killed (SIGKILL or os._exit)"
+    how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
     if span is None or span is journal.root:
         root = journal.root
         after = (now_ns - root.start_ns) / 1e9 if root is not None else 0.0
