@@ -112,7 +112,7 @@ def capture(work: str, stages: int) -> list:
     finally:
         proc.kill()
         proc.wait()
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
     [path] = glob.glob(os.path.join(job, "journal", "**", "*.otel.jsonl"), recursive=True)
     sidecar = read_journal(path).root.attrs.get("lora_otel.sidecar.pid")
     if sidecar:  # it finalises the spans left open by the kill, sends them and exits

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from backends import Jaeger, OtelCol, free_port, otlp_spans  # noqa: E402
 
-from lora_otel.export.reader import read_journal  # noqa: E402
+from lora_otel.journal.reader import read_journal  # noqa: E402
 
 POLL_S = 0.05
 

@@ -244,7 +244,7 @@ def is_sidecar(pid: int) -> bool:
 
 def check_sidecar(jdir: str, t_job_end: float, timeout: float) -> dict:
     """Read the sidecar pid from the journal, poll it until gone; seconds after the job's end."""
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     journals = sorted(glob.glob(os.path.join(jdir, "*.otel.jsonl")))
     if not journals:

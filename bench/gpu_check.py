@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lora_otel.export.reader import read_journal  # noqa: E402
+from lora_otel.journal.reader import read_journal  # noqa: E402
 
 EXPECTED = ["lora_otel.torch.version", "lora_otel.cuda.version", "lora_otel.cudnn.version",
             "lora_otel.nvidia.driver_version", "lora_otel.cuda.device_count", "lora_otel.cuda.device_names",

@@ -45,7 +45,7 @@ def journals(d: str) -> list:
 
 def otlp_spans(path: str):
     from lora_otel.export.otlp import translate
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     j = read_journal(path)
     return j, translate(j).spans

@@ -145,7 +145,7 @@ def proc_sample(pid: int):
 
 
 def find_sidecar(jdir: str, job: subprocess.Popen, timeout: float = 20.0) -> int:
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from collector import Collector, free_port, rotel_agent_path  # noqa: E402
 
-from lora_otel.export.reader import read_journal  # noqa: E402
+from lora_otel.journal.reader import read_journal  # noqa: E402
 
 LIMIT_S = 2.0
 FROZEN_S = 3.0

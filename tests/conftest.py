@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from collector import Collector, rotel_agent_path
-from lora_otel.export.reader import Journal, read_journal, start_ticks_from_stat
+from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 
 T0 = 1_795_990_428_000_000_000
 """The default start of a hand-written journal, Unix ns (2026-11-29T22:13:48Z)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import Journal, read_journal
+from lora_otel.journal.reader import Journal, read_journal
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent

@@ -223,7 +223,7 @@ def test_two_runs_with_the_same_log_get_two_journals(tmp_path: Path) -> None:
         assert run_traced([str(script), "--log", str(log)], cwd=tmp_path).returncode == 0
     found = journals(tmp_path)
     assert len(found) == 2
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     pids = {read_journal(p).pid for p in found}
     assert len(pids) == 2
@@ -250,7 +250,7 @@ def test_a_child_process_never_starts_before_the_span_that_started_it(tmp_path: 
                            "        subprocess.run([sys.executable, '-c', 'pass'], check=True)\n", name="launch.py")
     r = run_traced(["launch.py"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     found = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     [parent] = [j for j in found if j.root.parent_id is None]

@@ -31,7 +31,7 @@ import pytest
 from backends import (AGENT_CONFIG, GATEWAY_CONFIG, Jaeger, OtelCol, free_port, http_get, otlp_spans,
                       wait_until)
 from lora_otel.export.otlp import translate
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, REPO, clean_env, journals, run_traced
 from test_hangs import kill_and_reap, make_module, start_traced
 from test_sidecar import sidecar_pid, wait_gone

@@ -13,9 +13,9 @@ import pytest
 
 from conftest import JournalBuilder
 from lora_otel.cli import main
-from lora_otel.export import baseline as bl
+from lora_otel.analysis import baseline as bl
 from lora_otel.export.live import Follower
-from lora_otel.export.stall import parse_limits
+from lora_otel.analysis.stall import parse_limits
 from procs import journals, run_traced
 
 FACTS: dict[str, Any] = {

@@ -22,10 +22,10 @@ import pytest
 
 from collector import free_port
 from conftest import JournalBuilder
-from lora_otel.export.diagnose import collective_in, explain, world_peers
-from lora_otel.export.evidence import PREFIX
-from lora_otel.export.reader import Journal, process_state, read_journal
-from lora_otel.export.stall import Stall
+from lora_otel.analysis.diagnose import collective_in, explain, world_peers
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.journal.reader import Journal, process_state, read_journal
+from lora_otel.analysis.stall import Stall
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import assert_unique, sidecar_pid, wait_gone
 

@@ -7,10 +7,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from lora_otel.export.diagnose import diagnose
-from lora_otel.export.evidence import gather, stack_request
-from lora_otel.export.reader import read_journal
-from lora_otel.export.stall import detect, parse_limits
+from lora_otel.analysis.diagnose import diagnose
+from lora_otel.analysis.evidence import gather, stack_request
+from lora_otel.journal.reader import read_journal
+from lora_otel.analysis.stall import detect, parse_limits
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export import doctor
-from lora_otel.export.doctor import Check, check_cuda_build, format_bytes, max_cuda_for_driver, parse_size
-from lora_otel.export.reader import read_journal
+from lora_otel.cli import doctor
+from lora_otel.cli.doctor import Check, check_cuda_build, format_bytes, max_cuda_for_driver, parse_size
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env
 
 HAVE_STACK = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "accelerate"))
@@ -281,8 +281,8 @@ Current thread 0x00007f0000000001 (most recent call first):
   File "{pkg}", line 3 in <module>
   File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
   File "/x/site-packages/lora_otel/_boot/hooks.py", line 106 in traced_import
-  File "/x/site-packages/lora_otel/export/doctor.py", line 1650 in _child_import
-  File "/x/site-packages/lora_otel/export/doctor.py", line 1590 in _child_main
+  File "/x/site-packages/lora_otel/cli/doctor.py", line 1650 in _child_import
+  File "/x/site-packages/lora_otel/cli/doctor.py", line 1590 in _child_main
   File "<string>", line 1 in <module>
 """
 

@@ -29,7 +29,7 @@ from typing import Optional
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
 from test_sidecar import assert_unique, by_name, sidecar_pid, wait_gone

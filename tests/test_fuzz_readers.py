@@ -44,12 +44,13 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from collector import free_port
 from conftest import FUZZ, T0, TRACE_ID, journal_lines, own_start_ticks
 from lora_otel.cli import main
-from lora_otel.export import doctor, sidecar
-from lora_otel.export import watch as watch_module
+from lora_otel.cli import doctor
+from lora_otel.export import sidecar
+from lora_otel.cli import watch as watch_module
 from lora_otel.export.live import Follower, outboxes
 from lora_otel.export.otlp import translate
-from lora_otel.export.reader import Journal, JournalError, JournalTail, process_state, read_journal
-from lora_otel.export.stall import parse_limits
+from lora_otel.journal.reader import Journal, JournalError, JournalTail, process_state, read_journal
+from lora_otel.analysis.stall import parse_limits
 
 LIMIT_S = 10.0
 """No reader may take longer than this on one input (they take milliseconds; the machine is shared)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journal_has_open, journals, lora_otel_cli, span_named, wait_for
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 
 # Both the common bound and "every descriptor there can be" (the daemon idiom).

@@ -27,7 +27,7 @@ import pytest
 
 from lora_otel._boot import redact
 from lora_otel.export import otlp
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals, lora_otel_cli, wait_for
 from test_sidecar import alive, by_name, wait_gone
 

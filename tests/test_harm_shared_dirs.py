@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pytest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals
 from test_sidecar import alive, wait_gone
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import by_name, sidecar_pid, wait_gone
 

@@ -10,7 +10,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import LINE_RE, PYTHON, clean_env, journals
 
 PAYLOAD = {"rows": [1, 2, 3], "name": "ünïcode", "ok": True}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, REPO, clean_env, journals
 
 MODES = ("LORA_OTEL=1", "lora-otel run", "python -m lora_otel", "import lora_otel.auto")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import FUZZ, journal_lines
 from lora_otel.cli import main
-from lora_otel.export.inspect import render_text
+from lora_otel.cli.inspect import render_text
 
 ISO_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 

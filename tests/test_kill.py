@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals
 
 # The program reports on fd 3 (unbuffered, after the fact) each stage it has *entered*; the test

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from lora_otel.export.reader import Journal, read_journal, start_ticks_from_stat
+from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 from procs import PYTHON, REPO, clean_env, journals
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
 from lora_otel.export.live import Follower
-from lora_otel.export.stall import parse_limits
+from lora_otel.analysis.stall import parse_limits
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 

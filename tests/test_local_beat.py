@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from procs import LINE_RE, PYTHON, clean_env, lora_otel_cli, wait_for
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 
 FAST = {"LORA_OTEL_NARRATE_S": "1", "LORA_OTEL_BEAT_S": "0.2"}
 

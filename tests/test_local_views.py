@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from conftest import JournalBuilder
-from lora_otel.export.evidence import python_stacks, stack_request
-from lora_otel.export.reader import read_journal
+from lora_otel.analysis.evidence import python_stacks, stack_request
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals, lora_otel_cli, wait_for
 
 TORCH_TRAIN_START = """\

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 from test_hangs import make_module
 
@@ -282,7 +282,7 @@ def test_recorded_limits_apply_unless_the_command_line_says_otherwise(journal) -
 def test_between_limit_in_stall_rules(journal) -> None:
     """`between=` is a limit like the others: with only `process` open, the time since the last
     stage ended counts against it (default 120 s)."""
-    from lora_otel.export.stall import DEFAULT_LIMITS_S, detect, parse_limits
+    from lora_otel.analysis.stall import DEFAULT_LIMITS_S, detect, parse_limits
 
     assert DEFAULT_LIMITS_S["between"] == 120 and parse_limits("between=30")["between"] == 30
     journal.process(0, alive=True, config={"stall_after": None, "frozen_after": "1e12"})

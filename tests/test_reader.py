@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import FUZZ, journal_lines
-from lora_otel.export.reader import (
+from lora_otel.journal.reader import (
     JournalError,
     format_duration,
     process_state,
@@ -309,7 +309,7 @@ def test_fuzz_records_never_raise(tmp_path, text):
 def test_tail_reads_only_what_was_added_and_bounds_events(journal) -> None:
     """JournalTail: appended records show up on the next read, a partial last line waits for its
     newline, and with max_events a span keeps its first and latest events and counts the rest."""
-    from lora_otel.export.reader import EVENTS_DROPPED, JournalTail
+    from lora_otel.journal.reader import EVENTS_DROPPED, JournalTail
 
     root = journal.process()
     tail = JournalTail(journal.path, max_events=4)
@@ -331,7 +331,7 @@ def test_tail_survives_copytruncate(journal) -> None:
     """The journal is cut to 0 bytes under the follower (logrotate's copytruncate) while spans are
     open; the writer appends at the new start: the open spans still end, the root is still known,
     nothing read before comes back, and the cut is reported once."""
-    from lora_otel.export.reader import JournalTail
+    from lora_otel.journal.reader import JournalTail
 
     root = journal.process()
     done = journal.span("first", 0.1, 0.1)
@@ -353,7 +353,7 @@ def test_tail_survives_copytruncate(journal) -> None:
 
 def test_tail_reads_a_replaced_file_from_the_top(journal, tmp_path) -> None:
     """Another file moved onto the journal's name is read from its start, as a new journal."""
-    from lora_otel.export.reader import JournalTail
+    from lora_otel.journal.reader import JournalTail
 
     journal.process()
     journal.span("old", 0.1, 0.1)
@@ -371,7 +371,7 @@ def test_tail_follows_a_file_renamed_by_rotation(journal, tmp_path) -> None:
     """``mv run.otel.jsonl run.otel.jsonl.1`` under the follower (rotation by rename), then a new
     empty file at the name: the follower keeps reading the renamed file, where the writer goes on
     appending; no problem is reported."""
-    from lora_otel.export.reader import JournalTail
+    from lora_otel.journal.reader import JournalTail
 
     root = journal.process()
     tail = JournalTail(journal.path)

@@ -15,7 +15,7 @@ from collector import free_port
 from conftest import FUZZ, TRACE_ID, TRACEPARENT_PARENT, journal_lines
 from lora_otel.cli import main
 from lora_otel.export.otlp import ExporterConfigError, make_exporter, translate
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 
 PROTOCOLS = ["http/protobuf", "grpc"]
 

@@ -13,7 +13,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import alive, wait_gone
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from collector import Collector, free_port, rotel_agent_path
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 from procs import PYTHON, clean_env, journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 
@@ -279,7 +279,7 @@ def test_outage_longer_than_the_queue(tmp_path: Path) -> None:
 
 def _make_memory_cgroup(limit_bytes: int) -> Path:
     """A child memory cgroup of ours with a limit; skips where cgroups cannot be written (not root)."""
-    from lora_otel.export.evidence import memory_cgroup
+    from lora_otel.analysis.evidence import memory_cgroup
 
     base = memory_cgroup(os.getpid())
     if base is None:

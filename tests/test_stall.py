@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import read_journal
-from lora_otel.export.stall import StallConfigError, detect, parse_limits
+from lora_otel.journal.reader import read_journal
+from lora_otel.analysis.stall import StallConfigError, detect, parse_limits
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 

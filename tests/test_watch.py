@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import JournalBuilder
 from lora_otel.cli import main
-from lora_otel.export.reader import JournalTail, read_journal
+from lora_otel.journal.reader import JournalTail, read_journal
 from procs import PYTHON, clean_env, journal_has_open, journals, lora_otel_cli, run_traced, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import JournalBuilder
 from lora_otel.cli import main
-from lora_otel.export import watch as watch_mod
-from lora_otel.export.reader import read_journal
+from lora_otel.cli import watch as watch_mod
+from lora_otel.journal.reader import read_journal
 from procs import journal_has_open, journals, lora_otel_cli, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 from test_watch import Watch

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 
-from lora_otel._boot import core
+from lora_otel._boot import core, stages
 
 _NO_NUMBER = object()
 
@@ -163,14 +163,13 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
     def __enter__(self) -> "stage":
         if core.active:
             with core.fail_open("stage"):
-                from lora_otel._boot import hooks
 
                 if self.name == "training":
-                    hooks.arguments_done("none seen before training")
+                    stages.arguments_done("none seen before training")
                 attrs = _clean_attrs(self.attrs) if self.attrs else {}
                 self._sid = core.span_start(self.name, attrs)
                 if self.name == "training":
-                    hooks._training_id = self._sid
+                    stages.training_id = self._sid
         return self
 
     def __exit__(self, et, ev, tb) -> bool:
@@ -203,9 +202,8 @@ def mark(message: str) -> None:
         core.span_event(core.current_span_id(), text)
         core.info_line("mark: %s" % text)
         if text.strip().lower().startswith("arguments parsed"):
-            from lora_otel._boot import hooks
 
-            hooks.arguments_done("lora_otel.mark")
+            stages.arguments_done("lora_otel.mark")
 
 
 STEP = "step"
@@ -247,10 +245,8 @@ def _defer(key: str, deferred: _Deferred) -> None:
 
 
 def _convert_loop(my_pid: int) -> None:
-    from lora_otel._boot import preamble
-
     while core.active and os.getpid() == my_pid:
-        time.sleep(preamble._beat_interval)
+        time.sleep(core.beat_interval)
         try:
             convert_pending()
         except Exception as e:  # noqa: BLE001 - the thread must not die on one value
@@ -286,9 +282,8 @@ def progress(step: object = None, **metrics: object) -> None:
     if not core.active:
         return
     with core.fail_open("progress"):
-        from lora_otel._boot import hooks
 
-        hooks.ensure_training("lora_otel.progress", "lora_otel.progress")
+        stages.ensure_training("lora_otel.progress", "lora_otel.progress")
         if type(step) is int and step >= 0:  # the common case, first
             core.steps = step
             core.last_step_ns = time.time_ns()

@@ -26,6 +26,8 @@ known_secrets: list = []
 """Every value redacted so far in this process: ``redact`` puts its own list here when it first
 remembers one (core does not import ``redact``, so the preamble's first evidence does not wait for it)."""
 active = False
+beat_interval = 1.0
+"""Seconds between beats (``LORA_OTEL_BEAT_S``), set by the preamble."""
 pid = 0
 trace_id = ""
 root_id = ""

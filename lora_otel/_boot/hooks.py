@@ -28,7 +28,8 @@ import sys
 import time
 from _thread import allocate_lock, get_ident
 
-from lora_otel._boot import core
+from lora_otel._boot import core, stages
+from lora_otel._boot.stages import arguments_done, ensure_training
 
 _orig_import = builtins.__import__
 _importing: dict = {}  # thread id -> True while a traced import runs in that thread
@@ -232,7 +233,7 @@ def _install_integration(name: str, module) -> None:
         if kind.startswith("install_"):
             globals()[kind](module)
             return
-        from lora_otel import integrations
+        from lora_otel._boot import frameworks as integrations
 
         integrations.install(kind, module)
 
@@ -270,8 +271,8 @@ def child_env_changes() -> dict | None:
     if not core.active or os.getpid() != core.pid:
         return None
     sid = core.current_span_id()
-    if sid == core.root_id and _training_id is not None and _training_id in core.open_spans:
-        sid = _training_id
+    if sid == core.root_id and stages.training_id is not None and stages.training_id in core.open_spans:
+        sid = stages.training_id
     if sid and sid != core.root_id:
         return {"TRACEPARENT": core.traceparent(sid)}
     if run_gets_own_trace():
@@ -426,28 +427,10 @@ def _wrap_parser_method(orig):
     return method
 
 
-def arguments_done(how: str, status: str = "ok", message: str | None = None) -> None:
-    """End the ``arguments`` span (first call only)."""
-    sid = core.find_open("arguments")
-    if sid is not None:
-        core.span_end(sid, status, message, {"lora_otel.arguments.parser": how})
 
 
 # --- torch -----------------------------------------------------------------------------------
 
-_training_id: str | None = None
-
-
-def ensure_training(started_by: str, why: str) -> None:
-    """Open the ``training`` span under ``process`` unless one is open (ends ``arguments`` first)."""
-    global _training_id
-    if _training_id is not None and _training_id in core.open_spans:
-        return
-    if core.find_open("training") is None:
-        arguments_done("none seen before training")
-        _training_id = core.span_start("training", {"lora_otel.training.started_by": started_by},
-                                       parent_id=core.root_id, push=False)
-        core.info_line("training started (%s)" % why)
 
 
 def _step_spans_every() -> int:
@@ -467,7 +450,7 @@ _step_span: str | None = None
 
 def on_step_pre(*_args) -> None:
     global _step_every, _step_span
-    if _training_id is None or _training_id not in core.open_spans:
+    if stages.training_id is None or stages.training_id not in core.open_spans:
         with core.fail_open("optimizer step hook"):
             ensure_training("optimizer step", "first optimizer step")
     if _step_every:  # -1: not read yet; 0: no step spans (the default)
@@ -479,7 +462,7 @@ def on_step_pre(*_args) -> None:
             return
         with core.fail_open("step span"):
             _step_span = core.span_start("step %d" % (core.steps + 1), {"lora_otel.step": core.steps + 1},
-                                         parent_id=_training_id, push=False)
+                                         parent_id=stages.training_id, push=False)
 
 
 def on_step_post(*_args) -> None:

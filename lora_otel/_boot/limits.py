@@ -8,7 +8,7 @@ then by kind (``import``), then ``default``. ``between`` is the quiet time with 
 a beat before a live process counts as frozen.
 
 Standard library only, no imports at all: the training process parses these in its preamble, and
-:mod:`lora_otel.export.stall` uses the same parser and defaults.
+:mod:`lora_otel.analysis.stall` uses the same parser and defaults.
 """
 
 from __future__ import annotations

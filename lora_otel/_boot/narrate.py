@@ -1,6 +1,6 @@
 """The job narrates a slow stage in its own lines, from the beat thread (docs/narration.md).
 
-At each beat the *subject* is worked out, by the same rules as ``lora_otel.export.stall``:
+At each beat the *subject* is worked out, by the same rules as ``lora_otel.analysis.stall``:
 
 - the deepest open stage (the most recently started open span with no open child), except
   ``process``; for ``training`` — and for a stage with no limit of its own inside ``training``

@@ -21,12 +21,11 @@ import os
 import sys
 import time
 
-from lora_otel._boot import core, paths
+from lora_otel._boot import core, paths, stages
 
 _started_ns = 0
 _exit_code: object = None
 _fork_parent_span: str | None = None
-_beat_interval = 1.0
 
 
 def parse_traceparent(value: str | None) -> tuple:
@@ -220,7 +219,7 @@ def _module_argv(argv: list) -> list:
 
 
 def _start(how: str) -> None:
-    global _started_ns, _beat_interval
+    global _started_ns
     t0 = time.perf_counter_ns()
     now = time.time_ns()
     _started_ns = now
@@ -280,7 +279,7 @@ def _start(how: str) -> None:
     if "--multiprocessing-fork" in argv or argv[:1] == ["-c"]:
         # A spawned worker (DataLoader, multiprocessing), its resource tracker, `python -c ...`:
         # no script arguments to wait for, so no `arguments` span left open to look stalled.
-        hooks.arguments_done("multiprocessing worker" if "--multiprocessing-fork" in argv else "python -c")
+        stages.arguments_done("multiprocessing worker" if "--multiprocessing-fork" in argv else "python -c")
     if env.get("LORA_OTEL_JOURNAL"):
         # An exact path is for this process only; its children write beside it.
         env.pop("LORA_OTEL_JOURNAL", None)
@@ -294,7 +293,7 @@ def _start(how: str) -> None:
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
-    _beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
+    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
@@ -697,13 +696,11 @@ def _on_exit() -> None:
         if not core.active or os.getpid() != core.pid:
             return
         how, status_code, message = exit_outcome()
-        from lora_otel._boot import hooks
-
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
         if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
             with core.fail_open("narration at exit"):
                 at_exit(time.time_ns())
-        hooks.arguments_done("none seen")
+        stages.arguments_done("none seen")
         for sid, info in reversed(list(core.open_spans.items())):
             if sid != core.root_id:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
@@ -852,7 +849,7 @@ def _after_fork_child() -> None:
         core.quiet = True  # a fork of a traced process: its lines go to its journal, not the terminal
         from lora_otel._boot import hooks
 
-        hooks._training_id = None
+        stages.training_id = None
         hooks._importing.clear()
         now = time.time_ns()
         core.root_id = core.new_span_id()
@@ -911,7 +908,7 @@ def _beat_loop(my_pid: int) -> None:
 
     narrate = None
     while core.active and os.getpid() == my_pid:
-        time.sleep(_beat_interval)
+        time.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:

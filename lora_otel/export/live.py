@@ -3,7 +3,7 @@
 The rule that shapes this module (DESIGN.md principle 5): **no span ID reaches a backend twice.**
 
 - A span that ends normally goes out once, when its end record appears.
-- When :func:`~lora_otel.export.stall.detect` declares a stall, the open spans from the root to the
+- When :func:`~lora_otel.analysis.stall.detect` declares a stall, the open spans from the root to the
   stalled one go out once as *incomplete*: status ERROR "stalled: <stage> open for N s",
   ``lora_otel.incomplete=true``, ``lora_otel.stall.kind`` = ``alive``/``frozen``, ending now; the
   stalled span carries the evidence and the diagnosis as an event, and a WARN log record
@@ -40,10 +40,10 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from lora_otel.export import otlp
-from lora_otel.export.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
-from lora_otel.export.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
-from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
-from lora_otel.export.stall import Stall, detect, journal_limits
+from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
+from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
+from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
+from lora_otel.analysis.stall import Stall, detect, journal_limits
 
 
 def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
@@ -571,7 +571,7 @@ class Follower:
         traced process's); None when unset, the `BaselineError` when it cannot be used."""
         if not self._baseline_read:
             self._baseline_read = True
-            from lora_otel.export.baseline import BaselineError, configured
+            from lora_otel.analysis.baseline import BaselineError, configured
 
             try:
                 self._baseline = configured(journal)

@@ -29,9 +29,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from lora_otel._boot import redact
+from lora_otel._boot.seam import redact
 from lora_otel._version import __version__
-from lora_otel.export.reader import Journal, Span, format_duration
+from lora_otel.journal.reader import Journal, Span, format_duration
 
 INCOMPLETE_ATTRIBUTE = "lora_otel.incomplete"
 DEFAULT_IMPORT_THRESHOLD_MS = 5
@@ -295,7 +295,7 @@ def learn_secrets(pid: Optional[int], environ: Optional[Any] = None) -> None:
     same rules applied to its command line (``/proc/<pid>/cmdline``) and to the variables its
     self-check records (``environ``: the sidecar's own, inherited from that process). So evidence
     gathered from outside (stacks, errors) cannot carry them to the backend. Never raises."""
-    from lora_otel._boot import envfacts
+    from lora_otel._boot.seam import envfacts
 
     try:
         envfacts.relevant_env(os.environ if environ is None else environ, redact.redact_env)

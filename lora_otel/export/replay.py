@@ -15,9 +15,9 @@ from typing import Any, Iterator
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from lora_otel._boot.redact import redact_text
+from lora_otel._boot.seam import redact_text
 from lora_otel.export.otlp import REFUSED_STATUS, describe_endpoint, export_with_status, make_exporter, translate
-from lora_otel.export.reader import JournalError, read_journal
+from lora_otel.journal.reader import JournalError, read_journal
 
 BATCH = 512
 

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Optional
 
-from lora_otel.export.reader import JournalError, exec_phrase, process_state
+from lora_otel.journal.reader import JournalError, exec_phrase, process_state
 from lora_otel.export.watchdog import owned_file_reason
 
 POLL_S = 0.5
@@ -56,7 +56,7 @@ def other_journals(followers: dict, path: str) -> list:
 def _say(msg: str) -> None:
     """One line in the sidecar's log, redacted: an endpoint URL with credentials or an API key in
     its query, quoted by an exporter error, and every value the traced process redacted."""
-    from lora_otel._boot.redact import redact_text
+    from lora_otel._boot.seam import redact_text
 
     msg = redact_text(" ".join(msg.splitlines()))  # one line per message, whatever the journal's exit message holds
     sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
@@ -147,7 +147,7 @@ def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, 
     Each journal gets a `watchdog.Watch`: stalls under the recorded (and learned) limits, a
     ``stall`` record in the journal, the STALLED line where the job cannot write it; a process that
     vanished without an exit record gets a ``died`` record and its death line. Returns 0."""
-    from lora_otel.export.evidence import OomWatch
+    from lora_otel.analysis.evidence import OomWatch
     from lora_otel.export.watchdog import JobLines, Watch
 
     _say("following %s (pid %s) in local mode: stalls go into the journal and the job's lines; no OTLP endpoint"
@@ -217,7 +217,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     registered its journal in ``children`` (forked and spawned workers, ranks, anything below it).
     Without an OTLP endpoint: `follow_local`. Returns 0 when everything was delivered.
     """
-    from lora_otel._boot.spawn import exports
+    from lora_otel._boot.seam import starts_sidecar as exports
 
     if not exports(os.environ):
         return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
@@ -239,7 +239,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             log_exporter = make_log_exporter(timeout=5)
         except Exception as e:  # noqa: BLE001 - log records are extra; spans go on
             _say("log records off: %s" % e)
-    from lora_otel.export.stall import StallConfigError, frozen_after_from_env, parse_limits
+    from lora_otel.analysis.stall import StallConfigError, frozen_after_from_env, parse_limits
 
     try:
         parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER")), frozen_after_from_env()
@@ -258,7 +258,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
         return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out,
                         peers=lambda: other_journals(followers, path), watch=watch)
 
-    from lora_otel.export.evidence import OomWatch
+    from lora_otel.analysis.evidence import OomWatch
 
     oom = OomWatch(cgroup, oom_kills)  # to tell a death by the OOM killer from other SIGKILLs
     if pid is not None:

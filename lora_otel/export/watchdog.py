@@ -4,7 +4,7 @@ The sidecar (`lora_otel.export.sidecar`) runs this for every job (``LORA_OTEL=1`
 endpoint is configured. It never imports the OpenTelemetry SDK. For each journal of the job it:
 
 - detects stalls with `stall.detect` under the limits the job recorded (and the limits it learned
-  from earlier runs, `lora_otel.export.learned`), gathers the evidence (`evidence.gather`: the
+  from earlier runs, `lora_otel.analysis.learned`), gathers the evidence (`evidence.gather`: the
   verified stack request, /proc, NVML) and diagnoses it (`diagnose.explain`);
 - appends one ``stall`` record to the job's journal (the same record the live follower appends,
   so ``inspect``, ``watch``, ``replay`` and a later export see the same stall);
@@ -24,10 +24,10 @@ import stat
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from lora_otel.export.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
-from lora_otel.export.learned import Learned, learn
-from lora_otel.export.reader import Journal, JournalTail, process_state
-from lora_otel.export.stall import Stall, detect, journal_limits
+from lora_otel.analysis.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
+from lora_otel.analysis.learned import Learned, learn
+from lora_otel.journal.reader import Journal, JournalTail, process_state
+from lora_otel.analysis.stall import Stall, detect, journal_limits
 
 EVIDENCE_TEXT_MAX = 200  # a value longer than this stays out of the stall record's summary
 
@@ -121,7 +121,7 @@ def _iso_ms(ns: int) -> str:
 
 def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
     """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid."""
-    from lora_otel._boot.redact import redact_text
+    from lora_otel._boot.seam import redact_text
 
     msg = redact_text(" ".join(str(msg).splitlines()))
     return "[lora-otel][%d][%s] %s\n" % (pid, _iso_ms(time.time_ns() if now_ns is None else now_ns), msg)
@@ -232,7 +232,7 @@ def stalled_line(stall: Stall, diagnosis: str) -> str:
 
 def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
     """``process 1234 was killed by the OOM killer in load model after 45 s``."""
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
@@ -252,7 +252,7 @@ def speaks_for_job(stall: Stall) -> bool:
 
 
 def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     no_stage = span is None or span is journal.root
@@ -326,7 +326,7 @@ class Watch:
     def _slow(self, journal: Journal, now: int) -> None:
         if not self.learned:
             return
-        from lora_otel.export.inspect import deepest_open_span
+        from lora_otel.journal.tree import deepest_open_span
 
         span = deepest_open_span(journal)
         if span is None or span is journal.root or span.span_id in self.slow_told:
@@ -340,7 +340,7 @@ class Watch:
 
     def report(self, journal: Journal, stall: Stall, now: int) -> dict[str, Any]:
         """Gather, diagnose, append the record, speak for the job where it cannot."""
-        from lora_otel.export.diagnose import explain
+        from lora_otel.analysis.diagnose import explain
 
         evidence = self._ask(journal)
         peers: list = []

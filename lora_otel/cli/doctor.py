@@ -1,7 +1,7 @@
 """``lora-otel doctor``: the start-up of a LoRA training job, run once, traced, with a verdict per step.
 
 Two processes. The **parent** (``lora-otel doctor``) does the checks that need nothing imported and
-judges everything; the **check process** (``python -m lora_otel.export.doctor --child``, started
+judges everything; the **check process** (``python -m lora_otel.cli.doctor --child``, started
 with ``LORA_OTEL=1``) does what a real job does first, traced like a real job: its preamble writes a
 journal (``--dir``, else ``$LORA_OTEL_DIR``, else ``./lora-otel/``, named ``doctor-<UTC>-<pid>``)
 and, when an OTLP endpoint is configured, starts the live-export sidecar. The check process
@@ -77,10 +77,10 @@ LORA_OTEL_REQUIRES_PYTHON = ">=3.9"
 _PROTO_ENV = "LORA_OTEL_DOCTOR_FD"
 # The check process runs ``python -c _CHILD_CODE``: ``python -m`` would add ``import runpy`` and
 # ``import lora_otel.export`` spans to its journal; this imports the doctor as lora_otel (untraced).
-_CHILD_CODE = ("import sys; d = __import__('lora_otel.export.doctor', {'__name__': 'lora_otel'}, None, ['_child_main']); "
+_CHILD_CODE = ("import sys; d = __import__('lora_otel.cli.doctor', {'__name__': 'lora_otel'}, None, ['_child_main']); "
                "sys.exit(d._child_main(sys.argv[1:]))")
 _PROGRAM = {"__name__": "__main__"}  # import as the program: the import hook traces it
-_QUIET = {"__name__": "lora_otel.export.doctor"}  # import as lora_otel: not traced
+_QUIET = {"__name__": "lora_otel.cli.doctor"}  # import as lora_otel: not traced
 
 EPILOG = """examples:
   lora-otel doctor                               the whole start-up flow, one line per check
@@ -484,7 +484,7 @@ def _dists_for_modules(modules) -> list:
 def checked_distributions(also_import=()) -> list:
     """lora_otel, the installed packages of the training stack as lora_otel knows it
     (``envfacts.PACKAGES``), and the distributions of the ``--also-import`` modules."""
-    from lora_otel._boot import envfacts
+    from lora_otel._boot.seam import envfacts
 
     names = ["lora_otel"] + list(dict.fromkeys(list(STACK) + list(envfacts.PACKAGES)))
     names += _dists_for_modules(also_import)
@@ -818,14 +818,14 @@ def _log_tail(path: str | None, n: int = 20) -> str:
 
 
 def _describe_status(rc: int) -> str:
-    from lora_otel.export.supervisor import describe_status
+    from lora_otel.cli.run import describe_status
 
     return describe_status(rc)
 
 
 def _append_exit(journal: str | None, rc: int, why: str | None) -> bool:
     """Append the ``exit`` record the check process could not write (docs/journal.md), once."""
-    from lora_otel.export.supervisor import record_exit
+    from lora_otel.cli.run import record_exit
 
     return record_exit(journal, rc, "lora-otel doctor: %s" % why if why else None, by="lora-otel doctor", hint="")
 
@@ -845,9 +845,8 @@ def _kill_group(proc) -> None:
 def _gather(pid: int, stacks_path: str | None) -> dict:
     """Evidence about the check process (lora_otel's own child: its stack handler is the preamble's,
     or the one the check script registers on the same signal)."""
-    from lora_otel._boot.preamble import stack_signal
-    from lora_otel.export import evidence
-
+    from lora_otel._boot.seam import stack_signal
+    from lora_otel.analysis import evidence
     try:
         signum = stack_signal()
         request = evidence.StackRequest(signum, stacks_path) if stacks_path and signum else None
@@ -859,10 +858,10 @@ def _gather(pid: int, stacks_path: str | None) -> dict:
 def _diagnosis(step: _Step, ev: dict, journal: str | None) -> str:
     """diagnose's sentence when it says something specific (network, CUDA init, frozen), else ""."""
     try:
-        from lora_otel.export.diagnose import explain
-        from lora_otel.export.inspect import deepest_open_span
-        from lora_otel.export.reader import Span, read_journal
-        from lora_otel.export.stall import Stall
+        from lora_otel.analysis.diagnose import explain
+        from lora_otel.journal.tree import deepest_open_span
+        from lora_otel.journal.reader import Span, read_journal
+        from lora_otel.analysis.stall import Stall
 
         j = None
         span = None
@@ -980,7 +979,7 @@ def _on_message(run: _Run, msg: dict, current: _Step, limits: dict, import_limit
 
 
 def _on_hang(run: _Run, proc, step: _Step, journal: str | None, fallback_stacks: str) -> None:
-    from lora_otel.export.evidence import PREFIX
+    from lora_otel.analysis.evidence import PREFIX
 
     stacks_path = run.hello.get("stacks") or (fallback_stacks if os.path.exists(fallback_stacks) else None)
     if not run.hello and journal and not os.path.exists(journal):
@@ -1222,7 +1221,7 @@ def _memory_check(need: int, probe: dict | None, init: dict | None, gpus: list, 
 
 
 def _journal_check(journal: str | None, run: _Run) -> Check:
-    from lora_otel.export.reader import JournalError, read_journal
+    from lora_otel.journal.reader import JournalError, read_journal
 
     actual = run.hello.get("journal") or journal
     if not run.hello.get("traced") and not (actual and os.path.exists(actual)):
@@ -1240,7 +1239,7 @@ def _journal_check(journal: str | None, run: _Run) -> Check:
     root = j.root.attrs if j.root is not None else {}
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint:
-        from lora_otel._boot.redact import redact_value
+        from lora_otel._boot.seam import redact_value
 
         endpoint = redact_value(endpoint)  # no user-info, no secret query parameters in a report
     errors = [ln.msg for ln in j.lines if ln.level == "error" and "live export" in ln.msg]
@@ -1285,7 +1284,7 @@ def _installed(name: str) -> bool:
 
 
 def _journal_path(args) -> str:
-    from lora_otel._boot import paths
+    from lora_otel._boot.seam import paths
 
     base = getattr(args, "dir", None) or os.environ.get("LORA_OTEL_DIR") or os.path.join(os.getcwd(), "lora-otel")
     path = os.path.join(os.path.abspath(base), "doctor-" + paths.journal_name(os.getpid(), time.time()))
@@ -1309,7 +1308,7 @@ def doctor(args) -> dict:
     import subprocess
 
     from lora_otel import __version__
-    from lora_otel.export.supervisor import die_with_parent
+    from lora_otel.cli.run import die_with_parent
     from lora_otel._boot import envfacts, paths, preamble
 
     started = time.monotonic()
@@ -1642,7 +1641,7 @@ def _child_main(argv: list) -> int:
         if stacks_path:
             try:  # untraced (no .pth hook): stacks on demand all the same
                 faulthandler = _quiet_import("faulthandler")
-                from lora_otel._boot.preamble import stack_signal
+                from lora_otel._boot.seam import stack_signal
 
                 f = os.fdopen(os.open(stacks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
                 faulthandler.register(stack_signal(), file=f, all_threads=True, chain=False)
@@ -1723,7 +1722,7 @@ def _child_import(emit, name: str) -> bool:
     version = getattr(mod, "__version__", None)
     if not isinstance(version, str):
         try:
-            from lora_otel._boot import envfacts
+            from lora_otel._boot.seam import envfacts
 
             version = envfacts.package_version(name.partition(".")[0])
         except Exception:  # noqa: BLE001

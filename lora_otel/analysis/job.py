@@ -32,17 +32,17 @@ process runs, else ``finished``. Standard library only.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from lora_otel._boot.paths import JOURNAL_SUFFIX
-from lora_otel.export.inspect import View, _display, deepest_open_span, iso_time
-from lora_otel.export.reader import (Journal, JournalError, ProcessState, format_duration, process_state,
+from lora_otel.journal.tree import View, _display, deepest_open_span, iso_time
+from lora_otel.journal.reader import (
+    journal_paths,
+    Journal, JournalError, ProcessState, format_duration, process_state,
                                      read_journal)
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall, detect
+from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall, detect
 
 OUTCOME_STATUS = {"finished": 0, "stopped": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
 """A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
@@ -244,7 +244,7 @@ def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Option
 
 def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
     """The journal's last ``stall`` record (watchdog or sidecar) as a `Stall`, while it still holds."""
-    from lora_otel.export.verdict import from_record
+    from lora_otel.analysis.verdict import from_record
 
     found = from_record(journal)
     if found is None or journal.root is None or found.kind == "died":
@@ -259,9 +259,9 @@ def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
 
 def attach_verdicts(jobs: Iterable[Job], now_ns: int, frozen_after_s: float = FROZEN_AFTER_S,
                     by: str = "inspect") -> None:
-    """Give each job's focus process its verdict (`lora_otel.export.verdict`): the stall record,
+    """Give each job's focus process its verdict (`lora_otel.analysis.verdict`): the stall record,
     or the diagnosis computed now for a live stalled process, its job's other journals as peers."""
-    from lora_otel.export.verdict import current
+    from lora_otel.analysis.verdict import current
 
     for job in jobs:
         proc = focus(job)
@@ -542,24 +542,6 @@ def _running_phrase(proc: Proc) -> str:
 
 # --- reading a directory -------------------------------------------------------------------------
 
-def journal_paths(directory: str) -> list[str]:
-    """The ``*.otel.jsonl`` files directly in ``directory`` (not recursive), sorted."""
-    pattern = os.path.join(glob.escape(directory), "*" + JOURNAL_SUFFIX)
-    return sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
-
-
-def sibling_journals(journal: Journal) -> list[Journal]:
-    """The readable journals beside ``journal`` (its directory), itself left out."""
-    own = os.path.abspath(journal.path)
-    out = []
-    for path in journal_paths(os.path.dirname(own)):
-        if os.path.abspath(path) == own:
-            continue
-        try:
-            out.append(read_journal(path))
-        except JournalError:
-            continue
-    return out
 
 
 def unreadable_reason(journal: Journal) -> Optional[str]:

@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lora_otel.export.baseline import STARTUP, journal_phases
-from lora_otel.export.reader import Journal, JournalError, read_journal
+from lora_otel.analysis.baseline import STARTUP, journal_phases
+from lora_otel.journal.reader import Journal, JournalError, read_journal
 
 RUNS = 5
 SLOW_FACTOR = 3.0
@@ -147,7 +147,7 @@ def learn(journal: Journal, environ: Optional[dict[str, str]] = None) -> dict[st
            for name, values in seen.items()}
     env = os.environ if environ is None else environ
     if env.get("LORA_OTEL_BASELINE"):
-        from lora_otel.export.baseline import configured
+        from lora_otel.analysis.baseline import configured
 
         try:
             base = configured(journal, env)

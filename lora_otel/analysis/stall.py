@@ -25,7 +25,7 @@ One set of limits: the job records the raw texts of ``LORA_OTEL_STALL_AFTER`` an
 ``inspect``, ``watch`` and the sidecar agree with the job. A journal from before that record falls
 back to this process's environment; a command-line ``--stall-after`` wins over both.
 
-Learned limits (``learned``: `lora_otel.export.learned`): a stage that earlier runs say takes at
+Learned limits (``learned``: `lora_otel.analysis.learned`): a stage that earlier runs say takes at
 most L s is called stalled at max(30 s, 5 × L) when that is shorter than its limit (or it has none).
 """
 
@@ -35,9 +35,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from lora_otel._boot import limits as _limits  # one definition, shared with the job itself
-from lora_otel.export.inspect import deepest_open_span
-from lora_otel.export.reader import Journal, Span
+from lora_otel._boot.seam import limits as _limits  # one definition, shared with the job itself
+from lora_otel.journal.tree import deepest_open_span, last_stage_end
+from lora_otel.journal.reader import Journal, Span
 
 DEFAULT_LIMITS_S: dict[str, float] = _limits.DEFAULT_LIMITS_S
 FROZEN_AFTER_S = _limits.FROZEN_AFTER_S
@@ -209,33 +209,11 @@ def idle_may_be_stuck(journal: Journal) -> bool:
         return False
     if any(name in names for name in _UI_IMPORTS):
         return False
-    from lora_otel._boot.narrate import has_children  # the job's own rule, read from outside
+    from lora_otel._boot.seam import has_children  # the job's own rule, read from outside
 
     return not (journal.pid and has_children(journal.pid))
 
 
-def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
-    """The stage that ended last and when (``(None, the process's start)`` when none has).
-
-    As the job itself counts (`lora_otel._boot.narrate`): an import shorter than the journal's
-    ``import_threshold_ms`` is not a stage here, so a library's lazy ``import encodings.idna``
-    inside a download does not reset the quiet time."""
-    root = journal.root
-    threshold = journal.config.get("import_threshold_ms", 5.0) if isinstance(journal.config, dict) else 5.0
-    try:  # a journal's value may be anything (a hostile or broken one: 10**400, NaN)
-        threshold_ns = min(float(threshold), 1e12) * 1e6 if not isinstance(threshold, bool) else 5e6
-    except (TypeError, ValueError, OverflowError):
-        threshold_ns = 5e6
-    if not threshold_ns >= 0:
-        threshold_ns = 5e6
-    best: tuple[Optional[str], int] = (None, root.start_ns if root is not None else 0)
-    for span in journal.spans:
-        if span is root or span.end_ns is None or span.end_ns < best[1]:
-            continue
-        if span.name.startswith("import ") and span.end_ns - span.start_ns < threshold_ns:
-            continue
-        best = (span.name, span.end_ns)
-    return best
 
 
 def _between(journal: Journal, root: Span, now_ns: int, limits: dict[str, float]) -> Optional[Stall]:

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from lora_otel.export import evidence as ev
-from lora_otel.export.diagnose import explain
-from lora_otel.export.evidence import PREFIX
-from lora_otel.export.reader import Journal, Span, format_duration, process_state
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall
+from lora_otel.analysis import evidence as ev
+from lora_otel.analysis.diagnose import explain
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.journal.reader import Journal, Span, format_duration, process_state
+from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 
 STACK_LINES = 12
 """Lines of the stacks file a view shows (the relevant thread first)."""
@@ -74,6 +74,10 @@ class Verdict:
             learned = f" (limit learned from {self.learned['from']})"
         return f"STALLED: {self.what}{learned} — {self.diagnosis or 'Cannot tell from the evidence.'}"
 
+    def stacks_lines(self, journal: Journal) -> list[str]:
+        """The stacks to show under the tree (`stacks_lines`), relevant thread first."""
+        return stacks_lines(journal, self)
+
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "kind": self.kind, "open_s": None if self.open_s is None else round(self.open_s, 3),
                 "limit_s": self.limit_s, "diagnosis": self.diagnosis, "by": self.by, "learned": self.learned,
@@ -106,7 +110,7 @@ def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterab
     if found is not None or stall is None or journal.pid is None or process_state(journal) != "running":
         return found
     if frozen_after_s is None:
-        from lora_otel.export.stall import journal_limits
+        from lora_otel.analysis.stall import journal_limits
 
         frozen_after_s = journal_limits(journal)[1]
     evidence = quiet_evidence(journal, stall.span, sample_s())
@@ -162,7 +166,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
 
 def _journals_by_pid(journal: Journal) -> dict[int, Journal]:
     """The journals next to ``journal`` (its DataLoader workers write theirs there), by pid."""
-    from lora_otel.export.job import sibling_journals
+    from lora_otel.journal.reader import sibling_journals
 
     return {other.pid: other for other in sibling_journals(journal)
             if other.pid is not None and process_state(other) == "running"}
@@ -208,7 +212,7 @@ def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256
 def stacks_lines(journal: Journal, verdict: Optional[Verdict], max_lines: int = STACK_LINES) -> list[str]:
     """``stacks (from run.stacks.txt, the last request):`` and the last dump, the relevant thread
     first (the one the diagnosis names, else the main thread), secrets redacted; [] when none."""
-    from lora_otel._boot.redact import redact_text
+    from lora_otel._boot.seam import redact_text
 
     text = str(verdict.evidence.get(PREFIX + "python.stacks") or "") if verdict is not None else ""
     text = text or last_dump(journal)

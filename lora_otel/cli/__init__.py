@@ -14,7 +14,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ``lora-otel run -- python train.py --log run.log``. The journal goes where the program's
     ``--log`` points, else to ``--dir`` / ``$LORA_OTEL_DIR``, else ``./lora-otel/``.
     """
-    from lora_otel.export.supervisor import run_command
+    from lora_otel.cli.run import run_command
 
     return run_command(args)
 
@@ -33,7 +33,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     or the slowest) and its span tree; --all shows every tree. --summary prints one line per job
     instead, by start time, for unattended batches.
     """
-    from lora_otel.export.inspect import run_inspect
+    from lora_otel.cli.inspect import run_inspect
 
     return run_inspect(args)
 
@@ -60,7 +60,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     together, ranks in order, with the stuck, first failed or slowest process called out.
     Watch ends when no followed process is running any more.
     """
-    from lora_otel.export.watch import run_watch
+    from lora_otel.cli.watch import run_watch
 
     return run_watch(args)
 
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-on-stall", action="store_true",
                    help="exit with status 4 as soon as a stall is seen (after its alerts have run)")
 
-    from lora_otel.export.baseline import add_arguments as baseline_arguments
+    from lora_otel.analysis.baseline import add_arguments as baseline_arguments
 
     baseline_arguments(add("baseline", cmd_baseline, epilog="examples:\n"
                            "  lora-otel baseline save good.json runs/ok1.otel.jsonl runs/ok2.otel.jsonl\n"
@@ -166,8 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "  LORA_OTEL_BASELINE=good.json lora-otel inspect runs/a.otel.jsonl\n"
                            "\nexit status (diff): 0 no drift, 1 drift, 2 usage error. See docs/baselines.md."))
 
-    from lora_otel.export import doctor as doctor_module
-
+    from lora_otel.cli import doctor as doctor_module
     doctor_module.add_arguments(add("doctor", cmd_doctor, epilog=doctor_module.EPILOG))
     return parser
 
@@ -183,7 +182,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     process (a journal in --dir, and live OTLP export when an endpoint is set); a step past its limit
     is killed and reported with its Python stack. Each line: ok / warn / fail, the evidence, what to do.
     """
-    from lora_otel.export.doctor import run_doctor
+    from lora_otel.cli.doctor import run_doctor
 
     return run_doctor(args)
 
@@ -197,7 +196,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     much slower than the baseline ("import torch took 48 s; baseline 2.1 s"). With LORA_OTEL_BASELINE
     set, inspect and the live stall diagnosis show the drift that bears on the stuck stage first.
     """
-    from lora_otel.export.baseline import run_baseline
+    from lora_otel.analysis.baseline import run_baseline
 
     return run_baseline(args)
 

@@ -10,11 +10,14 @@ Standard library only: the exporting side may run in the same broken environment
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
+
+from lora_otel._boot.seam import JOURNAL_SUFFIX
 
 FORMAT_VERSION = 1
 """The journal format version this reader understands."""
@@ -337,7 +340,7 @@ def image_changed(journal: Journal) -> bool:
     recorded = journal.image
     if not recorded or journal.pid is None:
         return False
-    from lora_otel._boot.preamble import image_identity
+    from lora_otel._boot.seam import image_identity
 
     now = image_identity(journal.pid)
     if "exe" in recorded and "exe" in now and list(recorded["exe"]) != now["exe"]:
@@ -715,7 +718,7 @@ def _frames(value: Any) -> Optional[list[list[Any]]]:
 def where_text(frames: Optional[list[list[Any]]]) -> str:
     """``toolkit/job.py:2 in <module> → time.sleep``: where the main thread is, innermost last
     (a C function it calls, by name). Every view says it this way; "" for no frames."""
-    from lora_otel._boot.where import text
+    from lora_otel._boot.seam import frames_text as text
 
     return text(frames)
 
@@ -749,3 +752,22 @@ def _short(value: Any, limit: int = 40) -> str:
     """``repr`` of a value from the journal, cut to ``limit`` characters for a problem line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+def journal_paths(directory: str) -> list[str]:
+    """The ``*.otel.jsonl`` files directly in ``directory`` (not recursive), sorted."""
+    pattern = os.path.join(glob.escape(directory), "*" + JOURNAL_SUFFIX)
+    return sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
+
+
+def sibling_journals(journal: Journal) -> list[Journal]:
+    """The readable journals beside ``journal`` (its directory), itself left out."""
+    own = os.path.abspath(journal.path)
+    out = []
+    for path in journal_paths(os.path.dirname(own)):
+        if os.path.abspath(path) == own:
+            continue
+        try:
+            out.append(read_journal(path))
+        except JournalError:
+            continue
+    return out

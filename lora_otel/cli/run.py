@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from lora_otel._boot import paths
+from lora_otel._boot.seam import paths
 
 
 def die_with_parent():
@@ -79,7 +79,7 @@ def _create_journal(journal: str) -> str:
     other owns it: a unique name beside it when the name is taken (a re-run, or a name someone
     prepared in a shared directory). The child appends to it after checking it is this user's.
     When it cannot be created, the name is passed on and the child falls back as without `run`."""
-    from lora_otel._boot import files
+    from lora_otel._boot.seam import files
 
     d = os.path.dirname(journal)
     try:
@@ -125,7 +125,7 @@ def run_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if getattr(args, "stall_after", None) is not None:
-        from lora_otel.export.stall import StallConfigError, parse_limits
+        from lora_otel.analysis.stall import StallConfigError, parse_limits
 
         try:
             parse_limits(args.stall_after)
@@ -133,7 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
             print("lora-otel run: --stall-after: %s" % e, file=sys.stderr)
             return 2
     env, journal = _child_env(cmd, args)
-    from lora_otel.export.evidence import OomWatch
+    from lora_otel.analysis.evidence import OomWatch
 
     oom = OomWatch()
     oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup
@@ -188,8 +188,8 @@ def _print_tree(journal: str) -> None:
         print("lora-otel run: no journal was written at %s; is lora_otel installed in the Python that "
               "ran the command?" % journal, file=sys.stderr)
         return
-    from lora_otel.export.inspect import render_text
-    from lora_otel.export.reader import read_journal
+    from lora_otel.cli.inspect import render_text
+    from lora_otel.journal.reader import read_journal
 
     try:
         sys.stderr.write(render_text(read_journal(journal)))

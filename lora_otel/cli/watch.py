@@ -14,7 +14,7 @@ new ones picked up as they appear. Every ``--interval`` s each journal's new byt
 
 In a directory, the journals that share a trace id (a launcher and its ranks or workers) are shown
 together as one job, ranks in order, with the process to look at called out (the one stuck, the one
-that failed first, or the slowest; see `lora_otel.export.job`): a job of several processes gets a
+that failed first, or the slowest; see `lora_otel.analysis.job`): a job of several processes gets a
 heading with its outcome, one line per process, the call-out, and the tree of that one process only.
 In line mode a ranked process is named ``4243 (rank 1)`` and a call-out is one line, e.g.
 ``[watch] job 4bf92f35: rank 1 (pid 4243) is the one stuck: in import x for 121 s``.
@@ -55,12 +55,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lora_otel._boot.paths import JOURNAL_SUFFIX
-from lora_otel.export import job as jobs_mod
-from lora_otel.export.inspect import View, _display, _write
-from lora_otel.export.reader import (Journal, JournalError, JournalTail, ProcessState, Span, format_duration,
+from lora_otel._boot.seam import JOURNAL_SUFFIX
+from lora_otel.analysis import job as jobs_mod
+from lora_otel.journal.tree import View, _display, _write
+from lora_otel.journal.reader import (Journal, JournalError, JournalTail, ProcessState, Span, format_duration,
                                      process_state)
-from lora_otel.export.stall import (FROZEN_AFTER_S, Stall, StallConfigError, detect, frozen_after_from_env,
+from lora_otel.analysis.stall import (FROZEN_AFTER_S, Stall, StallConfigError, detect, frozen_after_from_env,
                                     parse_limits)
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -91,7 +91,7 @@ def _watch(args: argparse.Namespace) -> int:
         return 2
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
-    from lora_otel.export.inspect import resolve_path
+    from lora_otel.cli.inspect import resolve_path
 
     resolved = resolve_path(args.path)  # a --log file: its newest run's journal
     if resolved != args.path:
@@ -293,7 +293,7 @@ class Followed:
     state: ProcessState = "running"
     starting: bool = True  # no records yet, for at most STARTING_GRACE_S
     stall: Optional[Stall] = None
-    verdict: Optional[Any] = None  # the stall and its diagnosis (`lora_otel.export.verdict.Verdict`)
+    verdict: Optional[Any] = None  # the stall and its diagnosis (`lora_otel.analysis.verdict.Verdict`)
     verdict_key: str = ""
     alive_until_ns: Optional[int] = None  # the last poll that found the process there
     was_stalled: bool = False  # stalled at the last poll that found it there
@@ -376,8 +376,7 @@ class Watcher:
 
     def _verdict(self, f: Followed, journal: Journal, state: ProcessState, now_ns: int) -> Optional[Any]:
         """The stall record, or the diagnosis computed once per stall (it samples /proc for a second)."""
-        from lora_otel.export import verdict as verdict_mod
-
+        from lora_otel.analysis import verdict as verdict_mod
         found = verdict_mod.from_record(journal)
         if found is not None or state != "running" or f.stall is None:
             return found if found is not None else (f.verdict if state != "running" and f.was_stalled else None)
@@ -548,7 +547,7 @@ class Watcher:
             if f.verdict is not None:
                 out.append(_display(f.verdict.line()))
             else:
-                from lora_otel.export.verdict import what_phrase
+                from lora_otel.analysis.verdict import what_phrase
 
                 stage = None if stall.span is journal.root else stall.span.name  # type: ignore[union-attr]
                 out.append(f"STALLED: {_display(what_phrase(stage, stall.kind, stall.open_for_s, stall.limit_s))}")

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
-from lora_otel.export.reader import Journal, JournalError, Span, format_duration, process_state, read_journal
+from lora_otel.journal.reader import Journal, JournalError, Span, format_duration, process_state, read_journal
 
 FORMAT = "lora-otel baseline"
 VERSION = 1
@@ -140,7 +140,7 @@ def driver_gpu_models(directory: str = _NVIDIA_GPUS_DIR) -> Optional[list[str]]:
 def interpreter_environment() -> dict[str, Any]:
     """This interpreter's environment, by the self-check a traced process runs at start (the same
     redaction of the variables), plus the GPU models the driver lists."""
-    from lora_otel._boot import envfacts, redact
+    from lora_otel._boot.seam import envfacts, redact
 
     env = environment_from_attrs(envfacts.collect(os.environ, redact.redact_env)) or {}
     env["gpu_models"] = driver_gpu_models()
@@ -260,7 +260,7 @@ class Baseline:
 def make_baseline(environment: Optional[dict[str, Any]], phases: dict[str, dict[str, Any]],
                   source: dict[str, Any]) -> dict[str, Any]:
     from lora_otel._version import __version__
-    from lora_otel.export.inspect import iso_time
+    from lora_otel.journal.tree import iso_time
 
     return {"format": FORMAT, "version": VERSION, "created_at": iso_time(time.time_ns()),
             "lora_otel_version": __version__, "source": source, "environment": environment, "phases": phases}
@@ -407,7 +407,7 @@ def _value(value: Any) -> str:
 
 
 def _package_order(name: str) -> tuple:
-    from lora_otel._boot.envfacts import PACKAGES
+    from lora_otel._boot.seam import PACKAGES
 
     return (PACKAGES.index(name), "") if name in PACKAGES else (len(PACKAGES), name)
 
@@ -534,7 +534,7 @@ _CUDA_ENV = ("LD_LIBRARY_PATH", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "
 
 
 def _norm(name: str) -> str:
-    from lora_otel._boot.envfacts import _normalize
+    from lora_otel._boot.seam import normalize_package as _normalize
 
     return _normalize(name)
 
@@ -601,7 +601,7 @@ def split(drift: list[Drift], stage: Optional[str], in_training: bool = False) -
 def focus(journal: Journal) -> tuple[Optional[str], bool]:
     """``(stage, in_training)``: the stage a journal's process is stuck in (its deepest open span
     but the root), else the last that failed; ``(None, False)`` when there is none."""
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     if span is None or span is journal.root:

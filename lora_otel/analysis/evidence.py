@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
-from lora_otel.export.reader import Journal, exec_phrase, image_changed, process_state
+from lora_otel._boot.seam import memory_cgroup, oom_kill_count
+from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
 
@@ -204,12 +204,11 @@ def _where(journal: Journal) -> str:
     frames = getattr(journal, "main_frames", None)
     if frames:
         try:
-            from lora_otel.export import reader
-
+            from lora_otel.journal import reader
             return reader.where_text(frames)  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - the BEAT formatter may not be here yet
             pass
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     return "in %s" % span.name if span is not None and span is not journal.root else ""

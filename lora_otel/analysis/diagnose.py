@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
-from lora_otel.export.evidence import PREFIX
-from lora_otel.export.inspect import deepest_open_span, iso_time
-from lora_otel.export.reader import Journal, exec_phrase, format_duration, process_state
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.journal.tree import deepest_open_span, iso_time
+from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
+from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 
 _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "httpx/", "selectors.py")
 # Kernel wait channels of a task blocked on a socket.
@@ -136,7 +136,7 @@ def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] =
 
 def with_baseline(found: Diagnosis, stall: Stall, journal: Optional[Journal], baseline: Any,
                   now_ns: Optional[int] = None) -> Diagnosis:
-    """``found`` with the drift from the baseline (`lora_otel.export.baseline`) that bears on the
+    """``found`` with the drift from the baseline (`lora_otel.analysis.baseline`) that bears on the
     stalled stage put first in the sentence and in ``lora_otel.baseline.drift`` (the rest in
     ``lora_otel.baseline.other_drift``).
 
@@ -145,8 +145,7 @@ def with_baseline(found: Diagnosis, stall: Stall, journal: Optional[Journal], ba
     """
     if baseline is None or journal is None:
         return found
-    from lora_otel.export import baseline as bl
-
+    from lora_otel.analysis import baseline as bl
     attrs = dict(found.attrs)
     if isinstance(baseline, BaseException):
         attrs["lora_otel.baseline.error"] = str(baseline)
