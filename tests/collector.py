@@ -67,8 +67,14 @@ class ReceivedSpan:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
-_SPAN_FIELDS = {"Trace ID": "trace_id", "Parent ID": "parent_id", "ID": "span_id", "Name": "name",
-                "Status code": "status_code", "Status message": "status_message"}
+_SPAN_FIELDS = {
+    "Trace ID": "trace_id",
+    "Parent ID": "parent_id",
+    "ID": "span_id",
+    "Name": "name",
+    "Status code": "status_code",
+    "Status message": "status_message",
+}
 _FIELD = re.compile(r"^\s+(Trace ID|Parent ID|ID|Name|Kind|Status code|Status message)\s*: ?(.*)$")
 _TIME = re.compile(r"^(Start|End) time: (\d+)$")
 _ARROW = re.compile(r"^\s+-> ([^:]+): (.*)$")
@@ -186,12 +192,29 @@ class Collector:
         self.output = workdir / "rotel.out"
         self._out = open(self.output, "wb")
         self.process = subprocess.Popen(
-            [str(binary), "start",
-             "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
-             "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
-             "--exporter", "blackhole", "--debug-log", "traces", "--debug-log", "logs", "--debug-log-verbosity", "detailed",
-             "--pid-file", str(workdir / "rotel.pid"), "--log-file", str(workdir / "rotel.log")],
-            stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                str(binary),
+                "start",
+                "--otlp-grpc-endpoint",
+                f"127.0.0.1:{self.grpc_port}",
+                "--otlp-http-endpoint",
+                f"127.0.0.1:{self.http_port}",
+                "--exporter",
+                "blackhole",
+                "--debug-log",
+                "traces",
+                "--debug-log",
+                "logs",
+                "--debug-log-verbosity",
+                "detailed",
+                "--pid-file",
+                str(workdir / "rotel.pid"),
+                "--log-file",
+                str(workdir / "rotel.log"),
+            ],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         try:
             self._wait_listening(timeout=20)

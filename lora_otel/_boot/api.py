@@ -151,7 +151,7 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
             anything else a short description, never the data of a tensor).
     """
 
-    __slots__ = ("name", "attrs", "_sid")
+    __slots__ = ("_sid", "attrs", "name")
 
     def __init__(self, name: str, **attrs: object) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -160,10 +160,9 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
         self.attrs = attrs
         self._sid: str | None = None
 
-    def __enter__(self) -> "stage":
+    def __enter__(self) -> stage:
         if core.active:
             with core.fail_open("stage"):
-
                 if self.name == "training":
                     stages.arguments_done("none seen before training")
                 attrs = _clean_attrs(self.attrs) if self.attrs else {}
@@ -202,7 +201,6 @@ def mark(message: str) -> None:
         core.span_event(core.current_span_id(), text)
         core.info_line("mark: %s" % text)
         if text.strip().lower().startswith("arguments parsed"):
-
             stages.arguments_done("lora_otel.mark")
 
 
@@ -219,8 +217,9 @@ def _drop(key: str, value: object, why: str = "which is not one number") -> None
     if key in _dropped:
         return
     _dropped.add(key)
-    core.error_line("lora_otel.progress(%s=…) got a %s, %s; %s is not recorded (said once)"
-                    % (key, _describe(value), why, key))
+    core.error_line(
+        "lora_otel.progress(%s=…) got a %s, %s; %s is not recorded (said once)" % (key, _describe(value), why, key)
+    )
 
 
 def _set_step(value: object, number: object) -> bool:
@@ -282,7 +281,6 @@ def progress(step: object = None, **metrics: object) -> None:
     if not core.active:
         return
     with core.fail_open("progress"):
-
         stages.ensure_training("lora_otel.progress", "lora_otel.progress")
         if type(step) is int and step >= 0:  # the common case, first
             core.steps = step

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 
-
 def _read(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
@@ -49,4 +48,3 @@ def oom_kill_count(cgroup: Optional[str]) -> Optional[int]:
             if key == "oom_kill" and value.strip().isdigit():
                 return int(value)
     return None
-

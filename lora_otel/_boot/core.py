@@ -88,14 +88,16 @@ class fail_open:
         if _under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
             return False
         try:
-            error_line("internal error in %s: %s: %s (instrumentation continues without it)"
-                       % (self.where, et.__name__, ev))
+            error_line(
+                "internal error in %s: %s: %s (instrumentation continues without it)" % (self.where, et.__name__, ev)
+            )
         except Exception:  # noqa: BLE001 - reporting must not raise either
             pass
         return True
 
 
 # --- ids and time ----------------------------------------------------------------------------
+
 
 def new_span_id() -> str:
     while True:
@@ -176,8 +178,9 @@ def _default_dir() -> str:
 
 
 def _fallback_dir() -> str:
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp",
-                        "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel")
+    return os.path.join(
+        os.environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel"
+    )
 
 
 def _create_journal(path: str, exact: bool) -> tuple:
@@ -217,8 +220,11 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
     tried = []
     d = os.path.dirname(path)
     if not make_dir and d and not os.path.isdir(d):
-        _emit("the journal directory %s is gone (removed by the program?); pid %d goes on without a "
-              "journal rather than create it again" % (d, os.getpid()), "error")
+        _emit(
+            "the journal directory %s is gone (removed by the program?); pid %d goes on without a "
+            "journal rather than create it again" % (d, os.getpid()),
+            "error",
+        )
         journal_path = ""
         return ""
     for fallback in (False, True):
@@ -245,8 +251,7 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
         if tried:
             error_line("cannot write journal at %s; using %s instead" % ("; not in ".join(tried), cand))
         return cand
-    error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk"
-               % "; ".join(tried))
+    error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk" % "; ".join(tried))
     journal_path = ""
     return ""
 
@@ -299,13 +304,18 @@ def _reopen_journal() -> bool:
         try:
             fd = files.open_append(journal_path)
         except OSError as e:
-            _stderr(_format_line("the journal's descriptor %d was closed or reused by the program, and %s cannot "
-                                 "be reopened (%s); the program goes on without a journal"
-                                 % (old, journal_path, e.strerror or e)))
+            _stderr(
+                _format_line(
+                    "the journal's descriptor %d was closed or reused by the program, and %s cannot "
+                    "be reopened (%s); the program goes on without a journal" % (old, journal_path, e.strerror or e)
+                )
+            )
             return False
         _set_journal(fd, journal_path)
-    error_line("the journal's descriptor %d was closed or reused by the program (os.closerange?); reopened %s "
-               "as descriptor %d, nothing was written to the old number" % (old, journal_path, _journal_fd))
+    error_line(
+        "the journal's descriptor %d was closed or reused by the program (os.closerange?); reopened %s "
+        "as descriptor %d, nothing was written to the old number" % (old, journal_path, _journal_fd)
+    )
     return True
 
 
@@ -354,7 +364,9 @@ def write_line(data: bytes, _fstat=os.fstat, _write=os.write) -> None:
         _journal_failed = False
         lost, _journal_lost = _journal_lost, 0
         msg = "journal writes work again; %d record%s could not be written before this" % (
-            lost, "" if lost == 1 else "s")
+            lost,
+            "" if lost == 1 else "s",
+        )
         _stderr(_format_line(msg))
         write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
 
@@ -364,8 +376,12 @@ def _write_failed(e: BaseException) -> None:
     _journal_lost += 1
     if not _journal_failed:
         _journal_failed = True
-        _stderr(_format_line("journal write failed (%s): %s; the program goes on, and writing is "
-                             "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)))
+        _stderr(
+            _format_line(
+                "journal write failed (%s): %s; the program goes on, and writing is "
+                "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)
+            )
+        )
 
 
 def _format_line(msg: str) -> str:
@@ -415,8 +431,9 @@ def open_log(path: str) -> None:
         _log_dev, _log_ino = ident
     except OSError as e:
         _log_failed = True
-        _stderr(_format_line("cannot append to log file %s (%s); lines go to the terminal only"
-                             % (path, e.strerror or e)))
+        _stderr(
+            _format_line("cannot append to log file %s (%s); lines go to the terminal only" % (path, e.strerror or e))
+        )
 
 
 def _write_log(data: bytes) -> None:
@@ -429,10 +446,17 @@ def _write_log(data: bytes) -> None:
         open_log(log_path or "")
         if _log_fd < 0:
             return
-        _stderr(_format_line("the --log file's descriptor %d was closed or reused by the program; reopened %s"
-                             % (old, log_path)))
-        os.write(_log_fd, _format_line("the --log file's descriptor %d was closed or reused by the program; "
-                                       "reopened %s" % (old, log_path)).encode("utf-8", "backslashreplace"))
+        _stderr(
+            _format_line(
+                "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
+            )
+        )
+        os.write(
+            _log_fd,
+            _format_line(
+                "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
+            ).encode("utf-8", "backslashreplace"),
+        )
     os.write(_log_fd, data)
 
 
@@ -496,6 +520,7 @@ def error_line(msg: str) -> None:
 
 # --- spans -------------------------------------------------------------------------------------
 
+
 def traceparent(span_id: str) -> str:
     """The W3C ``traceparent`` that makes ``span_id`` the parent of a child process's root span."""
     return "00-%s-%s-%s" % (trace_id, span_id, "01" if sampled else "00")
@@ -507,8 +532,9 @@ def current_span_id() -> str:
     return stack[-1] if stack else root_id
 
 
-def span_start(name: str, attrs: dict | None = None, parent_id: str | None = None,
-               ts: int | None = None, push: bool = True) -> str:
+def span_start(
+    name: str, attrs: dict | None = None, parent_id: str | None = None, ts: int | None = None, push: bool = True
+) -> str:
     """Write a span's start record and return its id. The record is on disk when this returns."""
     sid = new_span_id()
     tid = get_ident()
@@ -518,20 +544,34 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
         name = _scrubbed(name)  # type: ignore[assignment]
     if not attrs and type(name) is str and type(parent) is str and type(ts) is int:
         # The same line as the record below, from a template: a third of the encoding time.
-        write_line(('{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
-                    '"attrs":{}}\n' % (FORMAT_VERSION, ts, _quote(trace_id), sid, _quote(parent), _quote(name))
-                    ).encode("utf-8", "backslashreplace"))
+        write_line(
+            (
+                '{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
+                '"attrs":{}}\n' % (FORMAT_VERSION, ts, _quote(trace_id), sid, _quote(parent), _quote(name))
+            ).encode("utf-8", "backslashreplace")
+        )
     else:
-        write({"v": FORMAT_VERSION, "k": "start", "ts": ts, "trace_id": trace_id,
-               "span_id": sid, "parent_id": parent, "name": name, "attrs": attrs or {}})
+        write(
+            {
+                "v": FORMAT_VERSION,
+                "k": "start",
+                "ts": ts,
+                "trace_id": trace_id,
+                "span_id": sid,
+                "parent_id": parent,
+                "name": name,
+                "attrs": attrs or {},
+            }
+        )
     open_spans[sid] = (name, parent, tid, ts)
     if push:
         _stacks.setdefault(tid, []).append(sid)
     return sid
 
 
-def span_end(sid: str, status: str = "ok", message: str | None = None,
-             attrs: dict | None = None, ts: int | None = None) -> None:
+def span_end(
+    sid: str, status: str = "ok", message: str | None = None, attrs: dict | None = None, ts: int | None = None
+) -> None:
     """Write a span's end record (once; a second end for the same span is ignored)."""
     global last_ended
     info = open_spans.pop(sid, None)
@@ -541,12 +581,17 @@ def span_end(sid: str, status: str = "ok", message: str | None = None,
     if stack and sid in stack:
         stack.remove(sid)
     ts = ts or time.time_ns()
-    if type(info[0]) is not str or not info[0].startswith("import ") or \
-            ts - info[3] >= import_threshold_ms * 1_000_000:  # an import too short to export is no stage
+    if (
+        type(info[0]) is not str or not info[0].startswith("import ") or ts - info[3] >= import_threshold_ms * 1_000_000
+    ):  # an import too short to export is no stage
         last_ended = (sid, info[0], ts)
     if not message and not attrs and type(sid) is str and type(status) is str and type(ts) is int:
-        write_line(('{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
-                    % (FORMAT_VERSION, ts, _quote(sid), _quote(status))).encode("utf-8", "backslashreplace"))
+        write_line(
+            (
+                '{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
+                % (FORMAT_VERSION, ts, _quote(sid), _quote(status))
+            ).encode("utf-8", "backslashreplace")
+        )
         return
     rec = {"v": FORMAT_VERSION, "k": "end", "ts": ts, "span_id": sid, "status": status}
     if message:
@@ -557,8 +602,7 @@ def span_end(sid: str, status: str = "ok", message: str | None = None,
 
 
 def span_event(sid: str, name: str, attrs: dict | None = None) -> None:
-    write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name,
-           "attrs": attrs or {}})
+    write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name, "attrs": attrs or {}})
 
 
 def span_attrs(sid: str, attrs: dict) -> None:
@@ -591,8 +635,7 @@ main_frames: list | None = None
 def beat() -> None:
     """The liveness record: steps, metrics, and where the main thread is (``"main"``)."""
     global main_frames
-    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps,
-           "last_step_ts": last_step_ns}
+    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
     if metrics:
         rec["metrics"] = dict(metrics)
     frames = None

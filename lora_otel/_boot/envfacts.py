@@ -59,6 +59,7 @@ Where each fact comes from, and the limits of each source:
   ``user:password@`` from URLs; it is a safety net, not a replacement for the real redactor.
   Variables are recorded as they are at the time of the call.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,16 +67,16 @@ import sys
 
 __all__ = [
     "PACKAGES",
-    "RELEVANT_ENV_PREFIXES",
     "RELEVANT_ENV_NAMES",
-    "package_versions",
-    "package_version",
-    "torch_build",
-    "driver_facts",
-    "relevant_env",
-    "collect",
-    "lines",
+    "RELEVANT_ENV_PREFIXES",
     "clear_cache",
+    "collect",
+    "driver_facts",
+    "lines",
+    "package_version",
+    "package_versions",
+    "relevant_env",
+    "torch_build",
 ]
 
 PACKAGES = [
@@ -240,11 +241,7 @@ def _dist_index(directory: str) -> dict[str, tuple[str | None, str]]:
 
 def _version_from_metadata(path: str) -> str | None:
     """The ``Version:`` header of a METADATA/PKG-INFO file (or egg-info file), or None."""
-    candidates = (
-        [os.path.join(path, "METADATA"), os.path.join(path, "PKG-INFO")]
-        if os.path.isdir(path)
-        else [path]
-    )
+    candidates = [os.path.join(path, "METADATA"), os.path.join(path, "PKG-INFO")] if os.path.isdir(path) else [path]
     for candidate in candidates:
         try:
             with open(candidate, "rb") as f:
@@ -633,7 +630,9 @@ def _environment_line(facts: dict) -> str:
     parts.append("%s %s" % (name, runtime) if runtime else "Python (version unknown)")
     arch = facts.get("host.arch")
     system = " ".join(
-        str(x) for x in (facts.get("os.type"), _ARCH_DISPLAY.get(arch, arch)) if x  # type: ignore[arg-type]
+        str(x)
+        for x in (facts.get("os.type"), _ARCH_DISPLAY.get(arch, arch))
+        if x  # type: ignore[arg-type]
     )
     if system:
         parts.append(system)

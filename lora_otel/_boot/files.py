@@ -128,8 +128,11 @@ def private_dir(path: str) -> str:
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if (stat.S_ISDIR(st.st_mode) and not (st.st_mode & 0o077)
-            and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid())):
+    if (
+        stat.S_ISDIR(st.st_mode)
+        and not (st.st_mode & 0o077)
+        and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid())
+    ):
         return path
     for _ in range(8):
         other = "%s-%s" % (path, os.urandom(4).hex())

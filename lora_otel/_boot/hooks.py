@@ -62,6 +62,7 @@ def _module_facts(name: str) -> dict:
     version = getattr(_modules.get(top), "__version__", None)
     if not isinstance(version, str):
         from lora_otel._boot import envfacts
+
         version = envfacts.package_version(top)
     if version:
         attrs["lora_otel.package.version"] = str(version)
@@ -130,8 +131,9 @@ def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
                     text = "%s: %s" % (type(e).__name__, e)
                     if isinstance(e, ImportError) and _library_import(globals):
                         # A library probing for an optional package: a fact, not the job's error.
-                        core.span_end(sid, "ok", attrs={"lora_otel.import.error": text,
-                                                        "lora_otel.import.by": _importer(globals)})
+                        core.span_end(
+                            sid, "ok", attrs={"lora_otel.import.error": text, "lora_otel.import.by": _importer(globals)}
+                        )
                     else:
                         core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(globals)})
             raise
@@ -316,6 +318,7 @@ _environ_lock = allocate_lock()
 def _in_child_environ(orig, where: str):
     """``orig`` (a call that starts a process inheriting the C environment: multiprocessing's
     spawn, ``os.system``) run with `child_env_changes` made in ``os.environ`` for its duration."""
+
     def call(*args, **kwargs):
         changes = None
         with core.fail_open(where):
@@ -363,9 +366,15 @@ def _journal_stop(orig, signal_name: str):
         with core.fail_open("multiprocessing terminate hook"):
             popen = getattr(self, "_popen", None)
             if core.active and popen is not None and popen.poll() is None:
-                core.span_event(core.root_id, TERMINATED_CHILD, {
-                    "process.pid": popen.pid, "lora_otel.signal": signal_name,
-                    "lora_otel.process.name": str(getattr(self, "name", ""))})
+                core.span_event(
+                    core.root_id,
+                    TERMINATED_CHILD,
+                    {
+                        "process.pid": popen.pid,
+                        "lora_otel.signal": signal_name,
+                        "lora_otel.process.name": str(getattr(self, "name", "")),
+                    },
+                )
         return orig(self)
 
     stop._lora_otel = True  # type: ignore[attr-defined]
@@ -411,8 +420,9 @@ def _wrap_parser_method(orig):
             code = e.code
             with core.fail_open("argparse hook"):
                 failed = code not in (0, None)
-                arguments_done("argparse", "error" if failed else "ok",
-                               "argparse exited with status %s" % code if failed else None)
+                arguments_done(
+                    "argparse", "error" if failed else "ok", "argparse exited with status %s" % code if failed else None
+                )
             raise
         finally:
             _parse_depth.pop(tid, None)
@@ -427,10 +437,7 @@ def _wrap_parser_method(orig):
     return method
 
 
-
-
 # --- torch -----------------------------------------------------------------------------------
-
 
 
 def _step_spans_every() -> int:
@@ -461,8 +468,12 @@ def on_step_pre(*_args) -> None:
         if core.steps % _step_every:
             return
         with core.fail_open("step span"):
-            _step_span = core.span_start("step %d" % (core.steps + 1), {"lora_otel.step": core.steps + 1},
-                                         parent_id=stages.training_id, push=False)
+            _step_span = core.span_start(
+                "step %d" % (core.steps + 1),
+                {"lora_otel.step": core.steps + 1},
+                parent_id=stages.training_id,
+                push=False,
+            )
 
 
 def on_step_post(*_args) -> None:
@@ -484,8 +495,10 @@ def install_torch_hooks(torch) -> None:
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     except ImportError:
-        core.error_line("this torch (%s) has no global optimizer step hooks; use lora_otel.progress()"
-                        % getattr(torch, "__version__", "?"))
+        core.error_line(
+            "this torch (%s) has no global optimizer step hooks; use lora_otel.progress()"
+            % getattr(torch, "__version__", "?")
+        )
     else:
         register_optimizer_step_pre_hook(on_step_pre)
         register_optimizer_step_post_hook(on_step_post)
@@ -559,8 +572,9 @@ def _install_cuda_hooks(torch) -> None:
                 return orig_init()
             sid = None
             with core.fail_open("cuda init hook"):
-                sid = core.span_start("cuda init", {
-                    "lora_otel.cuda.visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")})
+                sid = core.span_start(
+                    "cuda init", {"lora_otel.cuda.visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")}
+                )
                 core.info_line("cuda init: starting")
             try:
                 result = orig_init()
@@ -569,9 +583,16 @@ def _install_cuda_hooks(torch) -> None:
                 if sid is not None:
                     with core.fail_open("cuda init hook"):
                         reason = _cuda_absent_reason(torch)
-                        core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e),
-                                      {"lora_otel.cuda.available": False, "lora_otel.cuda.absent_reason": reason,
-                                       "lora_otel.torch.version": str(torch.__version__)})
+                        core.span_end(
+                            sid,
+                            "error",
+                            "%s: %s" % (type(e).__name__, e),
+                            {
+                                "lora_otel.cuda.available": False,
+                                "lora_otel.cuda.absent_reason": reason,
+                                "lora_otel.torch.version": str(torch.__version__),
+                            },
+                        )
                         core.error_line("cuda init failed: %s: %s (%s)" % (type(e).__name__, e, reason))
                 raise
             state["done"] = True
@@ -580,17 +601,20 @@ def _install_cuda_hooks(torch) -> None:
                     facts = _cuda_facts(torch)
                     facts["lora_otel.cuda.available"] = True
                     core.span_end(sid, "ok", attrs=facts)
-                    core.info_line("cuda init: done, %d device(s): %s" % (
-                        facts["lora_otel.cuda.device_count"], ", ".join(facts["lora_otel.cuda.device_names"])))
+                    core.info_line(
+                        "cuda init: done, %d device(s): %s"
+                        % (facts["lora_otel.cuda.device_count"], ", ".join(facts["lora_otel.cuda.device_names"]))
+                    )
             return result
 
         _lazy_init._lora_otel = True  # type: ignore[attr-defined]
         _lazy_init.__wrapped__ = orig_init  # type: ignore[attr-defined]
         # Modules that did ``from torch.cuda import _lazy_init`` hold their own reference.
         for modname, mod in list(_modules.items()):
-            if (modname == "torch.cuda" or modname.startswith("torch.cuda.")) and \
-                    getattr(mod, "_lazy_init", None) is orig_init:
-                setattr(mod, "_lazy_init", _lazy_init)
+            if (modname == "torch.cuda" or modname.startswith("torch.cuda.")) and getattr(
+                mod, "_lazy_init", None
+            ) is orig_init:
+                mod._lazy_init = _lazy_init
 
     orig_avail = getattr(tc, "is_available", None)
     if orig_avail is not None and not getattr(orig_avail, "_lora_otel", False):
@@ -612,8 +636,10 @@ def _install_cuda_hooks(torch) -> None:
                 raise
             if sid is not None:
                 with core.fail_open("cuda probe hook"):
-                    attrs = {"lora_otel.cuda.available": bool(result),
-                             "lora_otel.torch.version": str(torch.__version__)}
+                    attrs = {
+                        "lora_otel.cuda.available": bool(result),
+                        "lora_otel.torch.version": str(torch.__version__),
+                    }
                     if not result:
                         attrs["lora_otel.cuda.absent_reason"] = _cuda_absent_reason(torch)
                         core.info_line("CUDA not available: %s" % attrs["lora_otel.cuda.absent_reason"])

@@ -47,7 +47,7 @@ def parse_limits(text):
         every = None
     if every is not None:
         _check(every, text)
-        return {k: every for k in list(limits) + ["default"]}
+        return dict.fromkeys(list(limits) + ["default"], every)
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()

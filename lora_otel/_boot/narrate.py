@@ -54,7 +54,7 @@ _samples: list = []  # (beat ts, steps) of the last STEP_SAMPLES beats
 class _Episode:
     """One subject followed from the beat: a stage, a gap between optimizer steps, a quiet time."""
 
-    __slots__ = ("kind", "key", "name", "since_ns", "next_i", "stalled", "said", "steps")
+    __slots__ = ("key", "kind", "name", "next_i", "said", "since_ns", "stalled", "steps")
 
     def __init__(self, kind: str, key, name: str, since_ns: int) -> None:
         self.kind, self.key, self.name, self.since_ns = kind, key, name, since_ns
@@ -91,8 +91,10 @@ def configure(env=None) -> None:
         _limits = _lim.parse_limits(raw)
     except _lim.LimitError as e:
         _limits = dict(_lim.DEFAULT_LIMITS_S)
-        _say_bad("%s=%r: %s; using the default limits (%s)" % (
-            _lim.STALL_AFTER_ENV, raw, e, ", ".join("%s %g s" % kv for kv in _limits.items())))
+        _say_bad(
+            "%s=%r: %s; using the default limits (%s)"
+            % (_lim.STALL_AFTER_ENV, raw, e, ", ".join("%s %g s" % kv for kv in _limits.items()))
+        )
     raw = env.get(_lim.FROZEN_AFTER_ENV)
     try:
         _lim.parse_frozen_after(raw)
@@ -105,8 +107,10 @@ def configure(env=None) -> None:
             if not 0 <= value < float("inf"):
                 raise ValueError
         except ValueError:
-            _say_bad("%s=%r is not a number of seconds (0 or more); using the default, %g s"
-                     % (NARRATE_ENV, raw, CADENCE_S[0]))
+            _say_bad(
+                "%s=%r is not a number of seconds (0 or more); using the default, %g s"
+                % (NARRATE_ENV, raw, CADENCE_S[0])
+            )
         else:
             _lines_on = value > 0
             _scale = value / CADENCE_S[0] if value > 0 else 1.0
@@ -181,8 +185,12 @@ def has_children(pid: object = "self") -> bool:
 
 def _idle_ok() -> bool:
     """Whether a quiet time (or ``arguments`` still open) may mean this job is stuck (docstring)."""
-    return (not core.quiet and "torch" in sys.modules
-            and not any(m in sys.modules for m in _UI_MODULES) and not has_children())
+    return (
+        not core.quiet
+        and "torch" in sys.modules
+        and not any(m in sys.modules for m in _UI_MODULES)
+        and not has_children()
+    )
 
 
 def _where(frames) -> str:
@@ -195,10 +203,16 @@ def _where(frames) -> str:
 def _still(ep: _Episode, open_s: float, frames) -> str:
     if ep.kind == "training":
         return "no optimizer step for %s in training (%s)%s" % (
-            _secs(open_s), "last was step %d" % core.steps if core.steps else "none yet", _where(frames))
+            _secs(open_s),
+            "last was step %d" % core.steps if core.steps else "none yet",
+            _where(frames),
+        )
     if ep.kind == "between":
         return "no stage open for %s since %s%s" % (
-            _secs(open_s), "%s ended" % ep.name if ep.name else "start", _where(frames))
+            _secs(open_s),
+            "%s ended" % ep.name if ep.name else "start",
+            _where(frames),
+        )
     return "still in %s after %s%s" % (ep.name, _secs(open_s), _where(frames))
 
 
@@ -224,7 +238,9 @@ def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
         tsid = ep.key[1]
         if core.steps > ep.steps and core.last_step_ns:
             return "optimizer step %d came %s after the one before" % (
-                ep.steps + 1, _secs((core.last_step_ns - ep.since_ns) / 1e9))
+                ep.steps + 1,
+                _secs((core.last_step_ns - ep.since_ns) / 1e9),
+            )
         if tsid not in core.open_spans:
             return "training ended %s after its last optimizer step" % _secs((now_ns - ep.since_ns) / 1e9)
         return None
@@ -232,7 +248,10 @@ def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
         return None
     then = ", until %s started" % subject[2] if subject is not None and subject[0] == "stage" else ""
     return "no stage was open for %s after %s%s" % (
-        _secs((now_ns - ep.since_ns) / 1e9), "%s ended" % ep.name if ep.name else "start", then)
+        _secs((now_ns - ep.since_ns) / 1e9),
+        "%s ended" % ep.name if ep.name else "start",
+        then,
+    )
 
 
 _lock = allocate_lock()

@@ -79,5 +79,9 @@ def unique_variant(path: str, pid: int, now_s: float) -> str:
     each still gets a journal of its own. The random part makes the name one nobody can prepare
     in advance (a shared directory).
     """
-    return "%s.%s-%s%s" % (stem(path), journal_name(pid, now_s)[: -len(JOURNAL_SUFFIX)], os.urandom(3).hex(),
-                           JOURNAL_SUFFIX)
+    return "%s.%s-%s%s" % (
+        stem(path),
+        journal_name(pid, now_s)[: -len(JOURNAL_SUFFIX)],
+        os.urandom(3).hex(),
+        JOURNAL_SUFFIX,
+    )

@@ -34,10 +34,17 @@ def parse_traceparent(value: str | None) -> tuple:
         return None, None, True
     parts = value.strip().split("-")
     hexdigits = "0123456789abcdef"
-    if (len(parts) >= 4 and len(parts[0]) == 2 and parts[0] != "ff" and len(parts[1]) == 32
-            and len(parts[2]) == 16 and len(parts[3]) == 2
-            and all(c in hexdigits for c in parts[1] + parts[2] + parts[3] + parts[0])
-            and parts[1] != "0" * 32 and parts[2] != "0" * 16):
+    if (
+        len(parts) >= 4
+        and len(parts[0]) == 2
+        and parts[0] != "ff"
+        and len(parts[1]) == 32
+        and len(parts[2]) == 16
+        and len(parts[3]) == 2
+        and all(c in hexdigits for c in parts[1] + parts[2] + parts[3] + parts[0])
+        and parts[1] != "0" * 32
+        and parts[2] != "0" * 16
+    ):
         return parts[1], parts[2], bool(int(parts[3], 16) & 1)
     return None, None, True
 
@@ -89,7 +96,7 @@ def _process_start(now_ns: int) -> tuple:
     """
     try:
         data = _read_proc_self("stat")
-        ticks = int(data[data.rindex(b")") + 2:].split()[19])
+        ticks = int(data[data.rindex(b")") + 2 :].split()[19])
         hz = os.sysconf("SC_CLK_TCK")
         since_boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         wall_ns = time.time_ns()
@@ -171,16 +178,34 @@ def image_identity(pid: int | str = "self") -> dict:
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
     env = os.environ
-    rec = {"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
-           "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
-           "ppid": os.getppid(), "start_ticks": ticks, "image": image_identity(), "sampled": core.sampled,
-           "config": {"import_threshold_ms": core.import_threshold_ms, "quiet": core.quiet,
-                      # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
-                      "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
-                      "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER")},
-           "stderr": list(core.stderr_id) if core.stderr_id else None,
-           "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
-                     "process.parent_pid": os.getppid(), "lora_otel.activation": how}}
+    rec = {
+        "v": core.FORMAT_VERSION,
+        "k": "start",
+        "ts": start_ns,
+        "trace_id": core.trace_id,
+        "span_id": core.root_id,
+        "parent_id": parent,
+        "name": "process",
+        "pid": core.pid,
+        "ppid": os.getppid(),
+        "start_ticks": ticks,
+        "image": image_identity(),
+        "sampled": core.sampled,
+        "config": {
+            "import_threshold_ms": core.import_threshold_ms,
+            "quiet": core.quiet,
+            # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
+            "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
+            "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER"),
+        },
+        "stderr": list(core.stderr_id) if core.stderr_id else None,
+        "attrs": {
+            "service.name": _service_name(argv),
+            "process.pid": core.pid,
+            "process.parent_pid": os.getppid(),
+            "lora_otel.activation": how,
+        },
+    }
     if core.stderr_path:
         rec["stderr_path"] = core.stderr_path
     if core._log_fd >= 0 and core.log_path:
@@ -195,12 +220,15 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
 
 def start(how: str) -> None:
     """Run the preamble once in this process; ``how`` names the activation (pth, run, -m, import)."""
-    if core.active or os.environ.get("LORA_OTEL_SIDECAR") or \
-            os.path.basename(sys.argv[0] if sys.argv else "") == "lora-otel":
+    if (
+        core.active
+        or os.environ.get("LORA_OTEL_SIDECAR")
+        or os.path.basename(sys.argv[0] if sys.argv else "") == "lora-otel"
+    ):
         return  # lora_otel's own processes are not traced
     try:
         _start(how)
-    except Exception as e:  # noqa: BLE001 - never break interpreter start
+    except Exception as e:
         if core._under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
             raise
         core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
@@ -255,8 +283,9 @@ def _start(how: str) -> None:
         core.open_log(core.log_path)
     # Each process creates a journal of its own (beside --log the name is shared by every process
     # given that --log: first come keeps it, the others get a unique name beside it).
-    core.open_journal(paths.choose_journal_path(argv, env, core.pid, now / 1e9),
-                      exact=bool(env.get("LORA_OTEL_JOURNAL")))
+    core.open_journal(
+        paths.choose_journal_path(argv, env, core.pid, now / 1e9), exact=bool(env.get("LORA_OTEL_JOURNAL"))
+    )
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     _write_root_start(start_ns, parent, ticks, how, argv)
@@ -302,11 +331,16 @@ def _start(how: str) -> None:
     launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
     ui_trace, ui_span, _ = parse_traceparent(launched_by)
     if ui_trace:
-        core.span_attrs(core.root_id, {"lora_otel.launched_by.trace_id": ui_trace,
-                                       "lora_otel.launched_by.span_id": ui_span})
-    core.span_attrs(core.root_id, {
-        "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
-        "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
+        core.span_attrs(
+            core.root_id, {"lora_otel.launched_by.trace_id": ui_trace, "lora_otel.launched_by.span_id": ui_span}
+        )
+    core.span_attrs(
+        core.root_id,
+        {
+            "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
+            "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000),
+        },
+    )
 
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -327,8 +361,10 @@ def _without_bad_endpoints(env):
     env = dict(env)
     for name in bad:
         del env[name]
-        core.error_line("%s is not an http(s) URL (such as http://localhost:4318): ignored, no live export; "
-                        "the journal remains for `lora-otel inspect` and `lora-otel replay`" % name)
+        core.error_line(
+            "%s is not an http(s) URL (such as http://localhost:4318): ignored, no live export; "
+            "the journal remains for `lora-otel inspect` and `lora-otel replay`" % name
+        )
     return env
 
 
@@ -352,8 +388,10 @@ def _start_sidecar(env) -> None:
             return
         pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
         if pid is None:
-            core.error_line("%s off: %s; the journal remains for `lora-otel replay %s`"
-                            % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path))
+            core.error_line(
+                "%s off: %s; the journal remains for `lora-otel replay %s`"
+                % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path)
+            )
         else:
             _sidecar_pid, _sidecar_log = pid, spawn.opened_log
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
@@ -387,8 +425,10 @@ def _check_stacks_fd() -> None:
         return
     old, _stacks_fd = _stacks_fd, -1
     _register_stack_dump()
-    core.error_line("the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
-                    "a reopened stacks file (descriptor %d)" % (old, _stacks_fd))
+    core.error_line(
+        "the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
+        "a reopened stacks file (descriptor %d)" % (old, _stacks_fd)
+    )
 
 
 _stack_signal = 0
@@ -415,8 +455,10 @@ def stack_signal(env=None) -> int:
     except ValueError:
         if not _stack_signal_warned:
             _stack_signal_warned = True
-            core.error_line("LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (1-%d, not SIGKILL, "
-                            "SIGSTOP or the C library's own); using %d" % (raw, rtmax or 64, default))
+            core.error_line(
+                "LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (1-%d, not SIGKILL, "
+                "SIGSTOP or the C library's own); using %d" % (raw, rtmax or 64, default)
+            )
         return default
 
 
@@ -438,8 +480,13 @@ def _register_stack_dump() -> None:
     if not core.journal_path or not signum:
         return
     if _signal.getsignal(signum) is not _signal.SIG_DFL:  # theirs: a handler, SIG_IGN, or set from C (None)
-        core.span_attrs(core.root_id, {"lora_otel.stacks.signal": signum,
-                                       "lora_otel.stacks.off": "the program handles signal %d itself" % signum})
+        core.span_attrs(
+            core.root_id,
+            {
+                "lora_otel.stacks.signal": signum,
+                "lora_otel.stacks.off": "the program handles signal %d itself" % signum,
+            },
+        )
         return
     from lora_otel._boot import files
 
@@ -459,8 +506,15 @@ def _register_stack_dump() -> None:
     _stacks_fd, _stacks_id = fd, ident
     faulthandler.register(signum, file=fd, all_threads=True, chain=False)
     _stack_signal = signum
-    core.span_attrs(core.root_id, {"lora_otel.stacks.path": path, "lora_otel.stacks.signal": signum,
-                                   "lora_otel.stacks.fd": fd, "lora_otel.stacks.file": list(ident)})
+    core.span_attrs(
+        core.root_id,
+        {
+            "lora_otel.stacks.path": path,
+            "lora_otel.stacks.signal": signum,
+            "lora_otel.stacks.fd": fd,
+            "lora_otel.stacks.file": list(ident),
+        },
+    )
 
 
 def _kernel_disposition(signum: int) -> str:
@@ -471,7 +525,7 @@ def _kernel_disposition(signum: int) -> str:
         masks = {}
         for name in (b"SigCgt:", b"SigIgn:"):
             i = data.index(name)
-            masks[name] = int(data[i + 7:data.index(b"\n", i)].strip(), 16) >> (signum - 1) & 1
+            masks[name] = int(data[i + 7 : data.index(b"\n", i)].strip(), 16) >> (signum - 1) & 1
     except (OSError, ValueError):
         return ""
     return "caught" if masks[b"SigCgt:"] else "ignored" if masks[b"SigIgn:"] else "default"
@@ -496,8 +550,9 @@ def _check_stack_signal() -> None:
 
     if _signal.getsignal(signum) is not _signal.SIG_DFL:
         _stack_signal = 0
-        core.span_attrs(core.root_id, {"lora_otel.stacks.off": "the program installed its own handler "
-                                                               "for signal %d" % signum})
+        core.span_attrs(
+            core.root_id, {"lora_otel.stacks.off": "the program installed its own handler for signal %d" % signum}
+        )
     elif _stacks_fd >= 0 and _kernel_disposition(signum) == "default":
         import faulthandler
 
@@ -570,6 +625,7 @@ def _describe_process(argv: list, how: str) -> None:
 
 # --- exit -----------------------------------------------------------------------------------
 
+
 def _install_exit_hooks() -> None:
     """An atexit handler that writes the exit record, and what lets it know the real outcome.
 
@@ -595,6 +651,7 @@ def _install_exit_hooks() -> None:
     quitter = getattr(sys.modules.get("_sitebuiltins"), "Quitter", None)
     orig_call = getattr(quitter, "__call__", None)
     if orig_call is not None and not hasattr(orig_call, "__wrapped__"):
+
         def __call__(self, code=None):  # the exit() and quit() builtins raise SystemExit themselves
             note_system_exit(code)
             return orig_call(self, code)
@@ -710,8 +767,7 @@ def _on_exit() -> None:
         else:
             core.info_line("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
         core.beat()
-        core.span_end(core.root_id, "error" if message else "ok", message,
-                      {"process.exit.code": status_code})
+        core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
         rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
         if message:
             rec["message"] = message
@@ -754,8 +810,9 @@ def _write_by_path(rec: dict) -> None:
     from lora_otel._boot.jsonl import dumps_line
 
     try:
-        fd = os.open(core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) |
-                     getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(
+            core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        )
     except (OSError, TypeError, ValueError):
         core.write(rec)
         return
@@ -817,6 +874,7 @@ def _subprocess_exec_target() -> tuple | None:
 
 # --- fork -----------------------------------------------------------------------------------
 
+
 def _before_fork() -> None:
     global _fork_parent_span
     _fork_parent_span = core.current_span_id() if core.active else None
@@ -854,9 +912,12 @@ def _after_fork_child() -> None:
         now = time.time_ns()
         core.root_id = core.new_span_id()
         # The parent's directory, only while it exists: never create again one the program removed.
-        core.open_journal(paths.child_journal_path(parent_path, core.pid) if parent_path
-                          else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
-                          make_dir=False)
+        core.open_journal(
+            paths.child_journal_path(parent_path, core.pid)
+            if parent_path
+            else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
+            make_dir=False,
+        )
         _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
@@ -898,8 +959,10 @@ def _check_sidecar() -> None:
     journal) with how to ship the journal later."""
     global _sidecar_pid
     if _sidecar_pid and _sidecar_gone(_sidecar_pid):
-        core.error_line("live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
-                        "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path))
+        core.error_line(
+            "live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
+            "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path)
+        )
         _sidecar_pid = 0
 
 

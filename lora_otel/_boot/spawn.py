@@ -51,8 +51,9 @@ def exports(env) -> bool:
         return False
     if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
         return False
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or
-                env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    )
 
 
 def log_path(journal_path: str) -> str:
@@ -118,11 +119,14 @@ def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tupl
     env = os.environ if env is None else env
     python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
     if not python or not os.access(python, os.X_OK):
-        return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if \
-            env.get("LORA_OTEL_SIDECAR_PYTHON") else "no Python executable to run the sidecar"
+        return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if env.get(
+            "LORA_OTEL_SIDECAR_PYTHON"
+        ) else "no Python executable to run the sidecar"
     if exports(env) and not _has_sdk(python):
-        return None, ("the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
-                      "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
+        return None, (
+            "the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
+            "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python
+        )
     global opened_log, opened_registry
     from lora_otel._boot import files
 
@@ -132,8 +136,17 @@ def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tupl
         os.close(reg_fd)
     except OSError as e:
         return None, "cannot create the children registry %s (%s)" % (registry_path(journal_path), e.strerror or e)
-    argv = [python, "-m", "lora_otel.export.sidecar", "--journal", os.path.abspath(journal_path),
-            "--pid", str(watched_pid), "--children", registry]
+    argv = [
+        python,
+        "-m",
+        "lora_otel.export.sidecar",
+        "--journal",
+        os.path.abspath(journal_path),
+        "--pid",
+        str(watched_pid),
+        "--children",
+        registry,
+    ]
     from lora_otel._boot import cgroup
 
     memory = cgroup.memory_cgroup()
@@ -228,8 +241,10 @@ def _exec_sidecar(python, argv, env, log_fd, err_fd, keep, open_fds) -> None:
         os.execve(python, argv, env)
     except BaseException as e:  # noqa: BLE001 - exec failed: one line on the program's stderr
         if err_fd >= 0:
-            msg = ("[lora-otel] live export off: cannot start the sidecar %s: %s; the journal remains "
-                   "for `lora-otel replay`\n" % (python, getattr(e, "strerror", None) or e))
+            msg = (
+                "[lora-otel] live export off: cannot start the sidecar %s: %s; the journal remains "
+                "for `lora-otel replay`\n" % (python, getattr(e, "strerror", None) or e)
+            )
             try:
                 os.write(err_fd, msg.encode("utf-8", "replace"))
             except OSError:

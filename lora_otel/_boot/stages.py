@@ -10,6 +10,7 @@ from lora_otel._boot import core
 training_id: str | None = None
 """The open ``training`` span's id, once one is open (a forked child starts without one)."""
 
+
 def arguments_done(how: str, status: str = "ok", message: str | None = None) -> None:
     """End the ``arguments`` span (first call only)."""
     sid = core.find_open("arguments")
@@ -24,6 +25,7 @@ def ensure_training(started_by: str, why: str) -> None:
         return
     if core.find_open("training") is None:
         arguments_done("none seen before training")
-        training_id = core.span_start("training", {"lora_otel.training.started_by": started_by},
-                                       parent_id=core.root_id, push=False)
+        training_id = core.span_start(
+            "training", {"lora_otel.training.started_by": started_by}, parent_id=core.root_id, push=False
+        )
         core.info_line("training started (%s)" % why)

@@ -49,13 +49,13 @@ def _shorten(filename: str) -> str:
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         i = filename.rfind(marker)
         if i >= 0:
-            short = filename[i + len(marker):]
+            short = filename[i + len(marker) :]
             break
     else:
         if filename.startswith(_stdlib_dir):
-            short = filename[len(_stdlib_dir):]
+            short = filename[len(_stdlib_dir) :]
         elif _cwd and filename.startswith(_cwd):
-            short = filename[len(_cwd):]
+            short = filename[len(_cwd) :]
     if len(_short) > 4096:
         _short.clear()
     _short[filename] = short

@@ -35,8 +35,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Optional
 
 from lora_otel.journal.reader import Journal, JournalError, Span, format_duration, process_state, read_journal
 
@@ -51,10 +52,21 @@ baseline's median and more than SLOWER_BY_S seconds longer."""
 STARTUP = "start-up"
 """The phase from the process's start to the start of ``training``."""
 
-VOLATILE_ENV = frozenset({
-    "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID",
-    "SLURM_LOCALID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-})
+VOLATILE_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_PORT",
+        "SLURM_JOB_ID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_ERROR_FILE",
+    }
+)
 """Variables that name the run or the process, not the environment: never counted as drift."""
 
 MAX_FILE_BYTES = 16 << 20
@@ -75,8 +87,13 @@ _SCALARS = (
     ("gpu_count", "GPUs", False),
     ("gpu_models", "GPU models", True),
 )
-_NONE_TEXT = {"torch_cuda": "none (CPU build)", "torch_hip": "none", "cudnn": "none found",
-              "driver": "none found", "gpu_count": "none"}
+_NONE_TEXT = {
+    "torch_cuda": "none (CPU build)",
+    "torch_hip": "none",
+    "cudnn": "none found",
+    "driver": "none found",
+    "gpu_count": "none",
+}
 
 
 class BaselineError(Exception):
@@ -84,6 +101,7 @@ class BaselineError(Exception):
 
 
 # --- the environment -------------------------------------------------------------------------
+
 
 def environment_from_attrs(attrs: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """The environment recorded by the self-check (``envfacts.collect``'s attributes), or None when
@@ -102,16 +120,22 @@ def environment_from_attrs(attrs: Mapping[str, Any]) -> Optional[dict[str, Any]]
         "os": text("os.type"),
         "kernel": text("os.version"),
         "arch": text("host.arch"),
-        "packages": {key[len("lora_otel.pkg."):]: str(value) for key, value in attrs.items()
-                     if key.startswith("lora_otel.pkg.") and value not in (None, "")},
+        "packages": {
+            key[len("lora_otel.pkg.") :]: str(value)
+            for key, value in attrs.items()
+            if key.startswith("lora_otel.pkg.") and value not in (None, "")
+        },
         "torch_cuda": text("lora_otel.torch.cuda_build"),
         "torch_hip": text("lora_otel.torch.hip_build"),
         "cudnn": text("lora_otel.cudnn.version"),
         "driver": text("lora_otel.nvidia.driver_version"),
         "gpu_count": count if isinstance(count, int) and not isinstance(count, bool) else None,
         "gpu_models": None,
-        "env": {key[len("lora_otel.env."):]: str(value) for key, value in sorted(attrs.items())
-                if key.startswith("lora_otel.env.")},
+        "env": {
+            key[len("lora_otel.env.") :]: str(value)
+            for key, value in sorted(attrs.items())
+            if key.startswith("lora_otel.env.")
+        },
     }
 
 
@@ -164,6 +188,7 @@ def journal_environment(journal: Journal) -> Optional[dict[str, Any]]:
 
 
 # --- phases ----------------------------------------------------------------------------------
+
 
 def _training(journal: Journal) -> Optional[Span]:
     return min((s for s in journal.spans if s.name == "training"), key=lambda s: s.start_ns, default=None)
@@ -220,11 +245,13 @@ def median_phases(journals: Iterable[Journal]) -> dict[str, dict[str, Any]]:
     for journal in journals:
         for name, (seconds, _) in journal_phases(journal).items():
             seen.setdefault(name, []).append(seconds)
-    return {name: {"median_s": round(statistics.median(values), 3), "runs": len(values)}
-            for name, values in seen.items()}
+    return {
+        name: {"median_s": round(statistics.median(values), 3), "runs": len(values)} for name, values in seen.items()
+    }
 
 
 # --- the file --------------------------------------------------------------------------------
+
 
 @dataclass
 class Baseline:
@@ -257,13 +284,21 @@ class Baseline:
         return ", ".join(parts)
 
 
-def make_baseline(environment: Optional[dict[str, Any]], phases: dict[str, dict[str, Any]],
-                  source: dict[str, Any]) -> dict[str, Any]:
+def make_baseline(
+    environment: Optional[dict[str, Any]], phases: dict[str, dict[str, Any]], source: dict[str, Any]
+) -> dict[str, Any]:
     from lora_otel._version import __version__
     from lora_otel.journal.tree import iso_time
 
-    return {"format": FORMAT, "version": VERSION, "created_at": iso_time(time.time_ns()),
-            "lora_otel_version": __version__, "source": source, "environment": environment, "phases": phases}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_at": iso_time(time.time_ns()),
+        "lora_otel_version": __version__,
+        "source": source,
+        "environment": environment,
+        "phases": phases,
+    }
 
 
 def write_baseline(path: str, doc: dict[str, Any]) -> None:
@@ -316,16 +351,18 @@ def load_baseline(path: str) -> Baseline:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise BaselineError("%s: bad baseline version %r" % (path, version))
     if version > VERSION:
-        raise BaselineError("%s: baseline version %d is newer than this lora-otel reads (%d)"
-                            % (path, version, VERSION))
+        raise BaselineError(
+            "%s: baseline version %d is newer than this lora-otel reads (%d)" % (path, version, VERSION)
+        )
     env = doc.get("environment")
     if env is not None:
         if not isinstance(env, dict):
             raise BaselineError("%s: 'environment' is not an object" % path)
         for key in ("packages", "env"):
             value = env.get(key)
-            if value is not None and (not isinstance(value, dict) or
-                                      not all(isinstance(v, str) for v in value.values())):
+            if value is not None and (
+                not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
+            ):
                 raise BaselineError("%s: 'environment.%s' is not an object of strings" % (path, key))
         models = env.get("gpu_models")
         if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
@@ -367,6 +404,7 @@ def configured(journal: Optional[Journal] = None, environ: Optional[Mapping[str,
 
 # --- drift -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Drift:
     """One difference from the baseline. ``kind``: ``package``, ``env``, ``phase``, or a scalar
@@ -382,8 +420,14 @@ class Drift:
     open: bool = False  # a phase still open (stuck) in the journal
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "name": self.name, "change": self.change, "baseline": self.baseline,
-               "current": self.current, "text": self.text}
+        out = {
+            "kind": self.kind,
+            "name": self.name,
+            "change": self.change,
+            "baseline": self.baseline,
+            "current": self.current,
+            "text": self.text,
+        }
         if self.kind == "phase":
             out["open"] = self.open
         return out
@@ -402,7 +446,7 @@ def _value(value: Any) -> str:
     if text == "":
         return '""'
     if len(text) > _VALUE_MAX:
-        text = text[:_VALUE_MAX - 1] + "…"
+        text = text[: _VALUE_MAX - 1] + "…"
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
@@ -425,16 +469,27 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
             if was == now:
                 continue
             if was is None:
-                out.append(Drift("package", name, "added", None, now, "%s %s (not installed in the baseline)"
-                                 % (name, _value(now))))
+                out.append(
+                    Drift(
+                        "package",
+                        name,
+                        "added",
+                        None,
+                        now,
+                        "%s %s (not installed in the baseline)" % (name, _value(now)),
+                    )
+                )
             elif now is None:
-                out.append(Drift("package", name, "removed", was, None, "%s not installed (baseline: %s)"
-                                 % (name, _value(was))))
+                out.append(
+                    Drift(
+                        "package", name, "removed", was, None, "%s not installed (baseline: %s)" % (name, _value(was))
+                    )
+                )
             else:
-                out.append(Drift("package", name, "changed", was, now,
-                                 "%s %s → %s" % (name, _value(was), _value(now))))
-    torch_on_both = isinstance(base_pkgs, dict) and isinstance(cur_pkgs, dict) and \
-        "torch" in base_pkgs and "torch" in cur_pkgs
+                out.append(Drift("package", name, "changed", was, now, "%s %s → %s" % (name, _value(was), _value(now))))
+    torch_on_both = (
+        isinstance(base_pkgs, dict) and isinstance(cur_pkgs, dict) and "torch" in base_pkgs and "torch" in cur_pkgs
+    )
     for key, label, none_is_unknown in _SCALARS:
         if key not in base or key not in current:
             continue  # an older or hand-edited file: unknown
@@ -443,7 +498,7 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
             continue
         if key in ("torch_cuda", "torch_hip") and not torch_on_both:
             continue  # torch itself added or removed says it
-        show = (lambda v: _NONE_TEXT.get(key, "none") if v is None else _value(v))
+        show = lambda v: _NONE_TEXT.get(key, "none") if v is None else _value(v)
         change = "added" if was is None else "removed" if now is None else "changed"
         out.append(Drift(key, label, change, was, now, "%s %s → %s" % (label, show(was), show(now))))
     base_env, cur_env = base.get("env"), current.get("env")
@@ -455,8 +510,9 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
             if was == now:
                 continue
             if was is None:
-                out.append(Drift("env", name, "added", None, now,
-                                 "%s=%s (not set in the baseline)" % (name, _value(now))))
+                out.append(
+                    Drift("env", name, "added", None, now, "%s=%s (not set in the baseline)" % (name, _value(now)))
+                )
             elif now is None:
                 out.append(Drift("env", name, "removed", was, None, "%s not set (baseline: %s)" % (name, _value(was))))
             else:
@@ -468,8 +524,12 @@ def _seconds(s: float) -> str:
     return format_duration(round(s * 1e9))
 
 
-def diff_phases(base: Mapping[str, float], current: Mapping[str, tuple[float, bool]],
-                factor: float = SLOWER_FACTOR, by_s: float = SLOWER_BY_S) -> list[Drift]:
+def diff_phases(
+    base: Mapping[str, float],
+    current: Mapping[str, tuple[float, bool]],
+    factor: float = SLOWER_FACTOR,
+    by_s: float = SLOWER_BY_S,
+) -> list[Drift]:
     """The phases of ``current`` much slower than in ``base``: more than ``factor`` times and more
     than ``by_s`` seconds longer. An open phase counts with how long it has been open so far."""
     out = []
@@ -487,16 +547,22 @@ def diff_phases(base: Mapping[str, float], current: Mapping[str, tuple[float, bo
     return out
 
 
-def compare(baseline: Baseline, environment: Optional[Mapping[str, Any]],
-            phases: Optional[Mapping[str, tuple[float, bool]]] = None, what: str = "the journal",
-            factor: float = SLOWER_FACTOR, by_s: float = SLOWER_BY_S) -> Comparison:
+def compare(
+    baseline: Baseline,
+    environment: Optional[Mapping[str, Any]],
+    phases: Optional[Mapping[str, tuple[float, bool]]] = None,
+    what: str = "the journal",
+    factor: float = SLOWER_FACTOR,
+    by_s: float = SLOWER_BY_S,
+) -> Comparison:
     """The drift of ``environment`` and ``phases`` (None: not compared) from ``baseline``."""
     result = Comparison()
     if baseline.environment is None:
         result.notes.append("the baseline has no environment")
     elif environment is None:
-        result.notes.append("%s has no environment self-check (the process ended before it ran); "
-                            "only the phases are compared" % what)
+        result.notes.append(
+            "%s has no environment self-check (the process ended before it ran); only the phases are compared" % what
+        )
     result.drift += diff_environment(baseline.environment, environment)
     if phases:
         if not baseline.phases:
@@ -505,32 +571,100 @@ def compare(baseline: Baseline, environment: Optional[Mapping[str, Any]],
     return result
 
 
-def compare_journal(baseline: Baseline, journal: Journal, now_ns: Optional[int] = None,
-                    factor: float = SLOWER_FACTOR, by_s: float = SLOWER_BY_S) -> Comparison:
+def compare_journal(
+    baseline: Baseline,
+    journal: Journal,
+    now_ns: Optional[int] = None,
+    factor: float = SLOWER_FACTOR,
+    by_s: float = SLOWER_BY_S,
+) -> Comparison:
     """The drift of a journal (its environment, its phases with the open ones so far)."""
-    return compare(baseline, journal_environment(journal), journal_phases(journal, reference_ns(journal, now_ns)),
-                   "the journal", factor, by_s)
+    return compare(
+        baseline,
+        journal_environment(journal),
+        journal_phases(journal, reference_ns(journal, now_ns)),
+        "the journal",
+        factor,
+        by_s,
+    )
 
 
 # --- what bears on a stage -------------------------------------------------------------------
 
-_GPU_MODULES = frozenset({"torch", "bitsandbytes", "xformers", "triton", "deepspeed", "flash_attn", "apex", "vllm",
-                          "unsloth", "torchvision", "torchaudio", "cupy", "nvidia", "auto_gptq", "awq", "liger_kernel"})
-_HUB_MODULES = frozenset({"transformers", "diffusers", "peft", "huggingface_hub", "accelerate", "tokenizers",
-                          "datasets", "safetensors", "trl", "sentence_transformers", "evaluate", "timm"})
+_GPU_MODULES = frozenset(
+    {
+        "torch",
+        "bitsandbytes",
+        "xformers",
+        "triton",
+        "deepspeed",
+        "flash_attn",
+        "apex",
+        "vllm",
+        "unsloth",
+        "torchvision",
+        "torchaudio",
+        "cupy",
+        "nvidia",
+        "auto_gptq",
+        "awq",
+        "liger_kernel",
+    }
+)
+_HUB_MODULES = frozenset(
+    {
+        "transformers",
+        "diffusers",
+        "peft",
+        "huggingface_hub",
+        "accelerate",
+        "tokenizers",
+        "datasets",
+        "safetensors",
+        "trl",
+        "sentence_transformers",
+        "evaluate",
+        "timm",
+    }
+)
 _TORCH_USERS = _GPU_MODULES | _HUB_MODULES | {"lightning", "pytorch_lightning", "torchmetrics"}
 _GPU_FACTS = ("torch_cuda", "torch_hip", "cudnn", "driver")
 _IMPORT_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
 _GPU_ENV_PREFIXES = ("CUDA_", "NVIDIA_")
 _HUB_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")
 _TRAINING_ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "PYTORCH_", "CUDA_", "NVIDIA_", "ACCELERATE_")
-_TRAINING_ENV = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                 "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-_TRAINING_PACKAGES = ("torch", "accelerate", "deepspeed", "lightning", "pytorch_lightning", "transformers", "peft",
-                      "bitsandbytes", "xformers", "triton", "diffusers")
+_TRAINING_ENV = (
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+)
+_TRAINING_PACKAGES = (
+    "torch",
+    "accelerate",
+    "deepspeed",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+    "xformers",
+    "triton",
+    "diffusers",
+)
 _CUDA_FACTS = ("torch_cuda", "torch_hip", "cudnn", "driver", "gpu_count", "gpu_models", "kernel")
-_CUDA_ENV = ("LD_LIBRARY_PATH", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
-             "PYTORCH_NVML_BASED_CUDA_CHECK")
+_CUDA_ENV = (
+    "LD_LIBRARY_PATH",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+)
 
 
 def _norm(name: str) -> str:
@@ -546,19 +680,22 @@ def _bears_on(d: Drift, stage: str, in_training: bool) -> int:
             return 0
         return 1 if d.name == STARTUP and stage and not in_training and stage != "training" else 2
     if stage.startswith("import "):
-        module = _norm(stage[len("import "):].strip().partition(".")[0])
+        module = _norm(stage[len("import ") :].strip().partition(".")[0])
         if d.kind == "package" and _norm(d.name) == module:
             return 0
         if d.kind in ("python", "python_executable", "arch") or (d.kind == "env" and d.name in _IMPORT_ENV):
             return 1
-        if module in _GPU_MODULES and (d.kind in _GPU_FACTS or (d.kind == "env" and (
-                d.name == "LD_LIBRARY_PATH" or d.name.startswith(_GPU_ENV_PREFIXES)))):
+        if module in _GPU_MODULES and (
+            d.kind in _GPU_FACTS
+            or (d.kind == "env" and (d.name == "LD_LIBRARY_PATH" or d.name.startswith(_GPU_ENV_PREFIXES)))
+        ):
             return 1
-        if module in _HUB_MODULES and (d.kind == "env" and (d.name.startswith(_HUB_ENV_PREFIXES) or
-                                                             d.name == "TOKENIZERS_PARALLELISM")
-                                       or d.kind == "package" and d.name == "huggingface_hub"):
+        if module in _HUB_MODULES and (
+            (d.kind == "env" and (d.name.startswith(_HUB_ENV_PREFIXES) or d.name == "TOKENIZERS_PARALLELISM"))
+            or (d.kind == "package" and d.name == "huggingface_hub")
+        ):
             return 1
-        if module in _TORCH_USERS and (d.kind == "package" and d.name == "torch" or d.kind == "torch_cuda"):
+        if module in _TORCH_USERS and ((d.kind == "package" and d.name == "torch") or d.kind == "torch_cuda"):
             return 1
         return 2
     if stage in ("cuda init", "cuda probe"):
@@ -580,8 +717,14 @@ def _bears_on(d: Drift, stage: str, in_training: bool) -> int:
     if stage:  # a user stage before training: loading a model or data, often from the hub
         if d.kind == "env" and d.name.startswith(_HUB_ENV_PREFIXES):
             return 1
-        if d.kind == "package" and d.name in ("huggingface_hub", "transformers", "diffusers", "peft", "safetensors",
-                                              "accelerate"):
+        if d.kind == "package" and d.name in (
+            "huggingface_hub",
+            "transformers",
+            "diffusers",
+            "peft",
+            "safetensors",
+            "accelerate",
+        ):
             return 1
     return 2
 
@@ -629,8 +772,10 @@ def _brief(items: list[Drift], limit: int = 4) -> str:
 
 # --- inspect and the live diagnosis ----------------------------------------------------------
 
-def inspect_report(journal: Journal, now_ns: Optional[int] = None,
-                   environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
+
+def inspect_report(
+    journal: Journal, now_ns: Optional[int] = None, environ: Optional[Mapping[str, str]] = None
+) -> Optional[dict[str, Any]]:
     """For ``lora-otel inspect``: None when ``LORA_OTEL_BASELINE`` is unset; else
     ``{"path", "error", "stage", "relevant", "other", "notes"}`` (drift as `Drift.to_json`).
     Never raises: a baseline that cannot be used gives ``error``, one line."""
@@ -653,8 +798,11 @@ def inspect_report(journal: Journal, now_ns: Optional[int] = None,
 
 
 def report_json(report: dict[str, Any]) -> dict[str, Any]:
-    return {**report, "relevant": [d.to_json() for d in report["relevant"]],
-            "other": [d.to_json() for d in report["other"]]}
+    return {
+        **report,
+        "relevant": [d.to_json() for d in report["relevant"]],
+        "other": [d.to_json() for d in report["other"]],
+    }
 
 
 def report_lines(report: dict[str, Any]) -> list[str]:
@@ -670,8 +818,10 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         if other:
             lines.append("other drift: %s" % _brief(other))
     elif other:
-        lines.append("baseline %s: %sother drift: %s" % (
-            path, "nothing that bears on %s differs; " % stage if stage else "", _brief(other)))
+        lines.append(
+            "baseline %s: %sother drift: %s"
+            % (path, "nothing that bears on %s differs; " % stage if stage else "", _brief(other))
+        )
     else:
         lines.append("baseline %s: no drift" % path)
     lines.extend("baseline note: %s" % note for note in report["notes"])
@@ -681,8 +831,9 @@ def report_lines(report: dict[str, Any]) -> list[str]:
 MAX_IN_SENTENCE = 4
 
 
-def stall_drift(baseline: Baseline, stall_span: Span, journal: Journal,
-                now_ns: Optional[int] = None) -> tuple[list[Drift], list[Drift]]:
+def stall_drift(
+    baseline: Baseline, stall_span: Span, journal: Journal, now_ns: Optional[int] = None
+) -> tuple[list[Drift], list[Drift]]:
     """``(bearing on the stalled stage, the rest)`` for the live stall diagnosis."""
     result = compare_journal(baseline, journal, now_ns)
     return split(result.drift, stall_span.name, _inside_training(journal, stall_span))
@@ -696,6 +847,7 @@ def sentence_prefix(relevant: list[Drift]) -> str:
 
 
 # --- the command -----------------------------------------------------------------------------
+
 
 class _Intermixed(argparse.ArgumentParser):
     """Options anywhere among the positionals: ``save FILE --from-journal J J1 J2``."""
@@ -717,29 +869,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Intermixed)
     actions.required = True
     save = actions.add_parser(
-        "save", help="record the environment, and the start-up phases of good runs, in FILE",
+        "save",
+        help="record the environment, and the start-up phases of good runs, in FILE",
         description="Record in FILE the environment (of this interpreter, or with --from-journal the one a "
-                    "journal's self-check recorded) and, from the journals of good runs given, the median "
-                    "duration of each start-up phase (arguments, import X, cuda probe, cuda init, stages before "
-                    "training, and start-up: process start to training).")
+        "journal's self-check recorded) and, from the journals of good runs given, the median "
+        "duration of each start-up phase (arguments, import X, cuda probe, cuda init, stages before "
+        "training, and start-up: process start to training).",
+    )
     save.add_argument("file", metavar="FILE", help="the baseline file to write (JSON)")
     save.add_argument("journals", nargs="*", metavar="JOURNAL", help="journals of good runs: their start-up phases")
-    save.add_argument("--from-journal", metavar="JOURNAL",
-                      help="take the environment from this journal's self-check, not from this interpreter")
+    save.add_argument(
+        "--from-journal",
+        metavar="JOURNAL",
+        help="take the environment from this journal's self-check, not from this interpreter",
+    )
     diff = actions.add_parser(
-        "diff", help="list the drift from the baseline FILE",
+        "diff",
+        help="list the drift from the baseline FILE",
         description="List the drift of a journal, of another baseline file, or of this interpreter (the default) "
-                    "from the baseline FILE: packages, Python, torch's CUDA build, cuDNN, the NVIDIA driver, the "
-                    "GPUs, the relevant environment variables, and the phases much slower than the baseline's "
-                    "(\"import torch took 48 s; baseline 2.1 s\"). Exit status: 0 no drift, 1 drift, 2 usage error.")
+        "from the baseline FILE: packages, Python, torch's CUDA build, cuDNN, the NVIDIA driver, the "
+        "GPUs, the relevant environment variables, and the phases much slower than the baseline's "
+        '("import torch took 48 s; baseline 2.1 s"). Exit status: 0 no drift, 1 drift, 2 usage error.',
+    )
     diff.add_argument("file", metavar="FILE", help="the baseline file")
-    diff.add_argument("against", nargs="?", metavar="JOURNAL|FILE",
-                      help="a journal, or another baseline file (default: this interpreter)")
+    diff.add_argument(
+        "against",
+        nargs="?",
+        metavar="JOURNAL|FILE",
+        help="a journal, or another baseline file (default: this interpreter)",
+    )
     diff.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    diff.add_argument("--slower-factor", type=float, default=SLOWER_FACTOR, metavar="X",
-                      help="a phase is slower when it took more than X times the baseline (default %g)" % SLOWER_FACTOR)
-    diff.add_argument("--slower-by", type=float, default=SLOWER_BY_S, metavar="S",
-                      help="... and more than S seconds longer (default %g)" % SLOWER_BY_S)
+    diff.add_argument(
+        "--slower-factor",
+        type=float,
+        default=SLOWER_FACTOR,
+        metavar="X",
+        help="a phase is slower when it took more than X times the baseline (default %g)" % SLOWER_FACTOR,
+    )
+    diff.add_argument(
+        "--slower-by",
+        type=float,
+        default=SLOWER_BY_S,
+        metavar="S",
+        help="... and more than S seconds longer (default %g)" % SLOWER_BY_S,
+    )
 
 
 def run_baseline(args: argparse.Namespace) -> int:
@@ -768,24 +941,35 @@ def _save(args: argparse.Namespace) -> int:
     for journal in journals:
         exit_ = journal.exit
         if exit_ is None or exit_["how"] != "normal" or exit_["code"] not in (0, None):
-            print("lora-otel baseline: note: %s did not finish normally; its finished start-up phases are used"
-                  % journal.path, file=sys.stderr)
+            print(
+                "lora-otel baseline: note: %s did not finish normally; its finished start-up phases are used"
+                % journal.path,
+                file=sys.stderr,
+            )
     source: dict[str, Any] = {"journals": [os.path.abspath(j.path) for j in journals]}
     if args.from_journal:
         journal = _journal(args.from_journal)
         environment = journal_environment(journal)
         if environment is None:
-            raise BaselineError("%s: has no environment self-check (the process ended before it ran)"
-                                % args.from_journal)
+            raise BaselineError(
+                "%s: has no environment self-check (the process ended before it ran)" % args.from_journal
+            )
         source.update(environment="journal", journal=os.path.abspath(args.from_journal))
     else:
         environment = interpreter_environment()
         source.update(environment="interpreter", interpreter=sys.executable)
     phases = median_phases(journals)
     write_baseline(args.file, make_baseline(environment, phases, source))
-    _write("saved baseline %s: %s; %d start-up phase%s%s\n" % (  # the environment may be a journal's: any text
-        args.file, _summary(environment), len(phases), "" if len(phases) == 1 else "s",
-        " (medians of %d journal%s)" % (len(journals), "" if len(journals) == 1 else "s") if journals else ""))
+    _write(
+        "saved baseline %s: %s; %d start-up phase%s%s\n"
+        % (  # the environment may be a journal's: any text
+            args.file,
+            _summary(environment),
+            len(phases),
+            "" if len(phases) == 1 else "s",
+            " (medians of %d journal%s)" % (len(journals), "" if len(journals) == 1 else "s") if journals else "",
+        )
+    )
     return 0
 
 
@@ -844,16 +1028,22 @@ def _diff(args: argparse.Namespace) -> int:
             result.notes.append("the other baseline has no environment")
         where = args.against
     if args.json:
-        doc = {"baseline": args.file, "created_at": baseline.doc.get("created_at"), "against": against,
-               "rule": {"slower_factor": factor, "slower_by_s": by_s},
-               "drift": [d.to_json() for d in result.drift], "notes": result.notes}
+        doc = {
+            "baseline": args.file,
+            "created_at": baseline.doc.get("created_at"),
+            "against": against,
+            "rule": {"slower_factor": factor, "slower_by_s": by_s},
+            "drift": [d.to_json() for d in result.drift],
+            "notes": result.notes,
+        }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         described = baseline.describe()
         head = "baseline %s%s" % (args.file, " (%s)" % described if described else "")
         n = len(result.drift)
-        lines = ["%s vs %s: %s" % (head, where, "no drift" if not n else
-                                   "%d difference%s" % (n, "" if n == 1 else "s"))]
+        lines = [
+            "%s vs %s: %s" % (head, where, "no drift" if not n else "%d difference%s" % (n, "" if n == 1 else "s"))
+        ]
         lines += ["  %s" % d.text for d in result.drift]
         lines += ["note: %s" % note for note in result.notes]
         _write("\n".join(lines) + "\n")

@@ -34,15 +34,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
-from lora_otel.journal.tree import View, _display, deepest_open_span, iso_time
-from lora_otel.journal.reader import (
-    journal_paths,
-    Journal, JournalError, ProcessState, format_duration, process_state,
-                                     read_journal)
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall, detect
+from lora_otel.journal.reader import (
+    Journal,
+    JournalError,
+    ProcessState,
+    format_duration,
+    journal_paths,
+    process_state,
+    read_journal,
+)
+from lora_otel.journal.tree import View, _display, deepest_open_span, iso_time
 
 OUTCOME_STATUS = {"finished": 0, "stopped": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
 """A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
@@ -73,8 +79,8 @@ class Proc:
     rank: Optional[int] = None
     local_rank: Optional[int] = None
     world_size: Optional[int] = None
-    parent: Optional["Proc"] = None
-    children: list["Proc"] = field(default_factory=list)
+    parent: Optional[Proc] = None
+    children: list[Proc] = field(default_factory=list)
     effective_rank: Optional[int] = None
     depth: int = 0
     stopped_by: Optional[str] = None
@@ -129,8 +135,9 @@ class Proc:
     @property
     def who(self) -> str:
         """``rank 1 (pid 4243)``; ``pid 4243`` for a lone process; the file name without a pid."""
-        pid = f"pid {self.journal.pid}" if self.journal.pid is not None else _display(
-            os.path.basename(self.journal.path))
+        pid = (
+            f"pid {self.journal.pid}" if self.journal.pid is not None else _display(os.path.basename(self.journal.path))
+        )
         return pid if self.role == "process" else f"{self.label} ({pid})"
 
     @property
@@ -208,6 +215,7 @@ class Unreadable:
 
 # --- building ------------------------------------------------------------------------------------
 
+
 def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[Stall]) -> str:
     """finished / failed / killed / stalled / running (module docstring); the rules of watch's exit status."""
     if state == "running":
@@ -220,9 +228,15 @@ def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[St
     return "failed" if exit_["how"] == "exception" or exit_["code"] not in (0, None) else "finished"
 
 
-def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Optional[dict[str, float]] = None,
-              frozen_after_s: Optional[float] = FROZEN_AFTER_S, stall: Optional[Stall] = None,
-              stall_known: bool = False) -> Proc:
+def make_proc(
+    journal: Journal,
+    state: ProcessState,
+    now_ns: int,
+    limits: Optional[dict[str, float]] = None,
+    frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+    stall: Optional[Stall] = None,
+    stall_known: bool = False,
+) -> Proc:
     """A process from its journal. ``stall``/``stall_known``: the stall a follower already detected."""
     view = View(journal, state, now_ns)
     if state == "running" and not stall_known:
@@ -233,13 +247,22 @@ def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Option
         stall = stall_from_record(journal, now_ns)
     outcome = outcome_of(journal, state, stall)
     if outcome in ("failed", "killed"):  # was it already stuck when the journal ends?
-        stall = (detect(dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s)
-                 or stall_from_record(journal, view.reference_ns))
+        stall = detect(
+            dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s
+        ) or stall_from_record(journal, view.reference_ns)
     view.stalled = stall is not None
     root = journal.root
     attrs = root.attrs if root is not None else {}
-    return Proc(journal, state, view, outcome, stall, rank=_int_attr(attrs, "rank"),
-                local_rank=_int_attr(attrs, "local_rank"), world_size=_int_attr(attrs, "world_size"))
+    return Proc(
+        journal,
+        state,
+        view,
+        outcome,
+        stall,
+        rank=_int_attr(attrs, "rank"),
+        local_rank=_int_attr(attrs, "local_rank"),
+        world_size=_int_attr(attrs, "world_size"),
+    )
 
 
 def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
@@ -253,23 +276,30 @@ def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
     span = journal.span(record["span_id"]) if isinstance(record.get("span_id"), str) else None
     span = span or journal.root
     since = record["ts"] - round((found.open_s or 0) * 1e9)
-    return Stall("frozen" if found.kind == "frozen" else "alive", span, max(now_ns - since, 0) / 1e9,
-                 found.limit_s or 0.0, found.diagnosis)
+    return Stall(
+        "frozen" if found.kind == "frozen" else "alive",
+        span,
+        max(now_ns - since, 0) / 1e9,
+        found.limit_s or 0.0,
+        found.diagnosis,
+    )
 
 
-def attach_verdicts(jobs: Iterable[Job], now_ns: int, frozen_after_s: float = FROZEN_AFTER_S,
-                    by: str = "inspect") -> None:
+def attach_verdicts(
+    jobs: Iterable[Job], now_ns: int, frozen_after_s: float = FROZEN_AFTER_S, by: str = "inspect"
+) -> None:
     """Give each job's focus process its verdict (`lora_otel.analysis.verdict`): the stall record,
     or the diagnosis computed now for a live stalled process, its job's other journals as peers."""
     from lora_otel.analysis.verdict import current
 
     for job in jobs:
         proc = focus(job)
-        if proc is None or proc.stall is None and not proc.journal.stalls:
+        if proc is None or (proc.stall is None and not proc.journal.stalls):
             continue
         peers = [other.journal for other in job.procs if other is not proc]
-        proc.view.verdict = current(proc.journal, proc.stall if proc.state == "running" else None, now_ns, peers,
-                                    frozen_after_s, by)
+        proc.view.verdict = current(
+            proc.journal, proc.stall if proc.state == "running" else None, now_ns, peers, frozen_after_s, by
+        )
 
 
 def group_jobs(procs: Iterable[Proc]) -> list[Job]:
@@ -330,8 +360,9 @@ def _mark_stopped(procs: list[Proc]) -> None:
 def _link(procs: list[Proc]) -> None:
     """Find each process's parent process (the one whose span its root names as parent), its
     depth, and its effective rank. Span ids that two journals share are ignored."""
-    wanted = {proc.journal.root.parent_id for proc in procs
-              if proc.journal.root is not None and proc.journal.root.parent_id}
+    wanted = {
+        proc.journal.root.parent_id for proc in procs if proc.journal.root is not None and proc.journal.root.parent_id
+    }
     owner: dict[str, Optional[Proc]] = {}
     for proc in procs:
         proc.parent, proc.children, proc.depth = None, [], 0
@@ -375,9 +406,16 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
     order = {id(proc): index for index, proc in enumerate(procs)}
     # an "alive" stall of the root span is a launcher waiting for its children; quiet time with no
     # stage open ("between") is a stall of a process that has no child in the job
-    stuck = [proc for proc in procs if proc.stall is not None
-             and (proc.stall.kind == "frozen" or proc.stall.span is not proc.journal.root
-                  or proc.stall.kind == "between" and not proc.children)]
+    stuck = [
+        proc
+        for proc in procs
+        if proc.stall is not None
+        and (
+            proc.stall.kind == "frozen"
+            or proc.stall.span is not proc.journal.root
+            or (proc.stall.kind == "between" and not proc.children)
+        )
+    ]
     if stuck:
         proc = min(stuck, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
         text = f"{proc.who} is the one stuck: {_stuck_phrase(proc)}"
@@ -399,8 +437,12 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
         else:
             text = f"{who} died{first}: {_killed_phrase(proc)}"
         return Callout(proc.outcome, proc, text)
-    training = [proc for proc in procs if proc.outcome == "running"
-                and (proc.journal.steps > 0 or any(span.name == "training" for span in proc.journal.spans))]
+    training = [
+        proc
+        for proc in procs
+        if proc.outcome == "running"
+        and (proc.journal.steps > 0 or any(span.name == "training" for span in proc.journal.spans))
+    ]
     if len(training) >= 2:
         slow = min(training, key=lambda p: (p.journal.steps, order[id(p)]))
         others = sorted(p.journal.steps for p in training if p is not slow)
@@ -409,12 +451,12 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
         if behind >= SLOWEST_MIN_STEPS and behind >= SLOWEST_MIN_FRACTION * lead:
             at = str(lead) if others[0] == lead else f"{others[0]}-{lead}"
             word = "the other is" if len(others) == 1 else "the others are"
-            return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} "
-                                            f"while {word} at {at}")
+            return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} while {word} at {at}")
     return None
 
 
 # --- phrases -------------------------------------------------------------------------------------
+
 
 def _stuck_phrase(proc: Proc) -> str:
     """``in import bitsandbytes for 312 s``, ``in training, no optimizer step for 300 s (at step 40)``,
@@ -450,8 +492,10 @@ def _end_phrase(proc: Proc) -> str:
 
 def _stopped_phrase(proc: Proc) -> str:
     """``stopped by its parent with SIGTERM (multiprocessing terminate(), as a Pool shutting down) after 2.1 s``."""
-    return (f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
-            f"down) after {format_duration(proc.end_ns - proc.start_ns)}")
+    return (
+        f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
+        f"down) after {format_duration(proc.end_ns - proc.start_ns)}"
+    )
 
 
 def _gone_supervisor(proc: Proc) -> Optional[int]:
@@ -476,7 +520,7 @@ def _failure(proc: Proc) -> str:
     inspect's first line."""
     sentence = proc.view.stuck()
     if sentence.startswith("failed: ") or sentence.startswith("failed with "):
-        return sentence[len("failed"):]
+        return sentence[len("failed") :]
     return ": " + sentence
 
 
@@ -506,10 +550,13 @@ def _phrase(job: Job) -> str:
     if callout is not None and callout.kind == "stuck":
         proc = callout.proc
         stuck = _stuck_phrase(proc)
-        stuck = stuck[len("in "):] if stuck.startswith("in ") else stuck
+        stuck = stuck[len("in ") :] if stuck.startswith("in ") else stuck
         if proc.outcome == "stalled":
-            text = (f"stalled: {stuck}" if proc.stall and proc.stall.kind in ("frozen", "between")
-                    else f"stalled at {stuck}")
+            text = (
+                f"stalled: {stuck}"
+                if proc.stall and proc.stall.kind in ("frozen", "between")
+                else f"stalled at {stuck}"
+            )
         else:
             text = f"{_end_phrase(proc)} after stalling {'' if stuck.startswith('with ') else 'at '}{stuck}"
         return _with_tag(text, job, proc)
@@ -543,7 +590,6 @@ def _running_phrase(proc: Proc) -> str:
 # --- reading a directory -------------------------------------------------------------------------
 
 
-
 def unreadable_reason(journal: Journal) -> Optional[str]:
     """Why a journal gives no process (no span at all), or None when it has spans."""
     if journal.spans:
@@ -555,8 +601,12 @@ def unreadable_reason(journal: Journal) -> Optional[str]:
     return "no spans (its first record is missing)"
 
 
-def read_dir(directory: str, now_ns: int, limits: Optional[dict[str, float]] = None,
-             frozen_after_s: Optional[float] = FROZEN_AFTER_S) -> tuple[list[Job], list[Unreadable]]:
+def read_dir(
+    directory: str,
+    now_ns: int,
+    limits: Optional[dict[str, float]] = None,
+    frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+) -> tuple[list[Job], list[Unreadable]]:
     """Every journal in ``directory`` read in full, grouped into jobs; the files that gave no process."""
     procs: list[Proc] = []
     unreadable: list[Unreadable] = []
@@ -587,13 +637,16 @@ def exit_status(jobs: Iterable[Job]) -> int:
 
 # --- rendering -----------------------------------------------------------------------------------
 
+
 def process_line(proc: Proc, label_width: int, pid_width: int, steps_width: int) -> str:
     """``rank 1  pid 4243  running  0 steps  stuck in import bitsandbytes for 312 s (process running)``."""
     journal = proc.journal
     pid = str(journal.pid) if journal.pid is not None else "?"
     how = _stopped_phrase(proc) if proc.outcome == "stopped" else proc.view.stuck()
-    line = (f"{proc.label:<{label_width}}  pid {pid:<{pid_width}}  {proc.state:<7}  "
-            f"{journal.steps:>{steps_width}} steps  {_display(how)}")
+    line = (
+        f"{proc.label:<{label_width}}  pid {pid:<{pid_width}}  {proc.state:<7}  "
+        f"{journal.steps:>{steps_width}} steps  {_display(how)}"
+    )
     if journal.problems:
         line += f"  [{len(journal.problems)} journal problem{'s' if len(journal.problems) != 1 else ''}]"
     return line
@@ -607,16 +660,19 @@ def process_lines(job: Job) -> list[str]:
     lines = [process_line(proc, label_width, pid_width, steps_width) for proc in job.procs]
     missing = job.missing_ranks()
     if missing and len(missing) < (job.world_size or 0):
-        lines.append(f"no journal here for rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
-                     f"of world size {job.world_size}")
+        lines.append(
+            f"no journal here for rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
+            f"of world size {job.world_size}"
+        )
     return lines
 
 
 def job_heading(job: Job) -> str:
     """``job 4bf92f35…  train  3 processes  stalled at import bitsandbytes for 312 s (rank 1)``."""
     count = len(job.procs)
-    return (f"job {job.trace_id}  {_display(job.name)}  {count} process{'es' if count != 1 else ''}  "
-            f"{_display(job.phrase)}")
+    return (
+        f"job {job.trace_id}  {_display(job.name)}  {count} process{'es' if count != 1 else ''}  {_display(job.phrase)}"
+    )
 
 
 def _indent(lines: Iterable[str], by: str = "    ") -> list[str]:
@@ -630,8 +686,9 @@ def focus(job: Job) -> Optional[Proc]:
     return job.procs[0] if len(job.procs) == 1 else None
 
 
-def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False,
-                notes: Optional[dict[int, list[str]]] = None) -> str:
+def render_text(
+    jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False, notes: Optional[dict[int, list[str]]] = None
+) -> str:
     """``lora-otel inspect DIR``: per job its heading, its processes, the callout and its process's
     tree. ``notes``: lines to print right after a process's callout (by ``id`` of the `Proc`; the
     baseline drift of the focus process)."""
@@ -693,8 +750,9 @@ def render_summary(jobs: list[Job], unreadable: list[Unreadable]) -> str:
     names = [_display(job.name) for job in jobs]
     width = min(max((len(name) for name in names), default=0), 24)
     lines = [f"{job.trace_id[:8]}  {name:<{width}}  {_display(job.phrase)}" for job, name in zip(jobs, names)]
-    lines += [f"{'?' * 8}  {_display(os.path.basename(bad.path))}  not read: {_display(bad.reason)}"
-              for bad in unreadable]
+    lines += [
+        f"{'?' * 8}  {_display(os.path.basename(bad.path))}  not read: {_display(bad.reason)}" for bad in unreadable
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -702,8 +760,14 @@ def _stall_json(proc: Proc) -> Optional[dict[str, Any]]:
     stall = proc.stall
     if stall is None:
         return None
-    return {"kind": stall.kind, "span": stall.span.name, "span_id": stall.span.span_id,
-            "open_for_s": round(stall.open_for_s, 3), "limit_s": stall.limit_s, "reason": stall.reason}
+    return {
+        "kind": stall.kind,
+        "span": stall.span.name,
+        "span_id": stall.span.span_id,
+        "open_for_s": round(stall.open_for_s, 3),
+        "limit_s": stall.limit_s,
+        "reason": stall.reason,
+    }
 
 
 def process_json(proc: Proc, with_spans: bool) -> dict[str, Any]:
@@ -711,43 +775,51 @@ def process_json(proc: Proc, with_spans: bool) -> dict[str, Any]:
     doc = proc.view.to_json()
     if not with_spans:
         del doc["spans"]
-    doc.update({
-        "rank": proc.rank,
-        "local_rank": proc.local_rank,
-        "world_size": proc.world_size,
-        "role": proc.role,
-        "label": proc.label,
-        "parent_pid": proc.parent.journal.pid if proc.parent is not None else None,
-        "start": iso_time(proc.start_ns),
-        "outcome": proc.outcome,
-        "stall": _stall_json(proc),
-    })
+    doc.update(
+        {
+            "rank": proc.rank,
+            "local_rank": proc.local_rank,
+            "world_size": proc.world_size,
+            "role": proc.role,
+            "label": proc.label,
+            "parent_pid": proc.parent.journal.pid if proc.parent is not None else None,
+            "start": iso_time(proc.start_ns),
+            "outcome": proc.outcome,
+            "stall": _stall_json(proc),
+        }
+    )
     return doc
 
 
-def render_json(directory: str, jobs: list[Job], unreadable: list[Unreadable],
-                with_spans: bool = False) -> dict[str, Any]:
+def render_json(
+    directory: str, jobs: list[Job], unreadable: list[Unreadable], with_spans: bool = False
+) -> dict[str, Any]:
     """The ``--json`` document for a directory (docs/journal.md)."""
     return {
         "directory": directory,
-        "jobs": [{
-            "trace_id": job.trace_id,
-            "name": job.name,
-            "start": iso_time(job.start_ns),
-            "outcome": job.outcome,
-            "summary": job.phrase,
-            "status": job.status,
-            "world_size": job.world_size,
-            "missing_ranks": job.missing_ranks(),
-            "callout": None if job.callout is None else {
-                "kind": job.callout.kind,
-                "journal": job.callout.proc.journal.path,
-                "pid": job.callout.proc.journal.pid,
-                "rank": job.callout.proc.effective_rank,
-                "text": job.callout.text,
-            },
-            "processes": [process_json(proc, with_spans) for proc in job.procs],
-        } for job in jobs],
+        "jobs": [
+            {
+                "trace_id": job.trace_id,
+                "name": job.name,
+                "start": iso_time(job.start_ns),
+                "outcome": job.outcome,
+                "summary": job.phrase,
+                "status": job.status,
+                "world_size": job.world_size,
+                "missing_ranks": job.missing_ranks(),
+                "callout": None
+                if job.callout is None
+                else {
+                    "kind": job.callout.kind,
+                    "journal": job.callout.proc.journal.path,
+                    "pid": job.callout.proc.journal.pid,
+                    "rank": job.callout.proc.effective_rank,
+                    "text": job.callout.text,
+                },
+                "processes": [process_json(proc, with_spans) for proc in job.procs],
+            }
+            for job in jobs
+        ],
         "unreadable": [{"journal": bad.path, "reason": bad.reason} for bad in unreadable],
         "exit_status": exit_status(jobs),
     }

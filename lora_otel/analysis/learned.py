@@ -143,8 +143,10 @@ def learn(journal: Journal, environ: Optional[dict[str, str]] = None) -> dict[st
         for name, (seconds, _) in journal_phases(other).items():
             if name != STARTUP:
                 seen.setdefault(name, []).append(seconds)
-    out = {name: Learned(name, statistics.median(values), max(values), len(values), "%d earlier runs" % len(values))
-           for name, values in seen.items()}
+    out = {
+        name: Learned(name, statistics.median(values), max(values), len(values), "%d earlier runs" % len(values))
+        for name, values in seen.items()
+    }
     env = os.environ if environ is None else environ
     if env.get("LORA_OTEL_BASELINE"):
         from lora_otel.analysis.baseline import configured

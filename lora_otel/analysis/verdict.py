@@ -16,14 +16,15 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from lora_otel.analysis import evidence as ev
 from lora_otel.analysis.diagnose import explain
 from lora_otel.analysis.evidence import PREFIX
-from lora_otel.journal.reader import Journal, Span, format_duration, process_state
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
+from lora_otel.journal.reader import Journal, Span, format_duration, process_state
 
 STACK_LINES = 12
 """Lines of the stacks file a view shows (the relevant thread first)."""
@@ -79,9 +80,16 @@ class Verdict:
         return stacks_lines(journal, self)
 
     def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "kind": self.kind, "open_s": None if self.open_s is None else round(self.open_s, 3),
-                "limit_s": self.limit_s, "diagnosis": self.diagnosis, "by": self.by, "learned": self.learned,
-                "line": self.line()}
+        return {
+            "stage": self.stage,
+            "kind": self.kind,
+            "open_s": None if self.open_s is None else round(self.open_s, 3),
+            "limit_s": self.limit_s,
+            "diagnosis": self.diagnosis,
+            "by": self.by,
+            "learned": self.learned,
+            "line": self.line(),
+        }
 
 
 def from_record(journal: Journal) -> Optional[Verdict]:
@@ -96,13 +104,26 @@ def from_record(journal: Journal) -> Optional[Verdict]:
     span = journal.span(span_id) if isinstance(span_id, str) else None
     if span is not None and not span.is_open and record.get("kind") != "died":
         return None  # the stage ended after all
-    return Verdict(record.get("stage") or (span.name if span is not None else None), str(record.get("kind")),
-                   record.get("open_s"), record.get("limit_s"), record.get("diagnosis") or "",
-                   record.get("by") or "watchdog", record.get("learned"), record.get("evidence") or {})
+    return Verdict(
+        record.get("stage") or (span.name if span is not None else None),
+        str(record.get("kind")),
+        record.get("open_s"),
+        record.get("limit_s"),
+        record.get("diagnosis") or "",
+        record.get("by") or "watchdog",
+        record.get("learned"),
+        record.get("evidence") or {},
+    )
 
 
-def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterable[Journal] = (),
-            frozen_after_s: Optional[float] = FROZEN_AFTER_S, by: str = "inspect") -> Optional[Verdict]:
+def current(
+    journal: Journal,
+    stall: Optional[Stall],
+    now_ns: int,
+    peers: Iterable[Journal] = (),
+    frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+    by: str = "inspect",
+) -> Optional[Verdict]:
     """The stall to lead with: the journal's stall record, else (``stall`` detected now in a live
     process) the diagnosis computed now, as the sidecar computes it but without signalling.
     ``frozen_after_s`` None: the one the journal recorded (`stall.journal_limits`)."""
@@ -123,11 +144,20 @@ def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterab
         open_s = (now_ns - last) / 1e9 if last else stall.open_for_s
     else:
         open_s = stall.open_for_s
-    return Verdict(stall.span.name if stall.span is not journal.root else None, kind, open_s, stall.limit_s,
-                   diagnosis.sentence, by, None, evidence)
+    return Verdict(
+        stall.span.name if stall.span is not journal.root else None,
+        kind,
+        open_s,
+        stall.limit_s,
+        diagnosis.sentence,
+        by,
+        None,
+        evidence,
+    )
 
 
 # --- evidence without signalling ----------------------------------------------------------------
+
 
 def sample_s() -> float:
     """How long inspect/watch sample a live stalled process's /proc facts (CPU, bytes read, memory):
@@ -168,8 +198,11 @@ def _journals_by_pid(journal: Journal) -> dict[int, Journal]:
     """The journals next to ``journal`` (its DataLoader workers write theirs there), by pid."""
     from lora_otel.journal.reader import sibling_journals
 
-    return {other.pid: other for other in sibling_journals(journal)
-            if other.pid is not None and process_state(other) == "running"}
+    return {
+        other.pid: other
+        for other in sibling_journals(journal)
+        if other.pid is not None and process_state(other) == "running"
+    }
 
 
 # --- the stacks file ------------------------------------------------------------------------------
@@ -227,8 +260,9 @@ def stacks_lines(journal: Journal, verdict: Optional[Verdict], max_lines: int = 
             blocks[-1].append(line)
     blocks = [b for b in blocks if not any("lora_otel/_boot/" in line for line in b[1:2])]  # the beat
     focus = _focus_words(verdict)
-    blocks.sort(key=lambda b: (not any(w in line for w in focus for line in b[1:]) if focus else False,
-                               not _is_main(b)))
+    blocks.sort(
+        key=lambda b: (not any(w in line for w in focus for line in b[1:]) if focus else False, not _is_main(b))
+    )
     shown: list[str] = []
     for block in blocks:
         label = "main thread" if _is_main(block) else "thread %s" % _HEADER.match(block[0]).group(2)  # type: ignore[union-attr]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -84,89 +84,125 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name: str, func, **kw) -> argparse.ArgumentParser:
         doc = (func.__doc__ or "").strip()
-        p = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
-                           formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+        p = sub.add_parser(
+            name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
+        )
         p.set_defaults(func=func)
         return p
 
-    p = add("run", cmd_run, epilog="examples:\n"
-            "  lora-otel run --tree -- python train.py --log runs/a.log\n"
-            "  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\\n"
-            "    lora-otel run --stall-after import=300,training=900 -- accelerate launch train.py\n"
-            "\nWith an OTLP endpoint set, each traced process starts a detached sidecar that exports\n"
-            "live (stalls as incomplete spans with evidence); see README 'Live export and stalls'.")
-    p.add_argument("--stall-after", metavar="SPEC",
-                   help="stall limits for live export: 300, or import=300,cuda init=60,training=900 "
-                        "(sets $LORA_OTEL_STALL_AFTER for the job)")
+    p = add(
+        "run",
+        cmd_run,
+        epilog="examples:\n"
+        "  lora-otel run --tree -- python train.py --log runs/a.log\n"
+        "  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\\n"
+        "    lora-otel run --stall-after import=300,training=900 -- accelerate launch train.py\n"
+        "\nWith an OTLP endpoint set, each traced process starts a detached sidecar that exports\n"
+        "live (stalls as incomplete spans with evidence); see README 'Live export and stalls'.",
+    )
+    p.add_argument(
+        "--stall-after",
+        metavar="SPEC",
+        help="stall limits for live export: 300, or import=300,cuda init=60,training=900 "
+        "(sets $LORA_OTEL_STALL_AFTER for the job)",
+    )
     p.add_argument("--dir", help="directory for journals (default: beside --log, else ./lora-otel/)")
     p.add_argument("--journal", help="exact journal path for the top process")
     p.add_argument("--tree", action="store_true", help="print the span tree when the command ends")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
-    p = add("inspect", cmd_inspect, epilog="examples:\n"
-            "  lora-otel inspect runs/a.log.otel.jsonl        where is it stuck?\n"
-            "  lora-otel inspect lora-otel/                   every job in the directory, ranks side by side\n"
-            "  lora-otel inspect lora-otel/ --summary         one line per job: finished / failed / stalled / killed\n"
-            "  lora-otel inspect lora-otel/ --json --all      the directory as JSON, with every span\n"
-            "\nexit status: 0, or 2 when nothing can be read (a missing or unreadable journal, a directory\n"
-            "without *.otel.jsonl journals, a bad --stall-after). With --summary, the jobs' outcome:\n"
-            "0 all finished normally (or still run), 1 some failed, 3 some killed or stalled (wins\n"
-            "over 1), as lora-otel watch; unreadable journals are listed but do not count.")
-    p.add_argument("journal", metavar="JOURNAL|DIR",
-                   help="a journal file (*.otel.jsonl), or a directory of them")
+    p = add(
+        "inspect",
+        cmd_inspect,
+        epilog="examples:\n"
+        "  lora-otel inspect runs/a.log.otel.jsonl        where is it stuck?\n"
+        "  lora-otel inspect lora-otel/                   every job in the directory, ranks side by side\n"
+        "  lora-otel inspect lora-otel/ --summary         one line per job: finished / failed / stalled / killed\n"
+        "  lora-otel inspect lora-otel/ --json --all      the directory as JSON, with every span\n"
+        "\nexit status: 0, or 2 when nothing can be read (a missing or unreadable journal, a directory\n"
+        "without *.otel.jsonl journals, a bad --stall-after). With --summary, the jobs' outcome:\n"
+        "0 all finished normally (or still run), 1 some failed, 3 some killed or stalled (wins\n"
+        "over 1), as lora-otel watch; unreadable journals are listed but do not count.",
+    )
+    p.add_argument("journal", metavar="JOURNAL|DIR", help="a journal file (*.otel.jsonl), or a directory of them")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    p.add_argument("--summary", action="store_true",
-                   help="one line per job (trace id, name, outcome); exit status by outcome")
-    p.add_argument("--all", action="store_true",
-                   help="DIR: every process's tree, not only the one called out (--json: with spans)")
-    p.add_argument("--stall-after", metavar="SPEC",
-                   help="DIR/--summary: stall limits for running processes, as for watch (default: "
-                        "$LORA_OTEL_STALL_AFTER, else import 120 s, training 120 s or 20x the median step, ...)")
+    p.add_argument(
+        "--summary", action="store_true", help="one line per job (trace id, name, outcome); exit status by outcome"
+    )
+    p.add_argument(
+        "--all", action="store_true", help="DIR: every process's tree, not only the one called out (--json: with spans)"
+    )
+    p.add_argument(
+        "--stall-after",
+        metavar="SPEC",
+        help="DIR/--summary: stall limits for running processes, as for watch (default: "
+        "$LORA_OTEL_STALL_AFTER, else import 120 s, training 120 s or 20x the median step, ...)",
+    )
 
     p = add("replay", cmd_replay)
     p.add_argument("journal", help="a journal file (*.otel.jsonl)")
 
-    p = add("watch", cmd_watch, epilog="examples:\n"
-            "  lora-otel watch runs/                          follow every job journaling into runs/\n"
-            "  lora-otel watch runs/a.log.otel.jsonl          follow one job\n"
-            "  lora-otel watch lora-otel/ --stall-after 300   call any stage open 5 minutes a stall\n"
-            "  lora-otel watch runs/ --once                   print the current state once and exit\n"
-            "  lora-otel watch runs/ >> watch.log             one line per event, no screens\n"
-            "  lora-otel watch runs/ --exit-on-stall --alert-command 'mail -s stalled me@example.org'\n"
-            "                                                 unattended: alert once, exit 4 on a stall\n"
-            "\nexit status, job by job as `inspect --summary` judges them (the rank that failed first decides):\n"
-            "0 all finished normally, 1 some failed, 3 some killed or vanished without an "
-            "exit record\n(wins over 1), 4 stalled (with --exit-on-stall: a stall was seen; with --once too: "
-            "a process is\nstalled now), 2 usage error, 130 Ctrl-C. Colour is off with --no-color or NO_COLOR set.\n"
-            "\nalerts: --alert-command and --alert-webhook fire once per stall (per stalled span of a process)\n"
-            "with the stall as JSON (journal, pid, rank, trace_id, span_id, stage, kind, open_for_s, limit_s,\n"
-            "reason, status_message, service, host, time); the command gets it on stdin and\n"
-            "$LORA_OTEL_ALERT_STAGE, $LORA_OTEL_ALERT_KIND, $LORA_OTEL_ALERT_PID, $LORA_OTEL_ALERT_JOURNAL.\n"
-            "Alerts run in the background (command killed after 30 s, webhook timeout 10 s); a failure is\n"
-            "one line on stderr and watch goes on.")
+    p = add(
+        "watch",
+        cmd_watch,
+        epilog="examples:\n"
+        "  lora-otel watch runs/                          follow every job journaling into runs/\n"
+        "  lora-otel watch runs/a.log.otel.jsonl          follow one job\n"
+        "  lora-otel watch lora-otel/ --stall-after 300   call any stage open 5 minutes a stall\n"
+        "  lora-otel watch runs/ --once                   print the current state once and exit\n"
+        "  lora-otel watch runs/ >> watch.log             one line per event, no screens\n"
+        "  lora-otel watch runs/ --exit-on-stall --alert-command 'mail -s stalled me@example.org'\n"
+        "                                                 unattended: alert once, exit 4 on a stall\n"
+        "\nexit status, job by job as `inspect --summary` judges them (the rank that failed first decides):\n"
+        "0 all finished normally, 1 some failed, 3 some killed or vanished without an "
+        "exit record\n(wins over 1), 4 stalled (with --exit-on-stall: a stall was seen; with --once too: "
+        "a process is\nstalled now), 2 usage error, 130 Ctrl-C. Colour is off with --no-color or NO_COLOR set.\n"
+        "\nalerts: --alert-command and --alert-webhook fire once per stall (per stalled span of a process)\n"
+        "with the stall as JSON (journal, pid, rank, trace_id, span_id, stage, kind, open_for_s, limit_s,\n"
+        "reason, status_message, service, host, time); the command gets it on stdin and\n"
+        "$LORA_OTEL_ALERT_STAGE, $LORA_OTEL_ALERT_KIND, $LORA_OTEL_ALERT_PID, $LORA_OTEL_ALERT_JOURNAL.\n"
+        "Alerts run in the background (command killed after 30 s, webhook timeout 10 s); a failure is\n"
+        "one line on stderr and watch goes on.",
+    )
     p.add_argument("path", metavar="JOURNAL|DIR", help="a journal file, or a directory of *.otel.jsonl journals")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between updates (default 1)")
-    p.add_argument("--stall-after", metavar="SPEC",
-                   help="stall limits: 300, or import=300,training=900 (default: $LORA_OTEL_STALL_AFTER, "
-                        "else import 120 s, training 120 s or 20x the median step, ...)")
+    p.add_argument(
+        "--stall-after",
+        metavar="SPEC",
+        help="stall limits: 300, or import=300,training=900 (default: $LORA_OTEL_STALL_AFTER, "
+        "else import 120 s, training 120 s or 20x the median step, ...)",
+    )
     p.add_argument("--once", action="store_true", help="print the current view once and exit")
     p.add_argument("--no-color", action="store_true", help="no colour on a terminal (also: NO_COLOR=1)")
-    p.add_argument("--alert-command", metavar="CMD",
-                   help="shell command (sh -c) run once per stall, the stall as JSON on its stdin")
+    p.add_argument(
+        "--alert-command",
+        metavar="CMD",
+        help="shell command (sh -c) run once per stall, the stall as JSON on its stdin",
+    )
     p.add_argument("--alert-webhook", metavar="URL", help="http(s) URL the stall JSON is POSTed to, once per stall")
-    p.add_argument("--exit-on-stall", action="store_true",
-                   help="exit with status 4 as soon as a stall is seen (after its alerts have run)")
+    p.add_argument(
+        "--exit-on-stall",
+        action="store_true",
+        help="exit with status 4 as soon as a stall is seen (after its alerts have run)",
+    )
 
     from lora_otel.analysis.baseline import add_arguments as baseline_arguments
 
-    baseline_arguments(add("baseline", cmd_baseline, epilog="examples:\n"
-                           "  lora-otel baseline save good.json runs/ok1.otel.jsonl runs/ok2.otel.jsonl\n"
-                           "  lora-otel baseline diff good.json                     this interpreter\n"
-                           "  lora-otel baseline diff good.json runs/a.otel.jsonl   a run (slow phases too)\n"
-                           "  LORA_OTEL_BASELINE=good.json lora-otel inspect runs/a.otel.jsonl\n"
-                           "\nexit status (diff): 0 no drift, 1 drift, 2 usage error. See docs/baselines.md."))
+    baseline_arguments(
+        add(
+            "baseline",
+            cmd_baseline,
+            epilog="examples:\n"
+            "  lora-otel baseline save good.json runs/ok1.otel.jsonl runs/ok2.otel.jsonl\n"
+            "  lora-otel baseline diff good.json                     this interpreter\n"
+            "  lora-otel baseline diff good.json runs/a.otel.jsonl   a run (slow phases too)\n"
+            "  LORA_OTEL_BASELINE=good.json lora-otel inspect runs/a.otel.jsonl\n"
+            "\nexit status (diff): 0 no drift, 1 drift, 2 usage error. See docs/baselines.md.",
+        )
+    )
 
     from lora_otel.cli import doctor as doctor_module
+
     doctor_module.add_arguments(add("doctor", cmd_doctor, epilog=doctor_module.EPILOG))
     return parser
 

@@ -47,22 +47,22 @@ import sys
 import time
 
 __all__ = [
+    "EPILOG",
     "STACK",
     "Check",
-    "parse_size",
-    "format_bytes",
+    "add_arguments",
+    "arch_supported",
+    "check_cuda_build",
     "check_python",
     "check_requirements",
-    "check_cuda_build",
-    "driver_cuda_version",
-    "max_cuda_for_driver",
-    "stack_excerpt",
-    "arch_supported",
     "doctor",
+    "driver_cuda_version",
+    "format_bytes",
+    "max_cuda_for_driver",
+    "parse_size",
     "render_text",
     "run_doctor",
-    "add_arguments",
-    "EPILOG",
+    "stack_excerpt",
 ]
 
 STACK = ("torch", "transformers", "diffusers", "accelerate", "peft", "bitsandbytes", "xformers")
@@ -77,8 +77,10 @@ LORA_OTEL_REQUIRES_PYTHON = ">=3.9"
 _PROTO_ENV = "LORA_OTEL_DOCTOR_FD"
 # The check process runs ``python -c _CHILD_CODE``: ``python -m`` would add ``import runpy`` and
 # ``import lora_otel.export`` spans to its journal; this imports the doctor as lora_otel (untraced).
-_CHILD_CODE = ("import sys; d = __import__('lora_otel.cli.doctor', {'__name__': 'lora_otel'}, None, ['_child_main']); "
-               "sys.exit(d._child_main(sys.argv[1:]))")
+_CHILD_CODE = (
+    "import sys; d = __import__('lora_otel.cli.doctor', {'__name__': 'lora_otel'}, None, ['_child_main']); "
+    "sys.exit(d._child_main(sys.argv[1:]))"
+)
 _PROGRAM = {"__name__": "__main__"}  # import as the program: the import hook traces it
 _QUIET = {"__name__": "lora_otel.cli.doctor"}  # import as lora_otel: not traced
 
@@ -97,13 +99,21 @@ The check process's journal is written like a real job's (docs/journal.md); docs
 
 # --- results -----------------------------------------------------------------------------------
 
+
 class Check:
     """One line of the report: ``name``, ``status`` (ok/warn/fail), ``evidence``, ``advice``."""
 
-    __slots__ = ("name", "status", "evidence", "advice", "duration_s", "details")
+    __slots__ = ("advice", "details", "duration_s", "evidence", "name", "status")
 
-    def __init__(self, name: str, status: str, evidence: str, advice: str | None = None,
-                 duration_s: float | None = None, details: dict | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        status: str,
+        evidence: str,
+        advice: str | None = None,
+        duration_s: float | None = None,
+        details: dict | None = None,
+    ) -> None:
         if status not in ("ok", "warn", "fail"):
             raise ValueError("status must be ok, warn or fail, not %r" % (status,))
         self.name = name
@@ -114,9 +124,14 @@ class Check:
         self.details = details or {}
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "evidence": self.evidence, "advice": self.advice,
-                "duration_s": None if self.duration_s is None else round(float(self.duration_s), 3),
-                "details": self.details}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "evidence": self.evidence,
+            "advice": self.advice,
+            "duration_s": None if self.duration_s is None else round(float(self.duration_s), 3),
+            "details": self.details,
+        }
 
     def __repr__(self) -> str:
         return "Check(%r, %r, %r)" % (self.name, self.status, self.evidence)
@@ -147,8 +162,8 @@ def parse_size(text: str) -> int:
 def format_bytes(n: float) -> str:
     """``17179869184`` → ``16 GiB``; ``150323855360`` → ``140 GiB``; ``1610612736`` → ``1.5 GiB``."""
     for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
-        if abs(n) >= 1024 ** power:
-            value = n / 1024 ** power
+        if abs(n) >= 1024**power:
+            value = n / 1024**power
             text = ("%.1f" % value).rstrip("0").rstrip(".") if value < 100 else "%.0f" % value
             return "%s %s" % (text, unit)
     return "%d B" % n
@@ -170,6 +185,7 @@ def _limit(s: float) -> str:
 
 # --- versions, specifiers, markers (packaging when importable, else a small fallback) ----------
 
+
 def _packaging():
     """``(Requirement, SpecifierSet, Version, InvalidVersion, Marker)`` from packaging, or None."""
     try:
@@ -187,11 +203,13 @@ _USE_PACKAGING = True
 """Tests set this False to exercise the fallback parser."""
 
 
-_PEP440 = (r"\s*v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)"
-           r"(?:[-_.]?(?P<pre_l>alpha|beta|preview|pre|rc|a|b|c)[-_.]?(?P<pre_n>\d*))?"
-           r"(?:-(?P<post_n1>\d+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>\d*))?"
-           r"(?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>\d*))?"
-           r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*")
+_PEP440 = (
+    r"\s*v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?P<pre_l>alpha|beta|preview|pre|rc|a|b|c)[-_.]?(?P<pre_n>\d*))?"
+    r"(?:-(?P<post_n1>\d+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>\d*))?"
+    r"(?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>\d*))?"
+    r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*"
+)
 
 
 def _parse_version(text: str):
@@ -224,8 +242,13 @@ def _parse_version(text: str):
         pre_k = (inf,)
     else:
         pre_k = pre
-    key = (int(m.group("epoch") or 0), tuple(trimmed), pre_k, (-inf,) if post is None else (post,),
-           (inf,) if dev is None else (dev,))
+    key = (
+        int(m.group("epoch") or 0),
+        tuple(trimmed),
+        pre_k,
+        (-inf,) if post is None else (post,),
+        (inf,) if dev is None else (dev,),
+    )
     return {"release": release, "pre": pre, "post": post, "dev": dev, "local": m.group("local"), "key": key}
 
 
@@ -270,19 +293,22 @@ def _fallback_contains(spec: str, version: str) -> bool:
         tk = t["key"]
         vk = (v if t["local"] else public)["key"]
         same = vk == tk and (not t["local"] or (v["local"] or "").lower() == t["local"].lower())
-        if op == "==" and not same or op == "!=" and same:
+        if (op == "==" and not same) or (op == "!=" and same):
             return False
-        if op == ">=" and vk < tk or op == "<=" and vk > tk:
+        if (op == ">=" and vk < tk) or (op == "<=" and vk > tk):
             return False
         if op == ">":
             # >V excludes V's post-releases (and V itself), unless V is one
-            if not vk > tk or (t["post"] is None and public["post"] is not None
-                               and public["key"][:3] == tk[:3]):
+            if not vk > tk or (t["post"] is None and public["post"] is not None and public["key"][:3] == tk[:3]):
                 return False
         if op == "<":
             # <V excludes V's pre-releases, unless V is one
-            if not vk < tk or (t["pre"] is None and t["dev"] is None and public["key"][:2] == tk[:2]
-                               and (public["pre"] is not None or public["dev"] is not None)):
+            if not vk < tk or (
+                t["pre"] is None
+                and t["dev"] is None
+                and public["key"][:2] == tk[:2]
+                and (public["pre"] is not None or public["dev"] is not None)
+            ):
                 return False
         if op == "~=":
             upper = t["release"][:-1]
@@ -322,8 +348,9 @@ def _fallback_marker(text: str, env: dict) -> bool:
     """Evaluate a PEP 508 marker (fallback): ``and``/``or``/parentheses, comparisons, ``in``/``not in``."""
     import re
 
-    tokens = re.findall(r"\(|\)|'[^']*'|\"[^\"]*\"|===|==|!=|~=|<=|>=|<|>|not\s+in\b|\bin\b|\band\b|\bor\b|[\w.]+",
-                        text)
+    tokens = re.findall(
+        r"\(|\)|'[^']*'|\"[^\"]*\"|===|==|!=|~=|<=|>=|<|>|not\s+in\b|\bin\b|\band\b|\bor\b|[\w.]+", text
+    )
     pos = 0
 
     def peek():
@@ -354,10 +381,23 @@ def _fallback_marker(text: str, env: dict) -> bool:
         if op == "not in":
             return left not in right
         if (lver or rver) and _version_key(left) is not None and _version_key(right) is not None:
-            return _fallback_contains("%s%s" % (op, right), left) if lver else \
-                _fallback_contains("%s%s" % ({"<": ">", ">": "<", "<=": ">=", ">=": "<="}.get(op, op), left), right)
-        return {"==": left == right, "!=": left != right, "<": left < right, ">": left > right,
-                "<=": left <= right, ">=": left >= right, "===": left == right, "~=": left == right}.get(op, False)
+            return (
+                _fallback_contains("%s%s" % (op, right), left)
+                if lver
+                else _fallback_contains(
+                    "%s%s" % ({"<": ">", ">": "<", "<=": ">=", ">=": "<="}.get(op, op), left), right
+                )
+            )
+        return {
+            "==": left == right,
+            "!=": left != right,
+            "<": left < right,
+            ">": left > right,
+            "<=": left <= right,
+            ">=": left >= right,
+            "===": left == right,
+            "~=": left == right,
+        }.get(op, False)
 
     def conjunction():
         r = comparison()
@@ -383,15 +423,18 @@ def _parse_requirement(text: str):
     """``(name, specifier text, marker text or None, url or None)`` of a PEP 508 line, or None."""
     import re
 
-    m = re.fullmatch(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*"
-                     r"(?:@\s*([^;\s]+)\s*|\(?\s*([^;()]*?)\s*\)?\s*)(?:;\s*(.*))?", text)
+    m = re.fullmatch(
+        r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?:\[[^\]]*\])?\s*"
+        r"(?:@\s*([^;\s]+)\s*|\(?\s*([^;()]*?)\s*\)?\s*)(?:;\s*(.*))?",
+        text,
+    )
     if not m:
         return None
     return m.group(1), (m.group(3) or "").replace(" ", ""), m.group(4), m.group(2)
 
 
 class _Req:
-    __slots__ = ("name", "spec", "marker", "url", "text")
+    __slots__ = ("marker", "name", "spec", "text", "url")
 
     def __init__(self, name, spec, marker, url, text):
         self.name, self.spec, self.marker, self.url, self.text = name, spec, marker, url, text
@@ -438,6 +481,7 @@ def _contains(spec: str, version: str) -> bool:
 
 
 # --- package metadata --------------------------------------------------------------------------
+
 
 def _norm(name: str) -> str:
     import re
@@ -527,19 +571,41 @@ def check_python(dists) -> list:
         seen.insert(0, ("lora_otel", "?", LORA_OTEL_REQUIRES_PYTHON))
         if not _contains(LORA_OTEL_REQUIRES_PYTHON, here):
             unmet.insert(0, ("lora_otel", "?", LORA_OTEL_REQUIRES_PYTHON))
-    details = {"python": here, "implementation": platform.python_implementation(),
-               "requires_python": {n: r for n, _, r in seen}}
+    details = {
+        "python": here,
+        "implementation": platform.python_implementation(),
+        "requires_python": {n: r for n, _, r in seen},
+    }
     dt = time.perf_counter() - t0
     if not unmet:
         own = dict((n, r) for n, _, r in seen).get("lora_otel", LORA_OTEL_REQUIRES_PYTHON)
         others = len(seen) - 1
-        return [Check("python", "ok", "Python %s meets Requires-Python of lora_otel (%s)%s" % (
-            here, own, " and of %d other installed package%s" % (others, "" if others == 1 else "s") if others else ""),
-            duration_s=dt, details=details)]
-    return [Check("python", "fail", "Python %s is outside %s %s's Requires-Python %s" % (here, name, version, req),
-                  "use a Python that %s supports (%s), or a %s release that supports Python %s" % (
-                      name, req, name, ".".join(here.split(".")[:2])), duration_s=dt, details=details)
-            for name, version, req in unmet]
+        return [
+            Check(
+                "python",
+                "ok",
+                "Python %s meets Requires-Python of lora_otel (%s)%s"
+                % (
+                    here,
+                    own,
+                    " and of %d other installed package%s" % (others, "" if others == 1 else "s") if others else "",
+                ),
+                duration_s=dt,
+                details=details,
+            )
+        ]
+    return [
+        Check(
+            "python",
+            "fail",
+            "Python %s is outside %s %s's Requires-Python %s" % (here, name, version, req),
+            "use a Python that %s supports (%s), or a %s release that supports Python %s"
+            % (name, req, name, ".".join(here.split(".")[:2])),
+            duration_s=dt,
+            details=details,
+        )
+        for name, version, req in unmet
+    ]
 
 
 def check_requirements(dists) -> list:
@@ -559,8 +625,9 @@ def check_requirements(dists) -> list:
             lines = d.requires or []
             version = d.version
         except Exception as e:  # noqa: BLE001 - a broken METADATA
-            out.append(Check("requirements", "warn", "cannot read %s's metadata: %s" % (name, e),
-                             "reinstall %s" % name))
+            out.append(
+                Check("requirements", "warn", "cannot read %s's metadata: %s" % (name, e), "reinstall %s" % name)
+            )
             continue
         checked.append("%s %s" % (name, version))
         for line in lines:
@@ -570,27 +637,47 @@ def check_requirements(dists) -> list:
             n_reqs += 1
             installed = _dist_version(req.name)
             if installed is None:
-                out.append(Check("requirements", "fail",
-                                 "%s %s requires %s%s, which is not installed" % (name, version, req.name, req.spec),
-                                 "pip install '%s%s'" % (req.name, req.spec),
-                                 details={"package": name, "version": version, "requirement": line,
-                                          "installed": None}))
+                out.append(
+                    Check(
+                        "requirements",
+                        "fail",
+                        "%s %s requires %s%s, which is not installed" % (name, version, req.name, req.spec),
+                        "pip install '%s%s'" % (req.name, req.spec),
+                        details={"package": name, "version": version, "requirement": line, "installed": None},
+                    )
+                )
             elif req.spec and not _contains(req.spec, installed):
-                out.append(Check("requirements", "warn",
-                                 "%s %s requires %s%s, but %s %s is installed" % (
-                                     name, version, req.name, req.spec, req.name, installed),
-                                 "pip install '%s%s', or a %s release that supports %s %s" % (
-                                     req.name, req.spec, name, req.name, installed),
-                                 details={"package": name, "version": version, "requirement": line,
-                                          "installed": installed}))
+                out.append(
+                    Check(
+                        "requirements",
+                        "warn",
+                        "%s %s requires %s%s, but %s %s is installed"
+                        % (name, version, req.name, req.spec, req.name, installed),
+                        "pip install '%s%s', or a %s release that supports %s %s"
+                        % (req.name, req.spec, name, req.name, installed),
+                        details={"package": name, "version": version, "requirement": line, "installed": installed},
+                    )
+                )
     dt = time.perf_counter() - t0
     for c in out:
         c.duration_s = round(dt, 3)
     if not out:
-        return [Check("requirements", "ok", "%d requirement%s of %d installed package%s met (%s)" % (
-            n_reqs, "" if n_reqs == 1 else "s", len(checked), "" if len(checked) == 1 else "s",
-            ", ".join(c.split()[0] for c in checked)), duration_s=dt, details={"packages": checked,
-                                                                                "requirements": n_reqs})]
+        return [
+            Check(
+                "requirements",
+                "ok",
+                "%d requirement%s of %d installed package%s met (%s)"
+                % (
+                    n_reqs,
+                    "" if n_reqs == 1 else "s",
+                    len(checked),
+                    "" if len(checked) == 1 else "s",
+                    ", ".join(c.split()[0] for c in checked),
+                ),
+                duration_s=dt,
+                details={"packages": checked, "requirements": n_reqs},
+            )
+        ]
     return out
 
 
@@ -599,12 +686,28 @@ def check_requirements(dists) -> list:
 # CUDA toolkit → minimum Linux driver (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
 # Driver Versions", GA releases). Used only when libcuda cannot be asked (cuDriverGetVersion).
 _CUDA_MIN_DRIVER = (
-    ((13, 0), (580, 65, 6)), ((12, 9), (575, 51, 3)), ((12, 8), (570, 26)), ((12, 6), (560, 28, 3)),
-    ((12, 5), (555, 42, 2)), ((12, 4), (550, 54, 14)), ((12, 3), (545, 23, 6)), ((12, 2), (535, 54, 3)),
-    ((12, 1), (530, 30, 2)), ((12, 0), (525, 60, 13)), ((11, 8), (520, 61, 5)), ((11, 7), (515, 43, 4)),
-    ((11, 6), (510, 39, 1)), ((11, 5), (495, 29, 5)), ((11, 4), (470, 42, 1)), ((11, 3), (465, 19, 1)),
-    ((11, 2), (460, 27, 3)), ((11, 1), (455, 23)), ((11, 0), (450, 36, 6)), ((10, 2), (440, 33)),
-    ((10, 1), (418, 39)), ((10, 0), (410, 48)),
+    ((13, 0), (580, 65, 6)),
+    ((12, 9), (575, 51, 3)),
+    ((12, 8), (570, 26)),
+    ((12, 6), (560, 28, 3)),
+    ((12, 5), (555, 42, 2)),
+    ((12, 4), (550, 54, 14)),
+    ((12, 3), (545, 23, 6)),
+    ((12, 2), (535, 54, 3)),
+    ((12, 1), (530, 30, 2)),
+    ((12, 0), (525, 60, 13)),
+    ((11, 8), (520, 61, 5)),
+    ((11, 7), (515, 43, 4)),
+    ((11, 6), (510, 39, 1)),
+    ((11, 5), (495, 29, 5)),
+    ((11, 4), (470, 42, 1)),
+    ((11, 3), (465, 19, 1)),
+    ((11, 2), (460, 27, 3)),
+    ((11, 1), (455, 23)),
+    ((11, 0), (450, 36, 6)),
+    ((10, 2), (440, 33)),
+    ((10, 1), (418, 39)),
+    ((10, 0), (410, 48)),
 )
 # CUDA major → the driver from which every minor of it runs through minor version compatibility.
 _MINOR_COMPAT_DRIVER = {13: (580,), 12: (525, 60, 13), 11: (450, 80, 2)}
@@ -668,25 +771,50 @@ def check_cuda_build(build: dict, driver: dict, driver_cuda: str | None, probe: 
     drv = driver.get("nvidia.driver_version")
     gpus = driver.get("nvidia.gpu_count")
     gpus_text = "" if not isinstance(gpus, int) else " (%d GPU%s)" % (gpus, "" if gpus == 1 else "s")
-    details = {"torch": tv, "torch_cuda_build": cuda, "torch_hip_build": hip, "driver": drv,
-               "driver_cuda": driver_cuda, "gpu_count": gpus, "probe": probe}
+    details = {
+        "torch": tv,
+        "torch_cuda_build": cuda,
+        "torch_hip_build": hip,
+        "driver": drv,
+        "driver_cuda": driver_cuda,
+        "gpu_count": gpus,
+        "probe": probe,
+    }
     no_driver = "no NVIDIA driver (/proc/driver/nvidia/version missing)"
     if hip:
-        return Check("cuda", "warn", "torch %s is a ROCm/HIP %s build; the NVIDIA CUDA checks do not apply" % (tv, hip),
-                     None, details=details)
+        return Check(
+            "cuda",
+            "warn",
+            "torch %s is a ROCm/HIP %s build; the NVIDIA CUDA checks do not apply" % (tv, hip),
+            None,
+            details=details,
+        )
     if not cuda:
         if drv:
-            return Check("cuda", "fail", "torch %s is a CPU build, but NVIDIA driver %s is here%s" % (tv, drv, gpus_text),
-                         "install a CUDA build of torch (https://pytorch.org/get-started/locally/), built for a "
-                         "CUDA version the driver supports%s" % (" (up to %s)" % driver_cuda if driver_cuda else ""),
-                         details=details)
-        return Check("cuda", "warn", "no CUDA: CPU build of torch (%s); %s" % (tv, no_driver),
-                     "training runs on the CPU here; to train on a GPU, use a machine with an NVIDIA GPU "
-                     "and a CUDA build of torch", details=details)
+            return Check(
+                "cuda",
+                "fail",
+                "torch %s is a CPU build, but NVIDIA driver %s is here%s" % (tv, drv, gpus_text),
+                "install a CUDA build of torch (https://pytorch.org/get-started/locally/), built for a "
+                "CUDA version the driver supports%s" % (" (up to %s)" % driver_cuda if driver_cuda else ""),
+                details=details,
+            )
+        return Check(
+            "cuda",
+            "warn",
+            "no CUDA: CPU build of torch (%s); %s" % (tv, no_driver),
+            "training runs on the CPU here; to train on a GPU, use a machine with an NVIDIA GPU "
+            "and a CUDA build of torch",
+            details=details,
+        )
     if not drv:
-        return Check("cuda", "warn", "torch %s is built for CUDA %s, but there is %s" % (tv, cuda, no_driver),
-                     "run on a GPU machine; in a container, start it with the NVIDIA runtime (docker --gpus all)",
-                     details=details)
+        return Check(
+            "cuda",
+            "warn",
+            "torch %s is built for CUDA %s, but there is %s" % (tv, cuda, no_driver),
+            "run on a GPU machine; in a container, start it with the NVIDIA runtime (docker --gpus all)",
+            details=details,
+        )
     want = _vtuple(cuda)[:2]
     source = "libcuda"
     have = _vtuple(driver_cuda)[:2] if driver_cuda else None
@@ -694,8 +822,13 @@ def check_cuda_build(build: dict, driver: dict, driver_cuda: str | None, probe: 
         have = max_cuda_for_driver(drv)
         source = "table"
         if have is None:
-            return Check("cuda", "warn", "torch %s is built for CUDA %s; cannot tell which CUDA driver %s supports" % (
-                tv, cuda, drv), "compare with the CUDA version nvidia-smi shows", details=details)
+            return Check(
+                "cuda",
+                "warn",
+                "torch %s is built for CUDA %s; cannot tell which CUDA driver %s supports" % (tv, cuda, drv),
+                "compare with the CUDA version nvidia-smi shows",
+                details=details,
+            )
     newest_known = _CUDA_MIN_DRIVER[0][0]
     have_text = "%d.%d" % have + ("+" if source == "table" and have == newest_known else "")
     details["driver_cuda"] = have_text
@@ -705,15 +838,26 @@ def check_cuda_build(build: dict, driver: dict, driver_cuda: str | None, probe: 
     compat = _MINOR_COMPAT_DRIVER.get(want[0])
     if have[0] == want[0] and compat and _vtuple(drv) >= compat:
         need = dict(_CUDA_MIN_DRIVER).get(want)
-        return Check("cuda", "warn", head + ": runs only through CUDA minor version compatibility (no PTX JIT; "
-                     "some kernels may fail)", "upgrade the NVIDIA driver%s, or install torch built for CUDA %s" % (
-                         " to %s or newer" % ".".join(map(str, need)) if need else "", have_text), details=details)
-    return Check("cuda", "fail", head + ": too old for this torch, CUDA will not initialise",
-                 "upgrade the NVIDIA driver, or install torch built for CUDA %s or older "
-                 "(https://pytorch.org/get-started/previous-versions/)" % have_text, details=details)
+        return Check(
+            "cuda",
+            "warn",
+            head + ": runs only through CUDA minor version compatibility (no PTX JIT; some kernels may fail)",
+            "upgrade the NVIDIA driver%s, or install torch built for CUDA %s"
+            % (" to %s or newer" % ".".join(map(str, need)) if need else "", have_text),
+            details=details,
+        )
+    return Check(
+        "cuda",
+        "fail",
+        head + ": too old for this torch, CUDA will not initialise",
+        "upgrade the NVIDIA driver, or install torch built for CUDA %s or older "
+        "(https://pytorch.org/get-started/previous-versions/)" % have_text,
+        details=details,
+    )
 
 
 # --- stacks ------------------------------------------------------------------------------------
+
 
 def _threads(stacks: str) -> list:
     """faulthandler's dump → ``[(header, [(path, line, func), ...innermost first])]``."""
@@ -771,8 +915,9 @@ def _short_path(path: str) -> str:
 
 # --- the parent: following the check process ---------------------------------------------------
 
+
 class _Step:
-    __slots__ = ("name", "kind", "limit", "began")
+    __slots__ = ("began", "kind", "limit", "name")
 
     def __init__(self, name: str, kind: str, limit: float) -> None:
         self.name, self.kind, self.limit, self.began = name, kind, limit, time.monotonic()
@@ -795,7 +940,7 @@ class _Run:
 
 def _timeout_for(step: str, kind: str, limits: dict, import_limits: dict) -> float:
     if kind == "import":
-        module = step[len("import "):] if step.startswith("import ") else step
+        module = step[len("import ") :] if step.startswith("import ") else step
         for key in (module, module.partition(".")[0]):
             if key in import_limits:
                 return import_limits[key]
@@ -847,6 +992,7 @@ def _gather(pid: int, stacks_path: str | None) -> dict:
     or the one the check script registers on the same signal)."""
     from lora_otel._boot.seam import stack_signal
     from lora_otel.analysis import evidence
+
     try:
         signum = stack_signal()
         request = evidence.StackRequest(signum, stacks_path) if stacks_path and signum else None
@@ -859,9 +1005,9 @@ def _diagnosis(step: _Step, ev: dict, journal: str | None) -> str:
     """diagnose's sentence when it says something specific (network, CUDA init, frozen), else ""."""
     try:
         from lora_otel.analysis.diagnose import explain
-        from lora_otel.journal.tree import deepest_open_span
-        from lora_otel.journal.reader import Span, read_journal
         from lora_otel.analysis.stall import Stall
+        from lora_otel.journal.reader import Span, read_journal
+        from lora_otel.journal.tree import deepest_open_span
 
         j = None
         span = None
@@ -869,8 +1015,9 @@ def _diagnosis(step: _Step, ev: dict, journal: str | None) -> str:
             j = read_journal(journal)
             span = deepest_open_span(j)
         if span is None:
-            span = Span(name=step.name, span_id="0" * 15 + "1", parent_id=None, trace_id="0" * 31 + "1",
-                        start_ns=time.time_ns())
+            span = Span(
+                name=step.name, span_id="0" * 15 + "1", parent_id=None, trace_id="0" * 31 + "1", start_ns=time.time_ns()
+            )
         waited = time.monotonic() - step.began
         sentence = explain(Stall("alive", span, waited, step.limit, ""), ev, j).sentence
         return "" if sentence.startswith("Cannot tell") else sentence
@@ -878,8 +1025,9 @@ def _diagnosis(step: _Step, ev: dict, journal: str | None) -> str:
         return ""
 
 
-def _follow(proc, rfd: int, journal: str | None, log_path: str | None, fallback_stacks: str,
-            limits: dict, import_limits: dict) -> _Run:
+def _follow(
+    proc, rfd: int, journal: str | None, log_path: str | None, fallback_stacks: str, limits: dict, import_limits: dict
+) -> _Run:
     """Read the check process's messages until it exits; kill it when a step passes its limit."""
     import json
     import selectors
@@ -931,14 +1079,19 @@ def _follow(proc, rfd: int, journal: str | None, log_path: str | None, fallback_
                         pass
                     for raw in buf.split(b"\n"):
                         try:
-                            current = _on_message(run, json.loads(raw.decode("utf-8", "replace")), current,
-                                                  limits, import_limits)
+                            current = _on_message(
+                                run, json.loads(raw.decode("utf-8", "replace")), current, limits, import_limits
+                            )
                         except ValueError:
                             pass
                 run.returncode = rc
                 if not run.done:
-                    run.died = {"step": current.name, "kind": current.kind, "status": _describe_status(rc),
-                                "log_tail": _log_tail(log_path)}
+                    run.died = {
+                        "step": current.name,
+                        "kind": current.kind,
+                        "status": _describe_status(rc),
+                        "log_tail": _log_tail(log_path),
+                    }
                 break
     finally:
         sel.close()
@@ -948,7 +1101,7 @@ def _follow(proc, rfd: int, journal: str | None, log_path: str | None, fallback_
             _append_exit(journal, proc.returncode, "lora-otel doctor was interrupted")
     if run.returncode is None:
         run.returncode = proc.returncode
-    if run.returncode is not None and run.returncode < 0 or run.hung or run.exit_hung:
+    if (run.returncode is not None and run.returncode < 0) or run.hung or run.exit_hung:
         why = None
         if run.hung:
             why = "%s passed its %s limit" % (run.hung["step"], _limit(run.hung["limit"]))
@@ -987,10 +1140,17 @@ def _on_hang(run: _Run, proc, step: _Step, journal: str | None, fallback_stacks:
     waited = time.monotonic() - step.began
     ev = _gather(proc.pid, stacks_path)
     stacks = str(ev.get(PREFIX + "python.stacks") or ev.get(PREFIX + "py_spy.dump") or "")
-    info = {"step": step.name, "kind": step.kind, "limit": step.limit, "waited": round(waited, 1),
-            "evidence": {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in ev.items()},
-            "stacks": stacks, "excerpt": stack_excerpt(stacks), "diagnosis": _diagnosis(step, ev, journal),
-            "pid": proc.pid}
+    info = {
+        "step": step.name,
+        "kind": step.kind,
+        "limit": step.limit,
+        "waited": round(waited, 1),
+        "evidence": {k[len(PREFIX) :] if k.startswith(PREFIX) else k: v for k, v in ev.items()},
+        "stacks": stacks,
+        "excerpt": stack_excerpt(stacks),
+        "diagnosis": _diagnosis(step, ev, journal),
+        "pid": proc.pid,
+    }
     _kill_group(proc)
     try:
         proc.wait(timeout=30)
@@ -1007,14 +1167,14 @@ def _on_hang(run: _Run, proc, step: _Step, journal: str | None, fallback_stacks:
 
 _HANG_ADVICE = {
     "import": "find what %s waits for in the stack (a lock, the network, a GPU, a slow file system); if it "
-              "is only slow, raise --import-timeout",
+    "is only slow, raise --import-timeout",
     "cuda": "CUDA initialisation hung: look at nvidia-smi and the kernel log (dmesg: Xid errors), check "
-            "CUDA_VISIBLE_DEVICES; raise --cuda-timeout if the machine is only slow",
+    "CUDA_VISIBLE_DEVICES; raise --cuda-timeout if the machine is only slow",
     "gpu": "the GPU did not finish a %dx%d matmul: look at nvidia-smi for a busy or faulty device and dmesg "
-           "for Xid errors; raise --gpu-timeout if it is only slow" % (MATMUL_N, MATMUL_N),
+    "for Xid errors; raise --gpu-timeout if it is only slow" % (MATMUL_N, MATMUL_N),
     "lora": "the LoRA forward/backward did not finish: see the stack; raise --lora-timeout if it is only slow",
     "exit": "something the check process loaded blocks interpreter exit (an atexit handler or a non-daemon "
-            "thread): see the stack",
+    "thread): see the stack",
 }
 
 
@@ -1041,17 +1201,31 @@ def _hang_check(h: dict, name: str | None = None) -> Check:
     step = h["step"]
     advice = _HANG_ADVICE.get(h["kind"], "see the stack")
     if step == "start-up":
-        advice = ("the interpreter's start hangs before the first check (sitecustomize, a .pth file, "
-                  "lora_otel's preamble): see the stack; raise --import-timeout if it is only slow")
+        advice = (
+            "the interpreter's start hangs before the first check (sitecustomize, a .pth file, "
+            "lora_otel's preamble): see the stack; raise --import-timeout if it is only slow"
+        )
     elif step.startswith("after ") or step == "after start-up":
         advice = "the check process hung between two steps, in lora-otel doctor itself: see the stack, and report it"
     elif "%s" in advice:
-        advice = advice % step[len("import "):]
+        advice = advice % step[len("import ") :]
     status = "warn" if h["kind"] == "exit" else "fail"
-    return Check(name or step, status, "hung: " + "; ".join(parts), advice, duration_s=h["waited"],
-                 details={"pid": h["pid"], "limit_s": h["limit"], "killed": h.get("killed"),
-                          "stack": [{"file": p, "line": n, "function": f, "source": s} for p, n, f, s in h["excerpt"]],
-                          "stacks": h["stacks"], "diagnosis": h["diagnosis"], "evidence": h["evidence"]})
+    return Check(
+        name or step,
+        status,
+        "hung: " + "; ".join(parts),
+        advice,
+        duration_s=h["waited"],
+        details={
+            "pid": h["pid"],
+            "limit_s": h["limit"],
+            "killed": h.get("killed"),
+            "stack": [{"file": p, "line": n, "function": f, "source": s} for p, n, f, s in h["excerpt"]],
+            "stacks": h["stacks"],
+            "diagnosis": h["diagnosis"],
+            "evidence": h["evidence"],
+        },
+    )
 
 
 def _died_check(d: dict, name: str) -> Check:
@@ -1061,11 +1235,15 @@ def _died_check(d: dict, name: str) -> Check:
     if d["status"].startswith("cannot start"):
         advice = "check that this Python (%s) can start programs" % sys.executable
     elif name.startswith("import "):
-        advice = ("a crash in native code (a C extension, a CUDA library): run it alone to see the native stack, "
-                  "python -X faulthandler -c 'import %s'; the check process's log has the output" % name[7:])
+        advice = (
+            "a crash in native code (a C extension, a CUDA library): run it alone to see the native stack, "
+            "python -X faulthandler -c 'import %s'; the check process's log has the output" % name[7:]
+        )
     else:
-        advice = ("a crash in native code (the driver, a CUDA library): see the check process's log for the "
-                  "faulthandler stack, and dmesg for driver errors")
+        advice = (
+            "a crash in native code (the driver, a CUDA library): see the check process's log for the "
+            "faulthandler stack, and dmesg for driver errors"
+        )
     return Check(name, "fail", evidence, advice, details={"status": d["status"], "log_tail": tail})
 
 
@@ -1078,18 +1256,25 @@ def _import_advice(module: str, msg: dict) -> str:
             return "not installed: pip install %s (or fix PYTHONPATH)" % top
         return "%s needs %s, which is missing: install the package that provides it" % (module, missing)
     return "reinstall %s (pip install --force-reinstall %s), or install a version that fits the rest of the stack" % (
-        top, top)
+        top,
+        top,
+    )
 
 
 def _import_check(name: str, msg: dict, failed_before=()) -> Check:
     """An import's line. ``failed_before``: modules whose import failed earlier; an error raised
     inside one of them is that module's, and the advice says so."""
-    module = name[len("import "):]
+    module = name[len("import ") :]
     dt = msg.get("duration_s")
     if msg.get("status") == "ok":
         version = msg.get("version")
-        return Check(name, "ok", "%s in %s" % (version or "(no version)", _secs(dt or 0)), duration_s=dt,
-                     details={"version": version, "file": msg.get("file")})
+        return Check(
+            name,
+            "ok",
+            "%s in %s" % (version or "(no version)", _secs(dt or 0)),
+            duration_s=dt,
+            details={"version": version, "file": msg.get("file")},
+        )
     frames = msg.get("frames") or []
     where = ""
     if frames:
@@ -1102,12 +1287,20 @@ def _import_check(name: str, msg: dict, failed_before=()) -> Check:
     for other in failed_before:
         other_top = other.partition(".")[0]
         paths = [p for p, _, _ in frames] + list(msg.get("chained_files") or [])
-        if other_top != top and any("/%s/" % other_top in p.replace("\\", "/") or
-                                    p.replace("\\", "/").endswith("/%s.py" % other_top) for p in paths):
+        if other_top != top and any(
+            "/%s/" % other_top in p.replace("\\", "/") or p.replace("\\", "/").endswith("/%s.py" % other_top)
+            for p in paths
+        ):
             advice = "raised inside %s, whose own import failed above: fix %s first" % (other_top, other_top)
             break
-    return Check(name, "fail", "raised %s%s" % (msg.get("error"), where), advice, duration_s=dt, details={"error": msg.get("error"), "traceback": msg.get("traceback"),
-                                         "frames": frames})
+    return Check(
+        name,
+        "fail",
+        "raised %s%s" % (msg.get("error"), where),
+        advice,
+        duration_s=dt,
+        details={"error": msg.get("error"), "traceback": msg.get("traceback"), "frames": frames},
+    )
 
 
 def _gpu_check(name: str, msg: dict) -> Check:
@@ -1117,39 +1310,89 @@ def _gpu_check(name: str, msg: dict) -> Check:
     mem = ""
     if isinstance(msg.get("free"), int) and isinstance(msg.get("total"), int):
         mem = "; %s free of %s" % (format_bytes(msg["free"]), format_bytes(msg["total"]))
-    details = {k: msg.get(k) for k in ("index", "device_name", "capability", "free", "total", "matmul_s",
-                                        "max_rel_error", "arch_list", "arch_ok")}
+    details = {
+        k: msg.get(k)
+        for k in (
+            "index",
+            "device_name",
+            "capability",
+            "free",
+            "total",
+            "matmul_s",
+            "max_rel_error",
+            "arch_list",
+            "arch_ok",
+        )
+    }
     if msg.get("status") != "ok":
-        return Check(name, "fail", "%s: %s%s" % (head, msg.get("error"), mem),
-                     "the GPU cannot run torch's kernels: check nvidia-smi and dmesg (Xid errors); for 'no kernel "
-                     "image', install a torch build for this GPU's architecture", duration_s=dt, details=details)
+        return Check(
+            name,
+            "fail",
+            "%s: %s%s" % (head, msg.get("error"), mem),
+            "the GPU cannot run torch's kernels: check nvidia-smi and dmesg (Xid errors); for 'no kernel "
+            "image', install a torch build for this GPU's architecture",
+            duration_s=dt,
+            details=details,
+        )
     text = "%s: %dx%d matmul and read back in %s, max relative error %.1g%s" % (
-        head, MATMUL_N, MATMUL_N, _secs(msg.get("matmul_s") or 0), msg.get("max_rel_error") or 0.0, mem)
+        head,
+        MATMUL_N,
+        MATMUL_N,
+        _secs(msg.get("matmul_s") or 0),
+        msg.get("max_rel_error") or 0.0,
+        mem,
+    )
     if msg.get("arch_ok") is False:
-        return Check(name, "warn", text + "; torch has no kernels built for sm_%s (built: %s)" % (
-            str(msg.get("capability")).replace(".", ""), " ".join(msg.get("arch_list") or [])),
+        return Check(
+            name,
+            "warn",
+            text
+            + "; torch has no kernels built for sm_%s (built: %s)"
+            % (str(msg.get("capability")).replace(".", ""), " ".join(msg.get("arch_list") or [])),
             "install a torch build that lists this GPU's architecture (torch.cuda.get_arch_list())",
-            duration_s=dt, details=details)
+            duration_s=dt,
+            details=details,
+        )
     return Check(name, "ok", text, duration_s=dt, details=details)
 
 
 def _lora_check(msg: dict) -> Check:
     dt = msg.get("duration_s")
-    details = {k: msg.get(k) for k in ("model", "device", "loss", "lora_tensors", "lora_tensors_with_grad",
-                                        "trainable", "total", "peft")}
+    details = {
+        k: msg.get(k)
+        for k in ("model", "device", "loss", "lora_tensors", "lora_tensors_with_grad", "trainable", "total", "peft")
+    }
     if msg.get("status") != "ok":
         frames = msg.get("frames") or []
         where = " at %s" % _frame_text(*frames[-1]) if frames else ""
         details["traceback"] = msg.get("traceback")
-        return Check("lora", "fail", "LoRA forward/backward on a tiny %s (%s) failed: %s%s" % (
-            msg.get("model") or "model", msg.get("device") or "?", msg.get("error"), where),
+        return Check(
+            "lora",
+            "fail",
+            "LoRA forward/backward on a tiny %s (%s) failed: %s%s"
+            % (msg.get("model") or "model", msg.get("device") or "?", msg.get("error"), where),
             "peft, transformers and torch do not work together here: compare their versions with peft's "
-            "requirements (above), or upgrade peft", duration_s=dt, details=details)
-    return Check("lora", "ok", "peft %s: LoRA r=4 forward+backward on a tiny %s (%s) in %s, loss %.3g, "
-                 "%d of %d LoRA tensors got gradients, base weights frozen" % (
-                     msg.get("peft") or "?", msg.get("model"), msg.get("device"), _secs(msg.get("compute_s") or 0),
-                     msg.get("loss") or 0.0, msg.get("lora_tensors_with_grad") or 0, msg.get("lora_tensors") or 0),
-                 duration_s=dt, details=details)
+            "requirements (above), or upgrade peft",
+            duration_s=dt,
+            details=details,
+        )
+    return Check(
+        "lora",
+        "ok",
+        "peft %s: LoRA r=4 forward+backward on a tiny %s (%s) in %s, loss %.3g, "
+        "%d of %d LoRA tensors got gradients, base weights frozen"
+        % (
+            msg.get("peft") or "?",
+            msg.get("model"),
+            msg.get("device"),
+            _secs(msg.get("compute_s") or 0),
+            msg.get("loss") or 0.0,
+            msg.get("lora_tensors_with_grad") or 0,
+            msg.get("lora_tensors") or 0,
+        ),
+        duration_s=dt,
+        details=details,
+    )
 
 
 def _cuda_runtime_checks(run: _Run, static: Check | None, need: int | None) -> list:
@@ -1161,12 +1404,22 @@ def _cuda_runtime_checks(run: _Run, static: Check | None, need: int | None) -> l
     if cuda is not None and probe is not None:
         cuda.details["probe"] = {k: probe.get(k) for k in ("available", "reason")}
         if probe.get("status") == "ok" and not probe.get("available") and cuda.status == "ok":
-            cuda = Check("cuda", "fail", cuda.evidence + "; but torch.cuda.is_available() is False: %s" % (
-                probe.get("reason") or "no reason given"),
-                "check CUDA_VISIBLE_DEVICES and that this process can open /dev/nvidia*", details=cuda.details)
+            cuda = Check(
+                "cuda",
+                "fail",
+                cuda.evidence
+                + "; but torch.cuda.is_available() is False: %s" % (probe.get("reason") or "no reason given"),
+                "check CUDA_VISIBLE_DEVICES and that this process can open /dev/nvidia*",
+                details=cuda.details,
+            )
         elif probe.get("status") != "ok":
-            cuda = Check("cuda", "fail", "torch.cuda.is_available() raised %s" % probe.get("error"),
-                         "reinstall torch", details=cuda.details)
+            cuda = Check(
+                "cuda",
+                "fail",
+                "torch.cuda.is_available() raised %s" % probe.get("error"),
+                "reinstall torch",
+                details=cuda.details,
+            )
         cuda.duration_s = probe.get("duration_s")
     if cuda is not None:
         out.append(cuda)
@@ -1174,14 +1427,33 @@ def _cuda_runtime_checks(run: _Run, static: Check | None, need: int | None) -> l
     if init is not None:
         if init.get("status") == "ok":
             names = init.get("device_names") or []
-            out.append(Check("cuda init", "ok", "%d device%s: %s in %s" % (
-                len(names), "" if len(names) == 1 else "s", ", ".join(names), _secs(init.get("duration_s") or 0)),
-                duration_s=init.get("duration_s"), details={"device_names": names}))
+            out.append(
+                Check(
+                    "cuda init",
+                    "ok",
+                    "%d device%s: %s in %s"
+                    % (
+                        len(names),
+                        "" if len(names) == 1 else "s",
+                        ", ".join(names),
+                        _secs(init.get("duration_s") or 0),
+                    ),
+                    duration_s=init.get("duration_s"),
+                    details={"device_names": names},
+                )
+            )
         else:
-            out.append(Check("cuda init", "fail", "raised %s" % init.get("error"),
-                             "check nvidia-smi, the driver (dmesg: Xid errors) and that torch's CUDA build fits "
-                             "the driver (the cuda line)", duration_s=init.get("duration_s"),
-                             details={"traceback": init.get("traceback")}))
+            out.append(
+                Check(
+                    "cuda init",
+                    "fail",
+                    "raised %s" % init.get("error"),
+                    "check nvidia-smi, the driver (dmesg: Xid errors) and that torch's CUDA build fits "
+                    "the driver (the cuda line)",
+                    duration_s=init.get("duration_s"),
+                    details={"traceback": init.get("traceback")},
+                )
+            )
     gpus = [(n, m) for n, m in run.results.items() if n.startswith("gpu ") and n[4:].isdigit()]
     gpus.sort(key=lambda nm: int(nm[0][4:]))
     for name, msg in gpus:
@@ -1198,26 +1470,54 @@ def _memory_check(need: int, probe: dict | None, init: dict | None, gpus: list, 
         short = [(n, m) for n, m in measured if m["free"] < need]
         details = {"need": need, "free": {n: m["free"] for n, m in measured}}
         if short:
-            return Check("gpu memory", "fail", "%s; %s" % (want, ", ".join(
-                "%s has %s free of %s" % (n, format_bytes(m["free"]), format_bytes(m.get("total") or 0))
-                for n, m in short)),
+            return Check(
+                "gpu memory",
+                "fail",
+                "%s; %s"
+                % (
+                    want,
+                    ", ".join(
+                        "%s has %s free of %s" % (n, format_bytes(m["free"]), format_bytes(m.get("total") or 0))
+                        for n, m in short
+                    ),
+                ),
                 "free the GPUs (nvidia-smi shows who holds them), use GPUs with more memory, or lower the job's "
-                "memory (batch size, gradient checkpointing, 4-bit base weights)", details=details)
+                "memory (batch size, gradient checkpointing, 4-bit base weights)",
+                details=details,
+            )
         low = min(measured, key=lambda nm: nm[1]["free"])
-        return Check("gpu memory", "ok", "%s; every visible GPU has it (the least: %s with %s free)" % (
-            want, low[0], format_bytes(low[1]["free"])), details=details)
+        return Check(
+            "gpu memory",
+            "ok",
+            "%s; every visible GPU has it (the least: %s with %s free)" % (want, low[0], format_bytes(low[1]["free"])),
+            details=details,
+        )
     reason = None
     if probe is not None and probe.get("status") == "ok" and not probe.get("available"):
         reason = "torch sees no CUDA device (%s)" % (probe.get("reason") or "torch.cuda.is_available() is False")
-    elif probe is None and static is not None and (
-            not static.details.get("torch_cuda_build") or not static.details.get("driver")):
+    elif (
+        probe is None
+        and static is not None
+        and (not static.details.get("torch_cuda_build") or not static.details.get("driver"))
+    ):
         reason = "torch can use none here (%s)" % (
-            static.evidence[len("no CUDA: "):] if static.evidence.startswith("no CUDA: ") else static.evidence)
+            static.evidence[len("no CUDA: ") :] if static.evidence.startswith("no CUDA: ") else static.evidence
+        )
     if reason:
-        return Check("gpu memory", "fail", "no GPU: %s, but %s" % (want, reason),
-                     "run on a machine with a GPU that has %s free" % format_bytes(need), details={"need": need})
-    return Check("gpu memory", "warn", "%s; not measured: CUDA did not get that far" % want,
-                 "fix the CUDA lines above first", details={"need": need})
+        return Check(
+            "gpu memory",
+            "fail",
+            "no GPU: %s, but %s" % (want, reason),
+            "run on a machine with a GPU that has %s free" % format_bytes(need),
+            details={"need": need},
+        )
+    return Check(
+        "gpu memory",
+        "warn",
+        "%s; not measured: CUDA did not get that far" % want,
+        "fix the CUDA lines above first",
+        details={"need": need},
+    )
 
 
 def _journal_check(journal: str | None, run: _Run) -> Check:
@@ -1225,17 +1525,20 @@ def _journal_check(journal: str | None, run: _Run) -> Check:
 
     actual = run.hello.get("journal") or journal
     if not run.hello.get("traced") and not (actual and os.path.exists(actual)):
-        return Check("journal", "warn", "the check process was not traced: no journal at %s" % journal,
-                     "is lora_otel installed in this Python (%s)? its .pth hook activates LORA_OTEL=1" % sys.executable,
-                     details={"path": journal})
+        return Check(
+            "journal",
+            "warn",
+            "the check process was not traced: no journal at %s" % journal,
+            "is lora_otel installed in this Python (%s)? its .pth hook activates LORA_OTEL=1" % sys.executable,
+            details={"path": journal},
+        )
     try:
         j = read_journal(actual)
     except JournalError as e:
         return Check("journal", "warn", "cannot read the journal: %s" % e, None, details={"path": actual})
     imports = [s for s in j.spans if s.name.startswith("import ")]
     text = "%s: %d spans (%d imports)" % (_rel(actual), len(j.spans), len(imports))
-    details = {"path": actual, "spans": len(j.spans), "imports": [s.name for s in imports],
-               "problems": j.problems}
+    details = {"path": actual, "spans": len(j.spans), "imports": [s.name for s in imports], "problems": j.problems}
     root = j.root.attrs if j.root is not None else {}
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint:
@@ -1245,21 +1548,39 @@ def _journal_check(journal: str | None, run: _Run) -> Check:
     errors = [ln.msg for ln in j.lines if ln.level == "error" and "live export" in ln.msg]
     if root.get("lora_otel.sidecar.pid"):
         text += "; exported live to %s by sidecar pid %s (log: %s)" % (
-            endpoint or "the configured endpoint", root["lora_otel.sidecar.pid"],
-            _rel(str(root.get("lora_otel.sidecar.log") or "?")))
+            endpoint or "the configured endpoint",
+            root["lora_otel.sidecar.pid"],
+            _rel(str(root.get("lora_otel.sidecar.log") or "?")),
+        )
         details["sidecar_pid"] = root["lora_otel.sidecar.pid"]
     elif errors:
-        return Check("journal", "warn", text + "; " + errors[-1], "see docs/journal.md; the journal can be sent later "
-                     "with lora-otel replay %s" % _rel(actual), details=details)
+        return Check(
+            "journal",
+            "warn",
+            text + "; " + errors[-1],
+            "see docs/journal.md; the journal can be sent later with lora-otel replay %s" % _rel(actual),
+            details=details,
+        )
     elif endpoint:
         text += "; no live export although %s is set" % endpoint
-        return Check("journal", "warn", text, "see the check process's log %s" % _rel(
-            run.hello.get("log") or ""), details=details)
+        return Check(
+            "journal",
+            "warn",
+            text,
+            "see the check process's log %s" % _rel(run.hello.get("log") or ""),
+            details=details,
+        )
     else:
         text += "; no OTLP endpoint set (lora-otel replay sends it later)"
     if j.problems:
-        return Check("journal", "warn", text + "; %d problem%s reading it: %s" % (
-            len(j.problems), "" if len(j.problems) == 1 else "s", j.problems[0]), None, details=details)
+        return Check(
+            "journal",
+            "warn",
+            text
+            + "; %d problem%s reading it: %s" % (len(j.problems), "" if len(j.problems) == 1 else "s", j.problems[0]),
+            None,
+            details=details,
+        )
     return Check("journal", "ok", text, details=details)
 
 
@@ -1272,6 +1593,7 @@ def _rel(path: str) -> str:
 
 
 # --- the parent: the whole run -----------------------------------------------------------------
+
 
 def _installed(name: str) -> bool:
     """Whether a top-level module can be found (its finder only: nothing of it runs)."""
@@ -1308,8 +1630,8 @@ def doctor(args) -> dict:
     import subprocess
 
     from lora_otel import __version__
-    from lora_otel.cli.run import die_with_parent
     from lora_otel._boot import envfacts, paths, preamble
+    from lora_otel.cli.run import die_with_parent
 
     started = time.monotonic()
     also = list(getattr(args, "also_import", None) or [])
@@ -1355,13 +1677,24 @@ def doctor(args) -> dict:
     proc = None
     try:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    env=_child_env(journal, wfd), pass_fds=(wfd,), start_new_session=True,
-                                    preexec_fn=die_with_parent())
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=_child_env(journal, wfd),
+                pass_fds=(wfd,),
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
         except OSError as e:
             run = _Run()
-            run.died = {"step": "start-up", "kind": "import", "status": "cannot start %s: %s" % (
-                sys.executable, e.strerror or e), "log_tail": ""}
+            run.died = {
+                "step": "start-up",
+                "kind": "import",
+                "status": "cannot start %s: %s" % (sys.executable, e.strerror or e),
+                "log_tail": "",
+            }
         finally:
             os.close(wfd)
             log.close()
@@ -1371,8 +1704,14 @@ def doctor(args) -> dict:
             checks += check_python(dists)
             checks += check_requirements(dists)
         except Exception as e:  # noqa: BLE001 - a broken metadata store must not stop the flow's report
-            checks.append(Check("requirements", "warn", "cannot read the installed packages' metadata: %s: %s" % (
-                type(e).__name__, e), "reinstall the package named in the error"))
+            checks.append(
+                Check(
+                    "requirements",
+                    "warn",
+                    "cannot read the installed packages' metadata: %s: %s" % (type(e).__name__, e),
+                    "reinstall the package named in the error",
+                )
+            )
         build = envfacts.torch_build()
         drv_facts = envfacts.driver_facts()
         driver_cuda = driver_cuda_version() if drv_facts.get("nvidia.driver_version") else None
@@ -1399,8 +1738,14 @@ def doctor(args) -> dict:
         elif run.died and run.died["step"] == name:
             checks.append(_died_check(run.died, name))
     if "torch" not in plan and "torch" not in also:
-        checks.append(Check("import torch", "fail", "torch is not installed", "pip install torch (a CUDA build for "
-                            "GPU training: https://pytorch.org/get-started/locally/)"))
+        checks.append(
+            Check(
+                "import torch",
+                "fail",
+                "torch is not installed",
+                "pip install torch (a CUDA build for GPU training: https://pytorch.org/get-started/locally/)",
+            )
+        )
     checks += _cuda_runtime_checks(run, static_cuda, need)
     for step, kind in (("cuda probe", "cuda"), ("cuda init", "cuda")):
         if run.hung and run.hung["step"] == step:
@@ -1425,9 +1770,15 @@ def doctor(args) -> dict:
     if run.exit_hung:
         checks.append(_hang_check(run.exit_hung, "exit"))
     elif run.done and run.returncode not in (0, None):
-        checks.append(Check("exit", "warn", "the check process finished its checks but exited with %s" %
-                            _describe_status(run.returncode), "see its log %s" % _rel(log_path),
-                            details={"log_tail": _log_tail(log_path)}))
+        checks.append(
+            Check(
+                "exit",
+                "warn",
+                "the check process finished its checks but exited with %s" % _describe_status(run.returncode),
+                "see its log %s" % _rel(log_path),
+                details={"log_tail": _log_tail(log_path)},
+            )
+        )
     left = [("import " + m) for m in imports if "import " + m not in run.results and "import " + m != stopped_at]
     if "torch" in imports and "cuda probe" not in run.results and stopped_at not in ("cuda probe", "cuda init"):
         left.append("cuda")
@@ -1440,8 +1791,15 @@ def doctor(args) -> dict:
             failed = [n for n in ("import torch", "import peft") if (run.results.get(n) or {}).get("status") == "error"]
             why = "%s failed" % " and ".join(failed) if failed else "skipped"
             first = failed[0] if failed else "the failures above"
-        checks.append(Check("not run", "warn", "%s: %s" % (", ".join(left), why),
-                            "fix %s first, then run lora-otel doctor again" % first, details={"steps": left}))
+        checks.append(
+            Check(
+                "not run",
+                "warn",
+                "%s: %s" % (", ".join(left), why),
+                "fix %s first, then run lora-otel doctor again" % first,
+                details={"steps": left},
+            )
+        )
     checks.append(_journal_check(journal, run))
     counts = {s: sum(1 for c in checks if c.status == s) for s in ("ok", "warn", "fail")}
     status = "fail" if counts["fail"] else "warn" if counts["warn"] else "ok"
@@ -1475,21 +1833,28 @@ def render_text(report: dict) -> str:
             text += " \u2014 " + c["advice"]
         lines.append(text)
         for frame in (c.get("details") or {}).get("stack") or []:
-            lines.append("%s%s" % (" " * 8, _frame_text(frame["file"], frame["line"], frame["function"],
-                                                         frame["source"])))
+            lines.append(
+                "%s%s" % (" " * 8, _frame_text(frame["file"], frame["line"], frame["function"], frame["source"]))
+            )
     if report.get("not_installed"):
         lines.append("not installed (not checked): %s" % ", ".join(report["not_installed"]))
     n = report["counts"]
-    lines.append("doctor: %d ok, %d warn, %d fail in %s; journal: %s" % (
-        n["ok"], n["warn"], n["fail"], _secs(report["duration_s"]),
-        _rel(report["journal"]) if report.get("journal") else "none"))
+    lines.append(
+        "doctor: %d ok, %d warn, %d fail in %s; journal: %s"
+        % (
+            n["ok"],
+            n["warn"],
+            n["fail"],
+            _secs(report["duration_s"]),
+            _rel(report["journal"]) if report.get("journal") else "none",
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
 def run_doctor(args) -> int:
     """``lora-otel doctor``: print the report, return 0 (no fail) or 1."""
     import json
-
     import signal
     import threading
 
@@ -1514,6 +1879,7 @@ def run_doctor(args) -> int:
 
 
 # --- arguments ---------------------------------------------------------------------------------
+
 
 def _seconds(text: str) -> float:
     import argparse
@@ -1566,24 +1932,45 @@ def _size(text: str) -> int:
 def add_arguments(p) -> None:
     """The options of ``lora-otel doctor`` (cli.py builds the subcommand)."""
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.md)")
-    p.add_argument("--dir", help="directory for the check process's journal (default: $LORA_OTEL_DIR, "
-                                 "else ./lora-otel/)")
-    p.add_argument("--need-gpu-memory", type=_size, metavar="SIZE",
-                   help="fail unless every visible GPU has this much free memory (16G, 80GB, 512M)")
-    p.add_argument("--also-import", action="append", type=_module, metavar="MODULE", default=[],
-                   help="also import this module, after the training stack, with the same checks (repeatable)")
-    p.add_argument("--import-timeout", action="append", type=_import_timeout, metavar="[MODULE=]S", default=[],
-                   help="seconds an import may take before it counts as hung (default 120); MODULE=S for one "
-                        "module (repeatable)")
-    p.add_argument("--cuda-timeout", type=_seconds, metavar="S", help="seconds for the CUDA probe and for CUDA "
-                                                                     "initialisation, each (default 120)")
-    p.add_argument("--gpu-timeout", type=_seconds, metavar="S",
-                   help="seconds for the matmul on each GPU (default 60)")
-    p.add_argument("--lora-timeout", type=_seconds, metavar="S",
-                   help="seconds for the LoRA forward and backward (default 120)")
+    p.add_argument(
+        "--dir", help="directory for the check process's journal (default: $LORA_OTEL_DIR, else ./lora-otel/)"
+    )
+    p.add_argument(
+        "--need-gpu-memory",
+        type=_size,
+        metavar="SIZE",
+        help="fail unless every visible GPU has this much free memory (16G, 80GB, 512M)",
+    )
+    p.add_argument(
+        "--also-import",
+        action="append",
+        type=_module,
+        metavar="MODULE",
+        default=[],
+        help="also import this module, after the training stack, with the same checks (repeatable)",
+    )
+    p.add_argument(
+        "--import-timeout",
+        action="append",
+        type=_import_timeout,
+        metavar="[MODULE=]S",
+        default=[],
+        help="seconds an import may take before it counts as hung (default 120); MODULE=S for one module (repeatable)",
+    )
+    p.add_argument(
+        "--cuda-timeout",
+        type=_seconds,
+        metavar="S",
+        help="seconds for the CUDA probe and for CUDA initialisation, each (default 120)",
+    )
+    p.add_argument("--gpu-timeout", type=_seconds, metavar="S", help="seconds for the matmul on each GPU (default 60)")
+    p.add_argument(
+        "--lora-timeout", type=_seconds, metavar="S", help="seconds for the LoRA forward and backward (default 120)"
+    )
 
 
 # --- the check process ----------------------------------------------------------------------------
+
 
 def _child_main(argv: list) -> int:
     """The check process: parse argv by hand (argparse would be an import of its own), then the flow."""
@@ -1648,8 +2035,15 @@ def _child_main(argv: list) -> int:
                 _KEEP.append(f)
             except Exception:  # noqa: BLE001
                 stacks_path = None
-    emit(ev="hello", pid=os.getpid(), traced=traced, journal=core.journal_path if traced else None,
-         stacks=stacks_path, log=log, python=sys.version.split()[0])
+    emit(
+        ev="hello",
+        pid=os.getpid(),
+        traced=traced,
+        journal=core.journal_path if traced else None,
+        stacks=stacks_path,
+        log=log,
+        python=sys.version.split()[0],
+    )
 
     ok: dict = {}
     for name in imports:
@@ -1701,8 +2095,14 @@ def _error_fields(e: BaseException) -> dict:
                 chained.append(path)
             tb = tb.tb_next
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
-    return {"status": "error", "error": "%s: %s" % (type(e).__name__, message), "error_type": type(e).__name__,
-            "frames": frames[-6:], "chained_files": chained[-20:], "traceback": text}
+    return {
+        "status": "error",
+        "error": "%s: %s" % (type(e).__name__, message),
+        "error_type": type(e).__name__,
+        "frames": frames[-6:],
+        "chained_files": chained[-20:],
+        "traceback": text,
+    }
 
 
 def _child_import(emit, name: str) -> bool:
@@ -1727,8 +2127,7 @@ def _child_import(emit, name: str) -> bool:
             version = envfacts.package_version(name.partition(".")[0])
         except Exception:  # noqa: BLE001
             version = None
-    emit(ev="end", step=step, status="ok", duration_s=dt, version=version,
-         file=getattr(mod, "__file__", None))
+    emit(ev="end", step=step, status="ok", duration_s=dt, version=version, file=getattr(mod, "__file__", None))
     return True
 
 
@@ -1749,8 +2148,14 @@ def _child_cuda(emit, torch) -> bool:
             reason = hooks._cuda_absent_reason(torch)
         except Exception:  # noqa: BLE001
             reason = None
-    emit(ev="end", step="cuda probe", status="ok", available=available, reason=reason,
-         duration_s=time.perf_counter() - t0)
+    emit(
+        ev="end",
+        step="cuda probe",
+        status="ok",
+        available=available,
+        reason=reason,
+        duration_s=time.perf_counter() - t0,
+    )
     if not available:
         return False
     emit(ev="begin", step="cuda init", kind="cuda")
@@ -1762,8 +2167,9 @@ def _child_cuda(emit, torch) -> bool:
     except Exception as e:  # noqa: BLE001
         emit(ev="end", step="cuda init", duration_s=time.perf_counter() - t0, **_error_fields(e))
         return False
-    emit(ev="end", step="cuda init", status="ok", device_count=n, device_names=names,
-         duration_s=time.perf_counter() - t0)
+    emit(
+        ev="end", step="cuda init", status="ok", device_count=n, device_names=names, duration_s=time.perf_counter() - t0
+    )
     try:
         arch_list = [str(a) for a in torch.cuda.get_arch_list()]
     except Exception:  # noqa: BLE001
@@ -1787,8 +2193,9 @@ def arch_supported(capability: tuple, arch_list) -> bool:
             continue
         cap = (int(digits) // 10, int(digits) % 10)
         suffixed = number != digits  # sm_90a: for exactly that capability
-        if kind == "sm" and (cap == capability or (not suffixed and cap[0] == capability[0]
-                                                   and cap[1] <= capability[1])):
+        if kind == "sm" and (
+            cap == capability or (not suffixed and cap[0] == capability[0] and cap[1] <= capability[1])
+        ):
             return True
         if kind == "compute" and not suffixed and cap <= capability:
             return True
@@ -1827,9 +2234,15 @@ def _child_gpu(emit, torch, i: int, arch_list: list) -> bool:
             torch.cuda.empty_cache()
         facts["max_rel_error"] = err
         if not finite or err > 1e-2:
-            emit(ev="end", step=step, status="error", duration_s=time.perf_counter() - t0,
-                 error="wrong result read back: %s" % ("not finite" if not finite else
-                                                       "max relative error %.3g against the CPU" % err), **facts)
+            emit(
+                ev="end",
+                step=step,
+                status="error",
+                duration_s=time.perf_counter() - t0,
+                error="wrong result read back: %s"
+                % ("not finite" if not finite else "max relative error %.3g against the CPU" % err),
+                **facts,
+            )
             return False
     except Exception as e:  # noqa: BLE001
         emit(ev="end", step=step, duration_s=time.perf_counter() - t0, **{**facts, **_error_fields(e)})
@@ -1856,9 +2269,15 @@ def _child_lora(emit, torch, on_gpu: bool, with_transformers: bool) -> None:
         with lora_otel.stage("lora forward+backward", model=facts["model"], device=device):
             if with_transformers:
                 transformers = sys.modules["transformers"]
-                config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                                  max_position_embeddings=64)
+                config = transformers.LlamaConfig(
+                    vocab_size=128,
+                    hidden_size=32,
+                    intermediate_size=64,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    num_key_value_heads=2,
+                    max_position_embeddings=64,
+                )
                 model = transformers.LlamaForCausalLM(config)
                 targets = ["q_proj", "v_proj"]
             else:
@@ -1882,7 +2301,8 @@ def _child_lora(emit, torch, on_gpu: bool, with_transformers: bool) -> None:
             lora_params = [(n, p) for n, p in model.named_parameters() if "lora_" in n]
             facts["lora_tensors"] = len(lora_params)
             facts["lora_tensors_with_grad"] = sum(
-                1 for _, p in lora_params if p.grad is not None and bool(torch.isfinite(p.grad).all().item()))
+                1 for _, p in lora_params if p.grad is not None and bool(torch.isfinite(p.grad).all().item())
+            )
             facts["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
             facts["total"] = sum(p.numel() for p in model.parameters())
             base_grads = [n for n, p in model.named_parameters() if "lora_" not in n and p.grad is not None]
@@ -1896,8 +2316,14 @@ def _child_lora(emit, torch, on_gpu: bool, with_transformers: bool) -> None:
         if base_grads:
             problems.append("base weights got gradients (%s)" % ", ".join(base_grads[:3]))
         if problems:
-            emit(ev="end", step="lora", status="error", error="; ".join(problems),
-                 duration_s=time.perf_counter() - t0, **facts)
+            emit(
+                ev="end",
+                step="lora",
+                status="error",
+                error="; ".join(problems),
+                duration_s=time.perf_counter() - t0,
+                **facts,
+            )
             return
     except Exception as e:  # noqa: BLE001
         emit(ev="end", step="lora", duration_s=time.perf_counter() - t0, **{**facts, **_error_fields(e)})

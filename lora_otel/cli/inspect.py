@@ -161,8 +161,12 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     elif summary:
         text = jobs_mod.render_summary(jobs, unreadable)
     else:
-        text = jobs_mod.render_text(jobs, unreadable, show_all=show_all,
-                                    notes={key: baseline.report_lines(report) for key, report in drift.items()})
+        text = jobs_mod.render_text(
+            jobs,
+            unreadable,
+            show_all=show_all,
+            notes={key: baseline.report_lines(report) for key, report in drift.items()},
+        )
     _write(text)
     return jobs_mod.exit_status(jobs) if summary else 0
 
@@ -172,6 +176,7 @@ def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:
     `Proc` (a baseline that cannot be used: one line on stderr, and no reports)."""
     from lora_otel.analysis import baseline
     from lora_otel.analysis import job as jobs_mod
+
     reports: dict[int, dict[str, Any]] = {}
     for job in jobs:
         first = jobs_mod.focus(job)
@@ -199,9 +204,14 @@ def resolve_path(path: str) -> str:
     import glob
     import re
 
-    rerun = re.compile(re.escape(os.path.basename(path)) + r"\.\d{8}T\d{6}Z-\d+(?:-[0-9a-f]+)?" + re.escape(JOURNAL_SUFFIX))
-    runs += [p for p in glob.glob(glob.escape(path) + ".*" + JOURNAL_SUFFIX)
-             if rerun.fullmatch(os.path.basename(p)) and os.path.isfile(p)]
+    rerun = re.compile(
+        re.escape(os.path.basename(path)) + r"\.\d{8}T\d{6}Z-\d+(?:-[0-9a-f]+)?" + re.escape(JOURNAL_SUFFIX)
+    )
+    runs += [
+        p
+        for p in glob.glob(glob.escape(path) + ".*" + JOURNAL_SUFFIX)
+        if rerun.fullmatch(os.path.basename(p)) and os.path.isfile(p)
+    ]
     if not runs:
         return path
     return max(runs, key=lambda p: (_first_ts(p), p))

@@ -110,9 +110,26 @@ def _drop_if_unused(journal: str) -> None:
         pass
 
 
-FORWARDED = tuple(getattr(signal, name) for name in (
-    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
-    "SIGXCPU", "SIGXFSZ", "SIGPWR", "SIGSTKFLT", "SIGPOLL") if hasattr(signal, name))
+FORWARDED = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGPWR",
+        "SIGSTKFLT",
+        "SIGPOLL",
+    )
+    if hasattr(signal, name)
+)
 """The signals ``lora-otel run`` passes to its command (all that would otherwise end it)."""
 
 
@@ -121,8 +138,7 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print("lora-otel run: no command given; usage: lora-otel run [options] -- python train.py ...",
-              file=sys.stderr)
+        print("lora-otel run: no command given; usage: lora-otel run [options] -- python train.py ...", file=sys.stderr)
         return 2
     if getattr(args, "stall_after", None) is not None:
         from lora_otel.analysis.stall import StallConfigError, parse_limits
@@ -185,8 +201,11 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _print_tree(journal: str) -> None:
     if not os.path.exists(journal):
-        print("lora-otel run: no journal was written at %s; is lora_otel installed in the Python that "
-              "ran the command?" % journal, file=sys.stderr)
+        print(
+            "lora-otel run: no journal was written at %s; is lora_otel installed in the Python that "
+            "ran the command?" % journal,
+            file=sys.stderr,
+        )
         return
     from lora_otel.cli.inspect import render_text
     from lora_otel.journal.reader import read_journal
@@ -208,8 +227,9 @@ def describe_status(rc: int) -> str:
     return "exit code %d" % rc
 
 
-def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by: str = "lora-otel run",
-                hint: str = " (os._exit?)") -> bool:
+def record_exit(
+    journal: str | None, rc: int, killer: str | None = None, by: str = "lora-otel run", hint: str = " (os._exit?)"
+) -> bool:
     """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``),
     or one that corrects the child's own when the status it exited with is not the one it recorded
     (``raise SystemExit(n)`` before Python 3.12 leaves no trace an exit handler can read).
@@ -241,8 +261,9 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
         elif rc < 0:
             rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:
-            rec.update(code=rc, how="no exit record",
-                       message="exit code %d without running exit handlers%s" % (rc, hint))
+            rec.update(
+                code=rc, how="no exit record", message="exit code %d without running exit handlers%s" % (rc, hint)
+            )
         import json
 
         os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
@@ -253,7 +274,7 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
         os.close(fd)
 
 
-def _last_exit_code(tail: bytes) -> "int | None":
+def _last_exit_code(tail: bytes) -> int | None:
     """The code of the last exit record in the journal's tail, or None."""
     import json
 

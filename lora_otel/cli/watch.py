@@ -57,11 +57,24 @@ from typing import Any, Optional
 
 from lora_otel._boot.seam import JOURNAL_SUFFIX
 from lora_otel.analysis import job as jobs_mod
+from lora_otel.analysis.stall import (
+    FROZEN_AFTER_S,
+    Stall,
+    StallConfigError,
+    detect,
+    frozen_after_from_env,
+    parse_limits,
+)
+from lora_otel.journal.reader import (
+    Journal,
+    JournalError,
+    JournalTail,
+    ProcessState,
+    Span,
+    format_duration,
+    process_state,
+)
 from lora_otel.journal.tree import View, _display, _write
-from lora_otel.journal.reader import (Journal, JournalError, JournalTail, ProcessState, Span, format_duration,
-                                     process_state)
-from lora_otel.analysis.stall import (FROZEN_AFTER_S, Stall, StallConfigError, detect, frozen_after_from_env,
-                                    parse_limits)
 
 CLEAR = "\x1b[H\x1b[2J"
 RED_BOLD, YELLOW, BOLD, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
@@ -89,6 +102,7 @@ def _watch(args: argparse.Namespace) -> int:
     def usage(message: object) -> int:
         print(f"lora-otel watch: {message}", file=sys.stderr)
         return 2
+
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
     from lora_otel.cli.inspect import resolve_path
@@ -174,8 +188,9 @@ class Alerter:
         if self.webhook is not None:
             jobs.append((self._post, (self.webhook, body)))
         for target, target_args in jobs:
-            thread = threading.Thread(target=self._guarded, args=(target, target_args), daemon=True,
-                                      name="lora-otel-alert")
+            thread = threading.Thread(
+                target=self._guarded, args=(target, target_args), daemon=True, name="lora-otel-alert"
+            )
             thread.start()
             self.threads.append(thread)
 
@@ -204,14 +219,18 @@ class Alerter:
             self._note(f"alert failed: {type(e).__name__}: {e}")
 
     def _run_command(self, command: str, payload: dict, body: bytes) -> None:
-        env = dict(os.environ, LORA_OTEL_ALERT_STAGE=str(payload.get("stage", "")),
-                   LORA_OTEL_ALERT_KIND=str(payload.get("kind", "")),
-                   LORA_OTEL_ALERT_PID="" if payload.get("pid") is None else str(payload["pid"]),
-                   LORA_OTEL_ALERT_JOURNAL=str(payload.get("journal", "")))
+        env = dict(
+            os.environ,
+            LORA_OTEL_ALERT_STAGE=str(payload.get("stage", "")),
+            LORA_OTEL_ALERT_KIND=str(payload.get("kind", "")),
+            LORA_OTEL_ALERT_PID="" if payload.get("pid") is None else str(payload["pid"]),
+            LORA_OTEL_ALERT_JOURNAL=str(payload.get("journal", "")),
+        )
         shown = _short(command)
         try:
-            proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=2, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["sh", "-c", command], stdin=subprocess.PIPE, stdout=2, env=env, start_new_session=True
+            )
         except OSError as e:
             self._note(f"alert command could not start ({e.strerror or e}): {shown}")
             return
@@ -226,14 +245,13 @@ class Alerter:
             self._note(f"alert command killed after {ALERT_COMMAND_TIMEOUT_S:g} s: {shown}")
             return
         if proc.returncode != 0:
-            how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
-                   else f"exit status {proc.returncode}")
+            how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
             self._note(f"alert command failed ({how}): {shown}")
 
     def _post(self, url: str, body: bytes) -> None:
-        request = urllib.request.Request(url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  "User-Agent": "lora-otel-watch"})
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "lora-otel-watch"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=ALERT_WEBHOOK_TIMEOUT_S) as response:
                 response.read(65536)
@@ -244,7 +262,7 @@ class Alerter:
             self._note(f"alert webhook failed ({reason}): {_short(url)}")
 
 
-def alert_payload(f: "Followed", stall: Stall, now_ns: int) -> dict:
+def alert_payload(f: Followed, stall: Stall, now_ns: int) -> dict:
     """The JSON object an alert carries: where the stall is, what it is, and when it was seen."""
     journal = f.journal
     root = journal.root if journal is not None else None
@@ -274,13 +292,12 @@ def alert_payload(f: "Followed", stall: Stall, now_ns: int) -> dict:
 
 def _iso(ns: int) -> str:
     """``2024-05-01T12:00:00.123Z`` (UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + \
-        ".%03dZ" % (ns // 1_000_000 % 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + ".%03dZ" % (ns // 1_000_000 % 1000)
 
 
 def _short(text: str, limit: int = 120) -> str:
     text = _display(" ".join(text.split()))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass
@@ -333,7 +350,9 @@ class Followed:
 class Watcher:
     """The journals under a path, polled together."""
 
-    def __init__(self, path: str, limits: Optional[dict[str, float]], frozen_after_s: Optional[float] = FROZEN_AFTER_S) -> None:
+    def __init__(
+        self, path: str, limits: Optional[dict[str, float]], frozen_after_s: Optional[float] = FROZEN_AFTER_S
+    ) -> None:
         """``limits``/``frozen_after_s`` None: each journal's recorded limits (`stall.journal_limits`)."""
         self.path, self.is_dir, self.limits, self.frozen_after_s = path, os.path.isdir(path), limits, frozen_after_s
         self.followed: dict[str, Followed] = {}
@@ -341,8 +360,11 @@ class Watcher:
 
     def poll(self, now_ns: int) -> None:
         """Pick up new journals (directory), read what each gained, and check for stalls."""
-        paths = sorted(glob.glob(os.path.join(glob.escape(self.path), "*" + JOURNAL_SUFFIX))) if self.is_dir \
+        paths = (
+            sorted(glob.glob(os.path.join(glob.escape(self.path), "*" + JOURNAL_SUFFIX)))
+            if self.is_dir
             else [self.path]
+        )
         for path in paths:
             if path not in self.followed and os.path.isfile(path):
                 self.followed[path] = Followed(JournalTail(path), now_ns)
@@ -364,8 +386,9 @@ class Watcher:
             journal, state = f.journal, process_state(f.journal)
         if state != "running":
             f.tail.close()  # a running process's journal stays open (followed through a rename); not thousands of old ones
-        f.starting = (journal.last_evidence_ns is None and state == "gone"
-                      and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9)
+        f.starting = (
+            journal.last_evidence_ns is None and state == "gone" and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9
+        )
         f.journal, f.state = journal, state
         f.stall = detect(journal, now_ns, state == "running", self.limits, self.frozen_after_s)
         if f.stall is None and state == "running":
@@ -377,18 +400,27 @@ class Watcher:
     def _verdict(self, f: Followed, journal: Journal, state: ProcessState, now_ns: int) -> Optional[Any]:
         """The stall record, or the diagnosis computed once per stall (it samples /proc for a second)."""
         from lora_otel.analysis import verdict as verdict_mod
+
         found = verdict_mod.from_record(journal)
         if found is not None or state != "running" or f.stall is None:
             return found if found is not None else (f.verdict if state != "running" and f.was_stalled else None)
         key = f"{f.stall.span.span_id}:{f.stall.kind}"
         if key != f.verdict_key or f.verdict is None:
-            peers = [other.journal for other in self.followed.values() if other is not f and other.journal is not None
-                     and other.journal.trace_id == journal.trace_id]
-            f.verdict, f.verdict_key = verdict_mod.current(journal, f.stall, now_ns, peers, self.frozen_after_s,
-                                                           "watch"), key
+            peers = [
+                other.journal
+                for other in self.followed.values()
+                if other is not f and other.journal is not None and other.journal.trace_id == journal.trace_id
+            ]
+            f.verdict, f.verdict_key = (
+                verdict_mod.current(journal, f.stall, now_ns, peers, self.frozen_after_s, "watch"),
+                key,
+            )
         else:  # the same stall, longer now
-            f.verdict.open_s = (f.stall.open_for_s if f.stall.kind != "frozen"
-                                else (now_ns - max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)) / 1e9)
+            f.verdict.open_s = (
+                f.stall.open_for_s
+                if f.stall.kind != "frozen"
+                else (now_ns - max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)) / 1e9
+            )
         return f.verdict
 
     def jobs(self, now_ns: int) -> tuple[list[jobs_mod.Job], dict[int, Followed], list[Followed]]:
@@ -400,8 +432,9 @@ class Watcher:
                 f.label = None
                 rest.append(f)
                 continue
-            proc = jobs_mod.make_proc(f.journal, f.state, now_ns, self.limits, self.frozen_after_s,
-                                      stall=f.stall, stall_known=True)
+            proc = jobs_mod.make_proc(
+                f.journal, f.state, now_ns, self.limits, self.frozen_after_s, stall=f.stall, stall_known=True
+            )
             procs.append(proc)
             which[id(proc)] = f
         jobs = jobs_mod.group_jobs(procs)
@@ -423,7 +456,7 @@ class Watcher:
         """Some followed process is stalled now."""
         return any(f.stall is not None for f in self.followed.values())
 
-    def alert(self, alerter: "Alerter", now_ns: int) -> int:
+    def alert(self, alerter: Alerter, now_ns: int) -> int:
         """Send an alert for each stall not alerted yet (once per stalled span of a process); how many."""
         sent = 0
         if not alerter.enabled:
@@ -463,8 +496,9 @@ class Watcher:
             if shown is not None:
                 self._process(lines, which[id(shown)], now_ns, color)
             hidden = len(job.procs) - (shown is not None)
-            lines.append(f"({jobs_mod.others_trees(hidden, shown is not None)}: "
-                         f"lora-otel inspect {_display(self.path)} --all)")
+            lines.append(
+                f"({jobs_mod.others_trees(hidden, shown is not None)}: lora-otel inspect {_display(self.path)} --all)"
+            )
         for f in rest:
             self._process(lines, f, now_ns, color)
         return "\n".join(lines) + "\n"
@@ -489,8 +523,16 @@ class Watcher:
 
     def _report(self, f: Followed, journal: Journal, now_ns: int, color: bool) -> list[str]:
         """inspect's text report, its notes replaced by their count, the stall under it."""
-        view = _WatchView(journal, f.state, now_ns, verdict=f.verdict, stalled=self._stalled(f),
-                          alive_until_ns=f.alive_until_ns, stall=f.stall, color=color)
+        view = _WatchView(
+            journal,
+            f.state,
+            now_ns,
+            verdict=f.verdict,
+            stalled=self._stalled(f),
+            alive_until_ns=f.alive_until_ns,
+            stall=f.stall,
+            color=color,
+        )
         lines = view.text_lines()
         if journal.problems:
             lines = [line for line in lines if not line.startswith("note: ")]
@@ -528,8 +570,11 @@ class Watcher:
         if f.once("following"):
             out.append(f"following {_display(f.tail.path)} ({'starting' if f.starting else f.state})")
             if journal is not None:  # what ended before watch started, or before the file was found, is history
-                f.said.update(f"{'s' if span.is_open else 'e'}:{span.span_id}" for span in journal.spans
-                              if not span.is_open or not f.running)
+                f.said.update(
+                    f"{'s' if span.is_open else 'e'}:{span.span_id}"
+                    for span in journal.spans
+                    if not span.is_open or not f.running
+                )
         if journal is not None:
             timed: list[tuple[int, str]] = []
             for span in journal.spans:
@@ -554,11 +599,20 @@ class Watcher:
         if f.error and f.once(f"!{f.error}"):
             out.append(f"note: {_display(f.error)}")
         if not f.running and f.once("end"):
-            stuck = (View(journal, f.state, now_ns, stalled=self._stalled(f) or None,
-                          alive_until_ns=f.alive_until_ns).stuck() if journal is not None else "journal unreadable")
-            out.append(f"process exited: {stuck}" if f.state == "exited"
-                       else f"process {stuck}" if f.state == "exec'd"
-                       else f"process gone without an exit record (killed or vanished): {stuck}")
+            stuck = (
+                View(
+                    journal, f.state, now_ns, stalled=self._stalled(f) or None, alive_until_ns=f.alive_until_ns
+                ).stuck()
+                if journal is not None
+                else "journal unreadable"
+            )
+            out.append(
+                f"process exited: {stuck}"
+                if f.state == "exited"
+                else f"process {stuck}"
+                if f.state == "exec'd"
+                else f"process gone without an exit record (killed or vanished): {stuck}"
+            )
         return out
 
 
@@ -603,7 +657,7 @@ def _fit(screen: str) -> str:
     head = min(4, rows // 3)
     tail = max(rows - 2 - head, 0)
     hidden = f"... {len(lines) - head - tail} lines hidden (a taller window shows them)"
-    return "\n".join(lines[:head] + [hidden] + lines[len(lines) - tail:]) + "\n"
+    return "\n".join(lines[:head] + [hidden] + lines[len(lines) - tail :]) + "\n"
 
 
 def _paint(text: str, code: str, color: bool) -> str:

@@ -32,18 +32,19 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from lora_otel.export import otlp
 from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
 from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
-from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 from lora_otel.analysis.stall import Stall, detect, journal_limits
+from lora_otel.export import otlp
+from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 
 
 def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
@@ -51,10 +52,20 @@ def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: l
     merged.update(otlp.otel_attributes(attrs))  # stage names and exit messages are journal text: valid for OTLP
     if status.description:
         status = Status(status.status_code, otlp.clean_text(status.description))
-    return ReadableSpan(name=rs.name, context=rs.context, parent=rs.parent, resource=rs.resource,
-                        attributes=merged, events=list(rs.events) + events, kind=rs.kind, status=status,
-                        start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope,
-                        links=rs.links)
+    return ReadableSpan(
+        name=rs.name,
+        context=rs.context,
+        parent=rs.parent,
+        resource=rs.resource,
+        attributes=merged,
+        events=list(rs.events) + events,
+        kind=rs.kind,
+        status=status,
+        start_time=rs.start_time,
+        end_time=end_ns,
+        instrumentation_scope=rs.instrumentation_scope,
+        links=rs.links,
+    )
 
 
 MAX_EVENTS = 128  # per span, as the OpenTelemetry SDK's default span limits
@@ -62,9 +73,11 @@ DEFAULT_QUEUE_SIZE = 20000
 OUTBOX_ITEMS = 2048
 BATCH = 512
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
-_STATUS_HINTS = {401: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
-                 403: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
-                 404: "no OTLP receiver at that path; check OTEL_EXPORTER_OTLP_ENDPOINT"}
+_STATUS_HINTS = {
+    401: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
+    403: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
+    404: "no OTLP receiver at that path; check OTEL_EXPORTER_OTLP_ENDPOINT",
+}
 PEER_STACKS_S = 3.0  # at most this long asking the other ranks for their stacks, at one stall
 MAX_PEER_STACKS = 32
 PEER_STACKS_ATTACHED = 4  # ranks whose stacks go into the stall event, 4000 characters each
@@ -90,8 +103,13 @@ class Outbox:
     counted in ``rejected`` (the journal keeps it), and the rest goes through.
     """
 
-    def __init__(self, exporter: Any, what: str = "spans", max_items: Optional[int] = None,
-                 backoff_s: Sequence[float] = BACKOFF_S) -> None:
+    def __init__(
+        self,
+        exporter: Any,
+        what: str = "spans",
+        max_items: Optional[int] = None,
+        backoff_s: Sequence[float] = BACKOFF_S,
+    ) -> None:
         self.exporter = exporter
         self.what = what
         self.max_items = max_items or _queue_size()
@@ -172,8 +190,10 @@ class Outbox:
                     self._items.popleft()
                     self.rejected += 1
                     if self.rejected == 1 and self.on_change is not None:
-                        self.on_change("the backend refused one of the %s (%s); dropped it, the journal keeps it "
-                                       "(lora-otel replay); the rest goes on" % (self.what, self.last_error))
+                        self.on_change(
+                            "the backend refused one of the %s (%s); dropped it, the journal keeps it "
+                            "(lora-otel replay); the rest goes on" % (self.what, self.last_error)
+                        )
                     self._cond.notify_all()
                     continue
                 if ok:
@@ -182,15 +202,18 @@ class Outbox:
                         self._items.popleft()
                     self.sent += len(batch)
                     if self.attempt and self.on_change is not None:
-                        self.on_change("the backend accepts the %s again after %d failed attempts"
-                                       % (self.what, self.attempt))
+                        self.on_change(
+                            "the backend accepts the %s again after %d failed attempts" % (self.what, self.attempt)
+                        )
                     self.attempt = 0
                     self._cond.notify_all()
                     continue
                 self.failures += 1
                 if self.attempt == 0 and self.on_change is not None:
-                    self.on_change("the backend is not accepting the %s (%s); queueing (%d waiting) and retrying"
-                                   % (self.what, self.last_error, len(self._items)))
+                    self.on_change(
+                        "the backend is not accepting the %s (%s); queueing (%d waiting) and retrying"
+                        % (self.what, self.last_error, len(self._items))
+                    )
                 wait = self.backoff_s[min(self.attempt, len(self.backoff_s) - 1)]
                 self.attempt += 1
                 end = time.monotonic() + wait
@@ -246,27 +269,48 @@ class LogSink:
         self.provider.add_log_record_processor(SimpleLogRecordProcessor(_QueueingLogExporter(outbox)))
         self.logger = self.provider.get_logger("lora_otel", otlp.__version__)
 
-    def emit(self, ts_ns: int, level: str, body: str, trace_id: Optional[str], span_id: Optional[str],
-             attrs: Optional[dict[str, Any]] = None) -> None:
+    def emit(
+        self,
+        ts_ns: int,
+        level: str,
+        body: str,
+        trace_id: Optional[str],
+        span_id: Optional[str],
+        attrs: Optional[dict[str, Any]] = None,
+    ) -> None:
         from opentelemetry import trace
         from opentelemetry._logs import LogRecord, SeverityNumber
 
         severity = self.SEVERITY.get(level, "INFO")
         context = None
         if trace_id and span_id:
-            sc = trace.SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False,
-                                   trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+            sc = trace.SpanContext(
+                int(trace_id, 16),
+                int(span_id, 16),
+                is_remote=False,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            )
             context = trace.set_span_in_context(trace.NonRecordingSpan(sc))
-        self.logger.emit(LogRecord(timestamp=ts_ns, observed_timestamp=time.time_ns(), context=context,
-                                   severity_text=severity, severity_number=getattr(SeverityNumber, severity),
-                                   body=otlp.clean_text(body), attributes=otlp.otel_attributes(attrs or {})))
+        self.logger.emit(
+            LogRecord(
+                timestamp=ts_ns,
+                observed_timestamp=time.time_ns(),
+                context=context,
+                severity_text=severity,
+                severity_number=getattr(SeverityNumber, severity),
+                body=otlp.clean_text(body),
+                attributes=otlp.otel_attributes(attrs or {}),
+            )
+        )
 
 
 def outboxes(exporter: Any, log_exporter: Any = None) -> tuple:
     """``(spans_out, logs_out)`` for these exporters (``logs_out`` None without a log exporter)."""
     size = min(_queue_size(), OUTBOX_ITEMS)  # few in flight as ReadableSpans; the rest wait as journal spans
-    return (Outbox(exporter, "spans", max_items=size),
-            Outbox(log_exporter, "log records", max_items=size) if log_exporter is not None else None)
+    return (
+        Outbox(exporter, "spans", max_items=size),
+        Outbox(log_exporter, "log records", max_items=size) if log_exporter is not None else None,
+    )
 
 
 def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
@@ -317,13 +361,20 @@ class Follower:
     the backlog are dropped and counted in ``dropped``. While it accepts, nothing is dropped.
     """
 
-    def __init__(self, path: str, exporter: Optional[SpanExporter] = None, limits: Optional[dict[str, float]] = None,
-                 frozen_after_s: Optional[float] = None,
-                 evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
-                 log_exporter: Any = None, spans_out: Optional[Outbox] = None,
-                 logs_out: Optional[Outbox] = None, peers: Optional[Callable[[], Sequence[Journal]]] = None,
-                 peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None,
-                 watch: Any = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        exporter: Optional[SpanExporter] = None,
+        limits: Optional[dict[str, float]] = None,
+        frozen_after_s: Optional[float] = None,
+        evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
+        log_exporter: Any = None,
+        spans_out: Optional[Outbox] = None,
+        logs_out: Optional[Outbox] = None,
+        peers: Optional[Callable[[], Sequence[Journal]]] = None,
+        peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None,
+        watch: Any = None,
+    ) -> None:
         """``exporter``/``log_exporter`` give this follower its own outboxes; or pass ``spans_out``
         (and ``logs_out``) to share them between the followers of one job (see `outboxes`).
 
@@ -398,8 +449,11 @@ class Follower:
         for span in journal.spans:
             if span.end_ns is not None:
                 continue
-            status = (Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
-                      if failed else Status(StatusCode.OK))
+            status = (
+                Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
+                if failed
+                else Status(StatusCode.OK)
+            )
             attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.process.end": how}
             if span.span_id in self.incomplete_end:
                 # Sent as a stall, still open at the end: how it ended arrives as its "(continued)"
@@ -414,9 +468,14 @@ class Follower:
         self._send(out)
         self._send_lines(journal, tr)
         if still_open and journal.root is not None:
-            self._log(tr, journal.last_evidence_ns or time.time_ns(), "error" if failed else "info",
-                      "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
-                      journal.root.span_id, {"lora_otel.process.end": how})
+            self._log(
+                tr,
+                journal.last_evidence_ns or time.time_ns(),
+                "error" if failed else "info",
+                "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
+                journal.root.span_id,
+                {"lora_otel.process.end": how},
+            )
         return out
 
     def drain(self, deadline: float) -> None:
@@ -471,8 +530,7 @@ class Follower:
 
     def _trim(self) -> None:
         """While the backend fails, hold at most ``capacity`` unsent spans: drop the oldest waiting."""
-        while self.backlog and self.spans_out.failing and \
-                len(self.backlog) + self.spans_out.pending > self.capacity:
+        while self.backlog and self.spans_out.failing and len(self.backlog) + self.spans_out.pending > self.capacity:
             sid, _ = self.backlog.popitem(last=False)
             self._forget.add(sid)
             self.dropped += 1
@@ -504,10 +562,17 @@ class Follower:
         return out
 
     def _continued(self, tr, span: Span, since_ns: int) -> ReadableSpan:
-        rest = replace(span, name=span.name + " (continued)", span_id=os.urandom(8).hex(), parent_id=span.span_id,
-                       start_ns=min(since_ns, span.end_ns or since_ns), events=[e for e in span.events if e[0] >= since_ns],
-                       attrs={"lora_otel.continues": span.span_id})
+        rest = replace(
+            span,
+            name=span.name + " (continued)",
+            span_id=os.urandom(8).hex(),
+            parent_id=span.span_id,
+            start_ns=min(since_ns, span.end_ns or since_ns),
+            events=[e for e in span.events if e[0] >= since_ns],
+            attrs={"lora_otel.continues": span.span_id},
+        )
         return tr.readable(rest)
+
     def _stall(self, journal: Journal, tr, stall: Stall, now: int) -> list[ReadableSpan]:
         self.stalls.append(stall)
         chain = []
@@ -539,12 +604,22 @@ class Follower:
             if text:
                 evidence[PREFIX + "rank.%d.python.stacks" % rank] = text[-4000:]
         duration_s = (now - stall.span.start_ns) / 1e9
-        self._log(tr, now, "warn", "stall detected: %s open for %s (%s): %s"
-                  % (stall.stage, format_duration(now - stall.span.start_ns), stall.kind, sentence),
-                  stall.span.span_id,
-                  {"lora_otel.stall.stage": stall.stage, "lora_otel.stall.duration_s": round(duration_s, 3),
-                   "lora_otel.stall.kind": stall.kind, "lora_otel.diagnosis": sentence,
-                   "lora_otel.stall.message": stall.status_message, **found.attrs})
+        self._log(
+            tr,
+            now,
+            "warn",
+            "stall detected: %s open for %s (%s): %s"
+            % (stall.stage, format_duration(now - stall.span.start_ns), stall.kind, sentence),
+            stall.span.span_id,
+            {
+                "lora_otel.stall.stage": stall.stage,
+                "lora_otel.stall.duration_s": round(duration_s, 3),
+                "lora_otel.stall.kind": stall.kind,
+                "lora_otel.diagnosis": sentence,
+                "lora_otel.stall.message": stall.status_message,
+                **found.attrs,
+            },
+        )
         out = []
         for span in reversed(chain):  # root to leaf
             if span.span_id in self.exported or span.end_ns is not None:
@@ -555,12 +630,21 @@ class Follower:
                 ev["lora_otel.diagnosis"] = sentence
                 ev.update(found.attrs)
                 events.append(Event("stall detected", otlp.otel_attributes(ev), now))
-            attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.stall.kind": stall.kind,
-                     "lora_otel.stall.stage": stall.stage, "lora_otel.diagnosis": sentence}
+            attrs = {
+                otlp.INCOMPLETE_ATTRIBUTE: True,
+                "lora_otel.stall.kind": stall.kind,
+                "lora_otel.stall.stage": stall.stage,
+                "lora_otel.diagnosis": sentence,
+            }
             if span is stall.span:
                 attrs.update(found.attrs)
-            rs = _amend(tr.readable(span), status=Status(StatusCode.ERROR, stall.status_message),
-                        attrs=attrs, events=events, end_ns=now)
+            rs = _amend(
+                tr.readable(span),
+                status=Status(StatusCode.ERROR, stall.status_message),
+                attrs=attrs,
+                events=events,
+                end_ns=now,
+            )
             out.append(rs)
             self.exported.add(span.span_id)
             self.incomplete_end[span.span_id] = now
@@ -590,15 +674,16 @@ class Follower:
             return
         room = self.logs_out.max_items - self.logs_out.pending
         root = journal.root.span_id if journal.root is not None else None
-        for line in lines[:max(room, 0)]:
+        for line in lines[: max(room, 0)]:
             self._log(tr, line.ts, line.level, line.msg, root)
-        del lines[:max(room, 0)]
+        del lines[: max(room, 0)]
         if self.logs_out.failing and len(lines) > self.capacity:
             self.dropped += len(lines) - self.capacity
-            del lines[:len(lines) - self.capacity]
+            del lines[: len(lines) - self.capacity]
 
-    def _log(self, tr, ts: int, level: str, body: str, span_id: Optional[str],
-             attrs: Optional[dict[str, Any]] = None) -> None:
+    def _log(
+        self, tr, ts: int, level: str, body: str, span_id: Optional[str], attrs: Optional[dict[str, Any]] = None
+    ) -> None:
         if self.logs_out is None:
             return
         if self._logs is None:

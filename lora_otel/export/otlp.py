@@ -60,8 +60,11 @@ def translate(journal: Journal) -> Translation:
     dropped = {span.span_id: span for span in journal.spans if _is_short_import(span, journal)}
     kept = [span for span in journal.spans if span.span_id not in dropped]
     translator = _Translator(journal, dropped)
-    return Translation([translator.readable(span) for span in kept],
-                       incomplete=sum(span.is_open for span in kept), dropped_imports=len(dropped))
+    return Translation(
+        [translator.readable(span) for span in kept],
+        incomplete=sum(span.is_open for span in kept),
+        dropped_imports=len(dropped),
+    )
 
 
 class _Translator:
@@ -82,8 +85,11 @@ class _Translator:
         if end_ns is None:
             end_ns = max(self.journal.last_evidence_ns or span.start_ns, span.start_ns)
             attributes[INCOMPLETE_ATTRIBUTE] = True
-            status = Status(StatusCode.ERROR, f"incomplete: {clean_text(span.name)} open for "
-                                              f"{format_duration(end_ns - span.start_ns)} (no end recorded)")
+            status = Status(
+                StatusCode.ERROR,
+                f"incomplete: {clean_text(span.name)} open for "
+                f"{format_duration(end_ns - span.start_ns)} (no end recorded)",
+            )
         elif span.status == "error":
             status = Status(StatusCode.ERROR, clean_text(span.message or "error"))
         else:
@@ -134,8 +140,12 @@ LAUNCHED_BY_SPAN = "lora_otel.launched_by.span_id"
 
 
 def _is_hex(value: Any, length: int) -> bool:
-    return (isinstance(value, str) and len(value) == length and value != "0" * length
-            and all(c in "0123456789abcdef" for c in value))
+    return (
+        isinstance(value, str)
+        and len(value) == length
+        and value != "0" * length
+        and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 def make_resource(journal: Journal) -> Resource:
@@ -165,8 +175,7 @@ def make_exporter(timeout: Optional[float] = None) -> SpanExporter:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
 
         return GRPCExporter(**kwargs)
-    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
-                              "use 'http/protobuf' (the default) or 'grpc'")
+    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: use 'http/protobuf' (the default) or 'grpc'")
 
 
 def make_log_exporter(timeout: Optional[float] = None) -> Any:
@@ -185,8 +194,7 @@ def make_log_exporter(timeout: Optional[float] = None) -> Any:
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GRPCLogExporter
 
         return GRPCLogExporter(**kwargs)
-    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
-                              "use 'http/protobuf' (the default) or 'grpc'")
+    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: use 'http/protobuf' (the default) or 'grpc'")
 
 
 REFUSED_STATUS = (400, 413)
@@ -211,8 +219,7 @@ def _with_http_status(exporter_class: Any, kwargs: dict[str, Any], signal: str) 
     """``exporter_class(**kwargs)`` with its own ``requests`` session whose answers set the
     exporter's ``lora_otel_http_status`` (an `HTTPStatus`). Left to the SDK when a credential
     provider session is configured (``OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER``)."""
-    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{part}CREDENTIAL_PROVIDER")
-           for part in ("", signal + "_")):
+    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{part}CREDENTIAL_PROVIDER") for part in ("", signal + "_")):
         return exporter_class(**kwargs)
     try:
         import requests
@@ -340,5 +347,9 @@ def _is_short_import(span: Span, journal: Journal) -> bool:
     threshold_ms = journal.config.get("import_threshold_ms", DEFAULT_IMPORT_THRESHOLD_MS)
     if isinstance(threshold_ms, bool) or not isinstance(threshold_ms, (int, float)):
         threshold_ms = DEFAULT_IMPORT_THRESHOLD_MS
-    return (span.name.startswith("import ") and span.end_ns is not None and span.status == "ok"
-            and span.end_ns - span.start_ns < threshold_ms * 1_000_000)
+    return (
+        span.name.startswith("import ")
+        and span.end_ns is not None
+        and span.status == "ok"
+        and span.end_ns - span.start_ns < threshold_ms * 1_000_000
+    )

@@ -11,7 +11,8 @@ import argparse
 import contextlib
 import logging
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
@@ -57,14 +58,17 @@ def run_replay(args: argparse.Namespace) -> int:
         reason = ": " + "; ".join(reasons) if reasons else ""
         what = f"{unsent} spans" if unsent == total else f"{unsent} of {total} spans"
         return _fail(f"could not export {what} to {endpoint}{reason}", 1)
-    line = (f"replayed {sent} spans ({translation.incomplete} incomplete, "
-            f"{translation.dropped_imports} short imports dropped) to {endpoint}")
+    line = (
+        f"replayed {sent} spans ({translation.incomplete} incomplete, "
+        f"{translation.dropped_imports} short imports dropped) to {endpoint}"
+    )
     if journal.problems:
         line += f"; {len(journal.problems)} journal problems, see lora-otel inspect"
     print(redact_text(line))
     if refused:
-        return _fail(f"the backend refused {refused} of {total} spans as bad data (HTTP 400/413); "
-                     "they stay in the journal", 1)
+        return _fail(
+            f"the backend refused {refused} of {total} spans as bad data (HTTP 400/413); they stay in the journal", 1
+        )
     return 0
 
 
@@ -74,7 +78,7 @@ def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
     A batch the backend refuses as such (`otlp.REFUSED_STATUS`) is split in halves until the
     refused spans are alone; those are skipped and counted. Any other failure stops the replay
     (the backend is away: trying the next batches would only wait out more timeouts)."""
-    pending = [spans[i:i + BATCH] for i in range(0, len(spans), BATCH)]
+    pending = [spans[i : i + BATCH] for i in range(0, len(spans), BATCH)]
     sent = refused = 0
     while pending:
         batch = pending.pop(0)
@@ -83,7 +87,7 @@ def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
             sent += len(batch)
         elif code in REFUSED_STATUS:
             if len(batch) > 1:
-                pending[:0] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
+                pending[:0] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
             else:
                 refused += 1
         else:

@@ -30,8 +30,8 @@ import sys
 import time
 from typing import Optional
 
-from lora_otel.journal.reader import JournalError, exec_phrase, process_state
 from lora_otel.export.watchdog import owned_file_reason
+from lora_otel.journal.reader import JournalError, exec_phrase, process_state
 
 POLL_S = 0.5
 DRAIN_S = 30.0
@@ -139,9 +139,15 @@ class _Registry:
         return out
 
 
-def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, cgroup: Optional[str] = None,
-                 oom_kills: Optional[int] = None, children: Optional[str] = None,
-                 stderr_hint: Optional[tuple] = None) -> int:
+def follow_local(
+    journal_path: str,
+    pid: Optional[int],
+    poll_s: float = POLL_S,
+    cgroup: Optional[str] = None,
+    oom_kills: Optional[int] = None,
+    children: Optional[str] = None,
+    stderr_hint: Optional[tuple] = None,
+) -> int:
     """Local mode: watch the job until every process of it is gone (no OpenTelemetry imported).
 
     Each journal gets a `watchdog.Watch`: stalls under the recorded (and learned) limits, a
@@ -150,8 +156,10 @@ def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, 
     from lora_otel.analysis.evidence import OomWatch
     from lora_otel.export.watchdog import JobLines, Watch
 
-    _say("following %s (pid %s) in local mode: stalls go into the journal and the job's lines; no OTLP endpoint"
-         % (journal_path, pid))
+    _say(
+        "following %s (pid %s) in local mode: stalls go into the journal and the job's lines; no OTLP endpoint"
+        % (journal_path, pid)
+    )
     oom = OomWatch(cgroup, oom_kills)
     if pid is not None:
         oom.see(pid)
@@ -189,8 +197,11 @@ def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, 
                     time.sleep(EXIT_GRACE_S)  # `lora-otel run` may be appending the exit record
                 final = w.read()
                 execd = final.exit is None and (final.exec is not None or state == "exec'd")
-                struck = None if execd or final.exit is not None else (
-                    oom.struck() if path == journal_path else w.oom.struck())
+                struck = (
+                    None
+                    if execd or final.exit is not None
+                    else (oom.struck() if path == journal_path else w.oom.struck())
+                )
                 told = None if execd else w.ended(struck or "")
                 how = describe_end(final, struck, state)
                 ended[path] = how
@@ -208,9 +219,16 @@ def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, 
     return 0
 
 
-def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S,
-           cgroup: Optional[str] = None, oom_kills: Optional[int] = None, children: Optional[str] = None,
-           stderr_hint: Optional[tuple] = None) -> int:
+def follow(
+    journal_path: str,
+    pid: Optional[int],
+    poll_s: float = POLL_S,
+    drain_s: float = DRAIN_S,
+    cgroup: Optional[str] = None,
+    oom_kills: Optional[int] = None,
+    children: Optional[str] = None,
+    stderr_hint: Optional[tuple] = None,
+) -> int:
     """Follow the job until every process of it is gone, finalise, drain.
 
     The job is the process that started this sidecar (``journal_path``) and every process that
@@ -222,9 +240,14 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     if not exports(os.environ):
         return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
     from lora_otel.export.live import Follower, outboxes
+    from lora_otel.export.otlp import (
+        ExporterConfigError,
+        describe_endpoint,
+        learn_secrets,
+        make_exporter,
+        make_log_exporter,
+    )
     from lora_otel.export.watchdog import JobLines, Watch
-    from lora_otel.export.otlp import (ExporterConfigError, describe_endpoint, learn_secrets, make_exporter,
-                                       make_log_exporter)
 
     learn_secrets(pid)  # before anything is said or sent
 
@@ -255,8 +278,15 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     def follower(path: str, hint: Optional[tuple] = None) -> Follower:
         # The same watchdog as in local mode writes the stall record and the lines the job cannot.
         watch = Watch(path, limits, frozen_after, lines=JobLines(hint), by="sidecar", say=_say)
-        return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out,
-                        peers=lambda: other_journals(followers, path), watch=watch)
+        return Follower(
+            path,
+            limits=limits,
+            frozen_after_s=frozen_after,
+            spans_out=spans_out,
+            logs_out=logs_out,
+            peers=lambda: other_journals(followers, path),
+            watch=watch,
+        )
 
     from lora_otel.analysis.evidence import OomWatch
 
@@ -317,27 +347,39 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     unsent = spans_out.unsent + (logs_out.unsent if logs_out else 0)
     dropped = sum(f.dropped for f in followers.values()) + spans_out.dropped + (logs_out.dropped if logs_out else 0)
     refused = spans_out.rejected + (logs_out.rejected if logs_out else 0)
-    _say("process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, "
-         "%d refused by the backend, %d unsent"
-         % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, refused, unsent))
+    _say(
+        "process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, "
+        "%d refused by the backend, %d unsent"
+        % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, refused, unsent)
+    )
     if not delivered:
-        _say("not everything reached the backend (%s); the journals remain for `lora-otel replay`"
-             % (spans_out.last_error or (logs_out.last_error if logs_out else None)))
+        _say(
+            "not everything reached the backend (%s); the journals remain for `lora-otel replay`"
+            % (spans_out.last_error or (logs_out.last_error if logs_out else None))
+        )
     return 0 if delivered else 1
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lora_otel.export.sidecar",
-                                     description="Follow a traced process's journal: the local watchdog, and live "
-                                                 "export over OTLP when an endpoint is configured.")
+    parser = argparse.ArgumentParser(
+        prog="python -m lora_otel.export.sidecar",
+        description="Follow a traced process's journal: the local watchdog, and live "
+        "export over OTLP when an endpoint is configured.",
+    )
     parser.add_argument("--journal", required=True, help="the journal to follow (*.otel.jsonl)")
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
-    parser.add_argument("--poll", type=float, default=_float_env("LORA_OTEL_POLL_S", POLL_S),
-                        help="seconds between reads of the journal (default 0.5)")
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=_float_env("LORA_OTEL_POLL_S", POLL_S),
+        help="seconds between reads of the journal (default 0.5)",
+    )
     parser.add_argument("--children", help="the file where the job's other processes register their journals")
     parser.add_argument("--cgroup", help="the process's memory cgroup when it started")
     parser.add_argument("--oom-kills", type=int, help="that cgroup's oom_kill count when the process started")
-    parser.add_argument("--stderr", help="DEV:INO of the process's stderr at start, for a journal that does not record it")
+    parser.add_argument(
+        "--stderr", help="DEV:INO of the process's stderr at start, for a journal that does not record it"
+    )
     parser.add_argument("--stderr-path", help="that stderr's path, when it was a regular file")
     args = parser.parse_args(argv)
     hint = None
@@ -348,8 +390,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     try:
-        return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
-                      args.cgroup, args.oom_kills, args.children, hint)
+        return follow(
+            args.journal,
+            args.pid,
+            args.poll,
+            _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
+            args.cgroup,
+            args.oom_kills,
+            args.children,
+            hint,
+        )
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - say it in the log file, once

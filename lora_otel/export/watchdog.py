@@ -22,12 +22,13 @@ import json
 import os
 import stat
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 from lora_otel.analysis.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
 from lora_otel.analysis.learned import Learned, learn
-from lora_otel.journal.reader import Journal, JournalTail, process_state
 from lora_otel.analysis.stall import Stall, detect, journal_limits
+from lora_otel.journal.reader import Journal, JournalTail, process_state
 
 EVIDENCE_TEXT_MAX = 200  # a value longer than this stays out of the stall record's summary
 
@@ -56,36 +57,48 @@ def owned_file_reason(path: str) -> str:
 
 # --- the stall record ----------------------------------------------------------------------------
 
+
 def evidence_summary(evidence: dict[str, Any]) -> dict[str, Any]:
     """The evidence, flat and short: scalar facts without the ``lora_otel.evidence.`` prefix; stacks
     and other long texts stay out (the stacks file has them)."""
     out: dict[str, Any] = {}
     for key, value in evidence.items():
-        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        name = key[len(PREFIX) :] if key.startswith(PREFIX) else key
         if name.endswith("python.stacks") or name.startswith("rank."):
             continue
-        if isinstance(value, bool) or isinstance(value, (int, float)):
-            out[name] = value
-        elif isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX:
+        if (
+            isinstance(value, bool)
+            or isinstance(value, (int, float))
+            or (isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX)
+        ):
             out[name] = value
         elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
             text = ", ".join(value[:4])
-            out[name] = text if len(text) <= EVIDENCE_TEXT_MAX else text[:EVIDENCE_TEXT_MAX - 1] + "\u2026"
+            out[name] = text if len(text) <= EVIDENCE_TEXT_MAX else text[: EVIDENCE_TEXT_MAX - 1] + "\u2026"
     return out
 
 
 def stall_record(stall: Stall, diagnosis: str, evidence: dict[str, Any], by: str, now_ns: int) -> dict[str, Any]:
     """The journal's ``stall`` record for ``stall`` (see docs/journal.md)."""
-    no_stage = stall.kind == "between" or stall.span.parent_id is None and stall.span.name == "process"
+    no_stage = stall.kind == "between" or (stall.span.parent_id is None and stall.span.name == "process")
     evidence = evidence_summary(evidence)
     if stall.kind == "between" and stall.after:
         evidence["last_stage"] = stall.after
     learned = stall.learned
-    return {"v": 1, "k": "stall", "ts": now_ns, "span_id": None if no_stage else stall.span.span_id,
-            "stage": stall.stage, "kind": stall.kind, "limit_s": round(float(stall.limit_s), 3),
-            "open_s": round(float(stall.open_for_s), 3),
-            "learned": learned.to_json() if isinstance(learned, Learned) else None,
-            "evidence": evidence, "diagnosis": diagnosis, "by": by}
+    return {
+        "v": 1,
+        "k": "stall",
+        "ts": now_ns,
+        "span_id": None if no_stage else stall.span.span_id,
+        "stage": stall.stage,
+        "kind": stall.kind,
+        "limit_s": round(float(stall.limit_s), 3),
+        "open_s": round(float(stall.open_for_s), 3),
+        "learned": learned.to_json() if isinstance(learned, Learned) else None,
+        "evidence": evidence,
+        "diagnosis": diagnosis,
+        "by": by,
+    }
 
 
 def append_record(journal_path: str, record: dict[str, Any]) -> str:
@@ -95,7 +108,8 @@ def append_record(journal_path: str, record: dict[str, Any]) -> str:
     if why:
         return why
     data = (json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode(
-        "utf-8", "backslashreplace")
+        "utf-8", "backslashreplace"
+    )
     try:
         fd = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
@@ -113,6 +127,7 @@ def append_record(journal_path: str, record: dict[str, Any]) -> str:
 
 
 # --- lines for the job ---------------------------------------------------------------------------
+
 
 def _iso_ms(ns: int) -> str:
     s, rem = divmod(ns, 1_000_000_000)
@@ -217,8 +232,10 @@ def seconds(s: float) -> str:
 def stalled_line(stall: Stall, diagnosis: str) -> str:
     """``STALLED: import x open for 12 s, frozen (no beat for 10 s): <diagnosis>``."""
     if stall.kind == "between":
-        what = "no stage open for %s%s" % (seconds(stall.open_for_s),
-                                           " since %s ended" % stall.after if stall.after else "")
+        what = "no stage open for %s%s" % (
+            seconds(stall.open_for_s),
+            " since %s ended" % stall.after if stall.after else "",
+        )
     else:
         what = "%s open for %s" % (stall.stage, seconds(stall.open_for_s))
     if stall.kind == "frozen":
@@ -257,15 +274,24 @@ def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> 
     span = deepest_open_span(journal)
     no_stage = span is None or span is journal.root
     start = journal.root.start_ns if no_stage and journal.root is not None else (span.start_ns if span else now_ns)
-    return {"v": 1, "k": "stall", "ts": now_ns, "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]
-            "stage": "between stages" if no_stage else span.name, "kind": "died",  # type: ignore[union-attr]
-            "limit_s": None, "open_s": round((now_ns - start) / 1e9, 3), "learned": None,
-            "evidence": {"oom": oom} if oom else {},
-            "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
-            "by": by}
+    return {
+        "v": 1,
+        "k": "stall",
+        "ts": now_ns,
+        "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]
+        "stage": "between stages" if no_stage else span.name,
+        "kind": "died",  # type: ignore[union-attr]
+        "limit_s": None,
+        "open_s": round((now_ns - start) / 1e9, 3),
+        "learned": None,
+        "evidence": {"oom": oom} if oom else {},
+        "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
+        "by": by,
+    }
 
 
 # --- following ------------------------------------------------------------------------------------
+
 
 class Watch:
     """The local watchdog for one journal. `poll` often; `ended` once its process is gone.
@@ -273,11 +299,17 @@ class Watch:
     ``limits``/``frozen_after_s``: a command line's (None: what the journal recorded).
     ``say``: one line for the sidecar's log."""
 
-    def __init__(self, path: str, limits: Optional[dict[str, float]] = None, frozen_after_s: Optional[float] = None,
-                 lines: Optional[JobLines] = None, by: str = "watchdog",
-                 evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
-                 peers: Optional[Callable[[], Sequence[Journal]]] = None,
-                 say: Callable[[str], None] = lambda _msg: None) -> None:
+    def __init__(
+        self,
+        path: str,
+        limits: Optional[dict[str, float]] = None,
+        frozen_after_s: Optional[float] = None,
+        lines: Optional[JobLines] = None,
+        by: str = "watchdog",
+        evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
+        peers: Optional[Callable[[], Sequence[Journal]]] = None,
+        say: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
         self.path = path
         self.tail = JournalTail(path)
         self.limits, self.frozen_after_s = limits, frozen_after_s
@@ -354,7 +386,9 @@ class Watch:
         sentence = found.sentence
         return self.write(journal, stall, sentence, evidence, now)
 
-    def write(self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int) -> dict[str, Any]:
+    def write(
+        self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int
+    ) -> dict[str, Any]:
         record = stall_record(stall, sentence, evidence, self.by, now)
         return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records)
 
@@ -362,15 +396,29 @@ class Watch:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
         ``died`` stall record and the line for its --log and stderr). Returns the line, or None."""
         journal = self.read()
-        return report_death(self.path, journal, oom if oom is not None else self.oom.struck(),
-                            time.time_ns() if now_ns is None else now_ns, self.by, self.lines, self.say)
+        return report_death(
+            self.path,
+            journal,
+            oom if oom is not None else self.oom.struck(),
+            time.time_ns() if now_ns is None else now_ns,
+            self.by,
+            self.lines,
+            self.say,
+        )
 
     def close(self) -> None:
         self.tail.close()
 
 
-def write_stall(path: str, journal: Journal, stall: Stall, record: dict[str, Any], lines: JobLines,
-                say: Callable[[str], None], records: Optional[list] = None) -> dict[str, Any]:
+def write_stall(
+    path: str,
+    journal: Journal,
+    stall: Stall,
+    record: dict[str, Any],
+    lines: JobLines,
+    say: Callable[[str], None],
+    records: Optional[list] = None,
+) -> dict[str, Any]:
     """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot."""
     why = append_record(path, record)
     if why:
@@ -383,8 +431,9 @@ def write_stall(path: str, journal: Journal, stall: Stall, record: dict[str, Any
     return record
 
 
-def report_death(path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines,
-                 say: Callable[[str], None]) -> Optional[str]:
+def report_death(
+    path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines, say: Callable[[str], None]
+) -> Optional[str]:
     """For a process gone without an exit record (nor an exec): the ``died`` record and its line."""
     if journal.exit is not None or journal.exec is not None or journal.root is None:
         return None

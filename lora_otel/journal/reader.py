@@ -242,7 +242,8 @@ class JournalTail:
                 # (open spans still end, nothing read is exported twice).
                 self._builder.journal.problems.append(
                     f"the file was cut short while being followed ({self._offset} bytes read, "
-                    f"{st.st_size} now): records written before the cut are gone from it")
+                    f"{st.st_size} now): records written before the cut are gone from it"
+                )
                 self._offset, self._pending = 0, b""
             f.seek(self._offset)
             while True:
@@ -505,8 +506,9 @@ class _JournalBuilder:
             raise _BadRecord(f"unknown format version {version}")
         if version > FORMAT_VERSION and version not in self._warned_versions:
             self._warned_versions.add(version)
-            self._problem(number, f"format version {version} is newer than this reader "
-                                  f"({FORMAT_VERSION}); reading what it can")
+            self._problem(
+                number, f"format version {version} is newer than this reader ({FORMAT_VERSION}); reading what it can"
+            )
         kind = record["k"]
         if kind not in KINDS:
             raise _BadRecord(f"unknown record kind {_short(kind)}")
@@ -533,10 +535,17 @@ class _JournalBuilder:
             raise _BadRecord(f"'trace_id' is not 32 lowercase hex digits: {_short(trace_id)}")
         if span_id in self._spans:
             first = self._spans[span_id]
-            raise _BadRecord(f"duplicate start of span {span_id} ({_short(name)}); "
-                             f"the first ({_short(first.name)}) is kept")
-        span = Span(name=name, span_id=span_id, parent_id=parent_id, trace_id=trace_id,
-                    start_ns=ts, attrs=self._attrs(number, record))
+            raise _BadRecord(
+                f"duplicate start of span {span_id} ({_short(name)}); the first ({_short(first.name)}) is kept"
+            )
+        span = Span(
+            name=name,
+            span_id=span_id,
+            parent_id=parent_id,
+            trace_id=trace_id,
+            start_ns=ts,
+            attrs=self._attrs(number, record),
+        )
         self._spans[span_id] = span
         self.journal.spans.append(span)
         self.spans_added = True
@@ -567,14 +576,22 @@ class _JournalBuilder:
         if isinstance(stderr_path, str) and stderr_path.startswith("/"):
             journal.stderr_path = stderr_path
         log, log_path = record.get("log"), record.get("log_path")
-        if isinstance(log, list) and len(log) == 2 and all(_is_int(x) for x in log) \
-                and isinstance(log_path, str) and log_path.startswith("/"):
+        if (
+            isinstance(log, list)
+            and len(log) == 2
+            and all(_is_int(x) for x in log)
+            and isinstance(log_path, str)
+            and log_path.startswith("/")
+        ):
             journal.log_id, journal.log_path = (log[0], log[1]), log_path
         image = record.get("image")
         if isinstance(image, dict):
-            journal.image = {key: value for key, value in image.items()
-                             if (key == "exe" and isinstance(value, list) and len(value) == 2
-                                 and all(_is_int(v) for v in value)) or (key != "exe" and _is_int(value))}
+            journal.image = {
+                key: value
+                for key, value in image.items()
+                if (key == "exe" and isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value))
+                or (key != "exe" and _is_int(value))
+            }
 
     def _on_end(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span = self._known_span(record, "end")
@@ -589,8 +606,7 @@ class _JournalBuilder:
         else:
             span.status = "error"
             span.message = span.message or f"unknown end status {_short(status)}"
-            self._problem(number, f"end of span {span.span_id} has unknown status {_short(status)}; "
-                                  "read as error")
+            self._problem(number, f"end of span {span.span_id} has unknown status {_short(status)}; read as error")
         span.attrs.update(self._attrs(number, record))
         self.ended.append(span)
 
@@ -708,8 +724,13 @@ def _frames(value: Any) -> Optional[list[list[Any]]]:
         return None
     out = []
     for frame in value[:16]:
-        if not (isinstance(frame, list) and len(frame) == 3 and isinstance(frame[0], str)
-                and _is_int(frame[1]) and isinstance(frame[2], str)):
+        if not (
+            isinstance(frame, list)
+            and len(frame) == 3
+            and isinstance(frame[0], str)
+            and _is_int(frame[1])
+            and isinstance(frame[2], str)
+        ):
             return None
         out.append(list(frame))
     return out
@@ -752,6 +773,7 @@ def _short(value: Any, limit: int = 40) -> str:
     """``repr`` of a value from the journal, cut to ``limit`` characters for a problem line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 def journal_paths(directory: str) -> list[str]:
     """The ``*.otel.jsonl`` files directly in ``directory`` (not recursive), sorted."""

@@ -38,8 +38,14 @@ into training is not stuck)."""
 
 KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "import": ("lora_otel.package.version",),
-    "cuda init": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason", "lora_otel.cuda.device_count",
-                  "lora_otel.cuda.device_names", "lora_otel.cuda.version", "lora_otel.nvidia.driver_version"),
+    "cuda init": (
+        "lora_otel.cuda.available",
+        "lora_otel.cuda.absent_reason",
+        "lora_otel.cuda.device_count",
+        "lora_otel.cuda.device_names",
+        "lora_otel.cuda.version",
+        "lora_otel.nvidia.driver_version",
+    ),
     "cuda probe": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason"),
     "training": ("lora_otel.training.steps",),
 }
@@ -57,8 +63,10 @@ def problem_notes(problems: list[str]) -> list[str]:
     notes = [f"note: {_display(problem)}" for problem in problems[:MAX_NOTES]]
     if len(problems) > MAX_NOTES:
         numbers = [m.group(1) for problem in problems if (m := re.match(r"line (\d+):", problem))]
-        notes.append(f"note: {len(problems)} lines could not be read in all"
-                     + (f" (lines {', '.join(numbers[:10])}{', ...' if len(numbers) > 10 else ''})" if numbers else ""))
+        notes.append(
+            f"note: {len(problems)} lines could not be read in all"
+            + (f" (lines {', '.join(numbers[:10])}{', ...' if len(numbers) > 10 else ''})" if numbers else "")
+        )
     return notes
 
 
@@ -84,8 +92,11 @@ class View:
             return self.now_ns
         seen = [ts for ts in (self.journal.last_evidence_ns, self.alive_until_ns) if ts]
         if self.journal.exit is None and self.journal.exec is None:
-            seen += [s["ts"] for s in self.journal.stalls
-                     if s.get("kind") in ("alive", "frozen", "between") and isinstance(s.get("ts"), int)]
+            seen += [
+                s["ts"]
+                for s in self.journal.stalls
+                if s.get("kind") in ("alive", "frozen", "between") and isinstance(s.get("ts"), int)
+            ]
         return max(seen, default=0)
 
     def open_for_ns(self, span: Span) -> Optional[int]:
@@ -158,8 +169,11 @@ class View:
         message = exit_["message"]
         if message and message != f"exit code {exit_['code']}":
             return str(message)
-        failed = [span for span in self.journal.spans
-                  if span.status == "error" and span.message and span is not self.journal.root]
+        failed = [
+            span
+            for span in self.journal.spans
+            if span.status == "error" and span.message and span is not self.journal.root
+        ]
         return f"{failed[-1].name}: {failed[-1].message}" if failed else None
 
     def _lifetime(self) -> str:
@@ -180,8 +194,9 @@ class View:
             parts.append(f"{journal.steps} steps")
             if journal.last_step_ns is not None:
                 age = format_duration(self.reference_ns - journal.last_step_ns)
-                parts.append(f"last step {age} ago" if self.state == "running"
-                             else f"last step {age} before the journal ends")
+                parts.append(
+                    f"last step {age} ago" if self.state == "running" else f"last step {age} before the journal ends"
+                )
         return ", ".join(parts)
 
     def _steps_advancing(self) -> bool:
@@ -224,8 +239,11 @@ class View:
         journal = self.journal
         if not self.main_thread_line() or journal.main_frames_ts is None:
             return None
-        return {"where": where_text(journal.main_frames), "frames": journal.main_frames,
-                "time": iso_time(journal.main_frames_ts)}
+        return {
+            "where": where_text(journal.main_frames),
+            "frames": journal.main_frames,
+            "time": iso_time(journal.main_frames_ts),
+        }
 
     def _identity(self) -> str:
         journal = self.journal
@@ -277,8 +295,7 @@ class View:
             "status": "open" if span.is_open else span.status,
             "message": span.message,
             "attributes": span.attrs,
-            "events": [{"name": name, "time": iso_time(ts), "attributes": attrs}
-                       for ts, name, attrs in span.events],
+            "events": [{"name": name, "time": iso_time(ts), "attributes": attrs} for ts, name, attrs in span.events],
             "open_for_s": round(open_for / 1e9, 3) if open_for is not None else None,
         }
 
@@ -347,7 +364,7 @@ def key_attributes(span: Span) -> list[tuple[str, Any]]:
     """The few attributes worth a place on the span's tree line, ``lora_otel.`` left off."""
     kind = "import" if span.name.startswith("import ") else span.name
     keys = [key for key in KEY_ATTRIBUTES.get(kind, ()) if key in span.attrs]
-    return [(key[len("lora_otel."):] if key.startswith("lora_otel.") else key, span.attrs[key]) for key in keys]
+    return [(key[len("lora_otel.") :] if key.startswith("lora_otel.") else key, span.attrs[key]) for key in keys]
 
 
 def iso_time(ns: int) -> str:

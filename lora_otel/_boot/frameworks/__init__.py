@@ -59,6 +59,7 @@ def install(kind: str, module) -> None:
 
 # --- helpers shared by the integrations -------------------------------------------------------
 
+
 def clean(attrs: dict) -> dict:
     """Attributes with ``None`` dropped, strings redacted, other objects as their repr."""
     from lora_otel._boot.api import _clean_attrs
@@ -272,8 +273,10 @@ class TrainingRun:
             final.update(extra)
             core.span_end(sid, status, message, final)
             if status == "ok":
-                core.info_line("training ended (%s) after %.2f s, %d optimizer steps"
-                               % (self.started_by, time.monotonic() - self._started, core.steps))
+                core.info_line(
+                    "training ended (%s) after %.2f s, %d optimizer steps"
+                    % (self.started_by, time.monotonic() - self._started, core.steps)
+                )
         elif extra and sid in core.open_spans:
             core.span_attrs(sid, extra)
         self.owns_training = False
@@ -281,8 +284,9 @@ class TrainingRun:
     def begin_epoch(self, index: int, step: int) -> None:
         self.end_epoch()
         self.epoch_first_step = step
-        self.epoch_id = core.span_start("epoch %d" % index, {"lora_otel.epoch": index},
-                                        parent_id=self.training_id or core.current_span_id())
+        self.epoch_id = core.span_start(
+            "epoch %d" % index, {"lora_otel.epoch": index}, parent_id=self.training_id or core.current_span_id()
+        )
 
     def end_epoch(self, status: str = "ok", message: str | None = None, step: int | None = None) -> None:
         if self.epoch_id is None:
@@ -322,5 +326,6 @@ class TrainingRun:
             attrs["lora_otel.training.step"] = self._pending_step
         self._pending = {}
         self._pending_step = None
-        core.span_event(self.epoch_id or (self.training_id if self.running else None) or core.current_span_id(),
-                        "metrics", attrs)
+        core.span_event(
+            self.epoch_id or (self.training_id if self.running else None) or core.current_span_id(), "metrics", attrs
+        )

@@ -24,8 +24,15 @@ from lora_otel._boot.frameworks import spanned
 
 __all__ = ["install"]
 
-_STATE = ("distributed_type", "num_processes", "process_index", "local_process_index", "mixed_precision",
-          "device", "gradient_accumulation_steps")
+_STATE = (
+    "distributed_type",
+    "num_processes",
+    "process_index",
+    "local_process_index",
+    "mixed_precision",
+    "device",
+    "gradient_accumulation_steps",
+)
 
 
 def _version() -> dict:
@@ -55,9 +62,15 @@ def _init_before(self, *args, **kwargs) -> dict:
 
 def _init_after(result, self, *args, **kwargs) -> dict:
     attrs = state_attrs(self)
-    core.info_line("accelerate init: done, %s process(es), distributed type %s, mixed precision %s, device %s" % (
-        attrs.get("lora_otel.accelerate.num_processes", "?"), attrs.get("lora_otel.accelerate.distributed_type", "?"),
-        attrs.get("lora_otel.accelerate.mixed_precision", "?"), attrs.get("lora_otel.accelerate.device", "?")))
+    core.info_line(
+        "accelerate init: done, %s process(es), distributed type %s, mixed precision %s, device %s"
+        % (
+            attrs.get("lora_otel.accelerate.num_processes", "?"),
+            attrs.get("lora_otel.accelerate.distributed_type", "?"),
+            attrs.get("lora_otel.accelerate.mixed_precision", "?"),
+            attrs.get("lora_otel.accelerate.device", "?"),
+        )
+    )
     return attrs
 
 

@@ -30,8 +30,17 @@ import sys
 import time
 
 from lora_otel._boot import core
-from lora_otel._boot.frameworks import (METRICS_EVENT_INTERVAL_S, TrainingRun, claim, clean, error_text,
-                                    metric_attrs, model_attrs, numbers, spanned)
+from lora_otel._boot.frameworks import (
+    METRICS_EVENT_INTERVAL_S,
+    TrainingRun,
+    claim,
+    clean,
+    error_text,
+    metric_attrs,
+    model_attrs,
+    numbers,
+    spanned,
+)
 
 __all__ = ["LoraOtelCallback", "callback_class", "install"]  # noqa: F822 - LoraOtelCallback comes from __getattr__
 
@@ -79,10 +88,16 @@ class _Recorder:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._end_validation("error", "a new validation began before this one ended")
-                self._validation_id = core.span_start("validation", clean({
-                    "lora_otel.training.step": int(trainer.global_step),
-                    "lora_otel.epoch": int(trainer.current_epoch),
-                    "lora_otel.validation.sanity_check": bool(trainer.sanity_checking)}))
+                self._validation_id = core.span_start(
+                    "validation",
+                    clean(
+                        {
+                            "lora_otel.training.step": int(trainer.global_step),
+                            "lora_otel.epoch": int(trainer.current_epoch),
+                            "lora_otel.validation.sanity_check": bool(trainer.sanity_checking),
+                        }
+                    ),
+                )
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._mine(trainer):
@@ -95,8 +110,9 @@ class _Recorder:
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         if self._mine(trainer) and not getattr(type(trainer).save_checkpoint, "_lora_otel", False):
             with core.fail_open("lightning callback"):
-                core.span_event(core.current_span_id(), "save checkpoint",
-                                {"lora_otel.training.step": int(trainer.global_step)})
+                core.span_event(
+                    core.current_span_id(), "save checkpoint", {"lora_otel.training.step": int(trainer.global_step)}
+                )
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         if self._mine(trainer):
@@ -109,8 +125,13 @@ class _Recorder:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._end_validation("error", "fit ended inside validation")
-                self._run.end("ok", attrs={"lora_otel.trainer.global_step": int(trainer.global_step),
-                                           "lora_otel.trainer.epoch": int(trainer.current_epoch)})
+                self._run.end(
+                    "ok",
+                    attrs={
+                        "lora_otel.trainer.global_step": int(trainer.global_step),
+                        "lora_otel.trainer.epoch": int(trainer.current_epoch),
+                    },
+                )
 
     def _end_validation(self, status: str, message: str | None = None, attrs: dict | None = None) -> None:
         if self._validation_id is not None:
@@ -124,8 +145,14 @@ def _train_attrs(trainer, pl_module) -> dict:
         "lora_otel.trainer.framework": "lightning",
         "lora_otel.trainer.version": getattr(sys.modules.get(package), "__version__", None),
     }
-    for attr, name in (("epochs", "max_epochs"), ("max_steps", "max_steps"), ("world_size", "world_size"),
-                       ("rank", "global_rank"), ("num_devices", "num_devices"), ("precision", "precision")):
+    for attr, name in (
+        ("epochs", "max_epochs"),
+        ("max_steps", "max_steps"),
+        ("world_size", "world_size"),
+        ("rank", "global_rank"),
+        ("num_devices", "num_devices"),
+        ("precision", "precision"),
+    ):
         try:
             value = getattr(trainer, name, None)
         except Exception:  # noqa: BLE001 - a property the trainer cannot answer yet
@@ -168,10 +195,15 @@ def callback_class(package=None) -> type:
     package = _package(package)
     cls = _classes.get(package.__name__)
     if cls is None:
-        cls = type("LoraOtelCallback", (_Recorder, package.Callback), {
-            "__module__": __name__,
-            "__doc__": "Records a Lightning ``Trainer`` run in the lora_otel journal (see the module); "
-                       "does nothing while lora_otel is off."})
+        cls = type(
+            "LoraOtelCallback",
+            (_Recorder, package.Callback),
+            {
+                "__module__": __name__,
+                "__doc__": "Records a Lightning ``Trainer`` run in the lora_otel journal (see the module); "
+                "does nothing while lora_otel is off.",
+            },
+        )
         _classes[package.__name__] = cls
     return cls
 
@@ -183,6 +215,7 @@ def __getattr__(name: str):
 
 
 # --- installed wrappers ---------------------------------------------------------------------------
+
 
 def _with_callback(callbacks, package):
     """``callbacks`` (None, one Callback, or a list) with a LoraOtelCallback added unless present."""

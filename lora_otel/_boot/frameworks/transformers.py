@@ -34,8 +34,7 @@ import sys
 from transformers.trainer_callback import TrainerCallback
 
 from lora_otel._boot import core
-from lora_otel._boot.frameworks import (TrainingRun, claim, error_text, metric_attrs, model_attrs, numbers,
-                                    spanned)
+from lora_otel._boot.frameworks import TrainingRun, claim, error_text, metric_attrs, model_attrs, numbers, spanned
 
 __all__ = ["LoraOtelCallback", "install"]
 
@@ -82,15 +81,22 @@ class LoraOtelCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if self._mine(state) and _saved_step != state.global_step:  # else the save span has it
             with core.fail_open("transformers callback"):
-                core.span_event(core.current_span_id(), "save checkpoint", {
-                    "lora_otel.training.step": state.global_step,
-                    "lora_otel.checkpoint.path": _checkpoint_path(args, state)})
+                core.span_event(
+                    core.current_span_id(),
+                    "save checkpoint",
+                    {
+                        "lora_otel.training.step": state.global_step,
+                        "lora_otel.checkpoint.path": _checkpoint_path(args, state),
+                    },
+                )
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._mine(state):
             with core.fail_open("transformers callback"):
-                self._run.end("ok", attrs={"lora_otel.trainer.global_step": state.global_step,
-                                           "lora_otel.trainer.epoch": state.epoch})
+                self._run.end(
+                    "ok",
+                    attrs={"lora_otel.trainer.global_step": state.global_step, "lora_otel.trainer.epoch": state.epoch},
+                )
 
     def _failed(self, exc: BaseException) -> None:
         if core.active:
@@ -101,8 +107,9 @@ class LoraOtelCallback(TrainerCallback):
 def _checkpoint_path(args, state) -> str:
     from lora_otel._boot import redact
 
-    return redact.redact_value(os.path.join(str(getattr(args, "output_dir", None) or "."),
-                                            "checkpoint-%d" % state.global_step))
+    return redact.redact_value(
+        os.path.join(str(getattr(args, "output_dir", None) or "."), "checkpoint-%d" % state.global_step)
+    )
 
 
 def _train_attrs(args, state, model) -> dict:
@@ -113,9 +120,13 @@ def _train_attrs(args, state, model) -> dict:
         "lora_otel.trainer.epochs": getattr(state, "num_train_epochs", None),
         "lora_otel.trainer.batch_size": getattr(state, "train_batch_size", None),
     }
-    for attr, name in (("gradient_accumulation_steps", "gradient_accumulation_steps"),
-                       ("learning_rate", "learning_rate"), ("world_size", "world_size"),
-                       ("rank", "process_index"), ("output_dir", "output_dir")):
+    for attr, name in (
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+        ("learning_rate", "learning_rate"),
+        ("world_size", "world_size"),
+        ("rank", "process_index"),
+        ("output_dir", "output_dir"),
+    ):
         try:
             attrs["lora_otel.trainer." + attr] = getattr(args, name, None)
         except Exception:  # noqa: BLE001 - a property that needs a distributed state
@@ -125,6 +136,7 @@ def _train_attrs(args, state, model) -> dict:
 
 
 # --- installed wrappers ---------------------------------------------------------------------------
+
 
 def _callbacks(trainer) -> list:
     handler = getattr(trainer, "callback_handler", None)
