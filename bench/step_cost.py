@@ -31,10 +31,10 @@ PY = sys.executable
 
 HOOKS = r"""
 import sys, time, torch
-from lora_otel._boot import hooks
+from lora_otel._boot import torch_hooks
 n = int(sys.argv[1])
 opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-pre, post = hooks.on_step_pre, hooks.on_step_post
+pre, post = torch_hooks.on_step_pre, torch_hooks.on_step_post
 pre(opt, (), {}); post(opt, (), {})  # opens `training` once, as the first real step does
 def e1(*a): pass
 def e2(*a): pass

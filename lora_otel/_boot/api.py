@@ -20,6 +20,12 @@ import time
 
 from lora_otel._boot import core, stages
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from collections.abc import Mapping
+    from types import TracebackType
+    from typing import Literal
+
 _NO_NUMBER = object()
 
 
@@ -41,7 +47,7 @@ def _on_accelerator(v: object) -> bool:
     return isinstance(kind, str) and kind != "cpu"
 
 
-def _element_count(v: object):
+def _element_count(v: object) -> object:
     """``v.numel()`` (torch) or ``v.size`` (numpy, jax), or None when it says neither."""
     numel = getattr(v, "numel", None)
     if callable(numel):
@@ -50,7 +56,7 @@ def _element_count(v: object):
     return size if type(size) is int else None
 
 
-def _as_number(v: object, defer: bool = False, depth: int = 0):
+def _as_number(v: object, defer: bool = False, depth: int = 0) -> object:
     """The number ``v`` holds, as an ``int`` or ``float`` (a bool as 0 or 1); `_NO_NUMBER` when it
     holds none (a string, None, a tensor of several elements, a complex). With ``defer``, a
     one-element tensor on an accelerator comes back as a `_Deferred` instead of being read (no
@@ -59,7 +65,7 @@ def _as_number(v: object, defer: bool = False, depth: int = 0):
     if t is int or t is float:
         return v
     if t is bool:
-        return int(v)
+        return int(v)  # type: ignore[call-overload]  # t is type(v): v is a bool
     try:
         if v is None or isinstance(v, (str, bytes, bytearray, complex)):
             return _NO_NUMBER
@@ -68,10 +74,9 @@ def _as_number(v: object, defer: bool = False, depth: int = 0):
             count = _element_count(v)
             if count is not None and count != 1:
                 return _NO_NUMBER
-            if _on_accelerator(v):
-                if defer:
-                    detach = getattr(v, "detach", None)  # do not keep the autograd graph alive
-                    return _Deferred(detach() if callable(detach) else v)
+            if _on_accelerator(v) and defer:
+                detach = getattr(v, "detach", None)  # do not keep the autograd graph alive
+                return _Deferred(detach() if callable(detach) else v)
             return _as_number(item(), depth=1)
         if isinstance(v, bool):
             return int(v)
@@ -103,7 +108,7 @@ def _describe(v: object) -> str:
         return "value"
 
 
-def _attr_value(k: str, v: object):
+def _attr_value(k: str, v: object) -> object:
     """A span attribute from a user's value: the value itself, a number, or a short description."""
     from lora_otel._boot import redact
 
@@ -133,7 +138,7 @@ def _attr_value(k: str, v: object):
         return _describe(v)
 
 
-def _clean_attrs(attrs: dict) -> dict:
+def _clean_attrs(attrs: Mapping[str, object]) -> dict[str, object]:
     return {k: _attr_value(k, v) for k, v in attrs.items()}
 
 
@@ -171,7 +176,9 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
                     stages.training_id = self._sid
         return self
 
-    def __exit__(self, et, ev, tb) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if self._sid is not None:
             with core.fail_open("stage"):
                 extra = core.training_attrs() if self.name == "training" else None
@@ -206,9 +213,9 @@ def mark(message: str) -> None:
 
 STEP = "step"
 
-_dropped: set = set()
+_dropped: set[str] = set()
 """Keys already reported as holding no number (one line per key, not per call)."""
-_pending: dict = {}
+_pending: dict[str, _Deferred] = {}
 """key -> `_Deferred` value the converter thread has not read yet."""
 _converter_pid = 0
 

@@ -2143,9 +2143,9 @@ def _child_cuda(emit, torch) -> bool:
     reason = None
     if not available:
         try:
-            from lora_otel._boot import hooks
+            from lora_otel._boot import torch_hooks
 
-            reason = hooks._cuda_absent_reason(torch)
+            reason = torch_hooks._cuda_absent_reason(torch)
         except Exception:  # noqa: BLE001
             reason = None
     emit(

@@ -33,16 +33,27 @@ import time
 
 from lora_otel._boot import core, stages
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
+    from typing import Any, TypeVar
+
+    from typing_extensions import ParamSpec
+
+    _P = ParamSpec("_P")
+    _R = TypeVar("_R")
+
 MAX_METRICS = 32
 """At most this many metrics per event or progress call (the first ones logged)."""
 METRICS_EVENT_INTERVAL_S = 1.0
 """Seconds between two ``metrics`` events of one run (the latest values in between are merged)."""
 
-installed: list = []
+installed: list[str] = []
 """Frameworks instrumented in this process (also the root span's ``lora_otel.integrations``)."""
 
 
-def install(kind: str, module) -> None:
+def install(kind: str, module: ModuleType) -> None:
     """Instrument ``module`` (a framework module that has just loaded) with integration ``kind``."""
     if kind == "transformers":
         from lora_otel._boot.frameworks import transformers as integration
@@ -60,7 +71,7 @@ def install(kind: str, module) -> None:
 # --- helpers shared by the integrations -------------------------------------------------------
 
 
-def clean(attrs: dict) -> dict:
+def clean(attrs: Mapping[str, object]) -> dict[str, object]:
     """Attributes with ``None`` dropped, strings redacted, other objects as their repr."""
     from lora_otel._boot.api import _clean_attrs
 
@@ -73,7 +84,7 @@ def error_text(exc: BaseException) -> str:
     return redact.redact_text("%s: %s" % (type(exc).__name__, exc))
 
 
-def number(value):
+def number(value: object) -> int | float | None:
     """``value`` as an int or float, or None: plain numbers, and one-element tensors (``.item()``)."""
     if isinstance(value, bool):
         return None
@@ -92,9 +103,9 @@ def number(value):
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def numbers(values) -> dict:
+def numbers(values: Mapping[Any, object] | None) -> dict[str, int | float]:
     """The numeric entries of a metrics mapping (at most :data:`MAX_METRICS`), keys as strings."""
-    out: dict = {}
+    out: dict[str, int | float] = {}
     if not values:
         return out
     for k, v in values.items():
@@ -106,9 +117,9 @@ def numbers(values) -> dict:
     return out
 
 
-def metric_attrs(values: dict) -> dict:
+def metric_attrs(values: Mapping[str, object]) -> dict[str, object]:
     """``{"loss": 0.5}`` → ``{"lora_otel.metric.loss": 0.5}``; NaN and infinities as text (JSON has none)."""
-    out: dict = {}
+    out: dict[str, object] = {}
     for k, v in values.items():
         if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
             v = repr(v)
@@ -116,11 +127,11 @@ def metric_attrs(values: dict) -> dict:
     return out
 
 
-def model_attrs(model) -> dict:
+def model_attrs(model: object) -> dict[str, object]:
     """``lora_otel.model.*``: class, parameter counts, and the LoRA settings of a peft model."""
     if model is None:
         return {}
-    attrs: dict = {"lora_otel.model.class": type(model).__name__}
+    attrs: dict[str, object] = {"lora_otel.model.class": type(model).__name__}
     params = getattr(model, "parameters", None)
     if params is not None:
         total = trainable = 0
@@ -135,7 +146,7 @@ def model_attrs(model) -> dict:
     return attrs
 
 
-def _peft_attrs(model) -> dict:
+def _peft_attrs(model: Any) -> dict[str, object]:  # a torch module, maybe a peft one
     holder = model if isinstance(getattr(model, "peft_config", None), dict) else None
     if holder is None and hasattr(model, "modules"):  # a LightningModule holding a PeftModel
         for m in model.modules():
@@ -148,7 +159,7 @@ def _peft_attrs(model) -> dict:
     active = getattr(holder, "active_adapter", None)
     cfg = configs.get(active) if isinstance(active, str) else None
     cfg = cfg if cfg is not None else next(iter(configs.values()))
-    attrs: dict = {}
+    attrs: dict[str, object] = {}
     kind = getattr(cfg, "peft_type", None)
     if kind is not None:
         attrs["lora_otel.peft.type"] = str(getattr(kind, "value", kind))
@@ -164,7 +175,12 @@ def _peft_attrs(model) -> dict:
     return attrs
 
 
-def spanned(orig, name: str, before=None, after=None):
+def spanned(
+    orig: Callable[_P, _R],
+    name: str,
+    before: Callable[..., Mapping[str, object]] | None = None,
+    after: Callable[..., Mapping[str, object]] | None = None,
+) -> Callable[_P, _R]:
     """Wrap a framework method in a span ``name`` (the original is called exactly once).
 
     ``before(*args, **kwargs)`` returns the start attributes, ``after(result, *args, **kwargs)``
@@ -175,7 +191,7 @@ def spanned(orig, name: str, before=None, after=None):
         return orig
 
     @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         sid = None
         if core.active:
             with core.fail_open(name):
@@ -201,11 +217,11 @@ OWNER = "_lora_otel_callback"
 the callback recording it, so explicit plus automatic callbacks record once."""
 
 
-def claim(run_object, callback) -> bool:
+def claim(run_object: object, callback: object) -> bool:
     """Whether ``callback`` records the run ``run_object`` belongs to (claiming it if unclaimed)."""
     if not core.active:
         return False
-    owner = getattr(run_object, OWNER, None)
+    owner: object = getattr(run_object, OWNER, None)
     if owner is None:
         try:
             setattr(run_object, OWNER, id(callback))
@@ -231,7 +247,7 @@ class TrainingRun:
         self.epoch_id: str | None = None
         self.epoch_first_step = 0
         self._last_event = float("-inf")
-        self._pending: dict = {}
+        self._pending: dict[str, int | float] = {}
         self._pending_step: int | None = None
         self._started = 0.0
 
@@ -239,28 +255,28 @@ class TrainingRun:
     def running(self) -> bool:
         return self.training_id is not None and self.training_id in core.open_spans
 
-    def begin(self, attrs: dict) -> None:
+    def begin(self, attrs: Mapping[str, object]) -> None:
         """Open ``training`` (or give the open one ``attrs``)."""
 
         if self.training_id is not None or self.epoch_id is not None:
             self.end("error", "ended without the trainer's end callback (it raised, or training restarted)")
         self._started = time.monotonic()
         self._last_event = float("-inf")
-        attrs = clean(attrs)
+        cleaned = clean(attrs)
         sid = stages.training_id if stages.training_id in core.open_spans else core.find_open("training")
         if sid is None:
             stages.arguments_done("none seen before training")
-            attrs["lora_otel.training.started_by"] = self.started_by
-            sid = core.span_start("training", attrs, parent_id=core.root_id)
+            cleaned["lora_otel.training.started_by"] = self.started_by
+            sid = core.span_start("training", cleaned, parent_id=core.root_id)
             stages.training_id = sid
             self.owns_training = True
             core.info_line("training started (%s)" % self.started_by)
         else:
-            core.span_attrs(sid, attrs)
+            core.span_attrs(sid, cleaned)
             self.owns_training = False
         self.training_id = sid
 
-    def end(self, status: str = "ok", message: str | None = None, attrs: dict | None = None) -> None:
+    def end(self, status: str = "ok", message: str | None = None, attrs: Mapping[str, object] | None = None) -> None:
         """End the open epoch and, when this run opened it, ``training`` (with the step counters)."""
         self.end_epoch(status, message)
         if self.training_id is None:
@@ -297,7 +313,7 @@ class TrainingRun:
             attrs = {"lora_otel.training.step": step, "lora_otel.epoch.steps": max(0, step - self.epoch_first_step)}
         core.span_end(sid, status, message, attrs)
 
-    def metrics(self, step: int | None, values) -> None:
+    def metrics(self, step: int | None, values: Mapping[Any, object] | None) -> None:
         """Logged metrics: to :func:`lora_otel.progress` while training runs, and as a ``metrics``
         event at most once per :data:`METRICS_EVENT_INTERVAL_S` (values in between are merged)."""
         found = numbers(values)

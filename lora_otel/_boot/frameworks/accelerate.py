@@ -22,6 +22,10 @@ import sys
 from lora_otel._boot import core
 from lora_otel._boot.frameworks import spanned
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from types import ModuleType
+
 __all__ = ["install"]
 
 _STATE = (
@@ -35,11 +39,11 @@ _STATE = (
 )
 
 
-def _version() -> dict:
+def _version() -> dict[str, object]:
     return {"lora_otel.accelerate.version": getattr(sys.modules.get("accelerate"), "__version__", None)}
 
 
-def state_attrs(accelerator) -> dict:
+def state_attrs(accelerator: object) -> dict[str, object]:
     """``lora_otel.accelerate.*`` facts an ``Accelerator`` knows once initialised."""
     out = _version()
     for name in _STATE:
@@ -55,12 +59,12 @@ def state_attrs(accelerator) -> dict:
     return out
 
 
-def _init_before(self, *args, **kwargs) -> dict:
+def _init_before(self: object, *args: object, **kwargs: object) -> dict[str, object]:
     core.info_line("accelerate init: starting (sets up the distributed process group when there is one)")
     return _version()
 
 
-def _init_after(result, self, *args, **kwargs) -> dict:
+def _init_after(result: object, self: object, *args: object, **kwargs: object) -> dict[str, object]:
     attrs = state_attrs(self)
     core.info_line(
         "accelerate init: done, %s process(es), distributed type %s, mixed precision %s, device %s"
@@ -74,16 +78,18 @@ def _init_after(result, self, *args, **kwargs) -> dict:
     return attrs
 
 
-def _prepare_before(self, *args, **kwargs) -> dict:
+def _prepare_before(self: object, *args: object, **kwargs: object) -> dict[str, object]:
     attrs = state_attrs(self)
     attrs["lora_otel.accelerate.objects"] = [type(obj).__name__ for obj in args[:16]]
     return attrs
 
 
-def install(module=None) -> None:
+def install(module: ModuleType | None = None) -> None:
     """Instrument ``accelerate`` (imported when not given); safe to call more than once."""
     if module is None:
-        import accelerate as module
+        import accelerate
+
+        module = accelerate
     cls = module.Accelerator
     cls.__init__ = spanned(cls.__init__, "accelerate init", _init_before, _init_after)
     cls.prepare = spanned(cls.prepare, "accelerate prepare", _prepare_before)

@@ -42,6 +42,14 @@ from lora_otel._boot.frameworks import (
     spanned,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+    from lightning.pytorch import LightningModule, Trainer
+
 __all__ = ["LoraOtelCallback", "callback_class", "install"]  # noqa: F822 - LoraOtelCallback comes from __getattr__
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -50,32 +58,34 @@ _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 class _Recorder:
     """The callback's hooks, mixed into a ``Callback`` subclass per Lightning package."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._run = TrainingRun("lightning Trainer")
         self._validation_id: str | None = None
         self._last_metrics = float("-inf")
 
-    def _mine(self, trainer) -> bool:
+    def _mine(self, trainer: Trainer) -> bool:
         """Whether this callback records ``trainer`` (claiming it if no callback has)."""
         return claim(trainer, self)
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._run.begin(_train_attrs(trainer, pl_module))
 
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._run.begin_epoch(int(trainer.current_epoch), int(trainer.global_step))
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._run.end_epoch(step=int(trainer.global_step))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: object, batch: object, batch_idx: int
+    ) -> None:
         if not core.active:
             return
         now = time.monotonic()
@@ -84,7 +94,7 @@ class _Recorder:
             with core.fail_open("lightning callback"):
                 self._run.metrics(int(trainer.global_step), trainer.callback_metrics)
 
-    def on_validation_start(self, trainer, pl_module) -> None:
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._end_validation("error", "a new validation began before this one ended")
@@ -99,7 +109,7 @@ class _Recorder:
                     ),
                 )
 
-    def on_validation_end(self, trainer, pl_module) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 found = {} if trainer.sanity_checking else numbers(trainer.callback_metrics)
@@ -107,21 +117,21 @@ class _Recorder:
                 if found:
                     self._run.metrics(int(trainer.global_step), found)
 
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: object) -> None:
         if self._mine(trainer) and not getattr(type(trainer).save_checkpoint, "_lora_otel", False):
             with core.fail_open("lightning callback"):
                 core.span_event(
                     core.current_span_id(), "save checkpoint", {"lora_otel.training.step": int(trainer.global_step)}
                 )
 
-    def on_exception(self, trainer, pl_module, exception) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 text = error_text(exception)
                 self._end_validation("error", text)
                 self._run.end("error", text)
 
-    def on_fit_end(self, trainer, pl_module) -> None:
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._mine(trainer):
             with core.fail_open("lightning callback"):
                 self._end_validation("error", "fit ended inside validation")
@@ -133,15 +143,15 @@ class _Recorder:
                     },
                 )
 
-    def _end_validation(self, status: str, message: str | None = None, attrs: dict | None = None) -> None:
+    def _end_validation(self, status: str, message: str | None = None, attrs: dict[str, object] | None = None) -> None:
         if self._validation_id is not None:
             sid, self._validation_id = self._validation_id, None
             core.span_end(sid, status, message, attrs)
 
 
-def _train_attrs(trainer, pl_module) -> dict:
+def _train_attrs(trainer: Trainer, pl_module: LightningModule) -> dict[str, object]:
     package = type(trainer).__module__.partition(".")[0]
-    attrs: dict = {
+    attrs: dict[str, object] = {
         "lora_otel.trainer.framework": "lightning",
         "lora_otel.trainer.version": getattr(sys.modules.get(package), "__version__", None),
     }
@@ -167,10 +177,10 @@ def _train_attrs(trainer, pl_module) -> dict:
     return attrs
 
 
-_classes: dict = {}  # Lightning package name -> its LoraOtelCallback class
+_classes: dict[str, type] = {}  # Lightning package name -> its LoraOtelCallback class
 
 
-def _package(module=None):
+def _package(module: ModuleType | None = None) -> ModuleType:
     """The Lightning package module: ``module``'s, else the one loaded, else the one importable."""
     if module is not None:
         name = "pytorch_lightning" if module.__name__.partition(".")[0] == "pytorch_lightning" else "lightning.pytorch"
@@ -185,7 +195,7 @@ def _package(module=None):
     return package
 
 
-def callback_class(package=None) -> type:
+def callback_class(package: ModuleType | None = None) -> type:
     """``LoraOtelCallback`` for ``package`` (``lightning.pytorch`` or ``pytorch_lightning``).
 
     Args:
@@ -208,7 +218,7 @@ def callback_class(package=None) -> type:
     return cls
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "LoraOtelCallback":
         return callback_class()
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
@@ -217,10 +227,10 @@ def __getattr__(name: str):
 # --- installed wrappers ---------------------------------------------------------------------------
 
 
-def _with_callback(callbacks, package):
+def _with_callback(callbacks: object, package: ModuleType) -> object:
     """``callbacks`` (None, one Callback, or a list) with a LoraOtelCallback added unless present."""
     if callbacks is None:
-        items: list = []
+        items: list[object] = []
     elif isinstance(callbacks, package.Callback):
         items = [callbacks]
     elif isinstance(callbacks, (list, tuple)):
@@ -229,12 +239,12 @@ def _with_callback(callbacks, package):
         return callbacks  # something this code does not know: left as given
     if any(isinstance(cb, _Recorder) for cb in items):
         return callbacks
-    return items + [callback_class(package)()]
+    return [*items, callback_class(package)()]
 
 
-def _wrap_init(init, package):
+def _wrap_init(init: Callable[..., None], package: ModuleType) -> Callable[..., None]:
     @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Trainer, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the name tracebacks show
         if core.active:
             with core.fail_open("lightning integration"):
                 kwargs["callbacks"] = _with_callback(kwargs.get("callbacks"), package)
@@ -244,7 +254,7 @@ def _wrap_init(init, package):
     return __init__
 
 
-def _save_before(self, *args, **kwargs) -> dict:
+def _save_before(self: Trainer, *args: object, **kwargs: object) -> dict[str, object]:
     from lora_otel._boot import redact
 
     filepath = args[0] if args else kwargs.get("filepath")
@@ -254,7 +264,7 @@ def _save_before(self, *args, **kwargs) -> dict:
     return {"lora_otel.training.step": step, "lora_otel.checkpoint.path": path}
 
 
-def install(module=None) -> None:
+def install(module: ModuleType | None = None) -> None:
     """Instrument a Lightning package (``lightning.pytorch`` or ``pytorch_lightning``; the one
     loaded when not given); safe to call more than once."""
     package = _package(module)

@@ -36,6 +36,16 @@ from transformers.trainer_callback import TrainerCallback
 from lora_otel._boot import core
 from lora_otel._boot.frameworks import TrainingRun, claim, error_text, metric_attrs, model_attrs, numbers, spanned
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
+    from typing import Any
+
+    from transformers.trainer import Trainer
+    from transformers.trainer_callback import TrainerControl, TrainerState
+    from transformers.training_args import TrainingArguments
+
 __all__ = ["LoraOtelCallback", "install"]
 
 _saved_step: int | None = None  # global step of the last checkpoint the save span recorded
@@ -47,38 +57,58 @@ class LoraOtelCallback(TrainerCallback):
     def __init__(self) -> None:
         self._run = TrainingRun("transformers Trainer")
 
-    def _mine(self, state) -> bool:
+    def _mine(self, state: TrainerState) -> bool:
         """Whether this callback records the run ``state`` belongs to (claiming it if unclaimed)."""
         return claim(state, self)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._mine(state):
             with core.fail_open("transformers callback"):
                 self._run.begin(_train_attrs(args, state, kwargs.get("model")))
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._mine(state):
             with core.fail_open("transformers callback"):
-                self._run.begin_epoch(int(round(state.epoch or 0)), state.global_step)
+                self._run.begin_epoch(int(round(state.epoch or 0)), state.global_step)  # noqa: RUF046 - an epoch may be a numpy float
 
-    def on_epoch_end(self, args, state, control, **kwargs):
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._mine(state):
             with core.fail_open("transformers callback"):
                 self._run.end_epoch(step=state.global_step)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping[str, object] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if self._mine(state):
             with core.fail_open("transformers callback"):
                 self._run.metrics(state.global_step, logs)
 
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        metrics: Mapping[str, object] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if self._mine(state) and core.find_open("evaluate") is None:  # else the evaluate span has them
             with core.fail_open("transformers callback"):
                 attrs = metric_attrs(numbers(metrics))
                 attrs["lora_otel.training.step"] = state.global_step
                 core.span_event(core.current_span_id(), "evaluate", attrs)
 
-    def on_save(self, args, state, control, **kwargs):
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._mine(state) and _saved_step != state.global_step:  # else the save span has it
             with core.fail_open("transformers callback"):
                 core.span_event(
@@ -90,7 +120,9 @@ class LoraOtelCallback(TrainerCallback):
                     },
                 )
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if self._mine(state):
             with core.fail_open("transformers callback"):
                 self._run.end(
@@ -104,7 +136,7 @@ class LoraOtelCallback(TrainerCallback):
                 self._run.end("error", error_text(exc))
 
 
-def _checkpoint_path(args, state) -> str:
+def _checkpoint_path(args: object, state: TrainerState) -> str:
     from lora_otel._boot import redact
 
     return redact.redact_value(
@@ -112,8 +144,8 @@ def _checkpoint_path(args, state) -> str:
     )
 
 
-def _train_attrs(args, state, model) -> dict:
-    attrs = {
+def _train_attrs(args: TrainingArguments, state: TrainerState, model: object) -> dict[str, object]:
+    attrs: dict[str, object] = {
         "lora_otel.trainer.framework": "transformers",
         "lora_otel.trainer.version": getattr(sys.modules.get("transformers"), "__version__", None),
         "lora_otel.trainer.max_steps": getattr(state, "max_steps", None),
@@ -138,27 +170,28 @@ def _train_attrs(args, state, model) -> dict:
 # --- installed wrappers ---------------------------------------------------------------------------
 
 
-def _callbacks(trainer) -> list:
+def _callbacks(trainer: object) -> list[object]:
     handler = getattr(trainer, "callback_handler", None)
     return list(getattr(handler, "callbacks", None) or [])
 
 
-def _wrap_init(init):
+def _wrap_init(init: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Trainer, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the name tracebacks show
         init(self, *args, **kwargs)
         if core.active:
             with core.fail_open("transformers integration"):
                 if not any(isinstance(cb, LoraOtelCallback) for cb in _callbacks(self)):
-                    self.callback_handler.add_callback(LoraOtelCallback())
+                    # transformers leaves CallbackHandler.add_callback unannotated.
+                    self.callback_handler.add_callback(LoraOtelCallback())  # type: ignore[no-untyped-call]
 
     __init__._lora_otel = True  # type: ignore[attr-defined]
     return __init__
 
 
-def _wrap_train(train):
+def _wrap_train(train: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(train)
-    def train_wrapper(self, *args, **kwargs):
+    def train_wrapper(self: Trainer, *args: Any, **kwargs: Any) -> object:
         try:
             return train(self, *args, **kwargs)
         except BaseException as e:
@@ -173,15 +206,15 @@ def _wrap_train(train):
     return train_wrapper
 
 
-def _evaluate_before(self, *args, **kwargs) -> dict:
+def _evaluate_before(self: Trainer, *args: object, **kwargs: object) -> dict[str, object]:
     return {"lora_otel.training.step": getattr(getattr(self, "state", None), "global_step", None)}
 
 
-def _evaluate_after(result, *args, **kwargs) -> dict:
+def _evaluate_after(result: object, *args: object, **kwargs: object) -> dict[str, object]:
     return metric_attrs(numbers(result)) if isinstance(result, dict) else {}
 
 
-def _save_before(self, *args, **kwargs) -> dict:
+def _save_before(self: Trainer, *args: object, **kwargs: object) -> dict[str, object]:
     global _saved_step
     state = self.state
     path = _checkpoint_path(self.args, state)
@@ -190,10 +223,12 @@ def _save_before(self, *args, **kwargs) -> dict:
     return {"lora_otel.training.step": state.global_step, "lora_otel.checkpoint.path": path}
 
 
-def install(module=None) -> None:
+def install(module: ModuleType | None = None) -> None:
     """Instrument ``transformers.trainer`` (imported when not given); safe to call more than once."""
     if module is None:
-        import transformers.trainer as module
+        import transformers.trainer
+
+        module = transformers.trainer
     trainer = module.Trainer
     if not getattr(trainer.__init__, "_lora_otel", False):
         trainer.__init__ = _wrap_init(trainer.__init__)
