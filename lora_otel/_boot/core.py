@@ -56,7 +56,7 @@ quiet = False
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
 
 # span_id -> (name, parent_id, thread id, start ts ns); only open spans, in start order
-open_spans: dict[str, tuple[str, str, int, int]] = {}
+open_spans: dict[str, tuple[str, str | None, int, int]] = {}
 last_ended: tuple[str, str, int] | None = None
 """``(span_id, name, end ts ns)`` of the stage that ended last — not counting imports shorter than
 ``import_threshold_ms``, which export drops: the beat's narration says what ended before a quiet time."""

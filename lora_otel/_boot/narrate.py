@@ -159,7 +159,7 @@ def _subject(now_ns: int) -> Subject | None:
         after = ended[1] if ended is not None else ""
         return "between", ("between", since), after, since, _limits.get("between")
     limit = _lim.limit_for(name, _limits) if isinstance(name, str) else None
-    training: tuple[str, tuple[str, str, int, int]] | None = None
+    training: tuple[str, tuple[str, str | None, int, int]] | None = None
     if name == "training":
         training = (sid, info)
     elif limit is None:
