@@ -8,6 +8,10 @@ SIGKILL cannot take it back.
 
 Not a general tracing API: spans live in a flat table keyed by span id, with one stack of open
 spans per thread to pick parents. That is all a journal needs.
+
+One module on purpose (~700 lines): the writer, the lines and the span records share one process's
+state (these module globals) on the hottest paths (`write`, `span_start`), and all of it is loaded
+first in every traced process; a split would add a module to load and an attribute hop per record.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ It runs at interpreter start, so it is held to two rules: it imports nothing but
 it reports on, and it costs a few milliseconds at most. No function here raises: a fact that cannot
 be found, read or parsed is simply missing from the result.
 
+One module on purpose (~700 lines, a tenth of them this docstring): `collect` and `lines` run
+together, once, at start in every traced process; a split would add a file to load there.
+
 Where each fact comes from, and the limits of each source:
 
 * **Python and OS** -- ``sys.version_info``, ``sys.version``, ``sys.implementation``,
