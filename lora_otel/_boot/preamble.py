@@ -15,7 +15,7 @@ Imports only what the interpreter has already loaded, plus ``_thread`` and ``ate
 
 One module on purpose (~1,000 lines): `_start` installs all of it — exit, exec, fork, stack-dump
 and beat machinery — in every traced process, so a split would only add files to find and load
-at interpreter start (~0.3 ms each, ``python -X importtime``); its sections are marked ``# ---``.
+at interpreter start (~0.4 ms each, ``python -X importtime``); its sections are marked ``# ---``.
 """
 
 from __future__ import annotations
