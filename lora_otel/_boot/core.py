@@ -8,6 +8,10 @@ SIGKILL cannot take it back.
 
 Not a general tracing API: spans live in a flat table keyed by span id, with one stack of open
 spans per thread to pick parents. That is all a journal needs.
+
+One module on purpose (~700 lines): the writer, the lines and the span records share one process's
+state (these module globals) on the hottest paths (`write`, `span_start`), and all of it is loaded
+first in every traced process; a split would add a module to load and an attribute hop per record.
 """
 
 from __future__ import annotations
@@ -19,10 +23,18 @@ from _thread import allocate_lock, get_ident
 
 from lora_otel._boot.jsonl import _quote, dumps_line
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Callable, Mapping
+    from types import TracebackType
+    from typing import Any
+
+    from lora_otel._boot.where import Frame
+
 FORMAT_VERSION = 1
 
 # --- state (module globals: this is a per-process singleton) -------------------------------
-known_secrets: list = []
+known_secrets: list[str] = []
 """Every value redacted so far in this process: ``redact`` puts its own list here when it first
 remembers one (core does not import ``redact``, so the preamble's first evidence does not wait for it)."""
 active = False
@@ -48,26 +60,26 @@ quiet = False
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
 
 # span_id -> (name, parent_id, thread id, start ts ns); only open spans, in start order
-open_spans: dict = {}
-last_ended: tuple | None = None
+open_spans: dict[str, tuple[str, str | None, int, int]] = {}
+last_ended: tuple[str, str, int] | None = None
 """``(span_id, name, end ts ns)`` of the stage that ended last — not counting imports shorter than
 ``import_threshold_ms``, which export drops: the beat's narration says what ended before a quiet time."""
 main_ident = 0
 """The thread id of the main thread (the one that ran the preamble, or that forked this process):
 the beat samples where it is."""
 # thread id -> list of open span ids (innermost last)
-_stacks: dict = {}
+_stacks: dict[int, list[str]] = {}
 
 steps = 0
 last_step_ns: int | None = None
-metrics: dict = {}
+metrics: dict[str, object] = {}
 
 
 def _under_pytest() -> bool:
     return "PYTEST_CURRENT_TEST" in os.environ
 
 
-class fail_open:
+class fail_open:  # noqa: N801 - named as the function-like context managers of contextlib are
     """Context manager for code that runs inside the user's program.
 
     Swallows any exception and reports it as one line on stderr, naming ``where``; under pytest
@@ -82,7 +94,7 @@ class fail_open:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, et, ev, tb) -> bool:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> bool:
         if et is None:
             return False
         if _under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
@@ -121,7 +133,7 @@ def iso_ms(ns: int) -> str:
 
 # --- writing ---------------------------------------------------------------------------------
 
-stderr_id: tuple | None = None
+stderr_id: tuple[int, ...] | None = None
 """``(st_dev, st_ino)`` of descriptor 2 when the preamble started (``()``: closed then); None when
 not recorded. lora_otel writes to descriptor 2 only while it is still that file: a program that
 closed every descriptor and opened its own files (daemonising code) may have its data file there."""
@@ -183,7 +195,7 @@ def _fallback_dir() -> str:
     )
 
 
-def _create_journal(path: str, exact: bool) -> tuple:
+def _create_journal(path: str, exact: bool) -> tuple[int, str]:
     """``(fd, path)``: ``path`` created new (``O_EXCL``, 0600); when something is already there, a
     unique variant beside it (another process's journal, or a name someone planted). With ``exact``
     (``LORA_OTEL_JOURNAL``, or the file `lora-otel run` created for its child) an existing file is
@@ -319,7 +331,7 @@ def _reopen_journal() -> bool:
     return True
 
 
-def write(rec: dict) -> None:
+def write(rec: dict[str, Any]) -> None:
     """Append one record to the journal with a single ``os.write``. Never raises.
 
     Texts lose every value redacted so far in this process (a password from argv quoted in an
@@ -336,7 +348,11 @@ def write(rec: dict) -> None:
     write_line(data)
 
 
-def write_line(data: bytes, _fstat=os.fstat, _write=os.write) -> None:
+def write_line(
+    data: bytes,
+    _fstat: Callable[[int], os.stat_result] = os.fstat,
+    _write: Callable[[int, bytes], int] = os.write,
+) -> None:
     """Append one encoded record (a `dumps_line` result, or the same line built from a template)
     with a single ``os.write``. Never raises."""
     global _journal_failed, _journal_lost
@@ -388,7 +404,7 @@ def _format_line(msg: str) -> str:
     return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(time.time_ns()), msg)
 
 
-def _same_as_std(dev_ino: tuple) -> bool:
+def _same_as_std(dev_ino: tuple[int, int]) -> bool:
     for fd in (1, 2):
         try:
             st = os.fstat(fd)
@@ -533,7 +549,11 @@ def current_span_id() -> str:
 
 
 def span_start(
-    name: str, attrs: dict | None = None, parent_id: str | None = None, ts: int | None = None, push: bool = True
+    name: str,
+    attrs: Mapping[str, object] | None = None,
+    parent_id: str | None = None,
+    ts: int | None = None,
+    push: bool = True,
 ) -> str:
     """Write a span's start record and return its id. The record is on disk when this returns."""
     sid = new_span_id()
@@ -570,7 +590,11 @@ def span_start(
 
 
 def span_end(
-    sid: str, status: str = "ok", message: str | None = None, attrs: dict | None = None, ts: int | None = None
+    sid: str,
+    status: str = "ok",
+    message: str | None = None,
+    attrs: Mapping[str, object] | None = None,
+    ts: int | None = None,
 ) -> None:
     """Write a span's end record (once; a second end for the same span is ignored)."""
     global last_ended
@@ -601,11 +625,11 @@ def span_end(
     write(rec)
 
 
-def span_event(sid: str, name: str, attrs: dict | None = None) -> None:
+def span_event(sid: str, name: str, attrs: Mapping[str, object] | None = None) -> None:
     write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name, "attrs": attrs or {}})
 
 
-def span_attrs(sid: str, attrs: dict) -> None:
+def span_attrs(sid: str, attrs: Mapping[str, object]) -> None:
     write({"v": FORMAT_VERSION, "k": "attrs", "ts": time.time_ns(), "span_id": sid, "attrs": attrs})
 
 
@@ -618,9 +642,9 @@ def find_open(name: str) -> str | None:
     return found
 
 
-def training_attrs() -> dict:
+def training_attrs() -> dict[str, object]:
     """The step counters, as attributes for the end of a ``training`` span."""
-    attrs: dict = {"lora_otel.training.steps": steps}
+    attrs: dict[str, object] = {"lora_otel.training.steps": steps}
     if last_step_ns is not None:
         attrs["lora_otel.training.last_step"] = iso_ms(last_step_ns)
     for k, v in metrics.items():
@@ -628,7 +652,7 @@ def training_attrs() -> dict:
     return attrs
 
 
-main_frames: list | None = None
+main_frames: list[Frame] | None = None
 """Where the main thread was at the last beat (``where.sample``), or None."""
 
 

@@ -36,6 +36,18 @@ from _thread import allocate_lock
 from lora_otel._boot import core
 from lora_otel._boot import limits as _lim
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Mapping
+    from typing import Optional, Union
+
+    from lora_otel._boot.where import Frame
+
+    EpisodeKey = Union[str, tuple[str, int], tuple[str, str, int]]
+    """A stage's span id; ``("between", since)``; ``("training", span id, since)``."""
+    Subject = tuple[str, EpisodeKey, str, int, Optional[float]]
+    """``(kind, key, name, since_ns, limit_s or None)``: what the job is in now."""
+
 CADENCE_S = (10.0, 30.0, 60.0, 120.0)
 """When a stage is narrated, in seconds since it began; then every `REPEAT_S`."""
 REPEAT_S = 300.0
@@ -46,9 +58,9 @@ _UI_MODULES = ("gradio", "uvicorn", "streamlit")
 _configured = False
 _scale = 1.0
 _lines_on = True
-_limits: dict = dict(_lim.DEFAULT_LIMITS_S)
-_episodes: dict = {}  # key -> _Episode
-_samples: list = []  # (beat ts, steps) of the last STEP_SAMPLES beats
+_limits: dict[str, float] = dict(_lim.DEFAULT_LIMITS_S)
+_episodes: dict[EpisodeKey, _Episode] = {}  # key -> _Episode
+_samples: list[tuple[int, int]] = []  # (beat ts, steps) of the last STEP_SAMPLES beats
 
 
 class _Episode:
@@ -56,7 +68,7 @@ class _Episode:
 
     __slots__ = ("key", "kind", "name", "next_i", "said", "since_ns", "stalled", "steps")
 
-    def __init__(self, kind: str, key, name: str, since_ns: int) -> None:
+    def __init__(self, kind: str, key: EpisodeKey, name: str, since_ns: int) -> None:
         self.kind, self.key, self.name, self.since_ns = kind, key, name, since_ns
         self.next_i = 0
         self.stalled = False
@@ -80,7 +92,7 @@ def _say_bad(msg: str) -> None:
     (core.info_line if core.quiet else core.error_line)(msg)
 
 
-def configure(env=None) -> None:
+def configure(env: Mapping[str, str] | None = None) -> None:
     """Read ``LORA_OTEL_STALL_AFTER``, ``LORA_OTEL_FROZEN_AFTER`` and ``LORA_OTEL_NARRATE_S``; a bad
     value: one line naming the variable and the default used instead (the job goes on)."""
     global _configured, _scale, _lines_on, _limits
@@ -132,7 +144,7 @@ def _median_step_s() -> float | None:
     return per_step[n // 2] if n % 2 else (per_step[n // 2 - 1] + per_step[n // 2]) / 2
 
 
-def _subject(now_ns: int):
+def _subject(now_ns: int) -> Subject | None:
     """``(kind, key, name, since_ns, limit_s or None)`` of what the job is in now, or None."""
     items = list(core.open_spans.items())
     if not items:
@@ -147,7 +159,7 @@ def _subject(now_ns: int):
         after = ended[1] if ended is not None else ""
         return "between", ("between", since), after, since, _limits.get("between")
     limit = _lim.limit_for(name, _limits) if isinstance(name, str) else None
-    training = None
+    training: tuple[str, tuple[str, str | None, int, int]] | None = None
     if name == "training":
         training = (sid, info)
     elif limit is None:
@@ -193,14 +205,14 @@ def _idle_ok() -> bool:
     )
 
 
-def _where(frames) -> str:
+def _where(frames: list[Frame] | None) -> str:
     from lora_otel._boot.where import text
 
     where = text(frames) if frames else ""
     return " — main thread at %s" % where if where else ""
 
 
-def _still(ep: _Episode, open_s: float, frames) -> str:
+def _still(ep: _Episode, open_s: float, frames: list[Frame] | None) -> str:
     if ep.kind == "training":
         return "no optimizer step for %s in training (%s)%s" % (
             _secs(open_s),
@@ -216,7 +228,7 @@ def _still(ep: _Episode, open_s: float, frames) -> str:
     return "still in %s after %s%s" % (ep.name, _secs(open_s), _where(frames))
 
 
-def _stalled(ep: _Episode, open_s: float, limit: float, frames) -> str:
+def _stalled(ep: _Episode, open_s: float, limit: float, frames: list[Frame] | None) -> str:
     if ep.kind == "training":
         what = "training, no optimizer step for %s" % _secs(open_s)
     elif ep.kind == "between":
@@ -226,7 +238,7 @@ def _stalled(ep: _Episode, open_s: float, limit: float, frames) -> str:
     return "STALLED: %s (limit %g s)%s" % (what, limit, _where(frames))
 
 
-def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
+def _ended(ep: _Episode, now_ns: int, subject: Subject | None) -> str | None:
     """The line for a narrated episode that is over, or None while it goes on."""
     if ep.kind == "stage":
         if ep.key in core.open_spans:
@@ -264,7 +276,7 @@ def at_exit(now_ns: int) -> None:
         _say_ended(now_ns, _subject(now_ns))
 
 
-def _say_ended(now_ns: int, subject) -> None:
+def _say_ended(now_ns: int, subject: Subject | None) -> None:
     """Forget the episodes whose stage is over, saying "took N s" for those that were narrated."""
     for key, ep in list(_episodes.items()):
         line = _ended(ep, now_ns, subject)
@@ -274,13 +286,13 @@ def _say_ended(now_ns: int, subject) -> None:
                 core.warn_line(line)
 
 
-def tick(now_ns: int, frames) -> None:
+def tick(now_ns: int, frames: list[Frame] | None) -> None:
     """One beat's narration (called by the beat thread after the beat record)."""
     with _lock:
         _tick(now_ns, frames)
 
 
-def _tick(now_ns: int, frames) -> None:
+def _tick(now_ns: int, frames: list[Frame] | None) -> None:
     if not _configured:
         configure()
     _samples.append((now_ns, core.steps))
@@ -304,7 +316,7 @@ def _tick(now_ns: int, frames) -> None:
     while threshold_s(ep.next_i) <= open_s:
         ep.next_i += 1
     ep.said = True
-    if stall_due:
+    if stall_due and limit is not None:  # (stall_due implies a limit: said again for mypy)
         ep.stalled = True
         core.error_line(_stalled(ep, open_s, limit, frames))
     else:

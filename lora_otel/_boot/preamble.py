@@ -12,6 +12,10 @@ Order matters and is the point of this module:
 4. exit, exception, fork and beat machinery.
 
 Imports only what the interpreter has already loaded, plus ``_thread`` and ``atexit``.
+
+One module on purpose (~1,000 lines): `_start` installs all of it — exit, exec, fork, stack-dump
+and beat machinery — in every traced process, so a split would only add files to find and load
+at interpreter start (~0.4 ms each, ``python -X importtime``); its sections are marked ``# ---``.
 """
 
 from __future__ import annotations
@@ -23,12 +27,21 @@ import time
 
 from lora_otel._boot import core, paths, stages
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Callable, Iterable, Mapping, MutableMapping
+    from os import _ExecEnv, _ExecVArgs
+    from types import CodeType
+    from typing import Any, NoReturn
+
+    from _typeshed import FileDescriptorOrPath, StrOrBytesPath
+
 _started_ns = 0
 _exit_code: object = None
 _fork_parent_span: str | None = None
 
 
-def parse_traceparent(value: str | None) -> tuple:
+def parse_traceparent(value: str | None) -> tuple[str | None, str | None, bool]:
     """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent``, or ``(None, None, True)``."""
     if not value:
         return None, None, True
@@ -57,7 +70,7 @@ RANK_ENV = "LORA_OTEL_JOB_RANK"
 """The rank (``RANK``, ``SLURM_PROCID``, …) of the nearest process above that speaks on the terminal."""
 
 
-def _new_rank(env) -> str | None:
+def _new_rank(env: Mapping[str, str]) -> str | None:
     """This process's rank when a distributed launcher (torchrun, accelerate, Slurm) started it as
     a rank of its own: the job's workers, whose lines a log panel must show although a traced
     launcher started them. Their own children (DataLoader workers, helpers) inherit the same rank
@@ -68,7 +81,7 @@ def _new_rank(env) -> str | None:
     return str(rank)
 
 
-def is_child(env, trace_id: str | None) -> bool:
+def is_child(env: Mapping[str, str], trace_id: str | None) -> bool:
     """Whether this process was started (directly or not) by a traced process of the same job: it
     continues the trace that the job's top process (`JOB_ENV`) began or continued, and is not that
     process itself (an ``exec`` keeps the pid). A ``TRACEPARENT`` from a launcher that is not
@@ -86,7 +99,7 @@ def _read_proc_self(name: str) -> bytes:
         os.close(fd)
 
 
-def _process_start(now_ns: int) -> tuple:
+def _process_start(now_ns: int) -> tuple[int, int | None]:
     """``(start_ns, start_ticks)``: when this process really started (Linux), else now.
 
     The kernel gives the start in clock ticks (10 ms), rounded down; the end of that tick is used,
@@ -120,7 +133,7 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def _service_name(argv: list) -> str:
+def _service_name(argv: list[str]) -> str:
     name = os.environ.get("OTEL_SERVICE_NAME")
     if name:
         return name
@@ -142,7 +155,7 @@ def _digest(data: bytes) -> int:
     return int.from_bytes(b"\x01" + data, "big") % 2305843009213693951  # 2**61 - 1
 
 
-def image_identity(pid: int | str = "self") -> dict:
+def image_identity(pid: int | str = "self") -> dict[str, object]:
     """What identifies the program image a process runs, for telling later whether it exec'd.
 
     ``exe``: ``[st_dev, st_ino]`` of ``/proc/<pid>/exe``; ``auxv``: a fingerprint of
@@ -150,7 +163,7 @@ def image_identity(pid: int | str = "self") -> dict:
     randomised per exec); ``cmdline``: a fingerprint of ``/proc/<pid>/cmdline`` (set at exec, but a
     program may rewrite it: ``setproctitle``). A fact that cannot be read is left out.
     """
-    out: dict = {}
+    out: dict[str, object] = {}
     try:
         st = os.stat("/proc/%s/exe" % pid)
         out["exe"] = [st.st_dev, st.st_ino]
@@ -175,7 +188,7 @@ def image_identity(pid: int | str = "self") -> dict:
     return out
 
 
-def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
+def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
     env = os.environ
     rec = {
@@ -234,14 +247,14 @@ def start(how: str) -> None:
         core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
 
 
-def _module_argv(argv: list) -> list:
+def _module_argv(argv: list[str]) -> list[str]:
     """``python -m torch.distributed.run ...``: at this point sys.argv is ``['-m', ...]`` with the
     module's name already removed; take it back from /proc/self/cmdline."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
             cmdline = [os.fsdecode(a) for a in f.read().split(b"\0")]
         i = cmdline.index("-m")
-        return [cmdline[i + 1]] + argv[1:]
+        return [cmdline[i + 1], *argv[1:]]
     except (OSError, ValueError, IndexError):
         return argv
 
@@ -346,7 +359,7 @@ def _start(how: str) -> None:
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 
-def _without_bad_endpoints(env):
+def _without_bad_endpoints(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     """``env`` without the OTLP endpoint variables that are not an http(s) URL, each said in one
     line at start (stderr and the ``--log`` file): the OTel SDK would only report "backend not
     accepting" in the sidecar's log. The value is not printed (it may hold a token pasted there)."""
@@ -368,7 +381,7 @@ def _without_bad_endpoints(env):
     return env
 
 
-def _start_sidecar(env) -> None:
+def _start_sidecar(env: MutableMapping[str, str]) -> None:
     """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
     when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none.
 
@@ -411,7 +424,7 @@ and far from SIGRTMAX (Valgrind's), and none of systemd's manager commands (+0..
 +20..+26) in case the process is a container's PID 1. ``LORA_OTEL_STACK_SIGNAL`` overrides it."""
 
 _stacks_fd = -1
-_stacks_id: tuple = (0, 0)
+_stacks_id: tuple[int, int] = (0, 0)
 
 
 def _check_stacks_fd() -> None:
@@ -436,11 +449,11 @@ _stack_signal = 0
 _stack_signal_warned = False
 
 
-def stack_signal(env=None) -> int:
+def stack_signal(env: Mapping[str, str] | None = None) -> int:
     """The stack request signal: ``LORA_OTEL_STACK_SIGNAL`` (a number) or ``SIGRTMIN + 10``; 0 where
     the platform has no real-time signals. A bad value: one line, and the default."""
     global _stack_signal_warned
-    import _signal
+    import _signal  # type: ignore[import-not-found]  # no stub: the C half of signal (no enum to build)
 
     rtmin, rtmax = getattr(_signal, "SIGRTMIN", 0), getattr(_signal, "SIGRTMAX", 0)
     default = rtmin + STACK_SIGNAL_OFFSET if rtmin and rtmin + STACK_SIGNAL_OFFSET <= rtmax else 0
@@ -568,9 +581,9 @@ _RANK_VARIABLES = (
 )
 
 
-def rank_attrs(env) -> dict:
+def rank_attrs(env: Mapping[str, str]) -> dict[str, int]:
     """``rank``, ``local_rank``, ``world_size`` from the launcher's variables, where set and numeric."""
-    out: dict = {}
+    out: dict[str, int] = {}
     for attr, names in _RANK_VARIABLES:
         for name in names:
             value = env.get(name, "").strip()
@@ -584,7 +597,7 @@ _start_cwd = ""
 """The working directory at start: the beat shows paths under it relative to it."""
 
 
-def _describe_process(argv: list, how: str) -> None:
+def _describe_process(argv: list[str], how: str) -> None:
     from lora_otel._boot import envfacts, redact
 
     clean_argv = redact.redact_argv(argv)
@@ -595,11 +608,11 @@ def _describe_process(argv: list, how: str) -> None:
     except OSError:
         cwd = "(deleted)"
     u = os.uname()
-    attrs: dict = {
+    attrs: dict[str, object] = {
         "process.executable.path": exe,
         "process.executable.name": os.path.basename(exe),
         "process.command": clean_argv[0] if clean_argv else "",
-        "process.command_args": [exe] + clean_argv,
+        "process.command_args": [exe, *clean_argv],
         "process.parent_pid": os.getppid(),
         "process.working_directory": redact.redact_value(cwd),
         "host.name": u.nodename,
@@ -642,22 +655,22 @@ def _install_exit_hooks() -> None:
     atexit.register(_on_exit)
     orig_exit = sys.exit
 
-    def exit(code=None):  # noqa: A001 - mirrors sys.exit
+    def exit(code: str | int | None = None) -> NoReturn:  # noqa: A001 - mirrors sys.exit
         note_system_exit(code)
         orig_exit(code)
 
     exit.__wrapped__ = orig_exit  # type: ignore[attr-defined]
     sys.exit = exit
     quitter = getattr(sys.modules.get("_sitebuiltins"), "Quitter", None)
-    orig_call = getattr(quitter, "__call__", None)
-    if orig_call is not None and not hasattr(orig_call, "__wrapped__"):
-
-        def __call__(self, code=None):  # the exit() and quit() builtins raise SystemExit themselves
+    orig_call = getattr(quitter, "__call__", None)  # noqa: B004 - the method, to wrap it
+    if quitter is not None and orig_call is not None and not hasattr(orig_call, "__wrapped__"):
+        # the exit() and quit() builtins raise SystemExit themselves; named as the method it replaces
+        def __call__(self: object, code: object = None) -> object:  # noqa: N807
             note_system_exit(code)
             return orig_call(self, code)
 
         __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
-        quitter.__call__ = __call__  # type: ignore[union-attr]
+        quitter.__call__ = __call__
     _watch_system_exit()
 
 
@@ -674,7 +687,7 @@ def note_system_exit(code: object) -> None:
 _MONITORING_TOOL = 4
 """The ``sys.monitoring`` tool id lora_otel takes on 3.12+ (0-2 and 5 are the debugger's,
 coverage's, the profiler's and the optimizer's); none when it is already in use."""
-_raised_exit: tuple | None = None
+_raised_exit: tuple[int, object] | None = None
 """(id, code) of the last ``SystemExit`` raised in the main thread and not caught since (3.12+)."""
 _watching_exit = False
 
@@ -694,12 +707,12 @@ def _watch_system_exit() -> None:
 
         main = get_ident()
 
-        def raised(code, offset, exc):
+        def raised(code: CodeType, offset: int, exc: BaseException) -> None:
             global _raised_exit
             if isinstance(exc, SystemExit) and get_ident() == main:
                 _raised_exit = (id(exc), exc.code)
 
-        def handled(code, offset, exc):
+        def handled(code: CodeType, offset: int, exc: BaseException) -> None:
             global _raised_exit
             if _raised_exit is not None and id(exc) == _raised_exit[0]:
                 _raised_exit = None
@@ -727,7 +740,7 @@ def _uncaught_exception() -> BaseException | None:
     return exc
 
 
-def exit_outcome() -> tuple:
+def exit_outcome() -> tuple[str, int, str | None]:
     """``(how, status, message)`` of this process's end, read at exit (see _install_exit_hooks)."""
     exc = _uncaught_exception()
     if exc is not None:
@@ -777,11 +790,20 @@ def _on_exit() -> None:
 
 # --- exec -----------------------------------------------------------------------------------
 
-_real_execv = getattr(os, "execv", None)
-_real_execve = getattr(os, "execve", None)
+# None where os has no exec (not POSIX), and then the wrappers below are never installed: typed as
+# what they are wherever the wrappers run (the ignores say so).
+_real_execv: Callable[[StrOrBytesPath, _ExecVArgs], NoReturn]
+_real_execve: Callable[[FileDescriptorOrPath, _ExecVArgs, _ExecEnv], NoReturn]
+_real_execv = getattr(os, "execv", None)  # type: ignore[assignment]
+_real_execve = getattr(os, "execve", None)  # type: ignore[assignment]
 
 
-def _exec_record(path, argv, via: str | None = None, error: BaseException | None = None) -> None:
+def _exec_record(
+    path: FileDescriptorOrPath,
+    argv: Iterable[StrOrBytesPath],
+    via: str | None = None,
+    error: BaseException | None = None,
+) -> None:
     """Journal an ``exec`` record: this process is about to become ``path`` (or, with ``error``,
     its attempt failed and it goes on as it was). Only the program's own argv, redacted."""
     with core.fail_open("exec hook"):
@@ -790,7 +812,12 @@ def _exec_record(path, argv, via: str | None = None, error: BaseException | None
         from lora_otel._boot import redact
 
         where = "/proc/self/fd/%d" % path if isinstance(path, int) else os.fsdecode(path)
-        rec: dict = {"v": core.FORMAT_VERSION, "k": "exec", "ts": time.time_ns(), "path": redact.redact_value(where)}
+        rec: dict[str, Any] = {
+            "v": core.FORMAT_VERSION,
+            "k": "exec",
+            "ts": time.time_ns(),
+            "path": redact.redact_value(where),
+        }
         if error is not None:
             rec["error"] = redact.redact_text("%s: %s" % (type(error).__name__, error))
         else:
@@ -803,7 +830,7 @@ def _exec_record(path, argv, via: str | None = None, error: BaseException | None
         _write_by_path(rec)
 
 
-def _write_by_path(rec: dict) -> None:
+def _write_by_path(rec: dict[str, Any]) -> None:
     """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
     the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
     ``os.closerange`` in daemonising code). Execs are rare; the extra open costs nothing that matters."""
@@ -824,19 +851,19 @@ def _write_by_path(rec: dict) -> None:
         os.close(fd)
 
 
-def _execv(path, argv):
+def _execv(path: StrOrBytesPath, argv: _ExecVArgs) -> NoReturn:
     _exec_record(path, argv)
     try:
-        return _real_execv(path, argv)
+        _real_execv(path, argv)  # never returns: the process becomes another program, or it raises
     except BaseException as e:
         _exec_record(path, argv, error=e)
         raise
 
 
-def _execve(path, argv, env):
+def _execve(path: FileDescriptorOrPath, argv: _ExecVArgs, env: _ExecEnv) -> NoReturn:
     _exec_record(path, argv)
     try:
-        return _real_execve(path, argv, env)
+        _real_execve(path, argv, env)  # never returns (as above)
     except BaseException as e:
         _exec_record(path, argv, error=e)
         raise
@@ -856,7 +883,7 @@ def _install_exec_hooks() -> None:
         os.execve = _execve
 
 
-def _subprocess_exec_target() -> tuple | None:
+def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
     """In a child forked by ``subprocess.Popen`` with ``preexec_fn`` (CPython runs the at-fork
     hooks then, and execs from C right after): ``(executable, args)``; else None."""
     try:
@@ -883,7 +910,7 @@ def _before_fork() -> None:
 _real_os_exit = os._exit
 
 
-def _forked_child_exit(code=0):
+def _forked_child_exit(code: int = 0) -> NoReturn:
     """``os._exit`` in a forked child: write the exit record first (multiprocessing's fork workers
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked."""
     global _exit_code, _raised_exit
@@ -923,7 +950,8 @@ def _after_fork_child() -> None:
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         _register_stack_dump()
-        os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
+        # (its parameter is named code where os._exit says status: mypy sees a keyword mismatch)
+        os._exit = _forked_child_exit  # type: ignore[assignment]  # multiprocessing's fork children leave by os._exit: record it
         spawn = sys.modules.get("lora_otel._boot.spawn")
         if spawn is not None and core.journal_path:  # the parent's sidecar follows this journal too
             joined = spawn.join_parent_sidecar(core.journal_path, os.environ)
@@ -969,15 +997,16 @@ def _check_sidecar() -> None:
 def _beat_loop(my_pid: int) -> None:
     from lora_otel._boot import hooks
 
-    narrate = None
+    narrate_loaded = False
     while core.active and os.getpid() == my_pid:
         time.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
-            if narrate is None:  # after the first sleep: a short program never pays for it
+            if not narrate_loaded:  # after the first sleep: a short program never pays for it
                 from lora_otel._boot import narrate, where
 
+                narrate_loaded = True
                 where.set_cwd(_start_cwd)
             core.beat()
             narrate.tick(time.time_ns(), core.main_frames)
