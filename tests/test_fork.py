@@ -236,3 +236,23 @@ def test_forked_child_places_its_own_children_under_its_stage(tmp_path: Path) ->
     [child] = [j for j in js if any(s.name == "in child" for s in j.spans)]
     [grandchild] = [j for j in js if j.root.attrs.get("process.command_args", [""])[-1] == "grandchild"]
     assert grandchild.root.parent_id == next(s.span_id for s in child.spans if s.name == "in child")
+
+
+def test_a_forked_child_may_call_os_exit_with_its_keyword(tmp_path: Path) -> None:
+    """``os._exit(status=3)`` in a forked child exits 3, as without lora_otel (the wrapper that
+    records the child's exit once took ``code=``, so the keyword raised TypeError in the child)."""
+    (tmp_path / "job.py").write_text(
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(status=3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3", r.stderr
+    exits = [read_journal(p).exit for p in journals(tmp_path)]
+    assert sorted((e or {}).get("code") for e in exits) == [0, 3], exits

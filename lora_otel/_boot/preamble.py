@@ -910,16 +910,16 @@ def _before_fork() -> None:
 _real_os_exit = os._exit
 
 
-def _forked_child_exit(code: int = 0) -> NoReturn:
+def _forked_child_exit(status: int = 0) -> NoReturn:
     """``os._exit`` in a forked child: write the exit record first (multiprocessing's fork workers
-    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked."""
+    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. Its parameter has ``os._exit``'s name: ``os._exit(status=1)`` works as without lora_otel."""
     global _exit_code, _raised_exit
     try:
         if core.active and os.getpid() == core.pid:
-            _exit_code, _raised_exit = code, (0, code)
+            _exit_code, _raised_exit = status, (0, status)
             _on_exit()
     finally:
-        _real_os_exit(code)
+        _real_os_exit(status)
 
 
 def _after_fork_child() -> None:
