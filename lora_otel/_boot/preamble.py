@@ -912,7 +912,8 @@ _real_os_exit = os._exit
 
 def _forked_child_exit(status: int = 0) -> NoReturn:
     """``os._exit`` in a forked child: write the exit record first (multiprocessing's fork workers
-    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. Its parameter has ``os._exit``'s name: ``os._exit(status=1)`` works as without lora_otel."""
+    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
+    ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
     try:
         if core.active and os.getpid() == core.pid:
