@@ -483,3 +483,32 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
     finally:
         wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), what="the cgroup to empty")
         cg.rmdir()
+
+
+def test_one_watchdog_per_job_also_with_a_bad_endpoint(tmp_path: Path) -> None:
+    """A job whose OTEL_EXPORTER_OTLP_ENDPOINT is not a URL (dropped with one line) still has one
+    sidecar for the job: a child process joins its parent's (the registry once went into a copy
+    of the environment, so every child started a sidecar of its own)."""
+    import subprocess as sp
+
+    from procs import PYTHON, clean_env, journals
+
+    from lora_otel.journal.reader import read_journal
+
+    (tmp_path / "job.py").write_text(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+    )
+    r = sp.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT="collector:4317"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT is not an http(s) URL" in r.stderr
+    found = [read_journal(p) for p in journals(tmp_path)]
+    assert len(found) == 2
+    pids = {j.root.attrs.get("lora_otel.sidecar.pid") for j in found}
+    assert len(pids) == 1 and None not in pids, pids

@@ -391,6 +391,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
     global _sidecar_pid, _sidecar_log
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
+    inherited = env  # the process's own environment: its children must find this job's sidecar there
     env = _without_bad_endpoints(env)
     from lora_otel._boot import spawn
 
@@ -408,7 +409,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
         else:
             _sidecar_pid, _sidecar_log = pid, spawn.opened_log
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
-            env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
+            inherited[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
 
 
 def stacks_path(journal_path: str) -> str:
