@@ -953,7 +953,7 @@ def _after_fork_child() -> None:
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         _register_stack_dump()
         # (its parameter is named code where os._exit says status: mypy sees a keyword mismatch)
-        os._exit = _forked_child_exit  # type: ignore[assignment]  # multiprocessing's fork children leave by os._exit: record it
+        os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
         spawn = sys.modules.get("lora_otel._boot.spawn")
         if spawn is not None and core.journal_path:  # the parent's sidecar follows this journal too
             joined = spawn.join_parent_sidecar(core.journal_path, os.environ)
