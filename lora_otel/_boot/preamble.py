@@ -952,7 +952,6 @@ def _after_fork_child() -> None:
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         _register_stack_dump()
-        # (its parameter is named code where os._exit says status: mypy sees a keyword mismatch)
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
         spawn = sys.modules.get("lora_otel._boot.spawn")
         if spawn is not None and core.journal_path:  # the parent's sidecar follows this journal too
