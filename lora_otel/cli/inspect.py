@@ -30,8 +30,10 @@ import sys
 import time
 from typing import Any, Optional
 
+from lora_otel.cli import jobs as jobs_view
+from lora_otel.cli.jobs import write as _write
 from lora_otel.journal.reader import Journal, JournalError, process_state, read_journal
-from lora_otel.journal.tree import View, _display, _write
+from lora_otel.journal.tree import View, _display
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -152,16 +154,16 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
         jobs_mod.attach_verdicts(jobs, now_ns, frozen_after)
     drift = {} if summary else _drift_by_proc(jobs, now_ns)  # LORA_OTEL_BASELINE: the focus processes' drift
     if args.json:
-        doc = jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all)
+        doc = jobs_view.render_json(path, jobs, unreadable, with_spans=show_all)
         for job, job_doc in zip(jobs, doc["jobs"]):
             first = jobs_mod.focus(job)
             if first is not None and id(first) in drift:
                 job_doc["baseline"] = baseline.report_json(drift[id(first)])
-        text = jobs_mod.dumps(doc)
+        text = jobs_view.dumps(doc)
     elif summary:
-        text = jobs_mod.render_summary(jobs, unreadable)
+        text = jobs_view.render_summary(jobs, unreadable)
     else:
-        text = jobs_mod.render_text(
+        text = jobs_view.render_text(
             jobs,
             unreadable,
             show_all=show_all,
