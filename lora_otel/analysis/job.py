@@ -95,9 +95,11 @@ class Proc:
     def end_ns(self) -> int:
         """When it ended (exit record, else the last evidence), or now while it runs."""
         if self.journal.exit is not None:
-            return self.journal.exit["ts"]
+            exit_ts: int = self.journal.exit["ts"]  # the reader checked it is an int
+            return exit_ts
         if self.journal.exec is not None:
-            return self.journal.exec["ts"]
+            exec_ts: int = self.journal.exec["ts"]
+            return exec_ts
         return self.view.reference_ns
 
     @property
@@ -396,7 +398,7 @@ def _link(procs: list[Proc]) -> None:
         proc.depth, proc.effective_rank = depth, rank
 
 
-def _order_key(proc: Proc) -> tuple:
+def _order_key(proc: Proc) -> tuple[int, int, int, int, str]:
     if proc.effective_rank is None:
         return (0, 0, 0, proc.start_ns, proc.journal.path)
     return (1, proc.effective_rank, proc.depth, proc.start_ns, proc.journal.path)
