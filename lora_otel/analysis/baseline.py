@@ -24,6 +24,10 @@ Start-up phases, per journal: ``arguments``, every ``import X``, ``cuda probe``,
 
 The ``lora-otel baseline save|diff`` command and the lines ``inspect`` prints are
 `lora_otel.cli.baseline`'s. Standard library only (plus lora_otel's own reader and self-check).
+
+One module (over 600 lines) because the file, the drift and the relevance rules are one model: the
+file carries exactly the facts the drift compares, and `split` ranks the drift kinds and keys
+that `diff_environment` and `diff_phases` produce.
 """
 
 from __future__ import annotations

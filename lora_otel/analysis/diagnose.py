@@ -10,6 +10,9 @@ as one sidecar follows every process of a job), `explain` names them and says wh
 those journals and the peers' own stacks show: the rank exited or vanished, is frozen, has made a
 different number of optimizer steps, is in another stage, or its stack is not in that collective.
 When nothing of that tells, it says it cannot tell which rank.
+
+One module (over 600 lines) because the rules are one ordered list: `diagnose` tries them most
+specific first, and they share one reading of the stacks (`Frame`, the threads, the main thread).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ A job's *callout* names the one process to look at, first match wins:
 
 The job's outcome is its callout's (``running`` for the slowest), else ``running`` while any
 process runs, else ``finished``. This module is the model and its phrases; how ``inspect`` and
-``watch`` lay jobs out is `lora_otel.cli.jobs`. Standard library only.
+``watch`` lay jobs out is `lora_otel.cli.jobs`. Standard library only. One module (a little over 600 lines): the outcome
+rules, the callout and the phrases read the same `Proc` fields, in the order the rules above give.
 """
 
 from __future__ import annotations
