@@ -10,6 +10,9 @@ as one sidecar follows every process of a job), `explain` names them and says wh
 those journals and the peers' own stacks show: the rank exited or vanished, is frozen, has made a
 different number of optimizer steps, is in another stage, or its stack is not in that collective.
 When nothing of that tells, it says it cannot tell which rank.
+
+One module (over 600 lines) because the rules are one ordered list: `diagnose` tries them most
+specific first, and they share one reading of the stacks (`Frame`, the threads, the main thread).
 """
 
 from __future__ import annotations
@@ -338,8 +341,8 @@ def world_peers(journal: Optional[Journal], peers: Iterable[Journal]) -> dict[in
     out = {}
     for rank, found in by_rank.items():
         pids = {j.pid for j in found}
-        top = [j for j in found if j.root.attrs.get("process.parent_pid") not in pids] or found
-        out[rank] = max(top, key=lambda j: j.root.start_ns)
+        top = [j for j in found if j.root is not None and j.root.attrs.get("process.parent_pid") not in pids] or found
+        out[rank] = max(top, key=lambda j: j.root.start_ns if j.root is not None else 0)  # every root is set (above)
     return out
 
 
@@ -486,7 +489,7 @@ def _innermost_frame(stacks: str) -> str:
 
     Threads whose innermost frame is lora_otel's own (the beat) are skipped.
     """
-    threads: list = []
+    threads: list[list[str]] = []
     for line in stacks.splitlines():
         if line.startswith(("Current thread", "Thread ")):
             threads.append([])
@@ -617,7 +620,7 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
             ", ".join("pid %s" % k["pid"] for k in workers),
         )
 
-    def describe(k: dict) -> str:
+    def describe(k: dict[str, Any]) -> str:
         where = k.get("where") or ""
         how = {"R": "running", "D": "in disk I/O", "S": "sleeping", "T": "stopped"}.get(
             str(k.get("state")), str(k.get("state"))

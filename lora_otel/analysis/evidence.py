@@ -163,7 +163,7 @@ def _vmstat(key: str) -> Optional[int]:
     return None
 
 
-def children_facts(pid: int, journals: Optional[dict] = None) -> dict[str, Any]:
+def children_facts(pid: int, journals: Optional[dict[int, Journal]] = None) -> dict[str, Any]:
     """The process's child processes (DataLoader workers among them): each as ``"pid state wchan
     cpu% [where its journal says it is]"`` under ``process.children``, from ``/proc`` (sampled 0.2 s)
     and ``journals`` (by pid) when one of them is its."""
@@ -219,7 +219,7 @@ def _where(journal: Journal) -> str:
         try:
             from lora_otel.journal import reader
 
-            return reader.where_text(frames)  # type: ignore[attr-defined]
+            return reader.where_text(frames)
         except Exception:  # noqa: BLE001 - the BEAT formatter may not be here yet
             pass
     from lora_otel.journal.tree import deepest_open_span
@@ -245,14 +245,11 @@ _TCP_STATES = {
 
 def _addr(hexaddr: str) -> str:
     ip, _, port = hexaddr.partition(":")
-    if len(ip) == 8:
-        host = ".".join(str(int(ip[i : i + 2], 16)) for i in (6, 4, 2, 0))
-    else:
-        host = "[ipv6]"
+    host = ".".join(str(int(ip[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(ip) == 8 else "[ipv6]"
     return "%s:%d" % (host, int(port, 16))
 
 
-def tcp_connections(pid: int) -> list:
+def tcp_connections(pid: int) -> list[str]:
     """The process's own TCP sockets as ``"local -> remote STATE"`` (from its fds and /proc/net/tcp*)."""
     try:
         inodes = set()
@@ -314,7 +311,7 @@ def stack_request(journal: Journal) -> Optional[StackRequest]:
     return StackRequest(signum, path, _refusal(journal, attrs, signum))
 
 
-def _refusal(journal: Journal, attrs: dict, signum: int) -> Optional[str]:
+def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[str]:
     pid = journal.pid
     state = process_state(journal)
     if state == "exec'd":
@@ -502,7 +499,7 @@ class StackAsker:
 def gpu_facts(pid: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
-        import pynvml  # nvidia-ml-py, optional
+        import pynvml  # type: ignore[import-not-found, import-untyped, unused-ignore]  # nvidia-ml-py: optional, untyped
     except ImportError:
         out[PREFIX + "gpu.error"] = "nvidia-ml-py not installed"
         return out

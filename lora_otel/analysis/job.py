@@ -26,13 +26,14 @@ A job's *callout* names the one process to look at, first match wins:
 4. none (every process finished normally, or they all advance together).
 
 The job's outcome is its callout's (``running`` for the slowest), else ``running`` while any
-process runs, else ``finished``. Standard library only.
+process runs, else ``finished``. This module is the model and its phrases; how ``inspect`` and
+``watch`` lay jobs out is `lora_otel.cli.jobs`. Standard library only. One module (a little over 600 lines): the outcome
+rules, the callout and the phrases read the same `Proc` fields, in the order the rules above give.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from lora_otel.journal.reader import (
     process_state,
     read_journal,
 )
-from lora_otel.journal.tree import View, _display, deepest_open_span, iso_time
+from lora_otel.journal.tree import View, _display, deepest_open_span
 
 OUTCOME_STATUS = {"finished": 0, "stopped": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
 """A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
@@ -95,9 +96,11 @@ class Proc:
     def end_ns(self) -> int:
         """When it ended (exit record, else the last evidence), or now while it runs."""
         if self.journal.exit is not None:
-            return self.journal.exit["ts"]
+            exit_ts: int = self.journal.exit["ts"]  # the reader checked it is an int
+            return exit_ts
         if self.journal.exec is not None:
-            return self.journal.exec["ts"]
+            exec_ts: int = self.journal.exec["ts"]
+            return exec_ts
         return self.view.reference_ns
 
     @property
@@ -396,7 +399,7 @@ def _link(procs: list[Proc]) -> None:
         proc.depth, proc.effective_rank = depth, rank
 
 
-def _order_key(proc: Proc) -> tuple:
+def _order_key(proc: Proc) -> tuple[int, int, int, int, str]:
     if proc.effective_rank is None:
         return (0, 0, 0, proc.start_ns, proc.journal.path)
     return (1, proc.effective_rank, proc.depth, proc.start_ns, proc.journal.path)
@@ -490,7 +493,7 @@ def _end_phrase(proc: Proc) -> str:
     return f"failed with exit code {code}" if code is not None else "failed"
 
 
-def _stopped_phrase(proc: Proc) -> str:
+def stopped_phrase(proc: Proc) -> str:
     """``stopped by its parent with SIGTERM (multiprocessing terminate(), as a Pool shutting down) after 2.1 s``."""
     return (
         f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
@@ -519,7 +522,7 @@ def _failure(proc: Proc) -> str:
     """What follows ``failed``: ``: OSError: EIO (exit code 1)`` or `` with exit code 3``, from
     inspect's first line."""
     sentence = proc.view.stuck()
-    if sentence.startswith("failed: ") or sentence.startswith("failed with "):
+    if sentence.startswith(("failed: ", "failed with ")):
         return sentence[len("failed") :]
     return ": " + sentence
 
@@ -635,195 +638,8 @@ def exit_status(jobs: Iterable[Job]) -> int:
     return worst(job.status for job in jobs)
 
 
-# --- rendering -----------------------------------------------------------------------------------
-
-
-def process_line(proc: Proc, label_width: int, pid_width: int, steps_width: int) -> str:
-    """``rank 1  pid 4243  running  0 steps  stuck in import bitsandbytes for 312 s (process running)``."""
-    journal = proc.journal
-    pid = str(journal.pid) if journal.pid is not None else "?"
-    how = _stopped_phrase(proc) if proc.outcome == "stopped" else proc.view.stuck()
-    line = (
-        f"{proc.label:<{label_width}}  pid {pid:<{pid_width}}  {proc.state:<7}  "
-        f"{journal.steps:>{steps_width}} steps  {_display(how)}"
-    )
-    if journal.problems:
-        line += f"  [{len(journal.problems)} journal problem{'s' if len(journal.problems) != 1 else ''}]"
-    return line
-
-
-def process_lines(job: Job) -> list[str]:
-    """One aligned line per process, in order; then the ranks of the world size with no journal here."""
-    label_width = max(len(proc.label) for proc in job.procs)
-    pid_width = max(len(str(proc.journal.pid)) for proc in job.procs)
-    steps_width = max(len(str(proc.journal.steps)) for proc in job.procs)
-    lines = [process_line(proc, label_width, pid_width, steps_width) for proc in job.procs]
-    missing = job.missing_ranks()
-    if missing and len(missing) < (job.world_size or 0):
-        lines.append(
-            f"no journal here for rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
-            f"of world size {job.world_size}"
-        )
-    return lines
-
-
-def job_heading(job: Job) -> str:
-    """``job 4bf92f35…  train  3 processes  stalled at import bitsandbytes for 312 s (rank 1)``."""
-    count = len(job.procs)
-    return (
-        f"job {job.trace_id}  {_display(job.name)}  {count} process{'es' if count != 1 else ''}  {_display(job.phrase)}"
-    )
-
-
-def _indent(lines: Iterable[str], by: str = "    ") -> list[str]:
-    return [by + line for line in lines]
-
-
 def focus(job: Job) -> Optional[Proc]:
     """The process to look at first: the called-out one, or the job's only process."""
     if job.callout is not None:
         return job.callout.proc
     return job.procs[0] if len(job.procs) == 1 else None
-
-
-def render_text(
-    jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False, notes: Optional[dict[int, list[str]]] = None
-) -> str:
-    """``lora-otel inspect DIR``: per job its heading, its processes, the callout and its process's
-    tree. ``notes``: lines to print right after a process's callout (by ``id`` of the `Proc`; the
-    baseline drift of the focus process)."""
-    out: list[str] = []
-    for job in jobs:
-        if out:
-            out.append("")
-        out.append(job_heading(job))
-        out.extend(_indent(process_lines(job), "  "))
-        callout = job.callout
-        if callout is not None and len(job.procs) > 1:  # a lone process's heading says it already
-            out.append(_display(callout.text))
-        first = focus(job)
-        if first is not None and first.view.verdict is not None:
-            out.append(_display(first.view.verdict.line()))
-        if notes and first is not None:
-            out.extend(_display(line) for line in notes.get(id(first), []))
-        shown = job.procs if show_all else [callout.proc] if callout is not None else []
-        for proc in shown:
-            lines = proc.view.text_lines()
-            if show_all:
-                out.append(f"  {proc.who}: {_display(lines[0])}")
-            if proc.view.verdict is not None:  # said above, under the job's lines
-                del lines[1]
-            out.extend(_indent(lines[1:]))
-        hidden = len(job.procs) - len(shown)
-        if hidden and len(job.procs) > 1:
-            out.append(f"  ({others_trees(hidden, bool(shown))}: --all)")
-    for bad in unreadable:
-        if out:
-            out.append("")
-        out.append(f"not read: {_display(bad.path)}: {_display(bad.reason)}")
-    return "\n".join(out) + "\n"
-
-
-def others_trees(hidden: int, one_shown: bool) -> str:
-    """``the other process's tree``, ``the other 7 processes' trees``, ``the processes' trees``."""
-    if not one_shown:
-        return "the processes' trees"
-    return "the other process's tree" if hidden == 1 else f"the other {hidden} processes' trees"
-
-
-def _ranges(numbers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``0-2, 5``."""
-    parts: list[str] = []
-    start = prev = numbers[0]
-    for n in numbers[1:] + [None]:  # type: ignore[list-item]
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(parts)
-
-
-def render_summary(jobs: list[Job], unreadable: list[Unreadable]) -> str:
-    """``lora-otel inspect DIR --summary``: one line per job by start time, then one per unreadable file."""
-    names = [_display(job.name) for job in jobs]
-    width = min(max((len(name) for name in names), default=0), 24)
-    lines = [f"{job.trace_id[:8]}  {name:<{width}}  {_display(job.phrase)}" for job, name in zip(jobs, names)]
-    lines += [
-        f"{'?' * 8}  {_display(os.path.basename(bad.path))}  not read: {_display(bad.reason)}" for bad in unreadable
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _stall_json(proc: Proc) -> Optional[dict[str, Any]]:
-    stall = proc.stall
-    if stall is None:
-        return None
-    return {
-        "kind": stall.kind,
-        "span": stall.span.name,
-        "span_id": stall.span.span_id,
-        "open_for_s": round(stall.open_for_s, 3),
-        "limit_s": stall.limit_s,
-        "reason": stall.reason,
-    }
-
-
-def process_json(proc: Proc, with_spans: bool) -> dict[str, Any]:
-    """inspect FILE's ``--json`` object (``spans`` only when asked), plus rank, role and outcome."""
-    doc = proc.view.to_json()
-    if not with_spans:
-        del doc["spans"]
-    doc.update(
-        {
-            "rank": proc.rank,
-            "local_rank": proc.local_rank,
-            "world_size": proc.world_size,
-            "role": proc.role,
-            "label": proc.label,
-            "parent_pid": proc.parent.journal.pid if proc.parent is not None else None,
-            "start": iso_time(proc.start_ns),
-            "outcome": proc.outcome,
-            "stall": _stall_json(proc),
-        }
-    )
-    return doc
-
-
-def render_json(
-    directory: str, jobs: list[Job], unreadable: list[Unreadable], with_spans: bool = False
-) -> dict[str, Any]:
-    """The ``--json`` document for a directory (docs/journal.md)."""
-    return {
-        "directory": directory,
-        "jobs": [
-            {
-                "trace_id": job.trace_id,
-                "name": job.name,
-                "start": iso_time(job.start_ns),
-                "outcome": job.outcome,
-                "summary": job.phrase,
-                "status": job.status,
-                "world_size": job.world_size,
-                "missing_ranks": job.missing_ranks(),
-                "callout": None
-                if job.callout is None
-                else {
-                    "kind": job.callout.kind,
-                    "journal": job.callout.proc.journal.path,
-                    "pid": job.callout.proc.journal.pid,
-                    "rank": job.callout.proc.effective_rank,
-                    "text": job.callout.text,
-                },
-                "processes": [process_json(proc, with_spans) for proc in job.procs],
-            }
-            for job in jobs
-        ],
-        "unreadable": [{"journal": bad.path, "reason": bad.reason} for bad in unreadable],
-        "exit_status": exit_status(jobs),
-    }
-
-
-def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2) + "\n"

@@ -119,7 +119,9 @@ def earlier_journals(journal: Journal, runs: int = RUNS) -> list[Journal]:
         first = _first_record(path)
         if first is None or first.get("trace_id") == root.trace_id:
             continue
-        attrs = first.get("attrs") if isinstance(first.get("attrs"), dict) else {}
+        attrs = first.get("attrs")
+        if not isinstance(attrs, dict):
+            attrs = {}
         ts = first.get("ts")
         if attrs.get("service.name") != service or not isinstance(ts, int) or ts >= root.start_ns:
             continue

@@ -45,7 +45,7 @@ FROZEN_AFTER_S = _limits.FROZEN_AFTER_S
 TRAINING_STEP_FACTOR = _limits.TRAINING_STEP_FACTOR
 
 
-def frozen_after_from_env(environ=None) -> float:
+def frozen_after_from_env(environ: Optional[Mapping[str, str]] = None) -> float:
     """``LORA_OTEL_FROZEN_AFTER`` (seconds without a beat before a live process counts as frozen), default 10."""
     import os
 
@@ -195,17 +195,17 @@ def detect(
     if span.name == "training":
         floor = limit_for(span, limits) or DEFAULT_LIMITS_S["training"]
         med = median_step_s(journal)
-        limit = max(floor, TRAINING_STEP_FACTOR * med) if med else floor
+        step_limit = max(floor, TRAINING_STEP_FACTOR * med) if med else floor
         since = journal.last_step_ns if journal.last_step_ns and journal.last_step_ns > span.start_ns else span.start_ns
         gap = (now_ns - since) / 1e9
-        if gap >= limit:
+        if gap >= step_limit:
             return Stall(
                 "alive",
                 span,
                 gap,
-                limit,
+                step_limit,
                 "no optimizer step for %d s (limit %d s%s)"
-                % (gap, limit, ", 20x the median step of %.2f s" % med if med and limit > floor else ""),
+                % (gap, step_limit, ", 20x the median step of %.2f s" % med if med and step_limit > floor else ""),
             )
         return None
     limit = limit_for(span, limits)

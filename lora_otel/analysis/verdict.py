@@ -232,7 +232,7 @@ def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256
     except OSError:
         return ""
     lines = text.splitlines()
-    start, seen = 0, set()
+    start, seen = 0, set[str]()
     for i, line in enumerate(lines):  # a dump names each thread once: a thread seen again starts the next one
         m = _HEADER.match(line)
         if m:

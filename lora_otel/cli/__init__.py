@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit with status 4 as soon as a stall is seen (after its alerts have run)",
     )
 
-    from lora_otel.analysis.baseline import add_arguments as baseline_arguments
+    from lora_otel.cli.baseline import add_arguments as baseline_arguments
 
     baseline_arguments(
         add(
@@ -232,7 +232,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     much slower than the baseline ("import torch took 48 s; baseline 2.1 s"). With LORA_OTEL_BASELINE
     set, inspect and the live stall diagnosis show the drift that bears on the stuck stage first.
     """
-    from lora_otel.analysis.baseline import run_baseline
+    from lora_otel.cli.baseline import run_baseline
 
     return run_baseline(args)
 

@@ -30,8 +30,11 @@ import sys
 import time
 from typing import Any, Optional
 
+from lora_otel.cli import baseline as baseline_view
+from lora_otel.cli import jobs as jobs_view
+from lora_otel.cli.jobs import write as _write
 from lora_otel.journal.reader import Journal, JournalError, process_state, read_journal
-from lora_otel.journal.tree import View, _display, _write
+from lora_otel.journal.tree import View, _display
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -85,13 +88,13 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         doc = view.to_json()
         if drift is not None:
-            doc["baseline"] = baseline.report_json(drift)
+            doc["baseline"] = baseline_view.report_json(drift)
         text = json.dumps(doc, indent=2) + "\n"  # ensure_ascii keeps lone surrogates as \udcXX
     else:
         text = "\n".join(view.text_lines()) + "\n"
         if drift is not None:  # the drift that bears on the stuck stage, right after the first line
             first, _, rest = text.partition("\n")
-            text = "\n".join([first, *(_display(line) for line in baseline.report_lines(drift)), rest])
+            text = "\n".join([first, *(_display(line) for line in baseline_view.report_lines(drift)), rest])
     _write(text)
     return 0
 
@@ -108,7 +111,6 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
         ``--stall-after`` is bad. Else 0; with ``--summary``, the outcome: 0 every job finished
         normally or runs, 1 some job failed, 3 some job was killed or is stalled (wins over 1).
     """
-    from lora_otel.analysis import baseline
     from lora_otel.analysis import job as jobs_mod
     from lora_otel.analysis.stall import StallConfigError, frozen_after_from_env, parse_limits
 
@@ -152,20 +154,20 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
         jobs_mod.attach_verdicts(jobs, now_ns, frozen_after)
     drift = {} if summary else _drift_by_proc(jobs, now_ns)  # LORA_OTEL_BASELINE: the focus processes' drift
     if args.json:
-        doc = jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all)
+        doc = jobs_view.render_json(path, jobs, unreadable, with_spans=show_all)
         for job, job_doc in zip(jobs, doc["jobs"]):
             first = jobs_mod.focus(job)
             if first is not None and id(first) in drift:
-                job_doc["baseline"] = baseline.report_json(drift[id(first)])
-        text = jobs_mod.dumps(doc)
+                job_doc["baseline"] = baseline_view.report_json(drift[id(first)])
+        text = jobs_view.dumps(doc)
     elif summary:
-        text = jobs_mod.render_summary(jobs, unreadable)
+        text = jobs_view.render_summary(jobs, unreadable)
     else:
-        text = jobs_mod.render_text(
+        text = jobs_view.render_text(
             jobs,
             unreadable,
             show_all=show_all,
-            notes={key: baseline.report_lines(report) for key, report in drift.items()},
+            notes={key: baseline_view.report_lines(report) for key, report in drift.items()},
         )
     _write(text)
     return jobs_mod.exit_status(jobs) if summary else 0

@@ -65,6 +65,8 @@ from lora_otel.analysis.stall import (
     frozen_after_from_env,
     parse_limits,
 )
+from lora_otel.cli import jobs as jobs_view
+from lora_otel.cli.jobs import write as _write
 from lora_otel.journal.reader import (
     Journal,
     JournalError,
@@ -74,7 +76,7 @@ from lora_otel.journal.reader import (
     format_duration,
     process_state,
 )
-from lora_otel.journal.tree import View, _display, _write
+from lora_otel.journal.tree import View, _display
 
 CLEAR = "\x1b[H\x1b[2J"
 RED_BOLD, YELLOW, BOLD, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
@@ -487,8 +489,8 @@ class Watcher:
                 continue
             if lines:
                 lines.append("")
-            lines.append(_paint(jobs_mod.job_heading(job), BOLD, color))
-            lines.extend("  " + line for line in jobs_mod.process_lines(job))
+            lines.append(_paint(jobs_view.job_heading(job), BOLD, color))
+            lines.extend("  " + line for line in jobs_view.process_lines(job))
             shown = self._shown(job)
             if job.callout is not None:
                 stuck = job.callout.kind in ("stuck", "failed", "killed")
@@ -497,7 +499,7 @@ class Watcher:
                 self._process(lines, which[id(shown)], now_ns, color)
             hidden = len(job.procs) - (shown is not None)
             lines.append(
-                f"({jobs_mod.others_trees(hidden, shown is not None)}: lora-otel inspect {_display(self.path)} --all)"
+                f"({jobs_view.others_trees(hidden, shown is not None)}: lora-otel inspect {_display(self.path)} --all)"
             )
         for f in rest:
             self._process(lines, f, now_ns, color)

@@ -10,7 +10,6 @@ only by the `Lead` protocol, so the journal layer imports nothing above it.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Optional, Protocol
@@ -383,9 +382,3 @@ def _display(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _write(text: str) -> None:
-    """Write to stdout whatever its encoding; unencodable characters become escapes."""
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-    sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
