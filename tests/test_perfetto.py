@@ -282,8 +282,8 @@ class TestImportHang:
 
     def test_the_stalled_import_is_flagged_with_its_diagnosis(self, import_hang: Journal) -> None:
         """``import slowmod`` is a complete event named ``import slowmod [STALLED]``, ``cat``
-        ``stalled``, inside the open ``process`` slice on the main thread, running to the journal's
-        last record (the process is gone), with the watchdog's kind and diagnosis in ``args``."""
+        ``stalled``, inside the open ``process`` slice on the main thread, running to when it was last
+        seen alive (the watchdog's stall record, after its last record), with the watchdog's kind and diagnosis in ``args``."""
         doc = trace_events([import_hang], time.time_ns())
         [pid] = processes(doc)
         assert processes(doc)[pid]["name"] == "process: job"
@@ -295,10 +295,11 @@ class TestImportHang:
         assert root["name"] == "process" + OPEN_SUFFIX and root["cat"] == "open"
         assert stalled["args"]["lora_otel.stall.kind"] == record["kind"] == "alive"
         assert stalled["args"]["lora_otel.stall.diagnosis"] == record["diagnosis"] and record["diagnosis"]
-        assert stalled["args"]["lora_otel.open_until"].startswith("the journal's last record")
+        assert stalled["args"]["lora_otel.open_until"].startswith("when it was last seen alive")
         assert stalled["tid"] == root["tid"] == pid
         assert root["ts"] <= stalled["ts"] and stalled["ts"] + stalled["dur"] <= root["ts"] + root["dur"]
-        assert stalled["ts"] + stalled["dur"] == (import_hang.last_evidence_ns or 0) // 1000
+        seen = max([import_hang.last_evidence_ns or 0] + [record["ts"] for record in import_hang.stalls])
+        assert stalled["ts"] + stalled["dur"] == seen // 1000  # the watchdog saw it alive after its last record
         [instant] = [e for e in of(doc, pid, "i") if e["cat"] == "stall"]
         assert instant["name"].startswith("STALLED: import slowmod open for") and instant["s"] == "p"
         assert instant["args"]["lora_otel.stall.diagnosis"] == record["diagnosis"]
@@ -382,10 +383,11 @@ class TestKilledMidTraining:
 def test_overlapping_spans_go_to_another_thread(journal: JournalBuilder) -> None:
     """Spans that overlap without nesting (another thread's) are not dropped: the one that does not
     fit goes on an ``other thread`` track of the same process; nesting holds on every track."""
-    journal.process(0, alive=True)
+    root = journal.process(0, alive=True)
     journal.span("download", 1.0, 5.0)
     journal.span("load model", 2.0, 6.0)  # starts inside "download", ends after it
     journal.span("import x", 2.5, 1.0, parent="0000000000000003")  # inside "load model"
+    journal.end(root, 10.0)
     journal.exit(10.0)
     j = journal.read()
     doc = trace_events([j], journal.ns(11))
@@ -406,9 +408,10 @@ def test_duplicate_pids_and_short_imports(tmp_path: Path) -> None:
     js = []
     for rank in (0, 1):
         b = JournalBuilder(tmp_path / f"r{rank}.otel.jsonl")
-        b.process(0, attrs={"service.name": "train.py", "rank": rank, "world_size": 2})
+        root = b.process(0, attrs={"service.name": "train.py", "rank": rank, "world_size": 2})
         b.span("import tiny", 0.1, 0.001)
         b.span("import big", 0.2, 0.5)
+        b.end(root, 1.0)
         b.exit(1.0)
         js.append(b.read())
     doc = trace_events(js, js[0].root.start_ns + 2 * 10**9)  # type: ignore[union-attr]

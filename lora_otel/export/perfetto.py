@@ -15,7 +15,8 @@ object form of the Trace Event Format (``{"traceEvents": [...], "displayTimeUnit
   overlap on one track);
 - every span as a *complete* event (``"ph": "X"``, ``ts``/``dur`` in whole microseconds since the
   Unix epoch), its attributes in ``args``; a span still open runs to now (process running) or to
-  the process's end (exit record, else its last record) and is flagged: name suffix ``[open]``,
+  the process's end (exit record, else when it was last seen alive: its last record or a later
+  ``stall`` record) and is flagged: name suffix ``[open]``,
   ``cat`` ``open``; a stalled one (a ``stall`` record of the watchdog or sidecar, or the stall rule
   applied now) ``[STALLED]``, ``cat`` ``stalled``, with the stall's kind and its one-sentence
   diagnosis in ``args``; an error span ``cat`` ``error``. ``cname`` gives chrome://tracing's
@@ -463,7 +464,7 @@ def _open_until(proc: Proc) -> str:
         return "the exit record (the process ended with it open)"
     if journal.exec is not None:
         return "the exec record (the process became another program)"
-    return "the journal's last record (the process is gone)"
+    return "when it was last seen alive (its last record, or a later stall record; the process is gone)"
 
 
 def _diagnosis(proc: Proc) -> tuple[str, str]:
