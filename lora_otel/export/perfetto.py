@@ -23,8 +23,8 @@ object form of the Trace Event Format (``{"traceEvents": [...], "displayTimeUnit
   colours (Perfetto colours by name);
 - span events and marks, ``stall`` records, warn/error lines and the process's end as *instant*
   events (``"ph": "i"``);
-- beats as *counters* (``"ph": "C"``): ``steps``, ``steps/s`` and each metric given to
-  ``lora_otel.progress``.
+- beats as *counters* (``"ph": "C"``): ``steps`` and ``steps/s`` (of a process that made a
+  step) and each metric given to ``lora_otel.progress``.
 
 Every text goes through the same redaction as every other output (`lora_otel._boot.seam`:
 ``redact_text``, which also scrubs the values already redacted in this process; a secret-named
@@ -428,9 +428,10 @@ class _Writer:
         last: dict[str, float] = {}
         previous: Optional[Beat] = None
         beats = beat_history(journal)
+        trains = any(beat.steps for beat in beats)  # a launcher's or a worker's steps stay 0: no line
         for index, beat in enumerate(beats):
-            series: dict[str, float] = {"steps": beat.steps}
-            if previous is not None and beat.ts > previous.ts:
+            series: dict[str, float] = {"steps": beat.steps} if trains else {}
+            if trains and previous is not None and beat.ts > previous.ts:
                 series["steps/s"] = round((beat.steps - previous.steps) * 1e9 / (beat.ts - previous.ts), 3)
             series.update(beat.metrics)
             final = index == len(beats) - 1
