@@ -463,9 +463,8 @@ def _steps_svg(job: jobs_mod.Job, data: dict[str, Any]) -> str:
             f'<text x="{left - 4}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.3g}</text>'
         )
     for t in _ticks(span_s):
-        out.append(
-            f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{_h(format_duration(round(t * 1e9)))}</text>'
-        )
+        label = _h(format_duration(round(t * 1e9))) if t else "0"
+        out.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{label}</text>')
     out.append(f'<text x="{left}" y="11" class="unit">optimizer steps per second, between beats</text>')
     for i, (label, steps, rates) in enumerate(series):
         colour, dash = _SERIES_STYLES[i % len(_SERIES_STYLES)]
