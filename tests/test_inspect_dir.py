@@ -125,7 +125,10 @@ class TestOneJob:
         assert tree[0].startswith("    journal: ") and "a-rank1.otel.jsonl" in tree[0]
         assert "      import bitsandbytes  OPEN for 312 s" in tree
         assert "    process  OPEN for 314 s" in tree
-        assert tree[-1] == "  (the other 2 processes' trees: --all)"
+        assert tree[-2] == "  (the other 2 processes' trees: --all)"
+        assert tree[-1] == f"report: lora-otel report {tmp_path} -o job.html", (
+            "a stalled job ends with its report's command"
+        )
         assert not any("b-rank0.otel.jsonl" in line for line in lines)
 
     def test_all_shows_every_tree(self, capsys, tmp_path):
@@ -441,7 +444,10 @@ class TestWatch:
         assert lines[4].startswith("rank 1 (pid ") and "is the one stuck: in import bitsandbytes for 312 s" in lines[4]
         assert re.fullmatch(r"rank 1, pid \d+: gone", lines[6])
         assert "  import bitsandbytes  OPEN for 312 s" in lines
-        assert lines[-1] == f"(the other 2 processes' trees: lora-otel inspect {tmp_path} --all)"
+        assert lines[-2] == f"(the other 2 processes' trees: lora-otel inspect {tmp_path} --all)"
+        assert lines[-1] == f"report: lora-otel report {tmp_path} -o job.html", (
+            "a stalled job ends with its report's command"
+        )
         assert "training  OPEN" not in out, "rank 0's tree is not shown"
 
     def test_exit_status_is_the_jobs_as_inspect_summary_says(self, capsys, tmp_path):

@@ -65,6 +65,22 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return run_watch(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write a job as one file: an HTML page (a timeline of every process) or a Perfetto trace.
+
+    JOURNAL|LOG|DIR as for inspect: a journal and the journals beside it of the same trace, the
+    --log path of a job (its newest run), or a directory (one section per job). --format html
+    (default): one self-contained page, no network or server needed: the processes in lanes
+    (launcher, ranks in order, workers) on one time axis, the stalled span marked with its
+    diagnosis, steps over time, and a span's attributes, events and stacks on a click.
+    --format perfetto: Trace Event JSON for Perfetto UI or chrome://tracing. Redacted as every
+    other output is.
+    """
+    from lora_otel.cli.report import run_report
+
+    return run_report(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lora-otel",
@@ -75,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  lora-otel run --tree -- python train.py --log runs/a.log   trace one job, print its tree\n"
         "  LORA_OTEL=1 python train.py                                 the same with no wrapper\n"
         "  lora-otel inspect runs/a.log.otel.jsonl                     where is it stuck?\n"
+        "  lora-otel report runs/ -o job.html                          the job as one HTML page\n"
         "  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\\n"
         "    lora-otel replay runs/a.log.otel.jsonl                    ship it to Jaeger/Tempo\n"
         "\njournals: beside --log, else $LORA_OTEL_DIR, else ./lora-otel/ (docs/journal.md)",
@@ -185,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 4 as soon as a stall is seen (after its alerts have run)",
     )
+
+    from lora_otel.cli import report as report_module
+
+    report_module.add_arguments(add("report", cmd_report, epilog=report_module.EPILOG))
 
     from lora_otel.cli.baseline import add_arguments as baseline_arguments
 

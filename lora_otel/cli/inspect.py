@@ -95,6 +95,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         if drift is not None:  # the drift that bears on the stuck stage, right after the first line
             first, _, rest = text.partition("\n")
             text = "\n".join([first, *(_display(line) for line in baseline_view.report_lines(drift)), rest])
+        if verdict is not None or stall is not None:
+            text += report_command(args.journal) + "\n"
     _write(text)
     return 0
 
@@ -169,8 +171,27 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
             show_all=show_all,
             notes={key: baseline_view.report_lines(report) for key, report in drift.items()},
         )
+        if any(stalled_job(job) for job in jobs):
+            text += report_command(path) + "\n"
     _write(text)
     return jobs_mod.exit_status(jobs) if summary else 0
+
+
+def stalled_job(job: Any) -> bool:
+    """Whether a job (`lora_otel.analysis.job.Job`) stalled: a process stuck now or when it ended,
+    or a stall record leading its view."""
+    focus = job.callout.proc if job.callout is not None else None
+    return (job.callout is not None and job.callout.kind == "stuck") or (
+        focus is not None and focus.view.verdict is not None
+    )
+
+
+def report_command(path: str) -> str:
+    """The line a stalled job's output ends with: the command that writes its report,
+    ``report: lora-otel report runs/ -o job.html``."""
+    import shlex
+
+    return f"report: lora-otel report {shlex.quote(_display(path))} -o job.html"
 
 
 def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:

@@ -67,6 +67,7 @@ from lora_otel.analysis.stall import (
 )
 from lora_otel.cli import jobs as jobs_view
 from lora_otel.cli.jobs import write as _write
+from lora_otel.cli.inspect import report_command
 from lora_otel.journal.reader import (
     Journal,
     JournalError,
@@ -503,6 +504,10 @@ class Watcher:
             )
         for f in rest:
             self._process(lines, f, now_ns, color)
+        if any(job.callout is not None and job.callout.kind == "stuck" for job in jobs) or any(
+            f.verdict is not None for f in self.followed.values()
+        ):
+            lines.append(report_command(self.path))  # a stalled job: the command that writes its picture
         return "\n".join(lines) + "\n"
 
     @staticmethod
