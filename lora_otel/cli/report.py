@@ -90,7 +90,7 @@ def run_report(args: argparse.Namespace) -> int:
     now_ns = time.time_ns()
     if fmt == "perfetto":
         try:
-            from lora_otel.export.perfetto import trace_events  # type: ignore[import-not-found,unused-ignore]
+            from lora_otel.export.perfetto import trace_events
         except ImportError:
             return fail("--format perfetto is not available: this installation has no lora_otel.export.perfetto")
         text = json.dumps(trace_events(journals, now_ns), ensure_ascii=False, separators=(",", ":"))
