@@ -199,8 +199,8 @@ trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, ena
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=os.getcwd())
 trainer.fit(Tiny(), data)
 if sys.argv[1] == "after":
-    time.sleep(1.5)  # what a job does after fit (evaluate, save) before it freezes
-    hold_gil(6)
+    time.sleep(3.0)  # what a job does after fit (evaluate, save) before it freezes; > 1 beat even on a starved CPU
+    hold_gil(8)
 print("done", flush=True)
 """
 )
