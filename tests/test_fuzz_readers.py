@@ -45,8 +45,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector import free_port
 from lora_otel.analysis.stall import parse_limits
-from lora_otel.cli import doctor, main
+from lora_otel.cli import main
 from lora_otel.cli import watch as watch_module
+from lora_otel.cli.doctor import follow
+from lora_otel.cli.doctor import journal as doctor_journal
 from lora_otel.export import sidecar
 from lora_otel.export.live import Follower, outboxes
 from lora_otel.export.otlp import translate
@@ -767,10 +769,10 @@ def check_baseline(path: str, baseline_file: str, out_dir: Path) -> None:
 
 def check_doctor(path: str) -> None:
     """The doctor's last check reads the journal its check process wrote."""
-    run = doctor._Run()
+    run = follow._Run()
     run.hello = {"traced": True, "journal": path}
     with captured() as output, time_limit("doctor journal check"):
-        check = doctor._journal_check(path, run)
+        check = doctor_journal._journal_check(path, run)
     assert check.status in ("ok", "warn") and "\n" not in check.evidence and not output.out + output.err
 
 
