@@ -78,7 +78,8 @@ from lora_otel.cli.doctor.training import STACK, _import_check, _lora_check
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
     import argparse
-    from typing import Any
+    from types import FrameType
+    from typing import IO, Any
 
 __all__ = [
     "EPILOG",
@@ -134,7 +135,7 @@ def _installed(name: str) -> bool:
         return False
 
 
-def _journal_path(args) -> str:
+def _journal_path(args: argparse.Namespace) -> str:
     from lora_otel._boot.seam import paths
 
     base = getattr(args, "dir", None) or os.environ.get("LORA_OTEL_DIR") or os.path.join(os.getcwd(), "lora-otel")
@@ -142,7 +143,7 @@ def _journal_path(args) -> str:
     return path
 
 
-def _child_env(journal: str, wfd: int) -> dict:
+def _child_env(journal: str, wfd: int) -> dict[str, str]:
     env = dict(os.environ)
     env["LORA_OTEL"] = "1"
     env.pop("LORA_OTEL_SIDECAR", None)
@@ -154,7 +155,7 @@ def _child_env(journal: str, wfd: int) -> dict:
     return env
 
 
-def doctor(args) -> dict:
+def doctor(args: argparse.Namespace) -> dict[str, Any]:
     """Run every check; the report as the ``--json`` object (docs/doctor.md)."""
     import subprocess
 
@@ -166,7 +167,7 @@ def doctor(args) -> dict:
     started = time.monotonic()
     also = list(getattr(args, "also_import", None) or [])
     limits = dict(DEFAULT_TIMEOUTS)
-    import_limits: dict = {}
+    import_limits: dict[str, float] = {}
     for name, seconds in getattr(args, "import_timeout", None) or []:
         if name is None:
             limits["import"] = seconds
@@ -186,13 +187,15 @@ def doctor(args) -> dict:
     journal = _journal_path(args)
     log_path = paths.stem(journal) + ".log"
     fallback_stacks = preamble.stacks_path(journal)
+    log: IO[bytes]
     try:
         os.makedirs(os.path.dirname(journal), mode=0o700, exist_ok=True)
         log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
     except OSError:
         import tempfile
 
-        log = tempfile.NamedTemporaryFile(prefix="lora-otel-doctor-", suffix=".log", delete=False)
+        # the check process's stdout and stderr, closed once it has started (as the fdopen above)
+        log = tempfile.NamedTemporaryFile(prefix="lora-otel-doctor-", suffix=".log", delete=False)  # noqa: SIM115
         log_path = log.name
     argv = [sys.executable, "-c", _CHILD_CODE, "--child", "--stacks", fallback_stacks, "--output", log_path]
     for m in imports:
@@ -202,7 +205,7 @@ def doctor(args) -> dict:
     if "torch" not in plan and "torch" not in also:
         argv.append("--no-cuda")
     rfd, wfd = os.pipe()
-    checks: list = []
+    checks: list[Check] = []
     static_cuda = None
     proc = None
     try:
@@ -256,7 +259,7 @@ def doctor(args) -> dict:
 
     # The imports, in plan order.
     stopped_at = (run.hung or run.died or {}).get("step")
-    failed: list = []
+    failed: list[str] = []
     for m in imports:
         name = "import " + m
         if name in run.results:
@@ -277,7 +280,7 @@ def doctor(args) -> dict:
             )
         )
     checks += _cuda_runtime_checks(run, static_cuda, need)
-    for step, kind in (("cuda probe", "cuda"), ("cuda init", "cuda")):
+    for step in ("cuda probe", "cuda init"):
         if run.hung and run.hung["step"] == step:
             checks.append(_hang_check(run.hung, step))
         elif run.died and run.died["step"] == step:
@@ -352,7 +355,7 @@ def doctor(args) -> dict:
     }
 
 
-def render_text(report: dict) -> str:
+def render_text(report: dict[str, Any]) -> str:
     """One line per check: ``ok    import torch            2.13.0+cpu in 1.3 s``, then a summary."""
     checks = report["checks"]
     width = max([len(c["name"]) for c in checks] + [20]) + 2
@@ -382,13 +385,13 @@ def render_text(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_doctor(args) -> int:
+def run_doctor(args: argparse.Namespace) -> int:
     """``lora-otel doctor``: print the report, return 0 (no fail) or 1."""
     import json
     import signal
     import threading
 
-    def terminated(signum, _frame):
+    def terminated(signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)  # unwinds through the cleanup that kills the check process
 
     old = {}
@@ -423,7 +426,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _import_timeout(text: str) -> tuple:
+def _import_timeout(text: str) -> tuple[str | None, float]:
     name, eq, value = text.rpartition("=")
     if not eq:
         return None, _seconds(text)
@@ -459,7 +462,7 @@ def _size(text: str) -> int:
     return value
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``lora-otel doctor`` (cli.py builds the subcommand)."""
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.md)")
     p.add_argument(

@@ -17,7 +17,11 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
-    pass
+    from collections.abc import Callable, Sequence
+    from types import ModuleType
+    from typing import Any, BinaryIO
+
+    Emit = Callable[..., None]  # emit(ev=..., step=..., **fields): one JSON line to the parent
 MATMUL_N = 1024
 """The side of the square matrices the check process multiplies on each GPU."""
 PROTO_ENV = "LORA_OTEL_DOCTOR_FD"
@@ -32,13 +36,13 @@ def own_frame(path: str) -> bool:
     return os.path.dirname(path).endswith(_OWN_DIR)
 
 
-def _child_main(argv: list) -> int:
+def _child_main(argv: list[str]) -> int:
     """The check process: parse argv by hand (argparse would be an import of its own), then the flow."""
-    imports: list = []
+    imports: list[str] = []
     lora = False
     cuda = True
-    stacks = None
-    log = None
+    stacks: str | None = None
+    log: str | None = None
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -65,7 +69,7 @@ def _child_main(argv: list) -> int:
             fd = 1
     from lora_otel._boot import core, jsonl
 
-    def emit(**msg) -> None:
+    def emit(**msg: Any) -> None:
         data = jsonl.dumps_line(msg)
         try:
             while data:
@@ -79,6 +83,7 @@ def _child_main(argv: list) -> int:
 
         lora_otel.mark("arguments parsed")  # ends the `arguments` span: nothing more to wait for
     traced = bool(core.active and core.journal_path)
+    stacks_path: str | None
     if traced:
         from lora_otel._boot import preamble
 
@@ -105,7 +110,7 @@ def _child_main(argv: list) -> int:
         python=sys.version.split()[0],
     )
 
-    ok: dict = {}
+    ok: dict[str, bool] = {}
     for name in imports:
         ok[name] = _child_import(emit, name)
     torch = sys.modules.get("torch") if ok.get("torch") else None
@@ -118,18 +123,18 @@ def _child_main(argv: list) -> int:
     return 0
 
 
-_KEEP: list = []
+_KEEP: list[BinaryIO] = []
 
 
-def _quiet_import(name: str):
+def _quiet_import(name: str) -> ModuleType:
     """Import infrastructure as lora_otel does (untraced), not as the program."""
     __import__(name, _QUIET, None, (), 0)
     return sys.modules[name]
 
 
-def _error_fields(e: BaseException) -> dict:
+def _error_fields(e: BaseException) -> dict[str, Any]:
     tb = e.__traceback__
-    frames: list = []
+    frames: list[list[Any]] = []  # [path, line, function]: JSON has no tuples
     while tb is not None:
         code = tb.tb_frame.f_code
         path = code.co_filename
@@ -145,7 +150,7 @@ def _error_fields(e: BaseException) -> dict:
     message = str(e)
     if len(message) > 500:
         message = message[:500] + "..."
-    chained: list = []  # the files of the exceptions this one was raised from (``raise ... from e``)
+    chained: list[str] = []  # the files of the exceptions this one was raised from (``raise ... from e``)
     cause, seen = e.__cause__ or e.__context__, 0
     while cause is not None and seen < 5:
         tb = cause.__traceback__
@@ -165,14 +170,14 @@ def _error_fields(e: BaseException) -> dict:
     }
 
 
-def _child_import(emit, name: str) -> bool:
+def _child_import(emit: Emit, name: str) -> bool:
     step = "import " + name
     emit(ev="begin", step=step, kind="import")
     t0 = time.perf_counter()
     try:
         __import__(name, _PROGRAM, None, (), 0)  # the import hook makes this the span `import NAME`
         mod = sys.modules[name]
-    except (Exception, SystemExit) as e:
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - what the import raised is its line in the report
         fields = _error_fields(e)
         if isinstance(e, ModuleNotFoundError):
             fields["missing"] = e.name
@@ -191,7 +196,7 @@ def _child_import(emit, name: str) -> bool:
     return True
 
 
-def _child_cuda(emit, torch) -> bool:
+def _child_cuda(emit: Emit, torch: ModuleType) -> bool:
     """Probe, initialise, then a matmul on every visible GPU. True when GPU 0 works."""
     emit(ev="begin", step="cuda probe", kind="cuda")
     t0 = time.perf_counter()
@@ -242,7 +247,7 @@ def _child_cuda(emit, torch) -> bool:
     return ok0
 
 
-def arch_supported(capability: tuple, arch_list) -> bool:
+def arch_supported(capability: tuple[int, int], arch_list: Sequence[str]) -> bool:
     """Whether torch's ``get_arch_list()`` has kernels for a GPU of this compute capability: a cubin
     of the same major and an equal or lower minor (``sm_80`` runs on 8.6), or PTX of an equal or
     lower capability (``compute_90``, compiled by the driver at first use)."""
@@ -262,13 +267,13 @@ def arch_supported(capability: tuple, arch_list) -> bool:
     return False
 
 
-def _child_gpu(emit, torch, i: int, arch_list: list) -> bool:
+def _child_gpu(emit: Emit, torch: ModuleType, i: int, arch_list: list[str]) -> bool:
     import lora_otel
 
     step = "gpu %d" % i
     emit(ev="begin", step=step, kind="gpu")
     t0 = time.perf_counter()
-    facts: dict = {"index": i}
+    facts: dict[str, Any] = {"index": i}
     try:
         props = torch.cuda.get_device_properties(i)
         facts["device_name"] = str(props.name)
@@ -311,13 +316,13 @@ def _child_gpu(emit, torch, i: int, arch_list: list) -> bool:
     return True
 
 
-def _child_lora(emit, torch, on_gpu: bool, with_transformers: bool) -> None:
+def _child_lora(emit: Emit, torch: ModuleType, on_gpu: bool, with_transformers: bool) -> None:
     import lora_otel
 
     emit(ev="begin", step="lora", kind="lora")
     t0 = time.perf_counter()
     device = "cuda:0" if on_gpu else "cpu"
-    facts: dict = {"device": device}
+    facts: dict[str, Any] = {"device": device}
     try:
         peft = sys.modules["peft"]
         facts["peft"] = getattr(peft, "__version__", None)
@@ -367,7 +372,7 @@ def _child_lora(emit, torch, on_gpu: bool, with_transformers: bool) -> None:
             facts["total"] = sum(p.numel() for p in model.parameters())
             base_grads = [n for n, p in model.named_parameters() if "lora_" not in n and p.grad is not None]
         problems = []
-        if not facts["loss"] == facts["loss"] or facts["loss"] in (float("inf"), float("-inf")):
+        if facts["loss"] != facts["loss"] or facts["loss"] in (float("inf"), float("-inf")):
             problems.append("the loss is not finite")
         if not lora_params:
             problems.append("no LoRA parameters were added")

@@ -11,6 +11,7 @@ from lora_otel.cli.doctor.report import Check, _secs, format_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
+    from typing import Any
 
     from lora_otel.cli.doctor.follow import _Run
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # never true at runtime: the check process imports every modu
 
 # CUDA toolkit → minimum Linux driver (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
 # Driver Versions", GA releases). Used only when libcuda cannot be asked (cuDriverGetVersion).
-_CUDA_MIN_DRIVER = (
+_CUDA_MIN_DRIVER: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
     ((13, 0), (580, 65, 6)),
     ((12, 9), (575, 51, 3)),
     ((12, 8), (570, 26)),
@@ -48,7 +49,7 @@ _CUDA_MIN_DRIVER = (
 _MINOR_COMPAT_DRIVER = {13: (580,), 12: (525, 60, 13), 11: (450, 80, 2)}
 
 
-def _vtuple(text: str | None) -> tuple:
+def _vtuple(text: str | None) -> tuple[int, ...]:
     out = []
     for part in str(text or "").strip().split("."):
         if not part.isdigit():
@@ -57,7 +58,7 @@ def _vtuple(text: str | None) -> tuple:
     return tuple(out)
 
 
-def max_cuda_for_driver(driver: str) -> tuple | None:
+def max_cuda_for_driver(driver: str) -> tuple[int, ...] | None:
     """``(major, minor)`` of the newest CUDA the table says ``driver`` supports, or None (too old or
     unparsable). A driver newer than the table's newest entry gets that entry."""
     d = _vtuple(driver)
@@ -73,7 +74,7 @@ def driver_cuda_version(timeout_s: float = 5.0) -> str | None:
     """The CUDA version the installed driver supports (``cuDriverGetVersion``, as nvidia-smi's
     "CUDA Version"), e.g. ``"12.4"``; None when libcuda cannot be loaded or does not answer in time.
     Does not initialise CUDA. Runs in a thread, so a driver that hangs cannot hang the doctor."""
-    result: dict = {}
+    result: dict[str, str] = {}
 
     def ask() -> None:
         try:
@@ -94,7 +95,9 @@ def driver_cuda_version(timeout_s: float = 5.0) -> str | None:
     return result.get("v")
 
 
-def check_cuda_build(build: dict, driver: dict, driver_cuda: str | None, probe: dict | None = None) -> Check | None:
+def check_cuda_build(
+    build: dict[str, Any], driver: dict[str, Any], driver_cuda: str | None, probe: dict[str, Any] | None = None
+) -> Check | None:
     """torch's CUDA build against the driver. ``build``: ``envfacts.torch_build()``; ``driver``:
     ``envfacts.driver_facts()``; ``driver_cuda``: `driver_cuda_version`; ``probe``: what the check
     process saw (``available``, ``reason``), when it got that far. None when torch is not installed."""
@@ -194,7 +197,7 @@ def check_cuda_build(build: dict, driver: dict, driver_cuda: str | None, probe: 
 # --- what the check process saw -----------------------------------------------------------------
 
 
-def _gpu_check(name: str, msg: dict) -> Check:
+def _gpu_check(name: str, msg: dict[str, Any]) -> Check:
     i = msg.get("index")
     dt = msg.get("duration_s")
     head = "%s (sm_%s)" % (msg.get("device_name") or "GPU %s" % i, str(msg.get("capability", "?")).replace(".", ""))
@@ -247,10 +250,10 @@ def _gpu_check(name: str, msg: dict) -> Check:
     return Check(name, "ok", text, duration_s=dt, details=details)
 
 
-def _cuda_runtime_checks(run: _Run, static: Check | None, need: int | None) -> list:
+def _cuda_runtime_checks(run: _Run, static: Check | None, need: int | None) -> list[Check]:
     """The ``cuda`` line (static build vs driver, with what the probe saw), ``cuda init``, the GPUs,
     ``gpu memory``."""
-    out: list = []
+    out: list[Check] = []
     probe = run.results.get("cuda probe")
     cuda = static
     if cuda is not None and probe is not None:
@@ -315,7 +318,13 @@ def _cuda_runtime_checks(run: _Run, static: Check | None, need: int | None) -> l
     return out
 
 
-def _memory_check(need: int, probe: dict | None, init: dict | None, gpus: list, static: Check | None) -> Check:
+def _memory_check(
+    need: int,
+    probe: dict[str, Any] | None,
+    init: dict[str, Any] | None,
+    gpus: list[tuple[str, dict[str, Any]]],
+    static: Check | None,
+) -> Check:
     want = "need %s free GPU memory" % format_bytes(need)
     measured = [(n, m) for n, m in gpus if isinstance(m.get("free"), int)]
     if measured:

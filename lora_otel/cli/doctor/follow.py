@@ -14,7 +14,9 @@ from lora_otel.cli.doctor.report import Check, _frame_text, _limit, _secs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
-    pass
+    import subprocess
+    from typing import Any
+
 
 EXIT_LIMIT_S = 30.0
 """How long the check process may take to exit after its last step."""
@@ -23,12 +25,12 @@ EXIT_LIMIT_S = 30.0
 # --- stacks ------------------------------------------------------------------------------------
 
 
-def _threads(stacks: str) -> list:
+def _threads(stacks: str) -> list[tuple[str, list[tuple[str, int, str]]]]:
     """faulthandler's dump → ``[(header, [(path, line, func), ...innermost first])]``."""
     import re
 
     frame_re = re.compile(r'\s*File "(.*)", line (\d+) in (.*)')
-    threads: list = []
+    threads: list[tuple[str, list[tuple[str, int, str]]]] = []
     for line in stacks.splitlines():
         if line.startswith(("Current thread", "Thread ")):
             threads.append((line.strip(), []))
@@ -39,7 +41,7 @@ def _threads(stacks: str) -> list:
     return threads
 
 
-def stack_excerpt(stacks: str, max_frames: int = 8) -> list:
+def stack_excerpt(stacks: str, max_frames: int = 8) -> list[tuple[str, int, str, str]]:
     """The check process's main thread in a faulthandler dump: ``[(path, line, func, source)]``,
     innermost first, up to the doctor's own frame, without importlib's frozen frames."""
     import linecache
@@ -55,7 +57,7 @@ def stack_excerpt(stacks: str, max_frames: int = 8) -> list:
             if frames and "lora_otel/_boot/" not in frames[0][0]:
                 pick = frames
                 break
-    out: list = []
+    out: list[tuple[str, int, str, str]] = []
     for path, line, func in pick or []:
         if own_frame(path):
             break
@@ -81,18 +83,18 @@ class _Run:
     """What the check process said, and how it ended."""
 
     def __init__(self) -> None:
-        self.hello: dict = {}
-        self.results: dict = {}  # step name -> end message
-        self.order: list = []  # step names in the order they began
-        self.hung: dict | None = None  # {"step", "kind", "limit", "waited", "evidence", "excerpt", ...}
-        self.died: dict | None = None  # {"step", "status", "log_tail"}
+        self.hello: dict[str, Any] = {}
+        self.results: dict[str, dict[str, Any]] = {}  # step name -> end message
+        self.order: list[str] = []  # step names in the order they began
+        self.hung: dict[str, Any] | None = None  # {"step", "kind", "limit", "waited", "evidence", "excerpt", ...}
+        self.died: dict[str, Any] | None = None  # {"step", "status", "log_tail"}
         self.done = False
-        self.exit_hung: dict | None = None
+        self.exit_hung: dict[str, Any] | None = None
         self.returncode: int | None = None
         self.pid: int | None = None
 
 
-def _timeout_for(step: str, kind: str, limits: dict, import_limits: dict) -> float:
+def _timeout_for(step: str, kind: str, limits: dict[str, float], import_limits: dict[str, float]) -> float:
     if kind == "import":
         module = step[len("import ") :] if step.startswith("import ") else step
         for key in (module, module.partition(".")[0]):
@@ -129,7 +131,7 @@ def _append_exit(journal: str | None, rc: int, why: str | None) -> bool:
     return record_exit(journal, rc, "lora-otel doctor: %s" % why if why else None, by="lora-otel doctor", hint="")
 
 
-def _kill_group(proc) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     import signal
 
     try:
@@ -141,7 +143,7 @@ def _kill_group(proc) -> None:
             pass
 
 
-def _gather(pid: int, stacks_path: str | None) -> dict:
+def _gather(pid: int, stacks_path: str | None) -> dict[str, Any]:
     """Evidence about the check process (lora_otel's own child: its stack handler is the preamble's,
     or the one the check script registers on the same signal)."""
     from lora_otel._boot.seam import stack_signal
@@ -155,7 +157,7 @@ def _gather(pid: int, stacks_path: str | None) -> dict:
         return {evidence.PREFIX + "error": "%s: %s" % (type(e).__name__, e)}
 
 
-def _diagnosis(step: _Step, ev: dict, journal: str | None) -> str:
+def _diagnosis(step: _Step, ev: dict[str, Any], journal: str | None) -> str:
     """diagnose's sentence when it says something specific (network, CUDA init, frozen), else ""."""
     try:
         from lora_otel.analysis.diagnose import explain
@@ -180,7 +182,13 @@ def _diagnosis(step: _Step, ev: dict, journal: str | None) -> str:
 
 
 def _follow(
-    proc, rfd: int, journal: str | None, log_path: str | None, fallback_stacks: str, limits: dict, import_limits: dict
+    proc: subprocess.Popen[bytes],
+    rfd: int,
+    journal: str | None,
+    log_path: str | None,
+    fallback_stacks: str,
+    limits: dict[str, float],
+    import_limits: dict[str, float],
 ) -> _Run:
     """Read the check process's messages until it exits; kill it when a step passes its limit."""
     import json
@@ -265,7 +273,9 @@ def _follow(
     return run
 
 
-def _on_message(run: _Run, msg: dict, current: _Step, limits: dict, import_limits: dict) -> _Step:
+def _on_message(
+    run: _Run, msg: dict[str, Any], current: _Step, limits: dict[str, float], import_limits: dict[str, float]
+) -> _Step:
     ev = msg.get("ev")
     if ev == "hello":
         run.hello = msg
@@ -285,7 +295,7 @@ def _on_message(run: _Run, msg: dict, current: _Step, limits: dict, import_limit
     return current
 
 
-def _on_hang(run: _Run, proc, step: _Step, journal: str | None, fallback_stacks: str) -> None:
+def _on_hang(run: _Run, proc: subprocess.Popen[bytes], step: _Step, journal: str | None, fallback_stacks: str) -> None:
     from lora_otel.analysis.evidence import PREFIX
 
     stacks_path = run.hello.get("stacks") or (fallback_stacks if os.path.exists(fallback_stacks) else None)
@@ -333,7 +343,7 @@ _HANG_ADVICE = {
 }
 
 
-def _hang_check(h: dict, name: str | None = None) -> Check:
+def _hang_check(h: dict[str, Any], name: str | None = None) -> Check:
     ev = h["evidence"]
     parts = ["no result after %s (limit %s)" % (_secs(h["waited"]), _limit(h["limit"]))]
     if h["excerpt"]:
@@ -383,7 +393,7 @@ def _hang_check(h: dict, name: str | None = None) -> Check:
     )
 
 
-def _died_check(d: dict, name: str) -> Check:
+def _died_check(d: dict[str, Any], name: str) -> Check:
     tail = d.get("log_tail") or ""
     last = tail.splitlines()[-1] if tail else ""
     evidence = "the check process died: %s%s" % (d["status"], "; last output: %s" % last if last else "")

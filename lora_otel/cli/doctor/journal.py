@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import sys
 
-from lora_otel.cli.doctor.follow import _Run
 from lora_otel.cli.doctor.report import Check, _rel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
-    pass
+    from lora_otel.cli.doctor.follow import _Run
 
 
-def _journal_check(journal: str | None, run: _Run) -> Check:
+def _journal_check(journal: str, run: _Run) -> Check:
     from lora_otel.journal.reader import JournalError, read_journal
 
     actual = run.hello.get("journal") or journal

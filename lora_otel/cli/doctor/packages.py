@@ -15,7 +15,10 @@ from lora_otel.cli.doctor.training import STACK
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
-    pass
+    from collections.abc import Iterable
+    from importlib.metadata import Distribution
+    from typing import Any
+
 
 LORA_OTEL_REQUIRES_PYTHON = ">=3.9"
 
@@ -23,7 +26,7 @@ LORA_OTEL_REQUIRES_PYTHON = ">=3.9"
 # --- versions, specifiers, markers (packaging when importable, else a small fallback) ----------
 
 
-def _packaging():
+def _packaging() -> tuple[Any, Any, Any, Any, Any] | None:
     """``(Requirement, SpecifierSet, Version, InvalidVersion, Marker)`` from packaging, or None."""
     try:
         from packaging.markers import Marker
@@ -49,7 +52,7 @@ _PEP440 = (
 )
 
 
-def _parse_version(text: str):
+def _parse_version(text: str) -> dict[str, Any] | None:
     """A PEP 440 version (fallback) as a dict: ``release`` (list), ``pre``/``post``/``dev`` (or None),
     ``local``, and ``key`` (sortable as packaging sorts, local ignored); None when it is not one."""
     import re
@@ -74,7 +77,7 @@ def _parse_version(text: str):
     dev = int(m.group("dev_n") or 0) if m.group("dev_l") else None
     inf = float("inf")
     if pre is None and post is None and dev is not None:
-        pre_k: tuple = (-inf,)  # 1.0.dev1 sorts before 1.0a1
+        pre_k: tuple[float, ...] = (-inf,)  # 1.0.dev1 sorts before 1.0a1
     elif pre is None:
         pre_k = (inf,)
     else:
@@ -89,7 +92,7 @@ def _parse_version(text: str):
     return {"release": release, "pre": pre, "post": post, "dev": dev, "local": m.group("local"), "key": key}
 
 
-def _version_key(text: str):
+def _version_key(text: str) -> tuple[Any, ...] | None:
     v = _parse_version(text)
     return None if v is None else v["key"]
 
@@ -102,7 +105,7 @@ def _fallback_contains(spec: str, version: str) -> bool:
     v = _parse_version(version)
     if v is None:
         return True  # an unparsable installed version: cannot judge, so not flagged
-    public = _parse_version(version.split("+", 1)[0])
+    public = _parse_version(version.split("+", 1)[0]) or v  # v parses, so its public part does
     for clause in (c.strip() for c in spec.split(",")):
         if not clause:
             continue
@@ -134,19 +137,22 @@ def _fallback_contains(spec: str, version: str) -> bool:
             return False
         if (op == ">=" and vk < tk) or (op == "<=" and vk > tk):
             return False
-        if op == ">":
-            # >V excludes V's post-releases (and V itself), unless V is one
-            if not vk > tk or (t["post"] is None and public["post"] is not None and public["key"][:3] == tk[:3]):
-                return False
-        if op == "<":
-            # <V excludes V's pre-releases, unless V is one
-            if not vk < tk or (
+        # >V excludes V's post-releases (and V itself), unless V is one
+        if op == ">" and (
+            not vk > tk or (t["post"] is None and public["post"] is not None and public["key"][:3] == tk[:3])
+        ):
+            return False
+        # <V excludes V's pre-releases, unless V is one
+        if op == "<" and (
+            not vk < tk
+            or (
                 t["pre"] is None
                 and t["dev"] is None
                 and public["key"][:2] == tk[:2]
                 and (public["pre"] is not None or public["dev"] is not None)
-            ):
-                return False
+            )
+        ):
+            return False
         if op == "~=":
             upper = t["release"][:-1]
             if vk < tk or (public["release"] + [0] * len(upper))[: len(upper)] != upper:
@@ -154,7 +160,7 @@ def _fallback_contains(spec: str, version: str) -> bool:
     return True
 
 
-def _marker_env() -> dict:
+def _marker_env() -> dict[str, str]:
     import platform
 
     impl = sys.implementation
@@ -181,29 +187,29 @@ def _marker_env() -> dict:
 _VERSION_VARS = ("python_version", "python_full_version", "implementation_version", "platform_release")
 
 
-def _fallback_marker(text: str, env: dict) -> bool:
+def _fallback_marker(text: str, env: dict[str, str]) -> bool:
     """Evaluate a PEP 508 marker (fallback): ``and``/``or``/parentheses, comparisons, ``in``/``not in``."""
     import re
 
-    tokens = re.findall(
+    tokens: list[str] = re.findall(
         r"\(|\)|'[^']*'|\"[^\"]*\"|===|==|!=|~=|<=|>=|<|>|not\s+in\b|\bin\b|\band\b|\bor\b|[\w.]+", text
     )
     pos = 0
 
-    def peek():
+    def peek() -> str | None:
         return tokens[pos] if pos < len(tokens) else None
 
-    def take():
+    def take() -> str:
         nonlocal pos
         pos += 1
         return tokens[pos - 1]
 
-    def value(tok):
+    def value(tok: str) -> tuple[str, bool]:
         if tok[:1] in ("'", '"'):
             return tok[1:-1], False
         return str(env.get(tok, "")), tok in _VERSION_VARS
 
-    def comparison():
+    def comparison() -> bool:
         if peek() == "(":
             take()
             r = expr()
@@ -236,14 +242,14 @@ def _fallback_marker(text: str, env: dict) -> bool:
             "~=": left == right,
         }.get(op, False)
 
-    def conjunction():
+    def conjunction() -> bool:
         r = comparison()
         while peek() == "and":
             take()
             r = comparison() and r
         return r
 
-    def expr():
+    def expr() -> bool:
         r = conjunction()
         while peek() == "or":
             take()
@@ -256,7 +262,7 @@ def _fallback_marker(text: str, env: dict) -> bool:
         return True
 
 
-def _parse_requirement(text: str):
+def _parse_requirement(text: str) -> tuple[str, str, str | None, str | None] | None:
     """``(name, specifier text, marker text or None, url or None)`` of a PEP 508 line, or None."""
     import re
 
@@ -273,17 +279,17 @@ def _parse_requirement(text: str):
 class _Req:
     __slots__ = ("marker", "name", "spec", "text", "url")
 
-    def __init__(self, name, spec, marker, url, text):
+    def __init__(self, name: str, spec: str, marker: str | None, url: str | None, text: str) -> None:
         self.name, self.spec, self.marker, self.url, self.text = name, spec, marker, url, text
 
 
-def _requirement(text: str, env: dict):
+def _requirement(text: str, env: dict[str, str]) -> _Req | None:
     """The requirement ``text`` if it applies here (marker true with no extra), else None."""
     pk = _packaging() if _USE_PACKAGING else None
     if pk is not None:
-        Requirement = pk[0]
+        requirement = pk[0]
         try:
-            r = Requirement(text)
+            r = requirement(text)
         except Exception:  # noqa: BLE001
             return None
         if r.marker is not None:
@@ -307,10 +313,10 @@ def _contains(spec: str, version: str) -> bool:
         return True
     pk = _packaging() if _USE_PACKAGING else None
     if pk is not None:
-        _, SpecifierSet, Version, InvalidVersion, _ = pk
+        _, specifier_set, version_class, invalid_version, _ = pk
         try:
-            return SpecifierSet(spec).contains(Version(version), prereleases=True)
-        except (InvalidVersion, ValueError):
+            return bool(specifier_set(spec).contains(version_class(version), prereleases=True))
+        except (invalid_version, ValueError):
             return True  # an unparsable version or specifier: cannot judge, not flagged
         except Exception:  # noqa: BLE001
             return True
@@ -326,7 +332,7 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _dist(name: str):
+def _dist(name: str) -> Distribution | None:
     from importlib import metadata
 
     try:
@@ -343,14 +349,14 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def _dists_for_modules(modules) -> list:
+def _dists_for_modules(modules: Iterable[str]) -> list[str]:
     """Distribution names providing the top-level packages of ``modules`` (when metadata says)."""
     from importlib import metadata
 
     tops = {m.partition(".")[0] for m in modules}
     if not tops:
         return []
-    found: list = []
+    found: list[str] = []
     try:
         mapping = metadata.packages_distributions()  # Python 3.10+
     except Exception:  # noqa: BLE001
@@ -362,15 +368,15 @@ def _dists_for_modules(modules) -> list:
     return found
 
 
-def checked_distributions(also_import=()) -> list:
+def checked_distributions(also_import: Iterable[str] = ()) -> list[str]:
     """lora_otel, the installed packages of the training stack as lora_otel knows it
     (``envfacts.PACKAGES``), and the distributions of the ``--also-import`` modules."""
     from lora_otel._boot.seam import envfacts
 
-    names = ["lora_otel"] + list(dict.fromkeys(list(STACK) + list(envfacts.PACKAGES)))
+    names = ["lora_otel", *dict.fromkeys([*STACK, *envfacts.PACKAGES])]
     names += _dists_for_modules(also_import)
-    out: list = []
-    seen: set = set()
+    out: list[str] = []
+    seen: set[str] = set()
     for name in names:
         key = _norm(name)
         if key in seen or _dist(name) is None:
@@ -380,20 +386,20 @@ def checked_distributions(also_import=()) -> list:
     return out
 
 
-def check_python(dists) -> list:
+def check_python(dists: Iterable[str]) -> list[Check]:
     """Python against lora_otel's own ``Requires-Python`` (>=3.9) and each distribution's."""
     import platform
 
     t0 = time.perf_counter()
     here = platform.python_version()
-    seen: list = []
-    unmet: list = []
+    seen: list[tuple[str, str, str]] = []
+    unmet: list[tuple[str, str, str]] = []
     for name in dists:
         d = _dist(name)
         req = None
         if d is not None:
             try:
-                req = d.metadata.get("Requires-Python")
+                req = d.metadata.get("Requires-Python")  # type: ignore[attr-defined]  # an email.message.Message
             except Exception:  # noqa: BLE001
                 req = None
         if name == "lora_otel" and not req:
@@ -415,7 +421,7 @@ def check_python(dists) -> list:
     }
     dt = time.perf_counter() - t0
     if not unmet:
-        own = dict((n, r) for n, _, r in seen).get("lora_otel", LORA_OTEL_REQUIRES_PYTHON)
+        own = {n: r for n, _, r in seen}.get("lora_otel", LORA_OTEL_REQUIRES_PYTHON)
         others = len(seen) - 1
         return [
             Check(
@@ -445,15 +451,15 @@ def check_python(dists) -> list:
     ]
 
 
-def check_requirements(dists) -> list:
+def check_requirements(dists: Iterable[str]) -> list[Check]:
     """Each distribution's declared requirements (markers for this interpreter, no extras) against
     what is installed: a missing one fails, a version outside the range warns (the import lines
     tell whether it breaks anything)."""
     t0 = time.perf_counter()
     env = _marker_env()
-    out: list = []
+    out: list[Check] = []
     n_reqs = 0
-    checked: list = []
+    checked: list[str] = []
     for name in dists:
         d = _dist(name)
         if d is None:

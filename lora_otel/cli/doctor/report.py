@@ -7,7 +7,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
-    pass
+    from typing import Any
 
 
 class Check:
@@ -22,7 +22,7 @@ class Check:
         evidence: str,
         advice: str | None = None,
         duration_s: float | None = None,
-        details: dict | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         if status not in ("ok", "warn", "fail"):
             raise ValueError("status must be ok, warn or fail, not %r" % (status,))
@@ -33,7 +33,7 @@ class Check:
         self.duration_s = None if duration_s is None else round(float(duration_s), 3)
         self.details = details or {}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "status": self.status,

@@ -8,14 +8,15 @@ from lora_otel.cli.doctor.report import Check, _frame_text, _secs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the check process imports every module here, and not typing
-    pass
+    from collections.abc import Iterable
+    from typing import Any
 
 
 STACK = ("torch", "transformers", "diffusers", "accelerate", "peft", "bitsandbytes", "xformers")
 """The training stack, in import order (a package after the ones it imports, so each span is its own)."""
 
 
-def _import_advice(module: str, msg: dict) -> str:
+def _import_advice(module: str, msg: dict[str, Any]) -> str:
     etype = msg.get("error_type") or ""
     missing = msg.get("missing") or ""
     top = module.partition(".")[0]
@@ -29,7 +30,7 @@ def _import_advice(module: str, msg: dict) -> str:
     )
 
 
-def _import_check(name: str, msg: dict, failed_before=()) -> Check:
+def _import_check(name: str, msg: dict[str, Any], failed_before: Iterable[str] = ()) -> Check:
     """An import's line. ``failed_before``: modules whose import failed earlier; an error raised
     inside one of them is that module's, and the advice says so."""
     module = name[len("import ") :]
@@ -71,7 +72,7 @@ def _import_check(name: str, msg: dict, failed_before=()) -> Check:
     )
 
 
-def _lora_check(msg: dict) -> Check:
+def _lora_check(msg: dict[str, Any]) -> Check:
     dt = msg.get("duration_s")
     details = {
         k: msg.get(k)
