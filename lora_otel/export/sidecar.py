@@ -14,8 +14,8 @@ It exits as soon as every process of the job is gone.
 With an endpoint it is the only process that imports the OpenTelemetry SDK. It polls the journal
 (`lora_otel.export.live.Follower`: spans as they end, stalls as incomplete spans with evidence,
 human lines and stalls as log records), and once the watched process is gone it finalises the
-spans still open with how the process ended, sends what is queued (for up to ``LORA_OTEL_DRAIN_S``, default 30 s, while the
-backend is unreachable) and exits.
+spans still open with how the process ended, sends what is queued (for up to
+``LORA_OTEL_DRAIN_S``, default 30 s, while the backend is unreachable) and exits.
 
 It can run from another virtual environment than the training process: set
 ``LORA_OTEL_SIDECAR_PYTHON`` to a Python that has ``lora_otel`` with its dependencies installed.
