@@ -182,7 +182,7 @@ def test_broken_missing_and_hanging_modules(tmp_path: Path) -> None:
     open_spans = [s.name for s in j.spans if s.is_open]
     assert "import hangpkg" in open_spans
     assert j.exit is not None and j.exit["how"] == "signal" and "lora-otel doctor" in j.exit["message"]
-    assert [s for s in j.spans if s.name == "import brokenpkg"][0].status == "error"
+    assert next(s for s in j.spans if s.name == "import brokenpkg").status == "error"
 
 
 @pytest.mark.collector

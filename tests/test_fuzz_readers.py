@@ -643,7 +643,7 @@ def receiver() -> Iterator[Receiver]:
 def otlp_env(monkeypatch, receiver: Receiver) -> Receiver:
     """The standard OTEL_* variables point at the receiver (and nothing else of the machine's leaks in)."""
     for name in list(os.environ):
-        if name.startswith("OTEL_") or name.startswith("LORA_OTEL_"):
+        if name.startswith(("OTEL_", "LORA_OTEL_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     return receiver
