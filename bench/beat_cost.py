@@ -118,7 +118,8 @@ def main() -> int:
     r = measure(a.beats, a.runs, tuple(int(x) for x in a.threads.split(",")))
     print("main thread sampled: %s" % json.dumps(r.pop("frames")))
     print(
-        '| extra threads | beat without "main" (baseline) | beat with "main" | added | goal ≤ 50 µs | C name, first read |'
+        '| extra threads | beat without "main" (baseline) | beat with "main" | added | goal ≤ 50 µs '
+        "| C name, first read |"
     )
     print("|---:|---:|---:|---:|---|---:|")
     for n, v in r.items():

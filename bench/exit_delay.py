@@ -220,7 +220,7 @@ def measure_one(cmd: list, env: dict, cwd: str, side: str, timeout: float = 120.
     try:
         last = float(Path(side).read_text())
     except (OSError, ValueError):
-        raise RuntimeError(
+        raise RuntimeError(  # noqa: B904 - the message says what went wrong; the OSError adds nothing
             "the script did not write its timestamp (rc %s): %s\n%s"
             % (p.returncode, cmd, out[err_fd].decode(errors="replace"))
         )
@@ -391,7 +391,7 @@ def measure(
         samples: dict = {(r[0], r[1]): [] for r in rows}
         sidecars: dict = {(r[0], r[1]): [] for r in rows if r[4]}
         # Warm the page cache (not counted).
-        for name, mode, mk, is_sdk, _ in rows:
+        for _name, mode, mk, is_sdk, _ in rows:
             if not is_sdk and mode in ("-", "ok"):
                 d = tempfile.mkdtemp(dir=work)
                 cmd, env = mk(d, None)
@@ -495,7 +495,7 @@ def main() -> None:
     print()
     print("| figure | value | goal |")
     print("|---|---:|---|")
-    for name, mode, is_sdk, has_sidecar in rows:
+    for name, mode, _is_sdk, has_sidecar in rows:
         if not has_sidecar:
             continue
         s = samples[(name, mode)]

@@ -86,7 +86,7 @@ def one(case: str, needle: str, env: dict, timeout: float = 60.0) -> float:
                 f.write(HANG[case])
             with open(os.path.join(d, "job.py"), "w") as f:
                 f.write(RUN % case)
-        log = open(os.path.join(d, "log.txt"), "ab")
+        log = open(os.path.join(d, "log.txt"), "ab")  # noqa: SIM115 - the job's stdout and stderr, closed after it
         proc = subprocess.Popen(
             [PY, "job.py", *args],
             cwd=d,

@@ -110,8 +110,7 @@ def run_child(args: list, env: dict, cwd: str) -> tuple:
         env=env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         timeout=600,
     )
     lines = [ln for ln in r.stdout.decode(errors="replace").splitlines() if ln.startswith("WINDOW ")]
@@ -180,7 +179,7 @@ def measure_throughput(stages: int = 20000, runs: int = 5, marks: bool = True, u
             for k in kinds:
                 r = traced_run(k, stages, work)
                 samples[k].append(r)
-                raw[k].append(raw_run(r["records"], max(int(round(r["per_record"])), 2), work))
+                raw[k].append(raw_run(r["records"], max(round(r["per_record"]), 2), work))
             print(
                 "journal_throughput: run %d of %d done (%.0f s)" % (i + 1, runs, time.monotonic() - t_start),
                 file=sys.stderr,

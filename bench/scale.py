@@ -242,7 +242,8 @@ def main() -> None:
                 print("running (b) the sidecar's Follower ...", file=sys.stderr, flush=True)
                 b = sidecar_throughput(path, rp.pid, endpoint)
                 print(
-                    "| sidecar Follower → rotel, OTLP/HTTP | %d | %.2f | %.0f | %.2f (follower) | %.0f | journal %.1f MB; delivered: %s, dropped %d; rotel CPU %.2f s |"
+                    "| sidecar Follower → rotel, OTLP/HTTP | %d | %.2f | %.0f | %.2f (follower) | %.0f "
+                    "| journal %.1f MB; delivered: %s, dropped %d; rotel CPU %.2f s |"
                     % (
                         b["spans"],
                         b["wall"],
@@ -259,7 +260,8 @@ def main() -> None:
                 print("running (c) collector ingest ...", file=sys.stderr, flush=True)
                 c = collector_ingest(path, rp.pid, endpoint, args.ingest_spans)
                 print(
-                    "| rotel ingest, pre-encoded 512-span OTLP/HTTP requests, 1 connection | %d | %.2f | %.0f | %.2f (rotel) | %.0f | %d requests, %.1f MB, %.0f bytes/span; rotel RSS %.0f MB |"
+                    "| rotel ingest, pre-encoded 512-span OTLP/HTTP requests, 1 connection | %d | %.2f | %.0f "
+                    "| %.2f (rotel) | %.0f | %d requests, %.1f MB, %.0f bytes/span; rotel RSS %.0f MB |"
                     % (
                         c["spans"],
                         c["wall"],

@@ -102,7 +102,7 @@ def start_rotel(workdir: str):
     if binary is None:
         return None
     grpc, http = free_port(), free_port()
-    out = open(os.path.join(workdir, "rotel.out"), "wb")
+    out = open(os.path.join(workdir, "rotel.out"), "wb")  # noqa: SIM115 - rotel's output, closed when it stops
     p = subprocess.Popen(
         [
             str(binary),

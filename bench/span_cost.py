@@ -154,7 +154,7 @@ def dropped_text(r: dict, variant: str) -> str:
 
 
 def run_one(variant: str, spans: int, work: str, endpoints: dict) -> dict:
-    label, kind, traced, ep = VARIANTS[variant]
+    _label, kind, traced, ep = VARIANTS[variant]
     d = tempfile.mkdtemp(prefix=variant + "-", dir=work)
     env = env_base()
     env["OTEL_SERVICE_NAME"] = "bench"
@@ -167,8 +167,7 @@ def run_one(variant: str, spans: int, work: str, endpoints: dict) -> dict:
         env=env,
         cwd=d,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
         timeout=600,
     )

@@ -58,7 +58,7 @@ def env_for(endpoint: str, workdir: Path, **extra: str) -> dict:
 
 
 def kind_of(collector: Collector, name: str) -> str:
-    return [s for s in collector.spans() if s.name == name][0].attributes.get("lora_otel.stall.kind", "")
+    return next(s for s in collector.spans() if s.name == name).attributes.get("lora_otel.stall.kind", "")
 
 
 def start(workdir: Path, script: str, env: dict) -> subprocess.Popen:
@@ -120,7 +120,7 @@ def _frozen_deadline(workdir: Path, collector: Collector, name: str) -> float:
     """
     import json
 
-    detected = [s for s in collector.spans() if s.name == name][0].end_ns
+    detected = next(s for s in collector.spans() if s.name == name).end_ns
     path = sorted((workdir / "journals").glob("*.otel.jsonl"))[0]
     last = 0
     for line in path.read_bytes().splitlines():
@@ -198,7 +198,7 @@ def case_recover(collector: Collector, workdir: Path) -> dict:
         continued = wait_span(collector, "load model (continued)")
     finally:
         stop(proc)
-    end = [s for s in journal(workdir).spans if s.name == "load model"][0].end_ns / 1e9
+    end = next(s for s in journal(workdir).spans if s.name == "load model").end_ns / 1e9
     return {"stall": stalled - (span.start_ns / 1e9 + LIMIT_S), "continued": continued - end}
 
 

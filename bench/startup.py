@@ -119,7 +119,7 @@ def measure(runs: int = 40, extra_rows: bool = True) -> dict:
         if otel_inst:
             rows[OTEL_INSTRUMENT] = ([otel_inst, PY, "-c", "pass"], otel_env)
         samples: dict = {k: [] for k in rows}
-        for name, (cmd, env) in rows.items():  # warm the page cache
+        for _name, (cmd, env) in rows.items():  # warm the page cache
             time_once(cmd, env, work)
         for _ in range(runs):
             for name, (cmd, env) in rows.items():

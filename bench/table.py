@@ -619,7 +619,7 @@ def loadavg() -> str:
 def command_line() -> str:
     py = sys.executable
     rel = os.path.relpath(py)
-    return shlex.join([rel if not rel.startswith("..") else py, os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    return shlex.join([rel if not rel.startswith("..") else py, os.path.relpath(sys.argv[0]), *sys.argv[1:]])
 
 
 def main() -> int:

@@ -5,10 +5,10 @@
 Three figures, each beside its baseline measured in the same run:
 
 - start: ``spawn.start`` timed inside a process (what starting the sidecar adds to the job's
-  preamble: the double fork, until the sidecar's pid is read back), the preamble's own duration (``lora_otel.preamble.duration_us``, which includes starting
-  the sidecar) and the wall time of ``python -c pass`` with ``LORA_OTEL=1`` (the sidecar starts, by a double
-  fork, in the preamble) against the same with ``LORA_OTEL_LIVE=0`` (no sidecar); ``--runs``
-  alternating pairs, medians. Goal: ≤ 3 ms added.
+  preamble: the double fork, until the sidecar's pid is read back), the preamble's own duration
+  (``lora_otel.preamble.duration_us``, which includes starting the sidecar) and the wall time of
+  ``python -c pass`` with ``LORA_OTEL=1`` (the sidecar starts, by a double fork, in the preamble)
+  against the same with ``LORA_OTEL_LIVE=0`` (no sidecar); ``--runs`` alternating pairs, medians. Goal: ≤ 3 ms added.
 - resident memory of the sidecar following an idle job (``time.sleep`` in a stage; the job only
   writes its once-per-second beat): VmRSS from ``/proc/<pid>/status`` at the end of the window.
   Goal: ≤ 30 MB. Baseline: a bare ``python -c "import time; time.sleep(5)"``.
@@ -169,7 +169,7 @@ def main() -> int:
         check=True,
     )
     spawn_ms = json.loads(r.stdout.strip().splitlines()[-1])
-    journal = [os.path.join(jdir, n) for n in os.listdir(jdir) if n.endswith(".otel.jsonl")][0]
+    journal = next(os.path.join(jdir, n) for n in os.listdir(jdir) if n.endswith(".otel.jsonl"))
     r = subprocess.run(
         [PY, "-X", "importtime", "-m", "lora_otel.export.sidecar", "--journal", journal, "--pid", "1"],
         env=env(LORA_OTEL_SIDECAR="1"),

@@ -126,7 +126,7 @@ class Service:
     ) -> None:
         self.name, self.ports = name, ports
         self.output = workdir / f"{name}.out"
-        self._out = open(self.output, "wb")
+        self._out = open(self.output, "wb")  # noqa: SIM115 - the backend's output, closed when it stops
         self.process = subprocess.Popen(
             argv, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(workdir)
         )

@@ -6,8 +6,8 @@ console script). It runs in the foreground with
     rotel-agent start --otlp-grpc-endpoint 127.0.0.1:P1 --otlp-http-endpoint 127.0.0.1:P2
         --exporter blackhole --debug-log traces --debug-log-verbosity detailed
 
-(and ``--debug-log logs``) and prints every span and log record it receives on stdout, in the OpenTelemetry Collector's "debug exporter"
-text layout, which `parse_debug_log` reads back::
+(and ``--debug-log logs``) and prints every span and log record it receives on stdout, in the
+OpenTelemetry Collector's "debug exporter" text layout, which `parse_debug_log` reads back::
 
     ResourceSpans #0
     Resource attributes:
@@ -46,7 +46,7 @@ def rotel_agent_path() -> Optional[Path]:
     spec = importlib.util.find_spec("rotel")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "rotel-agent"
+    path = Path(next(iter(spec.submodule_search_locations))) / "rotel-agent"
     return path if path.is_file() else None
 
 
@@ -190,7 +190,7 @@ class Collector:
     def __init__(self, binary: Path, workdir: Path, http_port: Optional[int] = None) -> None:
         self.grpc_port, self.http_port = free_port(), http_port or free_port()
         self.output = workdir / "rotel.out"
-        self._out = open(self.output, "wb")
+        self._out = open(self.output, "wb")  # noqa: SIM115 - rotel's output, closed when it stops
         self.process = subprocess.Popen(
             [
                 str(binary),

@@ -170,7 +170,7 @@ class TestActivation:
         j = only_journal(tmp_path / "lora-otel")
         assert j.root.trace_id == "0af7651916cd43dd8448eb211c80319c"
         assert j.root.parent_id == "b7ad6b7169203331"
-        child_tp = [ln for ln in r.stdout.splitlines() if ln.startswith("CHILD_TP")][0].split()[1]
+        child_tp = next(ln for ln in r.stdout.splitlines() if ln.startswith("CHILD_TP")).split()[1]
         assert child_tp == "00-0af7651916cd43dd8448eb211c80319c-%s-01" % j.root.span_id
 
     def test_bad_traceparent_starts_a_new_trace(self, tmp_path: Path) -> None:

@@ -583,7 +583,7 @@ def test_deeply_nested_files_are_one_line_errors(tmp_path: Path, capsys) -> None
     base = saved_from_good_runs(tmp_path, capsys)
     deep = tmp_path / "deep.otel.jsonl"
     deep.write_text("[" * 100_000 + "\n")
-    status, out, err = cli(capsys, "baseline", "diff", str(deep))
+    status, _out, err = cli(capsys, "baseline", "diff", str(deep))
     assert status == 2 and len(err.splitlines()) == 1 and "nested too deeply" in err, err
-    status, out, err = cli(capsys, "baseline", "diff", str(base), str(deep))
+    status, _out, err = cli(capsys, "baseline", "diff", str(base), str(deep))
     assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err

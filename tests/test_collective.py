@@ -179,7 +179,11 @@ def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, co
     assert seconds < 45, "the stall took %.0f s to arrive" % seconds
     # nothing is left: torchrun, both ranks, and the sidecar once it has finalised
     for j in ranks.values():
-        wait_for(lambda: process_state(j) != "running", what="rank %s to be gone" % j.root.attrs["rank"], timeout=10)
+        wait_for(
+            lambda: process_state(j) != "running",  # noqa: B023 - called in this iteration
+            what="rank %s to be gone" % j.root.attrs["rank"],
+            timeout=10,
+        )
     wait_gone(side)
     assert_unique(collector.spans())
     assert not _processes_in(tmp_path), "processes left in %s: %s" % (tmp_path, _processes_in(tmp_path))
@@ -236,7 +240,7 @@ def _rank_journal(path: Path, rank: int, steps: int, *, alive: bool = True, worl
 
 
 def _stall(j: Journal) -> Stall:
-    training = [s for s in j.spans if s.name == "training"][0]
+    training = next(s for s in j.spans if s.name == "training")
     return Stall("alive", training, 8.0, 3.0, "no optimizer step for 8 s (limit 3 s)")
 
 

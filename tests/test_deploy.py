@@ -98,7 +98,7 @@ def test_compose_services_are_pinned_healthy_local_and_persistent(compose) -> No
         for ip, _ in published(svc).values():
             assert ip == "127.0.0.1", "%s publishes a port beyond loopback" % name
         for mount in svc.get("volumes", []):
-            source, target = mount.split(":")[:2]
+            source, _target = mount.split(":")[:2]
             if source.startswith("./"):
                 assert (REPO / source).exists(), "%s mounts %s, which is missing" % (name, source)
             else:

@@ -13,7 +13,16 @@ import pytest
 from procs import PYTHON, clean_env
 
 from lora_otel.cli import doctor
-from lora_otel.cli.doctor import Check, check_cuda_build, format_bytes, max_cuda_for_driver, parse_size
+from lora_otel.cli.doctor import (
+    Check,
+    check_cuda_build,
+    follow,
+    format_bytes,
+    max_cuda_for_driver,
+    packages,
+    parse_size,
+)
+from lora_otel.cli.doctor import cuda as doctor_cuda
 from lora_otel.journal.reader import read_journal
 
 HAVE_STACK = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "accelerate"))
@@ -173,7 +182,7 @@ def test_broken_missing_and_hanging_modules(tmp_path: Path) -> None:
     open_spans = [s.name for s in j.spans if s.is_open]
     assert "import hangpkg" in open_spans
     assert j.exit is not None and j.exit["how"] == "signal" and "lora-otel doctor" in j.exit["message"]
-    assert [s for s in j.spans if s.name == "import brokenpkg"][0].status == "error"
+    assert next(s for s in j.spans if s.name == "import brokenpkg").status == "error"
 
 
 @pytest.mark.collector
@@ -314,8 +323,8 @@ def test_fallback_specifiers_and_markers_agree_with_packaging() -> None:
     for spec in specs:
         for version in versions:
             want = pk.SpecifierSet(spec).contains(Version(version), prereleases=True)
-            assert doctor._fallback_contains(spec, version) == want, (spec, version)
-    env = doctor._marker_env()
+            assert packages._fallback_contains(spec, version) == want, (spec, version)
+    env = packages._marker_env()
     from packaging.markers import Marker
 
     for marker in [
@@ -327,15 +336,15 @@ def test_fallback_specifiers_and_markers_agree_with_packaging() -> None:
         'platform_system != "Darwin"',
         '"linux" in sys_platform',
     ]:
-        assert doctor._fallback_marker(marker, env) == Marker(marker).evaluate({"extra": ""}), marker
+        assert packages._fallback_marker(marker, env) == Marker(marker).evaluate({"extra": ""}), marker
 
 
 def test_requirement_checks_with_and_without_packaging(monkeypatch) -> None:
     """The fallback parser reaches the same verdicts on the installed packages as packaging."""
-    dists = doctor.checked_distributions()
-    with_pk = [(c.status, c.evidence) for c in doctor.check_requirements(dists)]
-    monkeypatch.setattr(doctor, "_USE_PACKAGING", False)
-    without = [(c.status, c.evidence) for c in doctor.check_requirements(dists)]
+    dists = packages.checked_distributions()
+    with_pk = [(c.status, c.evidence) for c in packages.check_requirements(dists)]
+    monkeypatch.setattr(packages, "_USE_PACKAGING", False)
+    without = [(c.status, c.evidence) for c in packages.check_requirements(dists)]
     assert with_pk == without
 
 
@@ -352,13 +361,13 @@ def test_python_and_requirement_verdicts(monkeypatch) -> None:
         "newpkg": FakeDist("2.0", ">=4.0", ["dep>=2", "gone>=1", "win; sys_platform == 'win32'", "opt; extra == 'x'"]),
         "dep": FakeDist("1.5"),
     }
-    monkeypatch.setattr(doctor, "_dist", lambda name: fakes.get(name))
-    checks = doctor.check_python(["lora_otel", "newpkg"])
+    monkeypatch.setattr(packages, "_dist", lambda name: fakes.get(name))
+    checks = packages.check_python(["lora_otel", "newpkg"])
     assert [c.status for c in checks] == ["fail"]
     assert "outside newpkg 2.0's Requires-Python >=4.0" in checks[0].evidence
-    ok = doctor.check_python(["lora_otel"])
+    ok = packages.check_python(["lora_otel"])
     assert ok[0].status == "ok" and "lora_otel (>=3.9)" in ok[0].evidence
-    reqs = doctor.check_requirements(["newpkg"])
+    reqs = packages.check_requirements(["newpkg"])
     verdicts = {(c.status, c.evidence) for c in reqs}
     assert ("warn", "newpkg 2.0 requires dep>=2, but dep 1.5 is installed") in verdicts
     assert ("fail", "newpkg 2.0 requires gone>=1, which is not installed") in verdicts
@@ -372,8 +381,8 @@ Current thread 0x00007f0000000001 (most recent call first):
   File "{pkg}", line 3 in <module>
   File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
   File "/x/site-packages/lora_otel/_boot/hooks.py", line 106 in traced_import
-  File "/x/site-packages/lora_otel/cli/doctor.py", line 1650 in _child_import
-  File "/x/site-packages/lora_otel/cli/doctor.py", line 1590 in _child_main
+  File "/x/site-packages/lora_otel/cli/doctor/child.py", line 1650 in _child_import
+  File "/x/site-packages/lora_otel/cli/doctor/child.py", line 1590 in _child_main
   File "<string>", line 1 in <module>
 """
 
@@ -407,17 +416,17 @@ def test_render_text_one_line_per_check() -> None:
 
 def test_import_timeouts_per_module() -> None:
     limits = dict(doctor.DEFAULT_TIMEOUTS)
-    assert doctor._timeout_for("import hangpkg", "import", limits, {"hangpkg": 2.0}) == 2.0
-    assert doctor._timeout_for("import hangpkg.sub", "import", limits, {"hangpkg": 2.0}) == 2.0
-    assert doctor._timeout_for("import torch", "import", limits, {"hangpkg": 2.0}) == 120.0
-    assert doctor._timeout_for("gpu 0", "gpu", limits, {}) == 60.0
+    assert follow._timeout_for("import hangpkg", "import", limits, {"hangpkg": 2.0}) == 2.0
+    assert follow._timeout_for("import hangpkg.sub", "import", limits, {"hangpkg": 2.0}) == 2.0
+    assert follow._timeout_for("import torch", "import", limits, {"hangpkg": 2.0}) == 120.0
+    assert follow._timeout_for("gpu 0", "gpu", limits, {}) == 60.0
     assert doctor._import_timeout("300") == (None, 300.0)
     assert doctor._import_timeout("bitsandbytes=600") == ("bitsandbytes", 600.0)
 
 
-def gpu_run(free0: int, free1: int) -> doctor._Run:
+def gpu_run(free0: int, free1: int) -> follow._Run:
     """A check process that saw two working GPUs (as on a GPU machine; none is lent to these tests)."""
-    run = doctor._Run()
+    run = follow._Run()
     run.results["cuda probe"] = {"status": "ok", "available": True, "duration_s": 0.2}
     run.results["cuda init"] = {
         "status": "ok",
@@ -444,29 +453,29 @@ def gpu_run(free0: int, free1: int) -> doctor._Run:
 
 def test_gpu_verdicts_from_the_check_process() -> None:
     static = cuda("12.4", "550.54.14", "12.8", gpus=2)
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(gpu_run(140 * 2**30, 10 * 2**30), static, 16 * 2**30)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(gpu_run(140 * 2**30, 10 * 2**30), static, 16 * 2**30)}
     assert checks["cuda"].status == "ok" and checks["cuda init"].status == "ok"
     assert checks["cuda init"].evidence.startswith("2 devices: NVIDIA H200, NVIDIA H200")
     assert checks["gpu 0"].status == "ok" and "1024x1024 matmul and read back" in checks["gpu 0"].evidence
     assert "140 GiB free of 140 GiB" in checks["gpu 0"].evidence
     mem = checks["gpu memory"]
     assert mem.status == "fail" and "gpu 1 has 10 GiB free" in mem.evidence and "gpu 0" not in mem.evidence
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(gpu_run(140 * 2**30, 20 * 2**30), static, 16 * 2**30)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(gpu_run(140 * 2**30, 20 * 2**30), static, 16 * 2**30)}
     assert checks["gpu memory"].status == "ok" and "the least: gpu 1 with 20 GiB free" in checks["gpu memory"].evidence
     # a CUDA build with a driver, but the probe says no: fail with the reason
-    run = doctor._Run()
+    run = follow._Run()
     run.results["cuda probe"] = {
         "status": "ok",
         "available": False,
         "reason": "no visible device (CUDA_VISIBLE_DEVICES='')",
         "duration_s": 0.1,
     }
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(run, cuda("12.4", "550.54.14", "12.4"), None)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(run, cuda("12.4", "550.54.14", "12.4"), None)}
     assert checks["cuda"].status == "fail" and "CUDA_VISIBLE_DEVICES=''" in checks["cuda"].evidence
     # a matmul that went wrong
     run = gpu_run(1, 1)
     run.results["gpu 1"].update(status="error", error="RuntimeError: CUDA error: an illegal memory access")
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(run, static, None)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(run, static, None)}
     assert checks["gpu 1"].status == "fail" and "illegal memory access" in checks["gpu 1"].evidence
 
 

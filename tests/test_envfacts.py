@@ -65,7 +65,7 @@ def test_pep503_normalised_name_found_in_fake_site(tmp_path, monkeypatch):
     """`Foo_Bar-1.2.3.dist-info` is found when asked for `foo-bar`, `Foo.Bar` or `foo__bar`: names
     are compared after PEP 503 normalisation, and the result is keyed by the name as asked."""
     site = _site(tmp_path, "site", ["Foo_Bar-1.2.3.dist-info", "unrelated"])
-    monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
     got = envfacts.package_versions(["foo-bar", "Foo.Bar", "foo__bar"])
     assert got == {"foo-bar": "1.2.3", "Foo.Bar": "1.2.3", "foo__bar": "1.2.3"}
 

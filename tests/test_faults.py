@@ -68,8 +68,9 @@ class FakeCollector:
     ``fail_first``: answer ``fail_code`` (500) to that many trace requests first. ``refuse_name``:
     answer 400 (bad data, not to be retried) to every request holding a span of that name. ``delay_s``: sleep that long
     before each answer. ``blackhole_s``: for that long after creation, read each request and never
-    answer (the connection stays open until the client gives up), as a black-holing firewall does. ``restart_after_first``: after the first accepted request, stop listening
-    and listen again on the same port ``restart_gap_s`` later. Only accepted (200) requests count.
+    answer (the connection stays open until the client gives up), as a black-holing firewall does.
+    ``restart_after_first``: after the first accepted request, stop listening and listen again on the
+    same port ``restart_gap_s`` later. Only accepted (200) requests count.
     """
 
     def __init__(
@@ -190,7 +191,7 @@ def run_job_against(tmp_path: Path, collector: FakeCollector, script: str = JOB,
         j = read_journal(p)
         assert j.problems == []
         ids += [s.span_id for s in j.spans]
-    assert len([i for i in ids]) >= STAGES + 1
+    assert len(list(ids)) >= STAGES + 1
     return proc.returncode, wall, ids
 
 
@@ -223,7 +224,7 @@ def test_collector_answers_401_then_accepts(tmp_path: Path) -> None:
     requests: retried like an outage, nothing lost; the sidecar's log names the status and the fix."""
     c = FakeCollector(fail_first=3, fail_code=401)
     try:
-        code, wall, ids = run_job_against(tmp_path, c)
+        code, _wall, ids = run_job_against(tmp_path, c)
     finally:
         c.close()
     assert code == 0 and c.rejected == 3
@@ -238,7 +239,7 @@ def test_collector_refuses_one_span_as_bad_data(tmp_path: Path) -> None:
     every other span arrives once, and the journal still has it."""
     c = FakeCollector(refuse_name="stage 7")
     try:
-        code, wall, ids = run_job_against(tmp_path, c)
+        code, _wall, ids = run_job_against(tmp_path, c)
     finally:
         c.close()
     assert code == 0 and c.refused >= 2 and c.refused_sizes[-1] == 1, c.refused_sizes
@@ -401,7 +402,7 @@ def test_fork_storm(tmp_path: Path) -> None:
     parent = [j for j in js if any(s.name == "storm" for s in j.spans)]
     assert len(parent) == 1
     parent = parent[0]
-    storm = [s for s in parent.spans if s.name == "storm"][0]
+    storm = next(s for s in parent.spans if s.name == "storm")
     children = {}
     for j in js:
         if j is parent:
@@ -416,7 +417,7 @@ def test_fork_storm(tmp_path: Path) -> None:
     for i in range(CHILDREN):
         assert children["child %d" % i].root.parent_id == storm.span_id
     for i in range(NESTED):
-        child_stage = [s for s in children["child %d" % i].spans if s.name == "child %d" % i][0]
+        child_stage = next(s for s in children["child %d" % i].spans if s.name == "child %d" % i)
         assert children["grandchild %d" % i].root.parent_id == child_stage.span_id
 
 

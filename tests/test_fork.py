@@ -42,7 +42,7 @@ def test_forked_children_get_their_own_journals(tmp_path: Path) -> None:
     found = journals(tmp_path)
     assert len(found) == 4, found
     parent = read_journal(Path(str(log) + ".otel.jsonl"))
-    spawn = [s for s in parent.spans if s.name == "spawn workers"][0]
+    spawn = next(s for s in parent.spans if s.name == "spawn workers")
     all_ids: list = []
     children = 0
     for p in found:

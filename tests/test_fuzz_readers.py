@@ -45,8 +45,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector import free_port
 from lora_otel.analysis.stall import parse_limits
-from lora_otel.cli import doctor, main
+from lora_otel.cli import main
 from lora_otel.cli import watch as watch_module
+from lora_otel.cli.doctor import follow
+from lora_otel.cli.doctor import journal as doctor_journal
 from lora_otel.export import sidecar
 from lora_otel.export.live import Follower, outboxes
 from lora_otel.export.otlp import translate
@@ -641,7 +643,7 @@ def receiver() -> Iterator[Receiver]:
 def otlp_env(monkeypatch, receiver: Receiver) -> Receiver:
     """The standard OTEL_* variables point at the receiver (and nothing else of the machine's leaks in)."""
     for name in list(os.environ):
-        if name.startswith("OTEL_") or name.startswith("LORA_OTEL_"):
+        if name.startswith(("OTEL_", "LORA_OTEL_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     return receiver
@@ -767,10 +769,10 @@ def check_baseline(path: str, baseline_file: str, out_dir: Path) -> None:
 
 def check_doctor(path: str) -> None:
     """The doctor's last check reads the journal its check process wrote."""
-    run = doctor._Run()
+    run = follow._Run()
     run.hello = {"traced": True, "journal": path}
     with captured() as output, time_limit("doctor journal check"):
-        check = doctor._journal_check(path, run)
+        check = doctor_journal._journal_check(path, run)
     assert check.status in ("ok", "warn") and "\n" not in check.evidence and not output.out + output.err
 
 

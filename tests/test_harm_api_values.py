@@ -84,7 +84,7 @@ def test_progress_values_traced_are_recorded_as_numbers(tmp_path: Path) -> None:
         assert len(said) == 1, (key, printed)
         assert "not recorded" in said[0]
         assert len([ln for ln in j.lines if ln.msg == said[0] and ln.level == "error"]) == 1
-    assert "Tensor of shape (3,)" in [m for m in printed if m.startswith("lora_otel.progress(many=")][0]
+    assert "Tensor of shape (3,)" in next(m for m in printed if m.startswith("lora_otel.progress(many="))
     assert "Traceback" not in r.stderr
 
 

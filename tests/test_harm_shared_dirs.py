@@ -208,7 +208,7 @@ def test_predicted_journal_names_cannot_be_prepared(
         assert p.stdin is not None
         p.stdin.write(b"\n")
         p.stdin.flush()
-        out, err = p.communicate(timeout=60)
+        _out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()

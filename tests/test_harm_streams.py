@@ -127,8 +127,8 @@ def test_children_of_a_traced_process_are_quiet_unless_they_fail(tmp_path: Path)
     assert len(found) == 3
     parent = [j for j in found if j.root.parent_id is None]
     assert len(parent) == 1
-    ok_child = [j for j in found if j.root.attrs.get("lora_otel.log.path") == "child.log"][0]
-    bad_child = [j for j in found if j is not ok_child and j is not parent[0]][0]
+    ok_child = next(j for j in found if j.root.attrs.get("lora_otel.log.path") == "child.log")
+    bad_child = next(j for j in found if j is not ok_child and j is not parent[0])
     printed = lora_lines(r.stderr)
     assert any(pid == parent[0].pid and "started pid" in msg for pid, msg in printed)  # the top process speaks
     assert not [msg for pid, msg in printed if pid == ok_child.pid]

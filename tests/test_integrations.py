@@ -14,13 +14,13 @@ from procs import PYTHON, REPO, clean_env, only_journal, run_traced, span_named
 
 pytest.importorskip("torch")
 
-QUIET = dict(
-    HF_HUB_OFFLINE="1",
-    TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
-    WANDB_DISABLED="true",
-    TOKENIZERS_PARALLELISM="false",
-    PYTHONWARNINGS="ignore",
-)
+QUIET = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "WANDB_DISABLED": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONWARNINGS": "ignore",
+}
 
 HF_JOB = """
 import sys, torch

@@ -249,7 +249,7 @@ def test_torchrun_ranks_share_the_launchers_trace(tmp_path: Path, reaper: Reaper
         "train.py",
     ]
     r = reaper.run_torch_job(
-        lambda: cmd[: cmd.index("--master-port") + 1] + [str(free_port())] + cmd[cmd.index("--master-port") + 2 :],
+        lambda: [*cmd[: cmd.index("--master-port") + 1], str(free_port()), *cmd[cmd.index("--master-port") + 2 :]],
         tmp_path,
         job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir)),
         [jdir],
@@ -293,7 +293,7 @@ def test_lora_otel_run_around_torchrun(tmp_path: Path, reaper: Reaper) -> None:
         "runs/a.log",
     ]
     r = reaper.run_torch_job(
-        lambda: cmd[: cmd.index("--master-port") + 1] + [str(free_port())] + cmd[cmd.index("--master-port") + 2 :],
+        lambda: [*cmd[: cmd.index("--master-port") + 1], str(free_port()), *cmd[cmd.index("--master-port") + 2 :]],
         tmp_path,
         job_env(FAIL_RANK="1"),
         [runs],
@@ -359,9 +359,11 @@ def test_accelerate_launch_ranks_share_the_launchers_trace(tmp_path: Path, reape
     env = job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir), HOME=str(home), HF_HOME=str(home / "hf"))
     r = reaper.run_torch_job(
         lambda: (
-            cmd[: cmd.index("--main_process_port") + 1]
-            + [str(free_port())]
-            + cmd[cmd.index("--main_process_port") + 2 :]
+            [
+                *cmd[: cmd.index("--main_process_port") + 1],
+                str(free_port()),
+                *cmd[cmd.index("--main_process_port") + 2 :],
+            ]
         ),
         tmp_path,
         env,
@@ -495,7 +497,8 @@ def test_python_ui_starting_accelerate_launch(tmp_path: Path, reaper: Reaper, ui
     keep their info lines off the panel (their --log file has them). A UI that runs a web server
     (gradio, uvicorn, streamlit loaded: kohya_ss, lora-scripts): each run is a trace of its own,
     linked to the UI by ``lora_otel.launched_by.*``, and its top process's `[lora-otel]` lines reach
-    the UI's log panel. The server is a stub package here (none of them is installed); the rule looks only at its name."""
+    the UI's log panel. The server is a stub package here (none of them is installed); the rule looks
+    only at its name."""
     (tmp_path / "trainer.py").write_text(TRAINER)
     (tmp_path / "ui.py").write_text(PYTHON_UI)
     (tmp_path / "runs").mkdir()

@@ -44,7 +44,7 @@ for _ in range(3):
 def launch(tmp_path: Path, source: str, **env: str) -> subprocess.Popen:
     """``python job.py`` as a launcher starts it: LORA_OTEL=1, stdout and stderr into log.txt."""
     (tmp_path / "job.py").write_text(source)
-    out = open(tmp_path / "log.txt", "wb")
+    out = open(tmp_path / "log.txt", "wb")  # noqa: SIM115 - the job's stdout and stderr, closed after it
     e = clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), OMP_NUM_THREADS="1", **env)
     proc = subprocess.Popen(
         [PYTHON, "job.py"], cwd=tmp_path, env=e, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

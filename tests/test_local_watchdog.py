@@ -220,7 +220,7 @@ def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
         procs = [p for job in doc["jobs"] for p in job["processes"]] if "jobs" in doc else [doc]
         [record] = [s for p in procs for s in p.get("stalls", [])]
         assert record["kind"] == "alive" and record["stage"] == "import slowmod" and record["limit_s"] == 1.0
-        assert record["span_id"] == [s for s in journal_of(tmp_path).spans if s.name == "import slowmod"][0].span_id
+        assert record["span_id"] == next(s for s in journal_of(tmp_path).spans if s.name == "import slowmod").span_id
         assert record["diagnosis"] and record["evidence"]["process.state"]
     finally:
         stop(proc)

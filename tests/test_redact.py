@@ -558,7 +558,7 @@ def test_str_subclass_that_raises_fails_closed() -> None:
 # properties
 # ------------------------------------------------------------------------------------------
 
-_CHARS = list("=:@?&#/-_ .'\"`\n\t[]{}") + ["\udcff", "\udc80", "猫"]
+_CHARS = [*"=:@?&#/-_ .'\"`\n\t[]{}", "\udcff", "\udc80", "猫"]
 _PIECES = ["://", "--", "hf_", "Bearer ", "token=", "password: ", "eyJ", "sk-", "AKIA", "%20", "?x=", R]
 _text = st.text(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_CHARS)), max_size=80)
 _chunks = st.lists(st.one_of(_text, st.sampled_from(_PIECES)), max_size=8).map("".join)

@@ -290,6 +290,6 @@ def test_run_launched_by_a_ui_links_to_it(journal, trace_id, span_id, linked):
     assert (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")) == (trace_id, span_id)
     assert dict(link.attributes) == {"lora_otel.link": "launched_by"}
     [encoded] = encode_spans([root]).resource_spans[0].scope_spans[0].spans
-    assert [(l.trace_id.hex(), l.span_id.hex()) for l in encoded.links] == [(trace_id, span_id)]
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in encoded.links] == [(trace_id, span_id)]
     amended = _amend(root, status=Status(StatusCode.ERROR, "x"), attrs={}, events=[], end_ns=root.end_time)
     assert amended.links == root.links

@@ -199,7 +199,7 @@ def test_collector_unreachable_then_back(tmp_path: Path) -> None:
     proc = traced(
         tmp_path, script, "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="60", OTEL_EXPORTER_OTLP_TIMEOUT="1"
     )  # each attempt gives up after 1 s: the outbox retries
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     side = sidecar_pid(tmp_path)
     time.sleep(2)  # the sidecar has tried and failed by now
@@ -380,7 +380,7 @@ def test_sidecar_from_another_environment(tmp_path: Path, collector) -> None:
         "import sys, lora_otel\nwith lora_otel.stage('train'):\n    pass\n"
         "print('otel modules:', sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
-    base = dict(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, PYTHONPATH=str(REPO))
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "PYTHONPATH": str(REPO)}
     r = subprocess.run(
         [bare, "-m", "lora_otel", "job.py"],
         cwd=tmp_path,
@@ -437,7 +437,7 @@ def test_one_sidecar_follows_the_whole_job(tmp_path: Path, collector) -> None:
     assert names.count("process") == 4
     assert len({s.trace_id for s in received}) == 1, "one trace for the job"
     spans = by_name(received)
-    job_root = [s for s in received if s.name == "process" and s.parent_id is None][0]
+    job_root = next(s for s in received if s.name == "process" and s.parent_id is None)
     parents = sorted(
         s.parent_id == spans["start workers"].span_id for s in received if s.name == "process" and s is not job_root
     )
@@ -447,4 +447,4 @@ def test_one_sidecar_follows_the_whole_job(tmp_path: Path, collector) -> None:
     assert all(s.attributes.get("lora_otel.incomplete") is None for s in received), "nothing left open"
     spawned = [read_journal(p) for p in found if "--multiprocessing-fork" in str(read_journal(p).root.attrs)]
     assert spawned and spawned[0].span(spawned[0].root.span_id) is not None
-    assert [s for s in spawned[0].spans if s.name == "arguments"][0].end_ns is not None
+    assert next(s for s in spawned[0].spans if s.name == "arguments").end_ns is not None

@@ -46,7 +46,7 @@ def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     r = subprocess.run([PYTHON, "probe.py"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("MODULES=")][0]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("MODULES="))
     loaded = json.loads(line[len("MODULES=") :])
     stdlib = _stdlib_names()
     outside = [m for m in loaded if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel"]
@@ -66,9 +66,9 @@ def test_pth_activation_loads_only_stdlib(tmp_path: Path, mode: str) -> None:
     every job unless LORA_OTEL_LIVE=0; with an endpoint, or as the local watchdog)."""
     live = mode != "off"
     extra = {
-        "off": dict(LORA_OTEL_LIVE="0"),
-        "local": dict(LORA_OTEL_SIDECAR_PYTHON="/bin/true"),
-        "otlp": dict(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", LORA_OTEL_SIDECAR_PYTHON="/bin/true"),
+        "off": {"LORA_OTEL_LIVE": "0"},
+        "local": {"LORA_OTEL_SIDECAR_PYTHON": "/bin/true"},
+        "otlp": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "LORA_OTEL_SIDECAR_PYTHON": "/bin/true"},
     }[mode]
     r = subprocess.run(
         [PYTHON, "-X", "importtime", "-c", "pass"],

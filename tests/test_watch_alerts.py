@@ -179,7 +179,7 @@ def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, 
     assert alert["rank"] == 1 and alert["host"] == "node7" and alert["service"] == "train.py"
     assert alert["stage"] == "import slowmod" and alert["limit_s"] == 120 and alert["open_for_s"] >= 299
     assert json.loads(hook.bodies[0][2]) == alert
-    assert main(args + ["--exit-on-stall"]) == 4
+    assert main([*args, "--exit-on-stall"]) == 4
     assert len(hook.bodies) == 2, "each watch run alerts once"
     assert capfd.readouterr().err == ""
     finished = JournalBuilder(tmp_path / "done.otel.jsonl")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: doctor's check process imports this package, and not typing
+    from typing import Any
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -99,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    def add(name: str, func, **kw) -> argparse.ArgumentParser:
+    def add(name: str, func: Callable[[argparse.Namespace], int], **kw: Any) -> argparse.ArgumentParser:
         doc = (func.__doc__ or "").strip()
         p = sub.add_parser(
             name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **kw

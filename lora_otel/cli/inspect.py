@@ -124,7 +124,9 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     stall_after = getattr(args, "stall_after", None)
     given = "--stall-after" if stall_after is not None else "LORA_OTEL_STALL_AFTER"
     try:
-        limits = parse_limits(stall_after if stall_after is not None else os.environ.get(given))
+        limits: dict[str, float] | None = parse_limits(
+            stall_after if stall_after is not None else os.environ.get(given)
+        )
     except StallConfigError as e:
         return usage(f"{given}: {e}")
     try:

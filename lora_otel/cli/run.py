@@ -22,11 +22,16 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from lora_otel._boot.seam import paths
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
 
-def die_with_parent():
+
+def die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies, even by
     SIGKILL (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the fork, so
     what runs in the child is one foreign call and a ``getppid``: a parent that died between the
@@ -54,7 +59,7 @@ def die_with_parent():
     return set_pdeathsig
 
 
-def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
+def _child_env(cmd: list[str], args: argparse.Namespace) -> tuple[dict[str, str], str]:
     env = dict(os.environ)
     env["LORA_OTEL"] = "1"
     env.pop("LORA_OTEL_SIDECAR", None)
@@ -161,7 +166,7 @@ def run_command(args: argparse.Namespace) -> int:
         print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 126
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         try:
             child.send_signal(signum)
         except OSError:

@@ -24,6 +24,9 @@ queue only when the backend accepted it, so nothing is lost across an outage the
 when the queue overflows the oldest items are dropped and counted.
 
 A `Follower` is polled from one thread.
+
+One module past 600 lines on purpose: the `Outbox`, the `LogSink` and the `Follower` are the one
+rule above (each span ID once, nothing lost that the queue can hold) and are read together.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
+from lora_otel._version import __version__
 from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
 from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
 from lora_otel.analysis.stall import Stall, detect, journal_limits
@@ -47,7 +52,9 @@ from lora_otel.export import otlp
 from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 
 
-def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
+def _amend(
+    rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list[Event], end_ns: int
+) -> ReadableSpan:
     merged = dict(rs.attributes or {})
     merged.update(otlp.otel_attributes(attrs))  # stage names and exit messages are journal text: valid for OTLP
     if status.description:
@@ -120,7 +127,7 @@ class Outbox:
         self.failures = 0
         self._limit = BATCH
         self.last_error: Optional[str] = None
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="lora-otel-outbox-" + what, daemon=True)
         self._thread.start()
@@ -158,7 +165,7 @@ class Outbox:
             pass
         return self.unsent == 0
 
-    on_change = None
+    on_change: Optional[Callable[[str], None]] = None
     """Called from the outbox's thread with one line when an outage starts or ends."""
     _in_flight = 0
     _stop = False
@@ -220,7 +227,7 @@ class Outbox:
                 while not self._stop and time.monotonic() < end:
                     self._cond.wait(end - time.monotonic())
 
-    def _export(self, batch: list) -> tuple[bool, bool]:
+    def _export(self, batch: list[Any]) -> tuple[bool, bool]:
         """``(accepted, refused)``: refused when the backend answered that it will not take the data."""
         try:
             result, code = otlp.export_with_status(self.exporter, batch)
@@ -259,15 +266,16 @@ class _QueueingLogExporter:
 class LogSink:
     """OTLP log records for one journal: its human lines, stalls and the end of the process."""
 
-    SEVERITY = {"info": "INFO", "warn": "WARN", "error": "ERROR"}
+    SEVERITY: ClassVar[dict[str, str]] = {"info": "INFO", "warn": "WARN", "error": "ERROR"}
 
     def __init__(self, outbox: Outbox, resource: Any) -> None:
         from opentelemetry.sdk._logs import LoggerProvider
         from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
 
         self.provider = LoggerProvider(resource=resource)
-        self.provider.add_log_record_processor(SimpleLogRecordProcessor(_QueueingLogExporter(outbox)))
-        self.logger = self.provider.get_logger("lora_otel", otlp.__version__)
+        # a LogRecordExporter by its methods: the SDK's logs module is imported only with a log exporter
+        self.provider.add_log_record_processor(SimpleLogRecordProcessor(_QueueingLogExporter(outbox)))  # type: ignore[arg-type]
+        self.logger = self.provider.get_logger("lora_otel", __version__)
 
     def emit(
         self,
@@ -304,7 +312,7 @@ class LogSink:
         )
 
 
-def outboxes(exporter: Any, log_exporter: Any = None) -> tuple:
+def outboxes(exporter: Any, log_exporter: Any = None) -> tuple[Outbox, Optional[Outbox]]:
     """``(spans_out, logs_out)`` for these exporters (``logs_out`` None without a log exporter)."""
     size = min(_queue_size(), OUTBOX_ITEMS)  # few in flight as ReadableSpans; the rest wait as journal spans
     return (
@@ -393,8 +401,8 @@ class Follower:
         self.spans_out = spans_out
         self.logs_out = logs_out
         self._logs: Optional[LogSink] = None
-        self._resource = None
-        self._tr = None
+        self._resource: Optional[Resource] = None
+        self._tr: Optional[otlp._Translator] = None
         self.limits = limits  # None: the limits the journal recorded (`stall.journal_limits`)
         self.frozen_after_s = frozen_after_s
         self.watch = watch
@@ -481,12 +489,13 @@ class Follower:
     def drain(self, deadline: float) -> None:
         """Move the backlog and the lines into the outboxes as they make room, until ``deadline``
         (``time.monotonic()``); what is still waiting then is counted in ``dropped``."""
-        while (self.backlog or (self.journal is not None and self.journal.lines)) and time.monotonic() < deadline:
-            tr = self._translator(self.journal)
+        journal = self.journal  # None: nothing read, so no backlog either
+        while journal is not None and (self.backlog or journal.lines) and time.monotonic() < deadline:
+            tr = self._translator(journal)
             self._trim()
             self._send(self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending))
-            self._send_lines(self.journal, tr)
-            if self.backlog or self.journal.lines:
+            self._send_lines(journal, tr)
+            if self.backlog or journal.lines:
                 time.sleep(0.05)
         self.dropped += len(self.backlog)  # the time is up: what never reached the outbox
         self.backlog.clear()
@@ -535,7 +544,7 @@ class Follower:
             self._forget.add(sid)
             self.dropped += 1
 
-    def _translator(self, journal: Journal):
+    def _translator(self, journal: Journal) -> otlp._Translator:
         if self._tr is None or self._tr.journal is not journal:
             if self._resource is None and journal.root is not None:
                 # Built once: Resource.create runs the resource detectors. The process span's resource
@@ -548,8 +557,8 @@ class Follower:
             self._tr = tr
         return self._tr
 
-    def _take_backlog(self, tr, room: int) -> list[ReadableSpan]:
-        out = []
+    def _take_backlog(self, tr: otlp._Translator, room: int) -> list[ReadableSpan]:
+        out: list[ReadableSpan] = []
         while self.backlog and room > 0:
             sid, span = self.backlog.popitem(last=False)
             if sid in self.incomplete_end:  # sent as a stall earlier: the rest of it
@@ -561,7 +570,7 @@ class Follower:
             room -= 1
         return out
 
-    def _continued(self, tr, span: Span, since_ns: int) -> ReadableSpan:
+    def _continued(self, tr: otlp._Translator, span: Span, since_ns: int) -> ReadableSpan:
         rest = replace(
             span,
             name=span.name + " (continued)",
@@ -573,16 +582,16 @@ class Follower:
         )
         return tr.readable(rest)
 
-    def _stall(self, journal: Journal, tr, stall: Stall, now: int) -> list[ReadableSpan]:
+    def _stall(self, journal: Journal, tr: otlp._Translator, stall: Stall, now: int) -> list[ReadableSpan]:
         self.stalls.append(stall)
-        chain = []
+        chain: list[Span] = []
         span: Optional[Span] = stall.span
         while span is not None and all(span is not link for link in chain):  # a corrupt journal's parents may cycle
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
         evidence = self._ask(journal)
-        peers: list = []
-        others: dict = {}
+        peers: list[Journal] = []
+        others: dict[str, str] = {}
         if self.peers is not None and collective_in(stacks_text(evidence)) is not None:
             try:  # the other ranks matter only to a process waiting in a collective
                 peers = list(self.peers())
@@ -666,7 +675,7 @@ class Follower:
     def _send(self, spans: list[ReadableSpan]) -> None:
         self.spans_out.put(spans)
 
-    def _send_lines(self, journal: Journal, tr) -> None:
+    def _send_lines(self, journal: Journal, tr: otlp._Translator) -> None:
         """Human lines → log records, as many as the log outbox has room for; sent lines are forgotten."""
         lines = journal.lines
         if self.logs_out is None:
@@ -682,7 +691,13 @@ class Follower:
             del lines[: len(lines) - self.capacity]
 
     def _log(
-        self, tr, ts: int, level: str, body: str, span_id: Optional[str], attrs: Optional[dict[str, Any]] = None
+        self,
+        tr: otlp._Translator,
+        ts: int,
+        level: str,
+        body: str,
+        span_id: Optional[str],
+        attrs: Optional[dict[str, Any]] = None,
     ) -> None:
         if self.logs_out is None:
             return

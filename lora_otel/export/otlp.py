@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -32,6 +32,11 @@ from opentelemetry.util.types import AttributeValue
 from lora_otel._boot.seam import redact
 from lora_otel._version import __version__
 from lora_otel.journal.reader import Journal, Span, format_duration
+
+if TYPE_CHECKING:
+    from collections.abc import Container
+
+    from typing_extensions import TypeGuard  # typing.TypeGuard from Python 3.10
 
 INCOMPLETE_ATTRIBUTE = "lora_otel.incomplete"
 DEFAULT_IMPORT_THRESHOLD_MS = 5
@@ -75,7 +80,7 @@ class _Translator:
         self.dropped = dropped
         self.resource = resource if resource is not None else make_resource(journal)
         self.trace_flags = TraceFlags(TraceFlags.SAMPLED if journal.sampled else TraceFlags.DEFAULT)
-        self.known = {span.span_id for span in journal.spans}
+        self.known: Container[str] = {span.span_id for span in journal.spans}  # live: every parent but the root's
 
     def readable(self, span: Span) -> ReadableSpan:
         attributes = otel_attributes(span.attrs)
@@ -139,7 +144,7 @@ LAUNCHED_BY_TRACE = "lora_otel.launched_by.trace_id"
 LAUNCHED_BY_SPAN = "lora_otel.launched_by.span_id"
 
 
-def _is_hex(value: Any, length: int) -> bool:
+def _is_hex(value: Any, length: int) -> TypeGuard[str]:
     return (
         isinstance(value, str)
         and len(value) == length
@@ -170,7 +175,8 @@ def make_exporter(timeout: Optional[float] = None) -> SpanExporter:
     if protocol.lower() == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
-        return _with_http_status(HTTPExporter, kwargs, "TRACES")
+        exporter: SpanExporter = _with_http_status(HTTPExporter, kwargs, "TRACES")
+        return exporter
     if protocol.lower() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
 
@@ -250,7 +256,7 @@ def export_with_status(exporter: Any, batch: Any) -> tuple[Any, Optional[int]]:
     return result, status.code if status is not None else None
 
 
-def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, float]:
+def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, Any]:
     if timeout is None or os.environ.get(signal_variable) or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
         return {}
     return {"timeout": timeout}

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from lora_otel._boot.seam import redact_text
@@ -72,7 +73,7 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
+def _export_all(exporter: Any, spans: list[ReadableSpan]) -> tuple[int, int, int]:
     """Send ``spans`` in batches of `BATCH`: ``(sent, refused, unsent)``.
 
     A batch the backend refuses as such (`otlp.REFUSED_STATUS`) is split in halves until the

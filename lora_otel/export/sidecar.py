@@ -11,11 +11,11 @@ Without an OTLP endpoint it runs in *local mode* (`follow_local`): the watchdog 
 STALLED and death lines the job cannot write itself — and it never imports the OpenTelemetry SDK.
 It exits as soon as every process of the job is gone.
 
-With an endpoint it is the only process that imports the OpenTelemetry SDK. It polls the journal (`lora_otel.export.live.Follower`:
-spans as they end, stalls as incomplete spans with evidence, human lines and stalls as log
-records), and once the watched process is gone it finalises the spans still open with how the
-process ended, sends what is queued (for up to ``LORA_OTEL_DRAIN_S``, default 30 s, while the
-backend is unreachable) and exits.
+With an endpoint it is the only process that imports the OpenTelemetry SDK. It polls the journal
+(`lora_otel.export.live.Follower`: spans as they end, stalls as incomplete spans with evidence,
+human lines and stalls as log records), and once the watched process is gone it finalises the
+spans still open with how the process ended, sends what is queued (for up to
+``LORA_OTEL_DRAIN_S``, default 30 s, while the backend is unreachable) and exits.
 
 It can run from another virtual environment than the training process: set
 ``LORA_OTEL_SIDECAR_PYTHON`` to a Python that has ``lora_otel`` with its dependencies installed.
@@ -28,17 +28,22 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from lora_otel.export.watchdog import owned_file_reason
 from lora_otel.journal.reader import JournalError, exec_phrase, process_state
+
+if TYPE_CHECKING:
+    from lora_otel.export.live import Follower
+    from lora_otel.export.watchdog import StderrHint
+    from lora_otel.journal.reader import Journal
 
 POLL_S = 0.5
 DRAIN_S = 30.0
 EXIT_GRACE_S = 0.3  # `lora-otel run` appends the exit record of a child killed by a signal right after reaping it
 
 
-def other_journals(followers: dict, path: str) -> list:
+def other_journals(followers: dict[str, Follower], path: str) -> list[Journal]:
     """The journals of the job's other processes (``followers``: path -> `Follower`, all but
     ``path``'s), read up to now: the peers of a stall in a collective."""
     out = []
@@ -70,7 +75,7 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None) -> str:
+def describe_end(journal: Journal, oom: Optional[str] = None, state: Optional[str] = None) -> str:
     """How the process ended, from its exit record; that it exec'd another program (its exec
     record, or ``state`` "exec'd"); or that it vanished without either.
 
@@ -84,7 +89,8 @@ def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None
             return "killed by %s: SIGKILL, exit status 137" % oom
         return "vanished without an exit record: killed by a signal (SIGKILL, SIGTERM, ...) or os._exit"
     if exit_.get("message"):
-        return exit_["message"]
+        message: str = exit_["message"]
+        return message
     code = exit_.get("code")
     return "exit code %s" % code if code is not None else "exited"
 
@@ -101,14 +107,14 @@ class _Registry:
         self.path = path
         self.offset = 0
         self.pending = b""
-        self.refused: set = set()
+        self.refused: set[str] = set()
 
     def _refuse(self, what: str, why: str) -> None:
         if why not in self.refused:
             self.refused.add(why)
             _say("ignoring %s: %s" % (what, why))
 
-    def new_paths(self) -> list:
+    def new_paths(self) -> list[str]:
         if not self.path:
             return []
         why = owned_file_reason(self.path)
@@ -146,7 +152,7 @@ def follow_local(
     cgroup: Optional[str] = None,
     oom_kills: Optional[int] = None,
     children: Optional[str] = None,
-    stderr_hint: Optional[tuple] = None,
+    stderr_hint: Optional[StderrHint] = None,
 ) -> int:
     """Local mode: watch the job until every process of it is gone (no OpenTelemetry imported).
 
@@ -165,14 +171,14 @@ def follow_local(
         oom.see(pid)
     registry = _Registry(children)
 
-    def peers_of(path: str):
+    def peers_of(path: str) -> Callable[[], list[Journal]]:
         return lambda: [w.journal for p, w in list(watches.items()) if p != path and w.journal is not None]
 
-    def watch(path: str, hint: Optional[tuple] = None) -> Watch:
+    def watch(path: str, hint: Optional[StderrHint] = None) -> Watch:
         return Watch(path, lines=JobLines(hint), by="watchdog", peers=peers_of(path), say=_say)
 
     watches = {journal_path: watch(journal_path, stderr_hint)}
-    ended: dict = {}
+    ended: dict[str, str] = {}
     while True:
         for path in registry.new_paths():
             if path not in watches:
@@ -227,7 +233,7 @@ def follow(
     cgroup: Optional[str] = None,
     oom_kills: Optional[int] = None,
     children: Optional[str] = None,
-    stderr_hint: Optional[tuple] = None,
+    stderr_hint: Optional[StderrHint] = None,
 ) -> int:
     """Follow the job until every process of it is gone, finalise, drain.
 
@@ -275,7 +281,7 @@ def follow(
     if logs_out is not None:
         logs_out.on_change = _say
 
-    def follower(path: str, hint: Optional[tuple] = None) -> Follower:
+    def follower(path: str, hint: Optional[StderrHint] = None) -> Follower:
         # The same watchdog as in local mode writes the stall record and the lines the job cannot.
         watch = Watch(path, limits, frozen_after, lines=JobLines(hint), by="sidecar", say=_say)
         return Follower(
@@ -295,7 +301,7 @@ def follow(
         oom.see(pid)
     registry = _Registry(children)
     followers = {journal_path: follower(journal_path, stderr_hint)}
-    ended: dict = {}  # path -> how its process ended
+    ended: dict[str, str] = {}  # path -> how its process ended
     while True:
         for path in registry.new_paths():
             if path not in followers:
@@ -382,9 +388,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument("--stderr-path", help="that stderr's path, when it was a regular file")
     args = parser.parse_args(argv)
-    hint = None
+    hint: Optional[StderrHint] = None
     if args.stderr and args.stderr.count(":") == 1 and all(p.isdigit() for p in args.stderr.split(":")):
-        hint = (tuple(int(p) for p in args.stderr.split(":")), args.stderr_path or None)
+        dev, ino = args.stderr.split(":")
+        hint = ((int(dev), int(ino)), args.stderr_path or None)
     # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
     # sidecar reports the outage once itself.
     logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")

@@ -66,11 +66,7 @@ def evidence_summary(evidence: dict[str, Any]) -> dict[str, Any]:
         name = key[len(PREFIX) :] if key.startswith(PREFIX) else key
         if name.endswith("python.stacks") or name.startswith("rank."):
             continue
-        if (
-            isinstance(value, bool)
-            or isinstance(value, (int, float))
-            or (isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX)
-        ):
+        if isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX):
             out[name] = value
         elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
             text = ", ".join(value[:4])
@@ -151,7 +147,9 @@ def log_path(journal: Journal) -> Optional[str]:
     return journal.log_path if journal.log_id is not None else None
 
 
-def _write_checked(path: str, data: bytes, *, follow: bool, ident: Optional[tuple] = None) -> Optional[tuple]:
+def _write_checked(
+    path: str, data: bytes, *, follow: bool, ident: Optional[tuple[int, int]] = None
+) -> Optional[tuple[int, int]]:
     """Open ``path`` for appending, check it, write once, close. ``follow``: ``path`` is a
     /proc/<pid>/fd link (followed on purpose; ``ident`` must match), else ``O_NOFOLLOW`` and only
     a regular file of this user's. Returns the file's ``(st_dev, st_ino)`` when written."""
@@ -177,6 +175,10 @@ def _write_checked(path: str, data: bytes, *, follow: bool, ident: Optional[tupl
         os.close(fd)
 
 
+StderrHint = tuple[Optional[tuple[int, int]], Optional[str]]
+"""``((st_dev, st_ino), path or None)``: what the job's stderr was, when its journal does not say."""
+
+
 class JobLines:
     """Lines written for a job that cannot write them itself: to its ``--log`` file (by path) and
     its stderr (``/proc/<pid>/fd/2`` while it lives and is still the stderr the journal recorded,
@@ -186,10 +188,10 @@ class JobLines:
     ``stderr_hint``: ``((st_dev, st_ino), path or None)`` the sidecar was told at start, for a
     journal that does not record its stderr itself."""
 
-    def __init__(self, stderr_hint: Optional[tuple] = None) -> None:
+    def __init__(self, stderr_hint: Optional[StderrHint] = None) -> None:
         self.stderr_hint = stderr_hint
 
-    def _stderr(self, journal: Journal) -> tuple:
+    def _stderr(self, journal: Journal) -> StderrHint:
         if journal.stderr_id is not None:
             return journal.stderr_id, journal.stderr_path
         if self.stderr_hint is not None:
@@ -202,7 +204,7 @@ class JobLines:
             return []
         data = format_line(journal.pid, msg).encode("utf-8", "backslashreplace")
         went: list[str] = []
-        written: set = set()
+        written: set[tuple[int, int]] = set()
         ident, path = self._stderr(journal)
         if ident:
             got = None
@@ -278,9 +280,9 @@ def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> 
         "v": 1,
         "k": "stall",
         "ts": now_ns,
-        "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]
-        "stage": "between stages" if no_stage else span.name,
-        "kind": "died",  # type: ignore[union-attr]
+        "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]  # no_stage: span is None
+        "stage": "between stages" if no_stage else span.name,  # type: ignore[union-attr]  # the same
+        "kind": "died",
         "limit_s": None,
         "open_s": round((now_ns - start) / 1e9, 3),
         "learned": None,
@@ -321,8 +323,8 @@ class Watch:
         self.journal: Optional[Journal] = None
         self.learned: Optional[dict[str, Learned]] = None
         self.records: list[dict[str, Any]] = []
-        self.stalled: set = set()  # (kind, span id or the quiet period's start)
-        self.slow_told: set = set()
+        self.stalled: set[tuple[str, int | str | None]] = set()  # (kind, span id or the quiet period's start)
+        self.slow_told: set[str] = set()
         self._ask = StackAsker(evidence)  # a stack request that got no dump: this process is asked no more
         self.oom = OomWatch()
 
@@ -375,7 +377,7 @@ class Watch:
         from lora_otel.analysis.diagnose import explain
 
         evidence = self._ask(journal)
-        peers: list = []
+        peers: list[Journal] = []
         if self.peers is not None:
             try:
                 peers = list(self.peers())
@@ -417,7 +419,7 @@ def write_stall(
     record: dict[str, Any],
     lines: JobLines,
     say: Callable[[str], None],
-    records: Optional[list] = None,
+    records: Optional[list[dict[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot."""
     why = append_record(path, record)
