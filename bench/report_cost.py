@@ -56,7 +56,7 @@ def big_journal_file(directory: Path, spans: int) -> Path:
 def write_times(journal: Path, out: Path, runs: int) -> tuple[list[float], int, int]:
     """Seconds per write (read + render + write), the page's size in bytes, and the spans drawn."""
     from lora_otel.cli.report import read_input
-    from lora_otel.export.report_html import render_html
+    from lora_otel.cli.report_html import render_html
 
     times = []
     for _ in range(runs):

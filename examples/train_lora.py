@@ -139,7 +139,7 @@ def main() -> None:
     log_file = None
     if args.log:
         os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-        log_file = open(args.log, "a", encoding="utf-8")
+        log_file = open(args.log, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the whole run, written line by line
 
     def log(msg: str) -> None:
         line = "%s train_lora: %s" % (time.strftime("%H:%M:%S"), msg)

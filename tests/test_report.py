@@ -19,7 +19,7 @@ from conftest import JournalBuilder
 from test_inspect_dir import stuck_in_import_job
 
 from lora_otel.cli import main
-from lora_otel.export.report_html import render_html
+from lora_otel.cli.report_html import render_html
 from lora_otel.journal.reader import read_journal
 
 SECRETS = [

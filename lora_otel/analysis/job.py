@@ -289,10 +289,11 @@ def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
 
 
 def attach_verdicts(
-    jobs: Iterable[Job], now_ns: int, frozen_after_s: float = FROZEN_AFTER_S, by: str = "inspect"
+    jobs: Iterable[Job], now_ns: int, frozen_after_s: Optional[float] = FROZEN_AFTER_S, by: str = "inspect"
 ) -> None:
     """Give each job's focus process its verdict (`lora_otel.analysis.verdict`): the stall record,
-    or the diagnosis computed now for a live stalled process, its job's other journals as peers."""
+    or the diagnosis computed now for a live stalled process, its job's other journals as peers.
+    ``frozen_after_s`` None: each journal's recorded one."""
     from lora_otel.analysis.verdict import current
 
     for job in jobs:

@@ -1,4 +1,4 @@
-"""``python -m lora_otel.cli``: the `lora-otel` command (as the module ``lora_otel.cli`` ran before it was a package)."""
+"""``python -m lora_otel.cli``: the `lora-otel` command, as when ``lora_otel.cli`` was a module."""
 
 from __future__ import annotations
 

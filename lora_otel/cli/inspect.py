@@ -28,13 +28,16 @@ import json
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from lora_otel.cli import baseline as baseline_view
 from lora_otel.cli import jobs as jobs_view
 from lora_otel.cli.jobs import write as _write
-from lora_otel.journal.reader import Journal, JournalError, process_state, read_journal
+from lora_otel.journal.reader import Journal, JournalError, journal_paths, process_state, read_journal
 from lora_otel.journal.tree import View, _display
+
+if TYPE_CHECKING:
+    from lora_otel.analysis.job import Job
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -138,7 +141,7 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     limits, frozen_after = limits_given, None
     now_ns = time.time_ns()
     if os.path.isdir(path):
-        if not jobs_mod.journal_paths(path):
+        if not journal_paths(path):
             return usage(f"{path}: no journals (*.otel.jsonl) in this directory")
         jobs, unreadable = jobs_mod.read_dir(path, now_ns, limits, frozen_after)
     else:
@@ -196,7 +199,7 @@ def report_command(path: str) -> str:
     return f"report: lora-otel report {shlex.quote(_display(path))} -o job.html"
 
 
-def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:
+def _drift_by_proc(jobs: list[Job], now_ns: int) -> dict[int, dict[str, Any]]:
     """With ``LORA_OTEL_BASELINE`` set: each job's focus process's drift report, by ``id`` of its
     `Proc` (a baseline that cannot be used: one line on stderr, and no reports)."""
     from lora_otel.analysis import baseline

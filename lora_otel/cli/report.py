@@ -1,4 +1,4 @@
-"""``lora-otel report``: a job as one file — an HTML page to look at (`lora_otel.export.report_html`)
+"""``lora-otel report``: a job as one file — an HTML page to look at (`lora_otel.cli.report_html`)
 or a Trace Event JSON for Perfetto UI / ``chrome://tracing`` (`lora_otel.export.perfetto`).
 
 The input is found the way ``inspect`` finds it: a journal (with the journals beside it of the same
@@ -95,7 +95,7 @@ def run_report(args: argparse.Namespace) -> int:
             return fail("--format perfetto is not available: this installation has no lora_otel.export.perfetto")
         text = json.dumps(trace_events(journals, now_ns), ensure_ascii=False, separators=(",", ":"))
     else:
-        from lora_otel.export.report_html import render_html
+        from lora_otel.cli.report_html import render_html
 
         text = render_html(journals, now_ns)
     out = args.output or DEFAULT_OUTPUT[fmt]

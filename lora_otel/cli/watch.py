@@ -70,8 +70,8 @@ from lora_otel.analysis.stall import (
     parse_limits,
 )
 from lora_otel.cli import jobs as jobs_view
-from lora_otel.cli.jobs import write as _write
 from lora_otel.cli.inspect import report_command
+from lora_otel.cli.jobs import write as _write
 from lora_otel.journal.reader import (
     Journal,
     JournalError,

@@ -37,6 +37,7 @@ from lora_otel._boot.seam import redact, redact_text
 from lora_otel._version import __version__
 from lora_otel.analysis import job as jobs_mod
 from lora_otel.analysis import verdict as verdict_mod
+from lora_otel.cli import jobs as jobs_view
 from lora_otel.journal.reader import Journal, Span, format_duration, process_state
 from lora_otel.journal.tree import deepest_open_span, iso_time, walk_tree
 
@@ -92,7 +93,7 @@ def render_html(journals: list[Journal], now_ns: int) -> str:
             _learn_secrets(journal.pid)
         procs.append(jobs_mod.make_proc(journal, state, now_ns, None, None))
     jobs = jobs_mod.group_jobs(procs)
-    jobs_mod.attach_verdicts(jobs, now_ns, None)  # type: ignore[arg-type]  # None: each journal's recorded limit
+    jobs_mod.attach_verdicts(jobs, now_ns, None)  # None: each journal's recorded limit
     data = {"jobs": [_job_data(job, now_ns) for job in jobs]}
     title = jobs[0].name if len(jobs) == 1 else f"{len(jobs)} jobs"
     body = "".join(_job_html(job, index, data["jobs"][index]) for index, job in enumerate(jobs))
@@ -243,7 +244,7 @@ def _lane_data(proc: jobs_mod.Proc, job: jobs_mod.Job, t0: int) -> dict[str, Any
         "name": _text(proc.name),
         "pid": journal.pid,
         "outcome": proc.outcome,
-        "sentence": _text(jobs_mod._stopped_phrase(proc) if proc.outcome == "stopped" else view.stuck()),
+        "sentence": _text(jobs_mod.stopped_phrase(proc) if proc.outcome == "stopped" else view.stuck()),
         "steps": journal.steps,
         "start": _ms(proc.start_ns, t0),
         "end": _ms(max(reference, proc.start_ns), t0),
@@ -353,7 +354,7 @@ def _processes_table(job: jobs_mod.Job, data: dict[str, Any]) -> str:
     missing = job.missing_ranks()
     note = ""
     if missing and len(missing) < (job.world_size or 0):
-        ranks = _h(jobs_mod._ranges(missing))
+        ranks = _h(jobs_view._ranges(missing))
         note = f'<p class="notes">No journal here for rank(s) {ranks} of world size {job.world_size}.</p>'
     return (
         '<table class="procs"><thead><tr><th>lane</th><th>program</th><th>pid</th><th>outcome</th>'
@@ -377,11 +378,15 @@ def _environment_html(proc: jobs_mod.Proc) -> str:
 def _baseline_html(proc: jobs_mod.Proc) -> str:
     """The drift from ``LORA_OTEL_BASELINE``'s baseline, as inspect prints it ('' when unset)."""
     from lora_otel.analysis import baseline
+    from lora_otel.cli import baseline as baseline_view
 
     report = baseline.inspect_report(proc.journal, proc.view.now_ns)
     if report is None:
         return ""
-    lines = [report["error"]] if report["error"] else baseline.report_lines(report) or ["no drift from the baseline"]
+    if report["error"]:
+        lines = [report["error"]]
+    else:
+        lines = baseline_view.report_lines(report) or ["no drift from the baseline"]
     text = "\n".join(_text(line) for line in lines)
     summary = f"Baseline drift ({_h(report['path'])})"
     return f"<details open><summary>{summary}</summary><pre>{html.escape(text)}</pre></details>"
