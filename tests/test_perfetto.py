@@ -387,7 +387,8 @@ class TestKilledMidTraining:
 
 def test_overlapping_spans_go_to_another_thread(journal: JournalBuilder) -> None:
     """Spans that overlap without nesting (another thread's) are not dropped: the one that does not
-    fit goes on an ``other thread`` track of the same process; nesting holds on every track."""
+    fit goes on an ``overlapping spans`` track of the same process (named for what is known: the
+    journal records no thread per span); nesting holds on every track."""
     root = journal.process(0, alive=True)
     journal.span("download", 1.0, 5.0)
     journal.span("load model", 2.0, 6.0)  # starts inside "download", ends after it
@@ -401,7 +402,7 @@ def test_overlapping_spans_go_to_another_thread(journal: JournalBuilder) -> None
     threads = processes(doc)[pid]["threads"]
     assert len(threads) == 2 and threads[pid] == "main thread"
     [other] = [tid for tid in threads if tid != pid]
-    assert threads[other].startswith("other thread 1")
+    assert threads[other].startswith("overlapping spans 1")
     tids = {e["name"]: e["tid"] for e in of(doc, pid, "X")}
     assert tids == {"process": pid, "download": pid, "load model": other, "import x": other}
     assert named(of(doc, pid, "i"), "exit (code 0)")

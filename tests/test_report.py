@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import sys
 import types
 from typing import Any
@@ -284,3 +285,65 @@ class TestWhereUsersMeetIt:
         journal.exit(1.0)
         assert main(["inspect", str(journal.path)]) == 0
         assert "lora-otel report" not in capsys.readouterr().out
+
+
+class TestOutputFile:
+    """Where the report goes (issue 16's hostile trial): never over the job's own files, whole or
+    not at all, never through a symlink, private like the journals."""
+
+    def finished(self, journal: JournalBuilder) -> None:
+        journal.process()
+        journal.span("training", 0.5, 2.0)
+        journal.exit(3.5)
+
+    def test_never_over_the_jobs_own_journal(self, capsys, journal):
+        """`-o` naming the journal itself (a typo, a tab completion) refuses: the journal is the
+        job's only record (it was overwritten with HTML before)."""
+        self.finished(journal)
+        before = journal.path.read_bytes()
+        status, _, err = report(capsys, str(journal.path), "-o", str(journal.path))
+        assert status == 2 and "is the job's own file" in err and err.count("\n") == 1, err
+        assert journal.path.read_bytes() == before
+
+    def test_an_existing_file_is_replaced_and_said(self, capsys, journal, tmp_path):
+        self.finished(journal)
+        out = tmp_path / "old.html"
+        out.write_text("an older report")
+        status, _, err = report(capsys, str(journal.path), "-o", str(out))
+        assert status == 0 and err.startswith(f"lora-otel report: replaced {out} "), err
+        assert out.read_text().startswith("<!DOCTYPE html>")
+
+    def test_a_symlink_is_replaced_not_written_through(self, capsys, journal, tmp_path):
+        self.finished(journal)
+        victim = tmp_path / "victim.txt"
+        victim.write_text("precious")
+        link = tmp_path / "link.html"
+        link.symlink_to(victim)
+        status, _, err = report(capsys, str(journal.path), "-o", str(link))
+        assert status == 0, err
+        assert victim.read_text() == "precious"
+        assert not link.is_symlink() and link.read_text().startswith("<!DOCTYPE html>")
+
+    def test_the_report_is_private_like_the_journal(self, capsys, journal, tmp_path):
+        self.finished(journal)
+        out = tmp_path / "job.html"
+        assert report(capsys, str(journal.path), "-o", str(out))[0] == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".lora-otel-report-")] == []
+
+    def test_a_directory_with_nothing_readable_is_status_2(self, capsys, tmp_path):
+        """Only files that are not journals: nothing to show, exit 2 (it wrote an empty page, 0)."""
+        (tmp_path / "a.otel.jsonl").write_text("not json\n")
+        (tmp_path / "b.otel.jsonl").write_text("nor this\n")
+        status, _, err = report(capsys, str(tmp_path), "-o", str(tmp_path / "job.html"))
+        assert status == 2 and "nothing to show" in err, err
+        assert not (tmp_path / "job.html").exists()
+
+    def test_the_suggested_command_is_safe_for_odd_paths(self):
+        """The `report:` line quotes the path, keeps a leading dash from reading as an option, and
+        does not print a path a line cannot show."""
+        from lora_otel.cli.inspect import report_command
+
+        assert report_command("runs dir/it's") == "report: lora-otel report 'runs dir/it'\"'\"'s' -o job.html"
+        assert report_command("-dash") == "report: lora-otel report ./-dash -o job.html"
+        assert "PATH" in report_command("a\nb") and "\n" not in report_command("a\nb")

@@ -196,7 +196,12 @@ def report_command(path: str) -> str:
     ``report: lora-otel report runs/ -o job.html``."""
     import shlex
 
-    return f"report: lora-otel report {shlex.quote(_display(path))} -o job.html"
+    if path.startswith("-"):
+        path = os.path.join(".", path)  # an argument, not an option
+    shown = _display(path)
+    if shown != path:  # a newline or control character: no line to paste would name it
+        return "report: lora-otel report PATH -o job.html (the path has characters a line cannot show)"
+    return f"report: lora-otel report {shlex.quote(path)} -o job.html"
 
 
 def _drift_by_proc(jobs: list[Job], now_ns: int) -> dict[int, dict[str, Any]]:

@@ -9,10 +9,15 @@ journal), or a directory (every journal in it; one section per job).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
+from typing import Optional
 
 from lora_otel.journal.reader import Journal, JournalError, journal_paths, read_journal
 
@@ -87,6 +92,16 @@ def run_report(args: argparse.Namespace) -> int:
         journals = read_input(args.path)
     except JournalError as e:
         return fail(e)
+    if not any(journal.spans for journal in journals):
+        unread = [journal.problems[0] for journal in journals if journal.problems]
+        return fail(
+            f"{args.path}: nothing to show: no journal there could be read" + (f" ({unread[0]})" if unread else "")
+        )
+    out = args.output or DEFAULT_OUTPUT[fmt]
+    if out != "-":
+        clash = _job_file(out, journals)
+        if clash is not None:
+            return fail(f"{out} is the job's own file ({clash}): not overwritten; name another -o")
     now_ns = time.time_ns()
     if fmt == "perfetto":
         try:
@@ -98,22 +113,71 @@ def run_report(args: argparse.Namespace) -> int:
         from lora_otel.cli.report_html import render_html
 
         text = render_html(journals, now_ns)
-    out = args.output or DEFAULT_OUTPUT[fmt]
     data = text.encode("utf-8", "backslashreplace")
     if out == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return 0
     try:
-        with open(out, "wb") as f:
-            f.write(data)
+        replaced = _write_new(out, data)
     except OSError as e:
         return fail(f"{out}: cannot write: {e.strerror or e}")
     processes = sum(1 for journal in journals if journal.spans)
     spans = sum(len(journal.spans) for journal in journals)
     print(
-        f"lora-otel report: wrote {out} ({processes} process{'es' if processes != 1 else ''}, {spans} spans, "
-        f"{len(data) / 1024:.0f} KB)",
+        f"lora-otel report: {'replaced' if replaced else 'wrote'} {out} ({processes} "
+        f"process{'es' if processes != 1 else ''}, {spans} spans, {len(data) / 1024:.0f} KB)",
         file=sys.stderr,
     )
     return 0
+
+
+def _job_file(out: str, journals: list[Journal]) -> Optional[str]:
+    """The job's own file ``out`` names (a journal, its ``--log`` file, stacks or sidecar log), or None:
+    a report written over it would destroy the job's only record."""
+    if not os.path.exists(out):
+        return None
+    own: list[str] = []
+    for journal in journals:
+        own.append(journal.path)
+        if journal.log_path:
+            own.append(journal.log_path)
+        root_attrs = journal.root.attrs if journal.root is not None else {}
+        for key in ("lora_otel.stacks.path", "lora_otel.sidecar.log"):
+            value = root_attrs.get(key)
+            if isinstance(value, str):
+                own.append(value)
+    for path in own:
+        try:
+            if os.path.samefile(out, path):
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def _write_new(out: str, data: bytes) -> bool:
+    """Write ``out`` whole or not at all: a new file (mode 0600, as the journals) beside it, renamed
+    over it. A symlink at ``out`` is replaced, never written through; a device or pipe (``/dev/stdout``)
+    is written in place. True when a file was there before."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        with open(out, "wb") as f:  # a device or a pipe: written as it is
+            f.write(data)
+        return False
+    directory = os.path.dirname(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix=".lora-otel-report-", dir=directory)  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return st is not None

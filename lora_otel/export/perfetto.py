@@ -10,9 +10,11 @@ object form of the Trace Event Format (``{"traceEvents": [...], "displayTimeUnit
   outcome (``stalled``, ``killed``, ...);
 - *threads*: the journal records no thread per span, so spans go on the ``main thread`` track
   (tid = pid, as Linux numbers a main thread) while they nest there; a span that overlaps another
-  without nesting in it must have run on another thread, and goes on a track of its own
-  (``other thread``), so that both viewers keep every span (they drop or mangle slices that
-  overlap on one track);
+  without nesting in it goes on a track of its own (``overlapping spans``), so that both viewers
+  keep every span (they drop or mangle slices that overlap on one track). Such a span may have run
+  on another thread, or on the main thread beside a span of lora_otel's own that crosses it (the
+  ``training`` span ``lora_otel.progress`` opens inside a user's stage): the track is named for
+  what is known, not for a thread;
 - every span as a *complete* event (``"ph": "X"``, ``ts``/``dur`` in whole microseconds since the
   Unix epoch), its attributes in ``args``; a span still open runs to now (process running) or to
   the process's end (exit record, else when it was last seen alive: its last record or a later
@@ -46,8 +48,8 @@ from lora_otel.journal.reader import Journal, Span, process_state
 from lora_otel.journal.tree import iso_time
 
 MAIN_THREAD = "main thread"
-OTHER_THREAD = "other thread"
-OVERLAP = "its spans overlap the main thread's"
+OTHER_THREAD = "overlapping spans"
+OVERLAP = "spans that overlap the main track's without nesting: the journal records no thread per span"
 OPEN_SUFFIX = " [open]"
 STALLED_SUFFIX = " [STALLED]"
 MAX_BEATS = 5000
@@ -58,7 +60,7 @@ DEFAULT_IMPORT_THRESHOLD_MS = 5
 _SYNTHETIC_PID = 1 << 30
 """Pids given to journals without a usable or unique one (two hosts' ranks may share a pid)."""
 _SYNTHETIC_TID = 1 << 31
-"""Thread ids of the ``other thread`` tracks: unique in the file, apart from any real tid."""
+"""Thread ids of the ``overlapping spans`` tracks: unique in the file, apart from any real tid."""
 _INT64 = range(-(2**63), 2**63)
 
 
@@ -226,7 +228,7 @@ class _StallMark:
 
 
 class _Writer:
-    """Collects the events of every process; keeps pids and the ``other thread`` tids unique."""
+    """Collects the events of every process; keeps pids and the ``overlapping spans`` tids unique."""
 
     def __init__(self) -> None:
         self.meta: list[dict[str, Any]] = []
