@@ -45,10 +45,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 from backends import Jaeger, OtelCol, otlp_spans, wait_until  # noqa: E402
-from sidecar_cost import env_base, proc_sample  # noqa: E402
-
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+from sidecar_cost import env_base, proc_sample  # noqa: E402
 
 PY = sys.executable
 JOB = """\
@@ -63,9 +62,10 @@ import stuckmod
 
 class _Capture(http.server.BaseHTTPRequestHandler):
     """Keeps every OTLP/HTTP body it is sent; answers 200 with an empty (valid) response."""
-    bodies: list = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    bodies: list = []  # noqa: RUF012 - one list shared by every request handler instance, on purpose
+
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.bodies.append((self.path, body))
         self.send_response(200)
@@ -100,25 +100,42 @@ def capture(work: str, stages: int) -> list:
     os.makedirs(job)
     Path(job, "stuckmod.py").write_text("import time\ntime.sleep(600)\n")
     Path(job, "job.py").write_text(JOB % stages)
-    env = dict(env_base(), LORA_OTEL="1", LORA_OTEL_DIR=os.path.join(job, "journal"), PYTHONPATH=str(REPO),
-               OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:%d" % server.server_address[1],
-               OTEL_SERVICE_NAME="bench-job", LORA_OTEL_STALL_AFTER="import=1")
-    proc = subprocess.Popen([PY, "job.py"], cwd=job, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(
+        env_base(),
+        LORA_OTEL="1",
+        LORA_OTEL_DIR=os.path.join(job, "journal"),
+        PYTHONPATH=str(REPO),
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:%d" % server.server_address[1],
+        OTEL_SERVICE_NAME="bench-job",
+        LORA_OTEL_STALL_AFTER="import=1",
+    )
+    proc = subprocess.Popen(
+        [PY, "job.py"], cwd=job, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        wait_until(lambda: _stall_spans(list(_Capture.bodies)) and any(
-            p == "/v1/logs" and b"stall detected:" in b for p, b in list(_Capture.bodies)), 120,
-            "the stall from the real job's sidecar")
+        wait_until(
+            lambda: (
+                _stall_spans(list(_Capture.bodies))
+                and any(p == "/v1/logs" and b"stall detected:" in b for p, b in list(_Capture.bodies))
+            ),
+            120,
+            "the stall from the real job's sidecar",
+        )
     finally:
         proc.kill()
         proc.wait()
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
+
     [path] = glob.glob(os.path.join(job, "journal", "**", "*.otel.jsonl"), recursive=True)
     sidecar = read_journal(path).root.attrs.get("lora_otel.sidecar.pid")
     if sidecar:  # it finalises the spans left open by the kill, sends them and exits
-        wait_until(lambda: not os.path.exists("/proc/%d" % sidecar) or
-                   open("/proc/%d/stat" % sidecar).read().rpartition(")")[2].split()[0] == "Z", 60,
-                   "the sidecar to exit")
+        wait_until(
+            lambda: (
+                not os.path.exists("/proc/%d" % sidecar) or open("/proc/%d/stat" % sidecar).read()  # noqa: SIM115 - /proc, read once and dropped.rpartition(")")[2].split()[0] == "Z"
+            ),
+            60,
+            "the sidecar to exit",
+        )
     server.shutdown()
     server.server_close()
     return list(_Capture.bodies)
@@ -133,8 +150,11 @@ def _set_attr(attributes, key: str, value: str) -> None:
 
 def copies(bodies: list, jobs: int):
     """Yield (path, body, spans) for each copy: a new trace id and service.instance.id each."""
-    parsed = [(p, (ExportTraceServiceRequest if p == "/v1/traces" else ExportLogsServiceRequest).FromString(b))
-              for p, b in bodies if p in ("/v1/traces", "/v1/logs")]
+    parsed = [
+        (p, (ExportTraceServiceRequest if p == "/v1/traces" else ExportLogsServiceRequest).FromString(b))
+        for p, b in bodies
+        if p in ("/v1/traces", "/v1/logs")
+    ]
     for _ in range(jobs):
         trace_id, instance = os.urandom(16), str(uuid.uuid4())
         for path, template in parsed:
@@ -144,16 +164,17 @@ def copies(bodies: list, jobs: int):
             groups = req.resource_spans if path == "/v1/traces" else req.resource_logs
             for group in groups:
                 _set_attr(group.resource.attributes, "service.instance.id", instance)
-                for scope in (group.scope_spans if path == "/v1/traces" else group.scope_logs):
-                    for item in (scope.spans if path == "/v1/traces" else scope.log_records):
+                for scope in group.scope_spans if path == "/v1/traces" else group.scope_logs:
+                    for item in scope.spans if path == "/v1/traces" else scope.log_records:
                         item.trace_id = trace_id
                         n += path == "/v1/traces"
             yield path, req.SerializeToString(), n, trace_id.hex()
 
 
 def metric_sum(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if re.match(re.escape(name) + r"(\{| )", line))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if re.match(re.escape(name) + r"(\{| )", line)
+    )
 
 
 def run(args) -> dict:
@@ -193,26 +214,47 @@ def run(args) -> dict:
             c1, j1 = proc_sample(col.process.pid)[0], proc_sample(jaeger.process.pid)[0]
             conn.close()
             stalls_sent = stalls_per_job * args.jobs
-            counted = wait_until(lambda: (lambda t: (metric_sum(t, "lora_otel_stalls_total"),
-                                                     metric_sum(t, "lora_otel_stall_log_records_total"))
-                                          if metric_sum(t, "lora_otel_stalls_total") >= stalls_sent else None)(
-                col.prometheus_metrics()), 60, "the stall counter")
+            counted = wait_until(
+                lambda: (
+                    lambda t: (
+                        (metric_sum(t, "lora_otel_stalls_total"), metric_sum(t, "lora_otel_stall_log_records_total"))
+                        if metric_sum(t, "lora_otel_stalls_total") >= stalls_sent
+                        else None
+                    )
+                )(col.prometheus_metrics()),
+                60,
+                "the stall counter",
+            )
             checked = []
             for _, _, _, trace_id in [payload[0], payload[len(payload) // 2], payload[-1]]:
                 spans = otlp_spans(jaeger.get_trace(trace_id))
                 stall = [s for s in spans if s["attrs"].get("lora_otel.stall.stage") == s["name"]]
-                checked.append(len(spans) == per_job and len(stall) == stalls_per_job and
-                               all(s["status"].get("code") in (2, "STATUS_CODE_ERROR") for s in stall))  # OTLP/JSON: 2
+                checked.append(
+                    len(spans) == per_job
+                    and len(stall) == stalls_per_job
+                    and all(s["status"].get("code") in (2, "STATUS_CODE_ERROR") for s in stall)
+                )  # OTLP/JSON: 2
             time.sleep(1)  # nothing more arrives after the wait: the count is final
             extra = accepted() - before - total
         finally:
             col.stop()
     finally:
         jaeger.stop()
-    return {"jobs": args.jobs, "per_job": per_job, "spans": total, "posted": posted, "wall": wall,
-            "col_cpu": c1 - c0, "jaeger_cpu": j1 - j0, "refused": refused, "stalls_sent": stalls_sent,
-            "stalls_counted": counted[0], "log_records_counted": counted[1], "traces_checked": checked,
-            "extra": extra}
+    return {
+        "jobs": args.jobs,
+        "per_job": per_job,
+        "spans": total,
+        "posted": posted,
+        "wall": wall,
+        "col_cpu": c1 - c0,
+        "jaeger_cpu": j1 - j0,
+        "refused": refused,
+        "stalls_sent": stalls_sent,
+        "stalls_counted": counted[0],
+        "log_records_counted": counted[1],
+        "traces_checked": checked,
+        "extra": extra,
+    }
 
 
 def main() -> None:
@@ -224,8 +266,10 @@ def main() -> None:
     r = run(args)
     rate = r["spans"] / r["wall"]
     print("# spans through our collector (collector/otelcol.yaml) into Jaeger v2 (in memory), OTLP/HTTP in")
-    print("python bench/backends_throughput.py --jobs %d --stages %d; %d cores" % (args.jobs, args.stages,
-                                                                                    os.cpu_count() or 0))
+    print(
+        "python bench/backends_throughput.py --jobs %d --stages %d; %d cores"
+        % (args.jobs, args.stages, os.cpu_count() or 0)
+    )
     print()
     print("| measure | value |")
     print("|---|---:|")
@@ -234,14 +278,22 @@ def main() -> None:
     print("| posting took (client, one keep-alive connection) | %.2f s |" % r["posted"])
     print("| first post → all spans accepted by Jaeger | %.2f s |" % r["wall"])
     print("| spans/s into Jaeger (wall) | %.0f |" % rate)
-    print("| collector CPU s (spans per collector CPU-second) | %.2f (%.0f) |" % (r["col_cpu"], r["spans"] / max(r["col_cpu"], 1e-9)))
+    print(
+        "| collector CPU s (spans per collector CPU-second) | %.2f (%.0f) |"
+        % (r["col_cpu"], r["spans"] / max(r["col_cpu"], 1e-9))
+    )
     print("| Jaeger CPU s | %.2f |" % r["jaeger_cpu"])
     print("| requests refused (retried) | %d |" % r["refused"])
     print("| spans accepted by Jaeger beyond those sent | %d |" % r["extra"])
     print("| stalls sent / lora_otel_stalls_total counted | %d / %d |" % (r["stalls_sent"], r["stalls_counted"]))
-    print("| stall WARN records sent / lora_otel_stall_log_records_total | %d / %d |" % (r["stalls_sent"], r["log_records_counted"]))
-    print("| traces checked in Jaeger's query API, whole with the stalled span in error | %s |"
-          % ", ".join("yes" if ok else "NO" for ok in r["traces_checked"]))
+    print(
+        "| stall WARN records sent / lora_otel_stall_log_records_total | %d / %d |"
+        % (r["stalls_sent"], r["log_records_counted"])
+    )
+    print(
+        "| traces checked in Jaeger's query API, whole with the stalled span in error | %s |"
+        % ", ".join("yes" if ok else "NO" for ok in r["traces_checked"])
+    )
     exact = r["stalls_sent"] == r["stalls_counted"] == r["log_records_counted"] and all(r["traces_checked"])
     print()
     print("stall counter exact: %s" % ("yes" if exact else "NO"))

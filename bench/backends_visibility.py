@@ -39,16 +39,21 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from backends import Jaeger, OtelCol, free_port, otlp_spans  # noqa: E402
 
-from lora_otel.export.reader import read_journal  # noqa: E402
+from lora_otel.journal.reader import read_journal  # noqa: E402
 
 POLL_S = 0.05
 
 
 def env_for(endpoint: str, service: str, limit: float) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LORA_OTEL", "OTEL_")) and k != "TRACEPARENT"}
-    env.update(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-               OTEL_SERVICE_NAME=service, LORA_OTEL_STALL_AFTER="import=%g" % limit,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env.update(
+        LORA_OTEL="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_SERVICE_NAME=service,
+        LORA_OTEL_STALL_AFTER="import=%g" % limit,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     return env
 
 
@@ -68,15 +73,18 @@ def one(jaeger: Jaeger, collector: OtelCol, workdir: Path, service: str, limit: 
     (workdir / "slowmod.py").write_text("import time\ntime.sleep(600)\n")
     (workdir / "job.py").write_text("import slowmod\n")
     env = env_for(collector.grpc_endpoint, service, limit)
-    proc = subprocess.Popen([sys.executable, "job.py"], cwd=workdir, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "job.py"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     seen: dict = {}
     try:
         deadline = time.monotonic() + 60
         while len(seen) < 2 and time.monotonic() < deadline:
             now = time.time()
-            if "v3" not in seen and any(s["name"] == "import slowmod" and s["attrs"].get("lora_otel.incomplete")
-                                        for s in otlp_spans(jaeger.find_traces(service))):
+            if "v3" not in seen and any(
+                s["name"] == "import slowmod" and s["attrs"].get("lora_otel.incomplete")
+                for s in otlp_spans(jaeger.find_traces(service))
+            ):
                 seen["v3"] = now
             if "tags" not in seen and jaeger.search_tags(service, {"lora_otel.incomplete": "true"}):
                 seen["tags"] = now
@@ -101,27 +109,41 @@ def main() -> None:
         work = Path(tmp)
         jaeger = Jaeger(work)
         try:
-            collector = OtelCol(work, exporters={"otlp_grpc/jaeger": jaeger.otlp_grpc,
-                                                 "otlp_grpc/tempo": "127.0.0.1:%d" % free_port()})
+            collector = OtelCol(
+                work, exporters={"otlp_grpc/jaeger": jaeger.otlp_grpc, "otlp_grpc/tempo": "127.0.0.1:%d" % free_port()}
+            )
             try:
                 for i in range(args.runs):
                     run_dir = work / ("run%d" % i)
                     run_dir.mkdir()
                     results.append(one(jaeger, collector, run_dir, "visibility-%d" % i, args.limit))
-                    print("run %d: %s" % (i + 1, ", ".join("%s %.2f s" % kv for kv in sorted(results[-1].items()))),
-                          file=sys.stderr)
+                    print(
+                        "run %d: %s" % (i + 1, ", ".join("%s %.2f s" % kv for kv in sorted(results[-1].items()))),
+                        file=sys.stderr,
+                    )
             finally:
                 collector.stop()
         finally:
             jaeger.stop()
-    print("stall → visible in Jaeger — %s, Python %s, %d CPUs, %s; import stall limit %g s, %d runs, poll %d ms"
-          % (platform.machine(), platform.python_version(), os.cpu_count() or 0, time.strftime("%Y-%m-%d"),
-             args.limit, args.runs, POLL_S * 1000))
+    print(
+        "stall → visible in Jaeger — %s, Python %s, %d CPUs, %s; import stall limit %g s, %d runs, poll %d ms"
+        % (
+            platform.machine(),
+            platform.python_version(),
+            os.cpu_count() or 0,
+            time.strftime("%Y-%m-%d"),
+            args.limit,
+            args.runs,
+            POLL_S * 1000,
+        )
+    )
     print()
     print("| seen through | s after the limit, median | worst |")
     print("|---|---:|---:|")
-    for key, label in (("v3", "`/api/v3/traces` (search by service): the stalled span"),
-                       ("tags", "`/api/traces` tag search `lora_otel.incomplete=true` (the UI's)")):
+    for key, label in (
+        ("v3", "`/api/v3/traces` (search by service): the stalled span"),
+        ("tags", "`/api/traces` tag search `lora_otel.incomplete=true` (the UI's)"),
+    ):
         values = [r[key] for r in results]
         print("| %s | %.2f | %.2f |" % (label, statistics.median(values), max(values)))
 

@@ -81,8 +81,14 @@ def run_once(beats: int, threads: int) -> dict:
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         for k in [k for k in env if k.startswith("LORA_OTEL")]:
             del env[k]
-        r = subprocess.run([PY, "-c", CHILD, str(beats), str(threads), os.path.join(d, "j.otel.jsonl")],
-                           env=env, capture_output=True, text=True, timeout=600, check=True)
+        r = subprocess.run(
+            [PY, "-c", CHILD, str(beats), str(threads), os.path.join(d, "j.otel.jsonl")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
         return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -93,8 +99,12 @@ def measure(beats: int = 20000, runs: int = 5, threads: tuple = (0, 8, 32)) -> d
         samples = [run_once(beats, n) for _ in range(runs)]
         base = statistics.median(s["base"] for s in samples)
         main = statistics.median(s["main"] for s in samples)
-        out[n] = {"base": base, "main": main, "added": main - base,
-                  "callee_us": statistics.median(s["callee_us"] for s in samples)}
+        out[n] = {
+            "base": base,
+            "main": main,
+            "added": main - base,
+            "callee_us": statistics.median(s["callee_us"] for s in samples),
+        }
         out["frames"] = samples[-1]["frames"]
     return out
 
@@ -107,11 +117,16 @@ def main() -> int:
     a = ap.parse_args()
     r = measure(a.beats, a.runs, tuple(int(x) for x in a.threads.split(",")))
     print("main thread sampled: %s" % json.dumps(r.pop("frames")))
-    print("| extra threads | beat without \"main\" (baseline) | beat with \"main\" | added | goal ≤ 50 µs | C name, first read |")
+    print(
+        '| extra threads | beat without "main" (baseline) | beat with "main" | added | goal ≤ 50 µs '
+        "| C name, first read |"
+    )
     print("|---:|---:|---:|---:|---|---:|")
     for n, v in r.items():
-        print("| %d | %.2f µs | %.2f µs | %+.2f µs | %s | %.1f µs |" % (
-            n, v["base"], v["main"], v["added"], "yes" if v["added"] <= 50 else "NO", v["callee_us"]))
+        print(
+            "| %d | %.2f µs | %.2f µs | %+.2f µs | %s | %.1f µs |"
+            % (n, v["base"], v["main"], v["added"], "yes" if v["added"] <= 50 else "NO", v["callee_us"])
+        )
     return 0
 
 

@@ -57,6 +57,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from sidecar_cost import env_base, free_port  # noqa: E402
+
 PY = sys.executable
 DRAIN_S = 5.0
 GOAL_MS = 100.0
@@ -183,8 +184,9 @@ def measure_one(cmd: list, env: dict, cwd: str, side: str, timeout: float = 120.
     """One launch as a launcher does it; times are ``time.time()`` (the script's clock)."""
     if os.path.exists(side):
         os.unlink(side)
-    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     waited: dict = {}
 
     def waiter() -> None:
@@ -218,10 +220,16 @@ def measure_one(cmd: list, env: dict, cwd: str, side: str, timeout: float = 120.
     try:
         last = float(Path(side).read_text())
     except (OSError, ValueError):
-        raise RuntimeError("the script did not write its timestamp (rc %s): %s\n%s" % (
-            p.returncode, cmd, out[err_fd].decode(errors="replace")))
-    return {"eof": (t_eof - last) * 1000, "wait": (waited["t"] - last) * 1000, "t_wait": waited["t"],
-            "rc": p.returncode}
+        raise RuntimeError(  # noqa: B904 - the message says what went wrong; the OSError adds nothing
+            "the script did not write its timestamp (rc %s): %s\n%s"
+            % (p.returncode, cmd, out[err_fd].decode(errors="replace"))
+        )
+    return {
+        "eof": (t_eof - last) * 1000,
+        "wait": (waited["t"] - last) * 1000,
+        "t_wait": waited["t"],
+        "rc": p.returncode,
+    }
 
 
 def proc_gone(pid: int) -> bool:
@@ -231,7 +239,7 @@ def proc_gone(pid: int) -> bool:
             data = f.read()
     except OSError:
         return True
-    return data[data.rindex(b")") + 2:].split()[0] in (b"Z", b"X")
+    return data[data.rindex(b")") + 2 :].split()[0] in (b"Z", b"X")
 
 
 def is_sidecar(pid: int) -> bool:
@@ -244,7 +252,7 @@ def is_sidecar(pid: int) -> bool:
 
 def check_sidecar(jdir: str, t_job_end: float, timeout: float) -> dict:
     """Read the sidecar pid from the journal, poll it until gone; seconds after the job's end."""
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     journals = sorted(glob.glob(os.path.join(jdir, "*.otel.jsonl")))
     if not journals:
@@ -265,8 +273,13 @@ def check_sidecar(jdir: str, t_job_end: float, timeout: float) -> dict:
         last_line = lines[-1] if lines else ""
         summary = [x for x in lines if "process ended" in x]
         last_line = summary[-1] if summary else last_line
-    return {"pid": pid, "alive_at_check": alive_at_check, "gone": proc_gone(pid),
-            "after_s": t_gone - t_job_end, "log": last_line}
+    return {
+        "pid": pid,
+        "alive_at_check": alive_at_check,
+        "gone": proc_gone(pid),
+        "after_s": t_gone - t_job_end,
+        "log": last_line,
+    }
 
 
 def fmt(x: float) -> str:
@@ -279,8 +292,13 @@ SDK_DEFAULT = "OTel SDK default (BatchSpanProcessor)"
 BARE = "bare python"
 
 
-def measure(runs: int = 10, sdk_runs: int = 3, modes=("refused", "blackhole", "slow", "ok"),
-            drain_s: float = DRAIN_S, slow_s: float = 30.0) -> dict:
+def measure(
+    runs: int = 10,
+    sdk_runs: int = 3,
+    modes=("refused", "blackhole", "slow", "ok"),
+    drain_s: float = DRAIN_S,
+    slow_s: float = 30.0,
+) -> dict:
     """Every row of the table, interleaved; the raw samples per (set-up, collector mode).
 
     Returns ``rows`` (name, mode, is_sdk, has_sidecar), ``samples`` (dicts from :func:`measure_one`),
@@ -324,32 +342,63 @@ def measure(runs: int = 10, sdk_runs: int = 3, modes=("refused", "blackhole", "s
                 endpoints["ok"] = col.http_endpoint
 
         # (name, mode, cmd, env-maker, sdk?, has sidecar?)
-        rows: list = [(BARE, "-", lambda d, ep: ([PY, plain, side], dict(base)), False, False),
-                      ("LORA_OTEL=1, no endpoint", "-",
-                       lambda d, ep: ([PY, plain, side], dict(base, LORA_OTEL="1", LORA_OTEL_DIR=d)), False, False)]
+        rows: list = [
+            (BARE, "-", lambda d, ep: ([PY, plain, side], dict(base)), False, False),
+            (
+                "LORA_OTEL=1, no endpoint",
+                "-",
+                lambda d, ep: ([PY, plain, side], dict(base, LORA_OTEL="1", LORA_OTEL_DIR=d)),
+                False,
+                False,
+            ),
+        ]
         for mode, ep in endpoints.items():
             live = dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep, LORA_OTEL_DRAIN_S=str(drain_s))
-            rows.append((LORA_ZERO_CODE, mode,
-                         lambda d, ep, live=live: ([PY, plain, side], dict(live, LORA_OTEL="1", LORA_OTEL_DIR=d)),
-                         False, True))
-            rows.append((LORA_RUN, mode,
-                         lambda d, ep, live=live: ([PY, "-m", "lora_otel", "run", "--", PY, plain, side],
-                                                   dict(live, LORA_OTEL_DIR=d)), False, True))
-            rows.append((SDK_DEFAULT, mode,
-                         lambda d, ep, ep_=ep: ([PY, sdk, side], dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep_,
-                                                                        OTEL_SERVICE_NAME="bench")), True, False))
+            rows.append(
+                (
+                    LORA_ZERO_CODE,
+                    mode,
+                    lambda d, ep, live=live: ([PY, plain, side], dict(live, LORA_OTEL="1", LORA_OTEL_DIR=d)),
+                    False,
+                    True,
+                )
+            )
+            rows.append(
+                (
+                    LORA_RUN,
+                    mode,
+                    lambda d, ep, live=live: (
+                        [PY, "-m", "lora_otel", "run", "--", PY, plain, side],
+                        dict(live, LORA_OTEL_DIR=d),
+                    ),
+                    False,
+                    True,
+                )
+            )
+            rows.append(
+                (
+                    SDK_DEFAULT,
+                    mode,
+                    lambda d, ep, ep_=ep: (
+                        [PY, sdk, side],
+                        dict(base, OTEL_EXPORTER_OTLP_ENDPOINT=ep_, OTEL_SERVICE_NAME="bench"),
+                    ),
+                    True,
+                    False,
+                )
+            )
 
         samples: dict = {(r[0], r[1]): [] for r in rows}
         sidecars: dict = {(r[0], r[1]): [] for r in rows if r[4]}
         # Warm the page cache (not counted).
-        for name, mode, mk, is_sdk, _ in rows:
+        for _name, mode, mk, is_sdk, _ in rows:
             if not is_sdk and mode in ("-", "ok"):
                 d = tempfile.mkdtemp(dir=work)
                 cmd, env = mk(d, None)
                 measure_one(cmd, env, work, side)
                 try:
                     check_sidecar(d, time.time(), drain_s + 20)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
         t_start = time.time()
         for i in range(max(runs, sdk_runs)):
@@ -364,15 +413,24 @@ def measure(runs: int = 10, sdk_runs: int = 3, modes=("refused", "blackhole", "s
                     sidecars[(name, mode)].append(check_sidecar(d, r["t_wait"], drain_s + 30))
             print("exit_delay: run %d done (%.0f s)" % (i + 1, time.time() - t_start), file=sys.stderr, flush=True)
         if "slow" in endpoints:
-            notes.append("slow collector: %d requests received, each to be answered after %g s"
-                         % (slow.requests, slow_s))
+            notes.append(
+                "slow collector: %d requests received, each to be answered after %g s" % (slow.requests, slow_s)
+            )
     finally:
         for c in cleanup:
             c()
         shutil.rmtree(work, ignore_errors=True)
-    return {"rows": [(r[0], r[1], r[3], r[4]) for r in rows], "samples": samples, "sidecars": sidecars,
-            "endpoints": endpoints, "notes": notes, "runs": runs, "sdk_runs": sdk_runs, "drain_s": drain_s,
-            "slow_s": slow_s}
+    return {
+        "rows": [(r[0], r[1], r[3], r[4]) for r in rows],
+        "samples": samples,
+        "sidecars": sidecars,
+        "endpoints": endpoints,
+        "notes": notes,
+        "runs": runs,
+        "sdk_runs": sdk_runs,
+        "drain_s": drain_s,
+        "slow_s": slow_s,
+    }
 
 
 def main() -> None:
@@ -388,17 +446,31 @@ def main() -> None:
     rows, samples, sidecars, endpoints = res["rows"], res["samples"], res["sidecars"], res["endpoints"]
 
     bare_eof = statistics.median(r["eof"] for r in samples[(BARE, "-")])
-    print("lora_otel exit-delay benchmark — %s, Python %s, %d CPUs, %s; %d runs per row (OTel SDK rows: %d), "
-          "interleaved; LORA_OTEL_DRAIN_S=%g for the sidecars; slow collector answers after %g s"
-          % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
-             args.runs, args.sdk_runs, args.drain_s, args.slow_s))
-    print("Times in ms after the script's last statement; EOF = end-of-file read on both stdout and stderr "
-          "pipes; wait = wait() returned.")
+    print(
+        "lora_otel exit-delay benchmark — %s, Python %s, %d CPUs, %s; %d runs per row (OTel SDK rows: %d), "
+        "interleaved; LORA_OTEL_DRAIN_S=%g for the sidecars; slow collector answers after %g s"
+        % (
+            os.uname().machine,
+            sys.version.split()[0],
+            os.cpu_count(),
+            time.strftime("%Y-%m-%d"),
+            args.runs,
+            args.sdk_runs,
+            args.drain_s,
+            args.slow_s,
+        )
+    )
+    print(
+        "Times in ms after the script's last statement; EOF = end-of-file read on both stdout and stderr "
+        "pipes; wait = wait() returned."
+    )
     for note in res["notes"]:
         print(note)
     print()
-    print("| set-up | collector | runs | EOF median | EOF max | wait median | wait max | EOF−wait max "
-          "| EOF median vs bare |")
+    print(
+        "| set-up | collector | runs | EOF median | EOF max | wait median | wait max | EOF−wait max "
+        "| EOF median vs bare |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, mode, *_ in rows:
         s = samples[(name, mode)]
@@ -406,27 +478,44 @@ def main() -> None:
         wt = [r["wait"] for r in s]
         gap = [r["eof"] - r["wait"] for r in s]
         med = statistics.median(eof)
-        print("| %s | %s | %d | %s | %s | %s | %s | %+.1f | %.2fx |"
-              % (name, mode, len(s), fmt(med), fmt(max(eof)), fmt(statistics.median(wt)), fmt(max(wt)),
-                 max(gap), med / bare_eof if bare_eof > 0 else float("nan")))
+        print(
+            "| %s | %s | %d | %s | %s | %s | %s | %+.1f | %.2fx |"
+            % (
+                name,
+                mode,
+                len(s),
+                fmt(med),
+                fmt(max(eof)),
+                fmt(statistics.median(wt)),
+                fmt(max(wt)),
+                max(gap),
+                med / bare_eof if bare_eof > 0 else float("nan"),
+            )
+        )
     print()
     print("| figure | value | goal |")
     print("|---|---:|---|")
-    for name, mode, is_sdk, has_sidecar in rows:
+    for name, mode, _is_sdk, has_sidecar in rows:
         if not has_sidecar:
             continue
         s = samples[(name, mode)]
         worst = max(r["eof"] for r in s)
-        print("| %s, %s: worst EOF delay | %s ms | ≤ %d ms: %s |"
-              % (name, mode, fmt(worst), GOAL_MS, "yes" if worst <= GOAL_MS else "NO"))
+        print(
+            "| %s, %s: worst EOF delay | %s ms | ≤ %d ms: %s |"
+            % (name, mode, fmt(worst), GOAL_MS, "yes" if worst <= GOAL_MS else "NO")
+        )
         worst_gap = max(r["eof"] - r["wait"] for r in s)
-        print("| %s, %s: worst EOF after the launcher's wait() | %+.1f ms | ≤ %d ms: %s |"
-              % (name, mode, worst_gap, GOAL_MS, "yes" if worst_gap <= GOAL_MS else "NO"))
+        print(
+            "| %s, %s: worst EOF after the launcher's wait() | %+.1f ms | ≤ %d ms: %s |"
+            % (name, mode, worst_gap, GOAL_MS, "yes" if worst_gap <= GOAL_MS else "NO")
+        )
     for mode in endpoints:
         s = samples.get((SDK_DEFAULT, mode))
         if s:
-            print("| OTel SDK default, %s: median EOF delay | %s ms | (reference) |"
-                  % (mode, fmt(statistics.median(r["eof"] for r in s))))
+            print(
+                "| OTel SDK default, %s: median EOF delay | %s ms | (reference) |"
+                % (mode, fmt(statistics.median(r["eof"] for r in s)))
+            )
     print()
     for key, checks in sidecars.items():
         print(sidecar_summary(key, checks))
@@ -441,8 +530,10 @@ def sidecar_summary(key: tuple, checks: list) -> str:
     alive = [c for c in seen if c.get("alive_at_check")]
     gone = [c for c in seen if c.get("gone")]
     after = [c["after_s"] for c in gone]
-    line = ("sidecar check, %s / %s: pid in the journal in %d/%d runs, still running when the job had exited "
-            "in %d, exited by itself in %d" % (key[0], key[1], len(seen), len(checks), len(alive), len(gone)))
+    line = (
+        "sidecar check, %s / %s: pid in the journal in %d/%d runs, still running when the job had exited "
+        "in %d, exited by itself in %d" % (key[0], key[1], len(seen), len(checks), len(alive), len(gone))
+    )
     if after:
         line += ", %.2f s (median) / %.2f s (max) after the launcher's wait()" % (statistics.median(after), max(after))
     missing = [c["why"] for c in checks if not c.get("pid")]

@@ -41,9 +41,11 @@ HANG = {
     "sleep": "import time\ntime.sleep(600)\n",
     "gil": "import ctypes\nctypes.PyDLL(None).pause()\n",
 }
-BETWEEN = ("import argparse, socket, sys, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
-           "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
-           "open('hung.at', 'w').write(repr(time.time()))\ns.recv(1)\n")
+BETWEEN = (
+    "import argparse, socket, sys, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+    "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+    "open('hung.at', 'w').write(repr(time.time()))\ns.recv(1)\n"
+)
 
 
 def _env(**extra: str) -> dict:
@@ -84,9 +86,16 @@ def one(case: str, needle: str, env: dict, timeout: float = 60.0) -> float:
                 f.write(HANG[case])
             with open(os.path.join(d, "job.py"), "w") as f:
                 f.write(RUN % case)
-        log = open(os.path.join(d, "log.txt"), "ab")
-        proc = subprocess.Popen([PY, "job.py", *args], cwd=d, env=env, stdout=log, stderr=log,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log = open(os.path.join(d, "log.txt"), "ab")  # noqa: SIM115 - the job's stdout and stderr, closed after it
+        proc = subprocess.Popen(
+            [PY, "job.py", *args],
+            cwd=d,
+            env=env,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             deadline = time.time() + timeout
             while time.time() < deadline:
@@ -127,16 +136,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="jobs per case (default 3); the median is shown")
     args = ap.parse_args()
-    print("lora_otel: from a hang to the job's own line naming it — %s, Python %s, %d CPUs, %s; "
-          "median of %d runs\n" % (os.uname().machine, sys.version.split()[0], os.cpu_count() or 0,
-                                   time.strftime("%Y-%m-%d"), args.runs))
+    print(
+        "lora_otel: from a hang to the job's own line naming it — %s, Python %s, %d CPUs, %s; "
+        "median of %d runs\n"
+        % (os.uname().machine, sys.version.split()[0], os.cpu_count() or 0, time.strftime("%Y-%m-%d"), args.runs)
+    )
     print("| case | seconds to the line | goal (the baseline) | within |")
     print("|---|---:|---:|---|")
     for label, case, needle, extra, goal in CASES:
         times = [one(case, needle, _env(**extra)) for _ in range(args.runs)]
         median = statistics.median(times)
-        print("| %s | %.2f (%s) | ≤ %.0f | %s |" % (label, median, ", ".join("%.2f" % t for t in times), goal,
-                                                    "yes" if median <= goal else "no"))
+        print(
+            "| %s | %.2f (%s) | ≤ %.0f | %s |"
+            % (label, median, ", ".join("%.2f" % t for t in times), goal, "yes" if median <= goal else "no")
+        )
         sys.stdout.flush()
     return 0
 

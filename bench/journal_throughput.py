@@ -105,11 +105,19 @@ print("WINDOW", t0, t1, flush=True)
 
 
 def run_child(args: list, env: dict, cwd: str) -> tuple:
-    r = subprocess.run([PY, "-c", CHILD] + [str(a) for a in args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    r = subprocess.run(
+        [PY, "-c", CHILD] + [str(a) for a in args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=600,
+    )
     lines = [ln for ln in r.stdout.decode(errors="replace").splitlines() if ln.startswith("WINDOW ")]
     if r.returncode != 0 or not lines:
-        raise RuntimeError("%s: exit code %s; stderr: %s" % (args[0], r.returncode, r.stderr.decode(errors="replace")[-800:]))
+        raise RuntimeError(
+            "%s: exit code %s; stderr: %s" % (args[0], r.returncode, r.stderr.decode(errors="replace")[-800:])
+        )
     t0, t1 = (int(x) for x in lines[-1].split()[1:])
     return t0, t1
 
@@ -135,8 +143,17 @@ def traced_run(kind: str, n: int, work: str) -> dict:
                 kinds[rec["k"]] = kinds.get(rec["k"], 0) + 1
     shutil.rmtree(d, ignore_errors=True)
     secs = (t1 - t0) / 1e9
-    return {"records": records, "bytes": nbytes, "secs": secs, "rate": records / secs, "mbs": nbytes / secs / 1e6,
-            "per_record": nbytes / max(records, 1), "kinds": kinds, "journal_records": total, "n": n}
+    return {
+        "records": records,
+        "bytes": nbytes,
+        "secs": secs,
+        "rate": records / secs,
+        "mbs": nbytes / secs / 1e6,
+        "per_record": nbytes / max(records, 1),
+        "kinds": kinds,
+        "journal_records": total,
+        "n": n,
+    }
 
 
 def raw_run(n: int, size: int, work: str) -> dict:
@@ -162,21 +179,26 @@ def measure_throughput(stages: int = 20000, runs: int = 5, marks: bool = True, u
             for k in kinds:
                 r = traced_run(k, stages, work)
                 samples[k].append(r)
-                raw[k].append(raw_run(r["records"], max(int(round(r["per_record"])), 2), work))
-            print("journal_throughput: run %d of %d done (%.0f s)" % (i + 1, runs, time.monotonic() - t_start),
-                  file=sys.stderr, flush=True)
+                raw[k].append(raw_run(r["records"], max(round(r["per_record"]), 2), work))
+            print(
+                "journal_throughput: run %d of %d done (%.0f s)" % (i + 1, runs, time.monotonic() - t_start),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out: dict = {"stages": stages, "runs": runs, "kinds": kinds, "samples": samples, "raw": raw}
     for k in kinds:
-        out[k] = {"rate": statistics.median(r["rate"] for r in samples[k]),
-                  "us_per_record": statistics.median(r["secs"] * 1e6 / max(r["records"], 1) for r in samples[k]),
-                  "us_per_stage": statistics.median(r["secs"] * 1e6 / r["n"] for r in samples[k]),
-                  "mbs": statistics.median(r["mbs"] for r in samples[k]),
-                  "per_record": statistics.median(r["per_record"] for r in samples[k]),
-                  "raw_rate": statistics.median(r["rate"] for r in raw[k]),
-                  "raw_mbs": statistics.median(r["mbs"] for r in raw[k]),
-                  "kinds": samples[k][-1]["kinds"]}
+        out[k] = {
+            "rate": statistics.median(r["rate"] for r in samples[k]),
+            "us_per_record": statistics.median(r["secs"] * 1e6 / max(r["records"], 1) for r in samples[k]),
+            "us_per_stage": statistics.median(r["secs"] * 1e6 / r["n"] for r in samples[k]),
+            "mbs": statistics.median(r["mbs"] for r in samples[k]),
+            "per_record": statistics.median(r["per_record"] for r in samples[k]),
+            "raw_rate": statistics.median(r["rate"] for r in raw[k]),
+            "raw_mbs": statistics.median(r["mbs"] for r in raw[k]),
+            "kinds": samples[k][-1]["kinds"],
+        }
     return out
 
 
@@ -199,33 +221,67 @@ def main() -> None:
     ap.add_argument("--no-check-row", action="store_true", help="leave out the stage row without the identity check")
     args = ap.parse_args()
     t = measure_throughput(args.stages, args.runs, not args.no_marks, not args.no_check_row)
-    print("lora_otel journal throughput — %s, Python %s, %d CPUs, %s; %d stages per process, %d processes per "
-          "row (interleaved, median); journal on %s"
-          % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
-             args.stages, args.runs, tempfile.gettempdir()))
+    print(
+        "lora_otel journal throughput — %s, Python %s, %d CPUs, %s; %d stages per process, %d processes per "
+        "row (interleaved, median); journal on %s"
+        % (
+            os.uname().machine,
+            sys.version.split()[0],
+            os.cpu_count(),
+            time.strftime("%Y-%m-%d"),
+            args.stages,
+            args.runs,
+            tempfile.gettempdir(),
+        )
+    )
     print()
     print("| what | records/s | MB/s | bytes per record | vs raw os.write | records in the window |")
     print("|---|---:|---:|---:|---:|---|")
-    names = {"stage": "empty lora_otel.stage blocks", "mark": "lora_otel.mark(\"tick\")",
-             "stage-unchecked": "empty lora_otel.stage blocks, no identity check (the writer before)"}
+    names = {
+        "stage": "empty lora_otel.stage blocks",
+        "mark": 'lora_otel.mark("tick")',
+        "stage-unchecked": "empty lora_otel.stage blocks, no identity check (the writer before)",
+    }
     for k in t["kinds"]:
         m = t[k]
-        print("| %s, LORA_OTEL=1 | %.0f | %.2f | %.0f | %.2fx | %s |"
-              % (names[k], m["rate"], m["mbs"], m["per_record"], m["rate"] / m["raw_rate"],
-                 ", ".join("%s %d" % kv for kv in sorted(m["kinds"].items()))))
-        print("| raw os.write of a %d-byte line, O_APPEND (baseline) | %.0f | %.2f | %.0f | 1.00x | |"
-              % (round(m["per_record"]), m["raw_rate"], m["raw_mbs"], m["per_record"]))
+        print(
+            "| %s, LORA_OTEL=1 | %.0f | %.2f | %.0f | %.2fx | %s |"
+            % (
+                names[k],
+                m["rate"],
+                m["mbs"],
+                m["per_record"],
+                m["rate"] / m["raw_rate"],
+                ", ".join("%s %d" % kv for kv in sorted(m["kinds"].items())),
+            )
+        )
+        print(
+            "| raw os.write of a %d-byte line, O_APPEND (baseline) | %.0f | %.2f | %.0f | 1.00x | |"
+            % (round(m["per_record"]), m["raw_rate"], m["raw_mbs"], m["per_record"])
+        )
     if "stage-unchecked" in t:
         a, b = t["stage-unchecked"], t["stage"]
         print()
         print("| descriptor identity check (os.fstat per record) | without | with | ratio | added |")
         print("|---|---:|---:|---:|---:|")
-        print("| µs per journal record | %.2f | %.2f | %.2fx | %+.2f µs |"
-              % (a["us_per_record"], b["us_per_record"], b["us_per_record"] / a["us_per_record"],
-                 b["us_per_record"] - a["us_per_record"]))
-        print("| µs per stage (a start and an end record) | %.2f | %.2f | %.2fx | %+.2f µs |"
-              % (a["us_per_stage"], b["us_per_stage"], b["us_per_stage"] / a["us_per_stage"],
-                 b["us_per_stage"] - a["us_per_stage"]))
+        print(
+            "| µs per journal record | %.2f | %.2f | %.2fx | %+.2f µs |"
+            % (
+                a["us_per_record"],
+                b["us_per_record"],
+                b["us_per_record"] / a["us_per_record"],
+                b["us_per_record"] - a["us_per_record"],
+            )
+        )
+        print(
+            "| µs per stage (a start and an end record) | %.2f | %.2f | %.2fx | %+.2f µs |"
+            % (
+                a["us_per_stage"],
+                b["us_per_stage"],
+                b["us_per_stage"] / a["us_per_stage"],
+                b["us_per_stage"] - a["us_per_stage"],
+            )
+        )
     if not args.skip_job:
         print("running train_lora.py --steps %d ..." % args.steps, file=sys.stderr, flush=True)
         a = measure_job(args.steps)

@@ -45,7 +45,7 @@ def journals(d: str) -> list:
 
 def otlp_spans(path: str):
     from lora_otel.export.otlp import translate
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     j = read_journal(path)
     return j, translate(j).spans
@@ -61,8 +61,15 @@ def per_job(args, work: str) -> dict:
     d = tempfile.mkdtemp(prefix="job-", dir=work)
     env = dict(env_base(), LORA_OTEL="1", LORA_OTEL_DIR=d)
     t0 = time.monotonic()
-    subprocess.run([PY, str(REPO / "examples" / "train_lora.py"), "--steps", str(args.steps)], env=env, cwd=d,
-                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [PY, str(REPO / "examples" / "train_lora.py"), "--steps", str(args.steps)],
+        env=env,
+        cwd=d,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wall = time.monotonic() - t0
     out = {"wall": wall, "files": 0, "jbytes": 0, "records": 0, "jspans": 0, "spans": 0, "lines": 0, "obytes": 0}
     for p in journals(d):
@@ -96,8 +103,14 @@ def print_per_job(a: dict, title: str) -> None:
 def burst_journal(args, work: str) -> str:
     d = tempfile.mkdtemp(prefix="burst-", dir=work)
     env = dict(env_base(), LORA_OTEL="1", LORA_OTEL_DIR=d, LORA_OTEL_STALL_AFTER="100000")
-    subprocess.run([PY, os.path.join(work, "job.py"), "burst", "0", str(args.stages), os.path.join(d, "n.txt")],
-                   env=env, cwd=d, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [PY, os.path.join(work, "job.py"), "burst", "0", str(args.stages), os.path.join(d, "n.txt")],
+        env=env,
+        cwd=d,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
     [path] = journals(d)
     return path
 
@@ -125,7 +138,7 @@ def sidecar_throughput(path: str, rotel_pid: int, endpoint: str) -> dict:
 
 def collector_ingest(path: str, rotel_pid: int, endpoint: str, total: int) -> dict:
     _, spans = otlp_spans(path)
-    bodies = [encode(spans[i:i + 512]) for i in range(0, len(spans), 512)]
+    bodies = [encode(spans[i : i + 512]) for i in range(0, len(spans), 512)]
     sizes = [min(512, len(spans) - i) for i in range(0, len(spans), 512)]
     host, port = endpoint.split("//")[1].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -145,8 +158,7 @@ def collector_ingest(path: str, rotel_pid: int, endpoint: str, total: int) -> di
     wall = time.monotonic() - t0
     r1 = proc_sample(rotel_pid)
     conn.close()
-    return {"spans": n, "bytes": nbytes, "requests": i, "wall": wall, "rotel_cpu": r1[0] - r0[0],
-            "rotel_rss": r1[1]}
+    return {"spans": n, "bytes": nbytes, "requests": i, "wall": wall, "rotel_cpu": r1[0] - r0[0], "rotel_rss": r1[1]}
 
 
 def concurrent(n: int, args, work: str, endpoint: str, rotel_pid: int) -> dict:
@@ -154,9 +166,14 @@ def concurrent(n: int, args, work: str, endpoint: str, rotel_pid: int) -> dict:
     jobs = []
     for k in range(n):
         d = tempfile.mkdtemp(prefix="n%d-%d-" % (n, k), dir=work)
-        p = subprocess.Popen([PY, os.path.join(work, "job.py"), "idle", str(args.seconds), "0", os.path.join(d, "n.txt")],
-                             env=dict(env, LORA_OTEL_DIR=d), cwd=d, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [PY, os.path.join(work, "job.py"), "idle", str(args.seconds), "0", os.path.join(d, "n.txt")],
+            env=dict(env, LORA_OTEL_DIR=d),
+            cwd=d,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         jobs.append((d, p))
     t_start = time.monotonic()
     pids = [find_sidecar(d, p, timeout=60) for d, p in jobs]
@@ -172,9 +189,16 @@ def concurrent(n: int, args, work: str, endpoint: str, rotel_pid: int) -> dict:
         p.wait(args.seconds + 60)
     if any(s is None for s in first + last):
         raise RuntimeError("a sidecar vanished inside the window (N=%d)" % n)
-    return {"n": n, "window": w, "cpu_pct": sum(b[0] - a[0] for a, b in zip(first, last)) / w * 100,
-            "startup_cpu": sum(a[0] for a in first) / n, "rss": sum(b[1] for b in last),
-            "hwm": max(b[2] for b in last), "rotel_pct": (r1[0] - r0[0]) / w * 100, "rotel_rss": r1[1]}
+    return {
+        "n": n,
+        "window": w,
+        "cpu_pct": sum(b[0] - a[0] for a, b in zip(first, last)) / w * 100,
+        "startup_cpu": sum(a[0] for a in first) / n,
+        "rss": sum(b[1] for b in last),
+        "hwm": max(b[2] for b in last),
+        "rotel_pct": (r1[0] - r0[0]) / w * 100,
+        "rotel_rss": r1[1],
+    }
 
 
 def main() -> None:
@@ -194,8 +218,10 @@ def main() -> None:
     if rotel is None:
         sys.exit("rotel is not installed (pip install rotel): no collector to measure against")
     rp, endpoint = rotel
-    print("lora_otel scale bench — %s, Python %s, %d CPUs, %s; collector: rotel agent %s (blackhole exporter)"
-          % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"), endpoint))
+    print(
+        "lora_otel scale bench — %s, Python %s, %d CPUs, %s; collector: rotel agent %s (blackhole exporter)"
+        % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"), endpoint)
+    )
     print()
     try:
         if "a" not in skip:
@@ -207,39 +233,79 @@ def main() -> None:
             print("writing a journal of %d stages ..." % args.stages, file=sys.stderr, flush=True)
             path = burst_journal(args, work)
             jb = os.path.getsize(path)
-            print("| (b, c) %d short stages | spans | wall s | spans/s (wall) | CPU s | spans per CPU-s | notes |" % args.stages)
+            print(
+                "| (b, c) %d short stages | spans | wall s | spans/s (wall) | CPU s | spans per CPU-s | notes |"
+                % args.stages
+            )
             print("|---|---:|---:|---:|---:|---:|---|")
             if "b" not in skip:
                 print("running (b) the sidecar's Follower ...", file=sys.stderr, flush=True)
                 b = sidecar_throughput(path, rp.pid, endpoint)
-                print("| sidecar Follower → rotel, OTLP/HTTP | %d | %.2f | %.0f | %.2f (follower) | %.0f | journal %.1f MB; delivered: %s, dropped %d; rotel CPU %.2f s |"
-                      % (b["spans"], b["wall"], b["spans"] / b["wall"], b["cpu"], b["spans"] / b["cpu"],
-                         jb / 1e6, b["ok"], b["dropped"], b["rotel_cpu"]))
+                print(
+                    "| sidecar Follower → rotel, OTLP/HTTP | %d | %.2f | %.0f | %.2f (follower) | %.0f "
+                    "| journal %.1f MB; delivered: %s, dropped %d; rotel CPU %.2f s |"
+                    % (
+                        b["spans"],
+                        b["wall"],
+                        b["spans"] / b["wall"],
+                        b["cpu"],
+                        b["spans"] / b["cpu"],
+                        jb / 1e6,
+                        b["ok"],
+                        b["dropped"],
+                        b["rotel_cpu"],
+                    )
+                )
             if "c" not in skip:
                 print("running (c) collector ingest ...", file=sys.stderr, flush=True)
                 c = collector_ingest(path, rp.pid, endpoint, args.ingest_spans)
-                print("| rotel ingest, pre-encoded 512-span OTLP/HTTP requests, 1 connection | %d | %.2f | %.0f | %.2f (rotel) | %.0f | %d requests, %.1f MB, %.0f bytes/span; rotel RSS %.0f MB |"
-                      % (c["spans"], c["wall"], c["spans"] / c["wall"], c["rotel_cpu"],
-                         c["spans"] / c["rotel_cpu"] if c["rotel_cpu"] > 0 else float("inf"),
-                         c["requests"], c["bytes"] / 1e6, c["bytes"] / c["spans"], c["rotel_rss"]))
+                print(
+                    "| rotel ingest, pre-encoded 512-span OTLP/HTTP requests, 1 connection | %d | %.2f | %.0f "
+                    "| %.2f (rotel) | %.0f | %d requests, %.1f MB, %.0f bytes/span; rotel RSS %.0f MB |"
+                    % (
+                        c["spans"],
+                        c["wall"],
+                        c["spans"] / c["wall"],
+                        c["rotel_cpu"],
+                        c["spans"] / c["rotel_cpu"] if c["rotel_cpu"] > 0 else float("inf"),
+                        c["requests"],
+                        c["bytes"] / 1e6,
+                        c["bytes"] / c["spans"],
+                        c["rotel_rss"],
+                    )
+                )
             print()
         if "d" not in skip:
             rows = []
             for n in [int(x) for x in args.jobs.split(",") if x.strip()]:
                 print("running (d) N=%d idle jobs for %g s ..." % (n, args.seconds), file=sys.stderr, flush=True)
                 rows.append(concurrent(n, args, work, endpoint, rp.pid))
-            print("| (d) N concurrent idle jobs | window s | sidecars' CPU % of one core (sum) | per sidecar | "
-                  "sidecar start-up CPU s (mean) | sidecars' RSS MB (sum) | per sidecar | rotel CPU % | rotel RSS MB |")
+            print(
+                "| (d) N concurrent idle jobs | window s | sidecars' CPU % of one core (sum) | per sidecar | "
+                "sidecar start-up CPU s (mean) | sidecars' RSS MB (sum) | per sidecar | rotel CPU % | rotel RSS MB |"
+            )
             print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for r in rows:
-                print("| %d | %.1f | %.2f | %.2f | %.2f | %.0f | %.1f | %.2f | %.0f |"
-                      % (r["n"], r["window"], r["cpu_pct"], r["cpu_pct"] / r["n"], r["startup_cpu"], r["rss"],
-                         r["rss"] / r["n"], r["rotel_pct"], r["rotel_rss"]))
+                print(
+                    "| %d | %.1f | %.2f | %.2f | %.2f | %.0f | %.1f | %.2f | %.0f |"
+                    % (
+                        r["n"],
+                        r["window"],
+                        r["cpu_pct"],
+                        r["cpu_pct"] / r["n"],
+                        r["startup_cpu"],
+                        r["rss"],
+                        r["rss"] / r["n"],
+                        r["rotel_pct"],
+                        r["rotel_rss"],
+                    )
+                )
             print()
     finally:
         rp.terminate()
         rp.wait(10)
     import shutil
+
     shutil.rmtree(work, ignore_errors=True)
 
 

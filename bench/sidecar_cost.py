@@ -33,7 +33,6 @@ import glob
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,12 +102,26 @@ def start_rotel(workdir: str):
     if binary is None:
         return None
     grpc, http = free_port(), free_port()
-    out = open(os.path.join(workdir, "rotel.out"), "wb")
-    p = subprocess.Popen([str(binary), "start", "--otlp-grpc-endpoint", "127.0.0.1:%d" % grpc,
-                          "--otlp-http-endpoint", "127.0.0.1:%d" % http, "--exporter", "blackhole",
-                          "--pid-file", os.path.join(workdir, "rotel.pid"),
-                          "--log-file", os.path.join(workdir, "rotel.log")],
-                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out = open(os.path.join(workdir, "rotel.out"), "wb")  # noqa: SIM115 - rotel's output, closed when it stops
+    p = subprocess.Popen(
+        [
+            str(binary),
+            "start",
+            "--otlp-grpc-endpoint",
+            "127.0.0.1:%d" % grpc,
+            "--otlp-http-endpoint",
+            "127.0.0.1:%d" % http,
+            "--exporter",
+            "blackhole",
+            "--pid-file",
+            os.path.join(workdir, "rotel.pid"),
+            "--log-file",
+            os.path.join(workdir, "rotel.log"),
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 20
     while True:
         if p.poll() is not None:
@@ -128,7 +141,7 @@ def proc_sample(pid: int):
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             data = f.read()
-        fields = data[data.rindex(b")") + 2:].split()
+        fields = data[data.rindex(b")") + 2 :].split()
         if fields[0] in (b"Z", b"X"):
             return None
         cpu = (int(fields[11]) + int(fields[12])) / HZ
@@ -145,7 +158,7 @@ def proc_sample(pid: int):
 
 
 def find_sidecar(jdir: str, job: subprocess.Popen, timeout: float = 20.0) -> int:
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -165,8 +178,14 @@ def run_row(kind: str, rate: float, args, base_env: dict, work: str) -> dict:
     count_file = os.path.join(jdir, "count.txt")
     env = dict(base_env, LORA_OTEL="1", LORA_OTEL_DIR=jdir, LORA_OTEL_STALL_AFTER="100000")
     t_start = time.monotonic()
-    job = subprocess.Popen([PY, script, kind, str(args.seconds), str(rate), count_file], env=env, cwd=jdir,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    job = subprocess.Popen(
+        [PY, script, kind, str(args.seconds), str(rate), count_file],
+        env=env,
+        cwd=jdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     pid = find_sidecar(jdir, job)
     t_first = t_start + (args.burst_warmup if kind == "burst" else args.warmup)
     t_last = t_start + args.seconds - 1.0
@@ -205,21 +224,36 @@ def run_row(kind: str, rate: float, args, base_env: dict, work: str) -> dict:
     except (OSError, ValueError):
         n = -1
     return {
-        "kind": kind, "pid": pid, "window_s": w1 - w0,
+        "kind": kind,
+        "pid": pid,
+        "window_s": w1 - w0,
         "cpu_pct": (last[0] - first[0]) / (w1 - w0) * 100,
         "startup_cpu_s": first[0],
-        "rss_first": first[1], "rss_last": last[1], "rss_max": max(rss), "hwm": last[2],
+        "rss_first": first[1],
+        "rss_last": last[1],
+        "rss_max": max(rss),
+        "hwm": last[2],
         "job_cpu_pct": ((job1[0] - job0[0]) / (w1 - w0) * 100) if job0 and job1 else float("nan"),
-        "records": n, "rate": n / args.seconds if n >= 0 else float("nan"), "window": (t_first - t_start, t_last - t_start),
+        "records": n,
+        "rate": n / args.seconds if n >= 0 else float("nan"),
+        "window": (t_first - t_start, t_last - t_start),
         "journal_mb": os.path.getsize(journal[0]) / 1e6 if journal else 0.0,
-        "exit_after_s": t_gone - t_job_end, "log": summary, "rc": job.returncode,
+        "exit_after_s": t_gone - t_job_end,
+        "log": summary,
+        "rc": job.returncode,
         "stderr": err.decode(errors="replace")[-500:],
     }
 
 
-def measure(seconds: float = 60.0, warmup: float = 5.0, rows=("idle", "marks", "stages", "burst"),
-            mark_rate: float = 2000.0, stage_rate: float = 500.0, burst: int = 30000,
-            burst_warmup: float = 20.0) -> dict:
+def measure(
+    seconds: float = 60.0,
+    warmup: float = 5.0,
+    rows=("idle", "marks", "stages", "burst"),
+    mark_rate: float = 2000.0,
+    stage_rate: float = 500.0,
+    burst: int = 30000,
+    burst_warmup: float = 20.0,
+) -> dict:
     """Run the rows one after another against one collector; a dict per row (see :func:`run_row`)."""
     if seconds < max(warmup, burst_warmup if "burst" in rows else 0) + 3:
         raise ValueError("seconds must be at least warmup/burst_warmup + 3")
@@ -248,13 +282,24 @@ def measure(seconds: float = 60.0, warmup: float = 5.0, rows=("idle", "marks", "
             collector_proc.terminate()
             collector_proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    return {"results": results, "collector": collector, "rotel": rotel is not None, "seconds": seconds,
-            "warmup": warmup, "burst": burst, "burst_warmup": burst_warmup}
+    return {
+        "results": results,
+        "collector": collector,
+        "rotel": rotel is not None,
+        "seconds": seconds,
+        "warmup": warmup,
+        "burst": burst,
+        "burst_warmup": burst_warmup,
+    }
 
 
 def row_name(kind: str, burst: int) -> str:
-    return {"idle": "idle (sleep in a stage)", "marks": "busy: lora_otel.mark()",
-            "stages": "busy: short lora_otel.stage()", "burst": "idle after %d short stages" % burst}[kind]
+    return {
+        "idle": "idle (sleep in a stage)",
+        "marks": "busy: lora_otel.mark()",
+        "stages": "busy: short lora_otel.stage()",
+        "burst": "idle after %d short stages" % burst,
+    }[kind]
 
 
 def main() -> None:
@@ -269,36 +314,75 @@ def main() -> None:
     args = ap.parse_args()
     if args.seconds < max(args.warmup, args.burst_warmup) + 3:
         ap.error("--seconds must be at least --warmup/--burst-warmup + 3")
-    res = measure(args.seconds, args.warmup, [r.strip() for r in args.rows.split(",") if r.strip()],
-                  args.mark_rate, args.stage_rate, args.burst, args.burst_warmup)
+    res = measure(
+        args.seconds,
+        args.warmup,
+        [r.strip() for r in args.rows.split(",") if r.strip()],
+        args.mark_rate,
+        args.stage_rate,
+        args.burst,
+        args.burst_warmup,
+    )
     results = res["results"]
 
-    print("lora_otel sidecar cost — %s, Python %s, %d CPUs, %s; jobs of %g s, window from %g s to %g s "
-          "after the job's start (burst: from %g s); collector: %s"
-          % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
-             args.seconds, args.warmup, args.seconds - 1, args.burst_warmup, res["collector"]))
+    print(
+        "lora_otel sidecar cost — %s, Python %s, %d CPUs, %s; jobs of %g s, window from %g s to %g s "
+        "after the job's start (burst: from %g s); collector: %s"
+        % (
+            os.uname().machine,
+            sys.version.split()[0],
+            os.cpu_count(),
+            time.strftime("%Y-%m-%d"),
+            args.seconds,
+            args.warmup,
+            args.seconds - 1,
+            args.burst_warmup,
+            res["collector"],
+        )
+    )
     print()
-    print("| job | records/s | window s | sidecar CPU % of one core | sidecar start-up CPU s | RSS MB (start → end) "
-          "| peak RSS MB (VmHWM) | job's own CPU % | journal MB |")
+    print(
+        "| job | records/s | window s | sidecar CPU % of one core | sidecar start-up CPU s | RSS MB (start → end) "
+        "| peak RSS MB (VmHWM) | job's own CPU % | journal MB |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         rate = {"idle": "beat only", "burst": "beat only (after the burst)"}.get(r["kind"], "%.0f" % r["rate"])
-        print("| %s | %s | %.0f–%.0f | %.2f | %.2f | %.1f → %.1f | %.1f | %.1f | %.1f |"
-              % (row_name(r["kind"], args.burst), rate, r["window"][0], r["window"][1], r["cpu_pct"],
-                 r["startup_cpu_s"], r["rss_first"], r["rss_last"], r["hwm"], r["job_cpu_pct"], r["journal_mb"]))
+        print(
+            "| %s | %s | %.0f–%.0f | %.2f | %.2f | %.1f → %.1f | %.1f | %.1f | %.1f |"
+            % (
+                row_name(r["kind"], args.burst),
+                rate,
+                r["window"][0],
+                r["window"][1],
+                r["cpu_pct"],
+                r["startup_cpu_s"],
+                r["rss_first"],
+                r["rss_last"],
+                r["hwm"],
+                r["job_cpu_pct"],
+                r["journal_mb"],
+            )
+        )
     print()
     print("| figure | value | goal |")
     print("|---|---:|---|")
     for r in results:
         if r["kind"] in ("idle", "burst"):
-            print("| sidecar CPU following an %s job | %.2f %% | < %g %%: %s |"
-                  % (row_name(r["kind"], args.burst), r["cpu_pct"], GOAL_CPU, "yes" if r["cpu_pct"] < GOAL_CPU else "NO"))
-        print("| sidecar peak memory (VmHWM), %s | %.1f MB | < %g MB: %s |"
-              % (row_name(r["kind"], args.burst), r["hwm"], GOAL_MB, "yes" if r["hwm"] < GOAL_MB else "NO"))
+            print(
+                "| sidecar CPU following an %s job | %.2f %% | < %g %%: %s |"
+                % (row_name(r["kind"], args.burst), r["cpu_pct"], GOAL_CPU, "yes" if r["cpu_pct"] < GOAL_CPU else "NO")
+            )
+        print(
+            "| sidecar peak memory (VmHWM), %s | %.1f MB | < %g MB: %s |"
+            % (row_name(r["kind"], args.burst), r["hwm"], GOAL_MB, "yes" if r["hwm"] < GOAL_MB else "NO")
+        )
     print()
     for r in results:
-        print("%s: sidecar pid %d, exited %.2f s after the job; its log: %s"
-              % (r["kind"], r["pid"], r["exit_after_s"], r["log"]))
+        print(
+            "%s: sidecar pid %d, exited %.2f s after the job; its log: %s"
+            % (r["kind"], r["pid"], r["exit_after_s"], r["log"])
+        )
         if r["rc"] != 0:
             print("    job exit code %s: %s" % (r["rc"], r["stderr"]))
 

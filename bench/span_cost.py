@@ -135,8 +135,8 @@ VARIANTS = {
     "stage+sidecar": ("lora_otel.stage, LORA_OTEL=1 + endpoint to rotel (its sidecar runs)", "stage", True, "rotel"),
     "sdk": ("OTel SDK span, BatchSpanProcessor(OTLPSpanExporter()) → rotel", "sdk", False, "rotel"),
     "sdk-refused": ("OTel SDK span, same set-up, endpoint refused", "sdk", False, "refused"),
-    "mark": ("lora_otel.mark(\"tick\"), LORA_OTEL=1", "mark", True, None),
-    "sdk-event": ("OTel SDK span.add_event(\"tick\") → rotel", "sdk-event", False, "rotel"),
+    "mark": ('lora_otel.mark("tick"), LORA_OTEL=1', "mark", True, None),
+    "sdk-event": ('OTel SDK span.add_event("tick") → rotel', "sdk-event", False, "rotel"),
 }
 DEFAULT_VARIANTS = list(VARIANTS)
 
@@ -154,7 +154,7 @@ def dropped_text(r: dict, variant: str) -> str:
 
 
 def run_one(variant: str, spans: int, work: str, endpoints: dict) -> dict:
-    label, kind, traced, ep = VARIANTS[variant]
+    _label, kind, traced, ep = VARIANTS[variant]
     d = tempfile.mkdtemp(prefix=variant + "-", dir=work)
     env = env_base()
     env["OTEL_SERVICE_NAME"] = "bench"
@@ -162,8 +162,15 @@ def run_one(variant: str, spans: int, work: str, endpoints: dict) -> dict:
         env.update(LORA_OTEL="1", LORA_OTEL_DIR=d, LORA_OTEL_STALL_AFTER="100000")
     if ep is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoints[ep]
-    r = subprocess.run([PY, "-c", CHILD, kind, str(spans)], env=env, cwd=d, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    r = subprocess.run(
+        [PY, "-c", CHILD, kind, str(spans)],
+        env=env,
+        cwd=d,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     t_end = time.time()
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("SPAN ")]
     if r.returncode != 0 or not lines:
@@ -193,7 +200,7 @@ def measure(spans: int = 20000, runs: int = 7, variants=tuple(DEFAULT_VARIANTS))
             notes.append("skipped (rotel is not installed): %s" % ", ".join(dropped_variants))
         variants = [v for v in variants if VARIANTS[v][3] != "rotel"]
     samples: dict = {v: [] for v in variants}
-    dropped: dict = {v: 0 for v in variants}
+    dropped: dict = dict.fromkeys(variants, 0)
     sidecar_logs: dict = {}
     try:
         for v in variants:  # warm the page cache (not counted)
@@ -206,24 +213,38 @@ def measure(spans: int = 20000, runs: int = 7, variants=tuple(DEFAULT_VARIANTS))
                 dropped[v] = -1 if min(dropped[v], r["dropped"]) < 0 else dropped[v] + r["dropped"]
                 if "sidecar" in r:
                     sidecar_logs[v] = r["sidecar"].get("log", "")
-            print("span_cost: run %d of %d done (%.0f s)" % (i + 1, runs, time.monotonic() - t0),
-                  file=sys.stderr, flush=True)
+            print(
+                "span_cost: run %d of %d done (%.0f s)" % (i + 1, runs, time.monotonic() - t0),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         if rotel is not None:
             rotel[0].terminate()
             rotel[0].wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    return {"spans": spans, "runs": runs, "variants": list(variants), "us": samples,
-            "median_us": {v: statistics.median(s) for v, s in samples.items()}, "dropped": dropped,
-            "collector": collector, "notes": notes, "sidecar_logs": sidecar_logs}
+    return {
+        "spans": spans,
+        "runs": runs,
+        "variants": list(variants),
+        "us": samples,
+        "median_us": {v: statistics.median(s) for v, s in samples.items()},
+        "dropped": dropped,
+        "collector": collector,
+        "notes": notes,
+        "sidecar_logs": sidecar_logs,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=20000, help="spans per process (default 20000)")
     ap.add_argument("--runs", type=int, default=7, help="fresh processes per variant, interleaved (default 7)")
-    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                    help="which rows (default all: %s)" % ",".join(DEFAULT_VARIANTS))
+    ap.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help="which rows (default all: %s)" % ",".join(DEFAULT_VARIANTS),
+    )
     args = ap.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -231,21 +252,41 @@ def main() -> None:
         ap.error("unknown variants %s; known: %s" % (unknown, ", ".join(VARIANTS)))
     r = measure(args.spans, args.runs, variants)
     med = r["median_us"]
-    print("lora_otel per-span cost — %s, Python %s, %d CPUs, %s; %d spans per process, %d processes per row "
-          "(interleaved, median); collector: %s"
-          % (os.uname().machine, sys.version.split()[0], os.cpu_count(), time.strftime("%Y-%m-%d"),
-             args.spans, args.runs, r["collector"]))
+    print(
+        "lora_otel per-span cost — %s, Python %s, %d CPUs, %s; %d spans per process, %d processes per row "
+        "(interleaved, median); collector: %s"
+        % (
+            os.uname().machine,
+            sys.version.split()[0],
+            os.cpu_count(),
+            time.strftime("%Y-%m-%d"),
+            args.spans,
+            args.runs,
+            r["collector"],
+        )
+    )
     for note in r["notes"]:
         print(note)
     print()
-    print("| what | µs per span (median) | min–max over runs | vs OTel SDK (span; event for the event rows) "
-          "| added µs vs empty `with` | OTel SDK spans dropped (queue full) |")
+    print(
+        "| what | µs per span (median) | min–max over runs | vs OTel SDK (span; event for the event rows) "
+        "| added µs vs empty `with` | OTel SDK spans dropped (queue full) |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for v in r["variants"]:
         m, ref = med[v], med.get(reference(v))
-        print("| %s | %.2f | %.2f–%.2f | %s | %s | %s |"
-              % (VARIANTS[v][0], m, min(r["us"][v]), max(r["us"][v]), "%.2fx" % (m / ref) if ref else "",
-                 "%+.2f" % (m - med["empty"]) if "empty" in med else "", dropped_text(r, v)))
+        print(
+            "| %s | %.2f | %.2f–%.2f | %s | %s | %s |"
+            % (
+                VARIANTS[v][0],
+                m,
+                min(r["us"][v]),
+                max(r["us"][v]),
+                "%.2fx" % (m / ref) if ref else "",
+                "%+.2f" % (m - med["empty"]) if "empty" in med else "",
+                dropped_text(r, v),
+            )
+        )
     for v, log in r["sidecar_logs"].items():
         print("%s: last run's sidecar log: %s" % (v, log))
 

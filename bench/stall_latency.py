@@ -38,8 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from collector import Collector, free_port, rotel_agent_path  # noqa: E402
-
-from lora_otel.export.reader import read_journal  # noqa: E402
+from lora_otel.journal.reader import read_journal  # noqa: E402
 
 LIMIT_S = 2.0
 FROZEN_S = 3.0
@@ -47,21 +46,26 @@ FROZEN_S = 3.0
 
 def env_for(endpoint: str, workdir: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LORA_OTEL", "OTEL_")) and k != "TRACEPARENT"}
-    env.update(LORA_OTEL="1", LORA_OTEL_DIR=str(workdir / "journals"), OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-               LORA_OTEL_STALL_AFTER="import=%g,load model=%g" % (LIMIT_S, LIMIT_S),
-               LORA_OTEL_FROZEN_AFTER="%g" % FROZEN_S)
+    env.update(
+        LORA_OTEL="1",
+        LORA_OTEL_DIR=str(workdir / "journals"),
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        LORA_OTEL_STALL_AFTER="import=%g,load model=%g" % (LIMIT_S, LIMIT_S),
+        LORA_OTEL_FROZEN_AFTER="%g" % FROZEN_S,
+    )
     env.update(extra)
     return env
 
 
 def kind_of(collector: Collector, name: str) -> str:
-    return [s for s in collector.spans() if s.name == name][0].attributes.get("lora_otel.stall.kind", "")
+    return next(s for s in collector.spans() if s.name == name).attributes.get("lora_otel.stall.kind", "")
 
 
 def start(workdir: Path, script: str, env: dict) -> subprocess.Popen:
     (workdir / "job.py").write_text(script)
-    return subprocess.Popen([sys.executable, "job.py"], cwd=workdir, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "job.py"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def journal(workdir: Path):
@@ -116,7 +120,7 @@ def _frozen_deadline(workdir: Path, collector: Collector, name: str) -> float:
     """
     import json
 
-    detected = [s for s in collector.spans() if s.name == name][0].end_ns
+    detected = next(s for s in collector.spans() if s.name == name).end_ns
     path = sorted((workdir / "journals").glob("*.otel.jsonl"))[0]
     last = 0
     for line in path.read_bytes().splitlines():
@@ -131,8 +135,9 @@ def _frozen_deadline(workdir: Path, collector: Collector, name: str) -> float:
 
 def case_gil_import(collector: Collector, workdir: Path) -> dict:
     (workdir / "frozenmod.py").write_text("import ctypes\nwhile True:\n    ctypes.PyDLL(None).pause()\n")
-    proc = start(workdir, "import frozenmod\n", env_for(collector.http_endpoint, workdir,
-                                                         LORA_OTEL_STALL_AFTER="import=600"))
+    proc = start(
+        workdir, "import frozenmod\n", env_for(collector.http_endpoint, workdir, LORA_OTEL_STALL_AFTER="import=600")
+    )
     try:
         wait_open(workdir, "import frozenmod")
         arrived = wait_span(collector, "import frozenmod")
@@ -144,8 +149,11 @@ def case_gil_import(collector: Collector, workdir: Path) -> dict:
 
 
 def case_sigstop(collector: Collector, workdir: Path) -> dict:
-    proc = start(workdir, "import lora_otel, time\nwith lora_otel.stage('load data'):\n    time.sleep(600)\n",
-                 env_for(collector.http_endpoint, workdir))
+    proc = start(
+        workdir,
+        "import lora_otel, time\nwith lora_otel.stage('load data'):\n    time.sleep(600)\n",
+        env_for(collector.http_endpoint, workdir),
+    )
     try:
         wait_open(workdir, "load data")
         time.sleep(1.2)
@@ -160,8 +168,11 @@ def case_sigstop(collector: Collector, workdir: Path) -> dict:
 
 
 def case_sigkill(collector: Collector, workdir: Path) -> dict:
-    proc = start(workdir, "import lora_otel, time\nwith lora_otel.stage('save checkpoint'):\n    time.sleep(600)\n",
-                 env_for(collector.http_endpoint, workdir))
+    proc = start(
+        workdir,
+        "import lora_otel, time\nwith lora_otel.stage('save checkpoint'):\n    time.sleep(600)\n",
+        env_for(collector.http_endpoint, workdir),
+    )
     try:
         wait_open(workdir, "save checkpoint")
         time.sleep(1.0)
@@ -175,8 +186,11 @@ def case_sigkill(collector: Collector, workdir: Path) -> dict:
 
 
 def case_recover(collector: Collector, workdir: Path) -> dict:
-    proc = start(workdir, "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(%g)\n"
-                 % (LIMIT_S + 2), env_for(collector.http_endpoint, workdir))
+    proc = start(
+        workdir,
+        "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(%g)\n" % (LIMIT_S + 2),
+        env_for(collector.http_endpoint, workdir),
+    )
     try:
         span = wait_open(workdir, "load model")
         stalled = wait_span(collector, "load model")
@@ -184,7 +198,7 @@ def case_recover(collector: Collector, workdir: Path) -> dict:
         continued = wait_span(collector, "load model (continued)")
     finally:
         stop(proc)
-    end = [s for s in journal(workdir).spans if s.name == "load model"][0].end_ns / 1e9
+    end = next(s for s in journal(workdir).spans if s.name == "load model").end_ns / 1e9
     return {"stall": stalled - (span.start_ns / 1e9 + LIMIT_S), "continued": continued - end}
 
 
@@ -261,13 +275,20 @@ def case_sdk_hang(collector: Collector, workdir: Path, wait_s: float) -> dict:
     return {"wait_s": wait_s, "setup_seen": setup_seen, "hung_seen": hung_seen, "killed_seen": killed_seen}
 
 
-CASES = [("sleep-hang in an import", case_sleep_import), ("GIL held in an import", case_gil_import),
-         ("SIGSTOPped process", case_sigstop), ("SIGKILL mid-stage", case_sigkill),
-         ("stage stalls, then recovers", case_recover)]
+CASES = [
+    ("sleep-hang in an import", case_sleep_import),
+    ("GIL held in an import", case_gil_import),
+    ("SIGSTOPped process", case_sigstop),
+    ("SIGKILL mid-stage", case_sigkill),
+    ("stage stalls, then recovers", case_recover),
+]
 
 
-WHAT = {"stall": "stall at the collector, after the limit", "death": "finalised spans, after the SIGKILL",
-        "continued": "\"(continued)\" span, after the real end"}
+WHAT = {
+    "stall": "stall at the collector, after the limit",
+    "death": "finalised spans, after the SIGKILL",
+    "continued": '"(continued)" span, after the real end',
+}
 
 
 def measure(runs: int = 3, binary: Path | None = None, sdk_wait_s: float = 0.0) -> dict:
@@ -310,9 +331,12 @@ def measure(runs: int = 3, binary: Path | None = None, sdk_wait_s: float = 0.0) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sdk-wait", type=float, default=0.0,
-                        help="also run the OTel SDK baseline: a hung span, looked for this many s after its start "
-                             "(default 0: skip)")
+    parser.add_argument(
+        "--sdk-wait",
+        type=float,
+        default=0.0,
+        help="also run the OTel SDK baseline: a hung span, looked for this many s after its start (default 0: skip)",
+    )
     args = parser.parse_args()
     binary = rotel_agent_path()
     if binary is None:
@@ -320,27 +344,39 @@ def main() -> int:
         return 2
     res = measure(args.runs, binary, args.sdk_wait)
     results, outage = res["results"], res["outage"]
-    print("Stall-to-collector latency (%d runs each; limits: import/stage %g s, frozen %g s)\n"
-          % (args.runs, LIMIT_S, FROZEN_S))
+    print(
+        "Stall-to-collector latency (%d runs each; limits: import/stage %g s, frozen %g s)\n"
+        % (args.runs, LIMIT_S, FROZEN_S)
+    )
     print("| case | what arrived | median s | max s |")
     print("|---|---|---:|---:|")
     for (label, key), values in results.items():
         print("| %s | %s | %.2f | %.2f |" % (label, WHAT[key], statistics.median(values), max(values)))
     backs = [o["back"] for o in outage]
-    print("| collector down, then back | all 32 spans, after the collector started | %.2f | %.2f |"
-          % (statistics.median(backs), max(backs)))
-    print("\nOutage: %d runs, 32 spans each: %d lost, %d duplicated"
-          % (len(outage), sum(o["lost"] for o in outage), sum(o["duplicates"] for o in outage)))
+    print(
+        "| collector down, then back | all 32 spans, after the collector started | %.2f | %.2f |"
+        % (statistics.median(backs), max(backs))
+    )
+    print(
+        "\nOutage: %d runs, 32 spans each: %d lost, %d duplicated"
+        % (len(outage), sum(o["lost"] for o in outage), sum(o["duplicates"] for o in outage))
+    )
     if res["sdk"]:
         print(sdk_summary(res["sdk"]))
     return 0
 
 
 def sdk_summary(sdk: dict) -> str:
-    return ("OTel SDK default (BatchSpanProcessor), a span that hangs: at the collector %g s after its start: %s; "
-            "2 s after a SIGKILL: %s (a finished span of the same job: %s)"
-            % (sdk["wait_s"], "yes" if sdk["hung_seen"] else "no", "yes" if sdk["killed_seen"] else "no",
-               "arrived" if sdk["setup_seen"] else "did not arrive"))
+    return (
+        "OTel SDK default (BatchSpanProcessor), a span that hangs: at the collector %g s after its start: %s; "
+        "2 s after a SIGKILL: %s (a finished span of the same job: %s)"
+        % (
+            sdk["wait_s"],
+            "yes" if sdk["hung_seen"] else "no",
+            "yes" if sdk["killed_seen"] else "no",
+            "arrived" if sdk["setup_seen"] else "did not arrive",
+        )
+    )
 
 
 if __name__ == "__main__":

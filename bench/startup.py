@@ -36,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from sidecar_cost import env_base  # noqa: E402
+
 PY = sys.executable
 BARE = "bare python -c pass"
 ON = "LORA_OTEL=1 python -c pass"
@@ -83,8 +84,14 @@ def measure(runs: int = 40, extra_rows: bool = True) -> dict:
         base = env_base()
         on = dict(base, LORA_OTEL="1", LORA_OTEL_DIR=os.path.join(work, "journals"))
         otel_inst = shutil.which("opentelemetry-instrument", path=os.path.dirname(PY))
-        otel_env = dict(base, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
-                        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_SERVICE_NAME="bench")
+        otel_env = dict(
+            base,
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+            OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+            OTEL_SERVICE_NAME="bench",
+        )
         nopyc = os.path.join(work, "no-pyc")
         rows = {
             BARE: ([PY, "-c", "pass"], base),
@@ -95,8 +102,14 @@ def measure(runs: int = 40, extra_rows: bool = True) -> dict:
             # With an OTLP endpoint the preamble also starts the sidecar (double fork + exec). The
             # sidecar here is /bin/true, so that forty sidecars importing the OTel SDK do not load
             # the machine during the timing; the job pays the same either way.
-            SIDECAR: ([PY, "-c", "pass"], dict(on, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
-                                               LORA_OTEL_SIDECAR_PYTHON=shutil.which("true") or "/bin/true")),
+            SIDECAR: (
+                [PY, "-c", "pass"],
+                dict(
+                    on,
+                    OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+                    LORA_OTEL_SIDECAR_PYTHON=shutil.which("true") or "/bin/true",
+                ),
+            ),
             SITE_EMPTY: ([PY, "-I", "-S", "-c", "import site; site.addsitedir(%r)" % emptydir], base),
             SITE_HOOK: ([PY, "-I", "-S", "-c", "import site; site.addsitedir(%r)" % hookdir], base),
         }
@@ -106,7 +119,7 @@ def measure(runs: int = 40, extra_rows: bool = True) -> dict:
         if otel_inst:
             rows[OTEL_INSTRUMENT] = ([otel_inst, PY, "-c", "pass"], otel_env)
         samples: dict = {k: [] for k in rows}
-        for name, (cmd, env) in rows.items():  # warm the page cache
+        for _name, (cmd, env) in rows.items():  # warm the page cache
             time_once(cmd, env, work)
         for _ in range(runs):
             for name, (cmd, env) in rows.items():
@@ -118,12 +131,24 @@ def measure(runs: int = 40, extra_rows: bool = True) -> dict:
             for line in p.read_text().splitlines():
                 rec = json.loads(line)
                 if rec.get("k") == "attrs" and "lora_otel.preamble.first_evidence_us" in rec["attrs"]:
-                    fe.append((rec["attrs"]["lora_otel.preamble.first_evidence_us"],
-                               rec["attrs"]["lora_otel.preamble.duration_us"]))
+                    fe.append(
+                        (
+                            rec["attrs"]["lora_otel.preamble.first_evidence_us"],
+                            rec["attrs"]["lora_otel.preamble.duration_us"],
+                        )
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"runs": runs, "rows": list(rows), "med": med, "samples": samples, "bare": med[BARE],
-            "first_evidence": fe, "hook_line_us": hook_line_cost_us(), "otel_instrument": otel_inst}
+    return {
+        "runs": runs,
+        "rows": list(rows),
+        "med": med,
+        "samples": samples,
+        "bare": med[BARE],
+        "first_evidence": fe,
+        "hook_line_us": hook_line_cost_us(),
+        "otel_instrument": otel_inst,
+    }
 
 
 def main() -> None:
@@ -133,8 +158,10 @@ def main() -> None:
     r = measure(args.runs)
     med, bare, fe, per_exec = r["med"], r["bare"], r["first_evidence"], r["hook_line_us"]
 
-    print("lora_otel start-up benchmark — %s, Python %s, %d runs per row (median), %s"
-          % (os.uname().machine, sys.version.split()[0], args.runs, time.strftime("%Y-%m-%d")))
+    print(
+        "lora_otel start-up benchmark — %s, Python %s, %d runs per row (median), %s"
+        % (os.uname().machine, sys.version.split()[0], args.runs, time.strftime("%Y-%m-%d"))
+    )
     print()
     print("| what | median ms | vs bare | added ms |")
     print("|---|---:|---:|---:|")
@@ -145,18 +172,24 @@ def main() -> None:
     print("| figure | value | goal |")
     print("|---|---:|---|")
     print("| .pth hook line exec'd with LORA_OTEL unset | %.2f µs | < 1000 µs |" % per_exec)
-    print("| hook dir vs empty dir, whole interpreter (noise-bound) | %+.2f ms | < 1 ms |"
-          % (med[SITE_HOOK] - med[SITE_EMPTY]))
+    print(
+        "| hook dir vs empty dir, whole interpreter (noise-bound) | %+.2f ms | < 1 ms |"
+        % (med[SITE_HOOK] - med[SITE_EMPTY])
+    )
     print("| preamble added to interpreter start | %+.2f ms | ≤ 15 ms |" % (med[ON] - bare))
     print("| preamble + starting the sidecar (OTLP endpoint set) | %+.2f ms | ≤ 15 ms |" % (med[SIDECAR] - bare))
     print("| same, without byte code (compiled at every start) | %+.2f ms | |" % (med[NO_PYC] - bare))
     if r["otel_instrument"]:
-        print("| opentelemetry-instrument added | %+.2f ms | (reference, ~600 ms here) |" % (med[OTEL_INSTRUMENT] - bare))
+        print(
+            "| opentelemetry-instrument added | %+.2f ms | (reference, ~600 ms here) |" % (med[OTEL_INSTRUMENT] - bare)
+        )
     if fe:
-        print("| first evidence after preamble start (median) | %d µs | ≤ 5000 µs |"
-              % statistics.median(x[0] for x in fe))
-        print("| first evidence after preamble start (max of %d) | %d µs | ≤ 5000 µs |"
-              % (len(fe), max(x[0] for x in fe)))
+        print(
+            "| first evidence after preamble start (median) | %d µs | ≤ 5000 µs |" % statistics.median(x[0] for x in fe)
+        )
+        print(
+            "| first evidence after preamble start (max of %d) | %d µs | ≤ 5000 µs |" % (len(fe), max(x[0] for x in fe))
+        )
         print("| whole preamble, measured inside (median) | %d µs | |" % statistics.median(x[1] for x in fe))
 
 

@@ -31,10 +31,10 @@ PY = sys.executable
 
 HOOKS = r"""
 import sys, time, torch
-from lora_otel._boot import hooks
+from lora_otel._boot import torch_hooks
 n = int(sys.argv[1])
 opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-pre, post = hooks.on_step_pre, hooks.on_step_post
+pre, post = torch_hooks.on_step_pre, torch_hooks.on_step_post
 pre(opt, (), {}); post(opt, (), {})  # opens `training` once, as the first real step does
 def e1(*a): pass
 def e2(*a): pass
@@ -89,9 +89,16 @@ def measure(steps: int = 20000, runs: int = 7) -> dict:
             spans += run(LOOP, steps, True, work, LORA_OTEL_STEP_SPANS="100")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"steps": steps, "runs": runs, "empty": empty, "hooked": hooked, "hooked_spans": hooked_spans,
-            "bare": statistics.median(bare), "traced": statistics.median(traced),
-            "spans": statistics.median(spans)}
+    return {
+        "steps": steps,
+        "runs": runs,
+        "empty": empty,
+        "hooked": hooked,
+        "hooked_spans": hooked_spans,
+        "bare": statistics.median(bare),
+        "traced": statistics.median(traced),
+        "spans": statistics.median(spans),
+    }
 
 
 def main() -> None:
@@ -102,15 +109,19 @@ def main() -> None:
     r = measure(args.steps, args.runs)
     empty, hooked, hooked_spans = r["empty"], r["hooked"], r["hooked_spans"]
     b, t, s = r["bare"], r["traced"], r["spans"]
-    print("lora_otel step-cost benchmark — %s, Python %s, torch %s"
-          % (os.uname().machine, sys.version.split()[0], __import__("torch").__version__))
+    print(
+        "lora_otel step-cost benchmark — %s, Python %s, torch %s"
+        % (os.uname().machine, sys.version.split()[0], __import__("torch").__version__)
+    )
     print()
     print("| what | ns per step | vs baseline | added ns |")
     print("|---|---:|---:|---:|")
     print("| two empty functions (baseline of the hook call) | %.0f | 1.00x | +0 |" % empty)
     print("| lora_otel's step pre+post hooks | %.0f | %.2fx | %+.0f |" % (hooked, hooked / empty, hooked - empty))
-    print("| same, LORA_OTEL_STEP_SPANS=100 | %.0f | %.2fx | %+.0f |"
-          % (hooked_spans, hooked_spans / empty, hooked_spans - empty))
+    print(
+        "| same, LORA_OTEL_STEP_SPANS=100 | %.0f | %.2fx | %+.0f |"
+        % (hooked_spans, hooked_spans / empty, hooked_spans - empty)
+    )
     print("| SGD step on nn.Linear(8, 8), no lora_otel (median of %d) | %.0f | 1.00x | +0 |" % (args.runs, b))
     print("| same loop, LORA_OTEL=1 | %.0f | %.3fx | %+.0f |" % (t, t / b, t - b))
     print("| same loop, LORA_OTEL=1 + LORA_OTEL_STEP_SPANS=100 | %.0f | %.3fx | %+.0f |" % (s, s / b, s - b))

@@ -5,10 +5,10 @@
 Three figures, each beside its baseline measured in the same run:
 
 - start: ``spawn.start`` timed inside a process (what starting the sidecar adds to the job's
-  preamble: the double fork, until the sidecar's pid is read back), the preamble's own duration (``lora_otel.preamble.duration_us``, which includes starting
-  the sidecar) and the wall time of ``python -c pass`` with ``LORA_OTEL=1`` (the sidecar starts, by a double
-  fork, in the preamble) against the same with ``LORA_OTEL_LIVE=0`` (no sidecar); ``--runs``
-  alternating pairs, medians. Goal: ≤ 3 ms added.
+  preamble: the double fork, until the sidecar's pid is read back), the preamble's own duration
+  (``lora_otel.preamble.duration_us``, which includes starting the sidecar) and the wall time of
+  ``python -c pass`` with ``LORA_OTEL=1`` (the sidecar starts, by a double fork, in the preamble)
+  against the same with ``LORA_OTEL_LIVE=0`` (no sidecar); ``--runs`` alternating pairs, medians. Goal: ≤ 3 ms added.
 - resident memory of the sidecar following an idle job (``time.sleep`` in a stage; the job only
   writes its once-per-second beat): VmRSS from ``/proc/<pid>/status`` at the end of the window.
   Goal: ≤ 30 MB. Baseline: a bare ``python -c "import time; time.sleep(5)"``.
@@ -114,16 +114,26 @@ def main() -> int:
                 with open(os.path.join(d, name)) as f:
                     for line in f:
                         rec = json.loads(line)
-                        us = rec.get("attrs", {}).get("lora_otel.preamble.duration_us") if rec.get("k") == "attrs" else None
+                        us = (
+                            rec.get("attrs", {}).get("lora_otel.preamble.duration_us")
+                            if rec.get("k") == "attrs"
+                            else None
+                        )
                         if us is not None:
                             pre[label].append(us / 1000)
 
     job = os.path.join(work, "idle.py")
-    Path(job).write_text("import lora_otel, time\nwith lora_otel.stage('idle'):\n    time.sleep(%f)\n"
-                         % (args.seconds + 4))
+    Path(job).write_text(
+        "import lora_otel, time\nwith lora_otel.stage('idle'):\n    time.sleep(%f)\n" % (args.seconds + 4)
+    )
     jdir = os.path.join(work, "idle")
-    proc = subprocess.Popen([PY, job], env=env(LORA_OTEL="1", LORA_OTEL_DIR=jdir), cwd=work,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [PY, job],
+        env=env(LORA_OTEL="1", LORA_OTEL_DIR=jdir),
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     bare = subprocess.Popen([PY, "-c", "import time; time.sleep(%f)" % (args.seconds + 4)], env=env(), cwd=work)
     side = None
     deadline = time.monotonic() + 10
@@ -150,12 +160,23 @@ def main() -> int:
     exit_after = time.monotonic() - exited
     starter = os.path.join(work, "starter.py")
     Path(starter).write_text(STARTER)
-    r = subprocess.run([PY, starter, os.path.join(work, "spawn"), str(args.runs)], env=env(), cwd=work,
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [PY, starter, os.path.join(work, "spawn"), str(args.runs)],
+        env=env(),
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     spawn_ms = json.loads(r.stdout.strip().splitlines()[-1])
-    journal = [os.path.join(jdir, n) for n in os.listdir(jdir) if n.endswith(".otel.jsonl")][0]
-    r = subprocess.run([PY, "-X", "importtime", "-m", "lora_otel.export.sidecar", "--journal", journal, "--pid", "1"],
-                       env=env(LORA_OTEL_SIDECAR="1"), cwd=work, capture_output=True, text=True)
+    journal = next(os.path.join(jdir, n) for n in os.listdir(jdir) if n.endswith(".otel.jsonl"))
+    r = subprocess.run(
+        [PY, "-X", "importtime", "-m", "lora_otel.export.sidecar", "--journal", journal, "--pid", "1"],
+        env=env(LORA_OTEL_SIDECAR="1"),
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
     otel = [line for line in r.stderr.splitlines() if "opentelemetry" in line]
     modules = sum(1 for line in r.stderr.splitlines() if line.startswith("import time:")) - 1
 
@@ -163,20 +184,34 @@ def main() -> int:
     cpu = 100 * (c1 - c0) / (t1 - t0)
     print("| figure | local watchdog | baseline (same run) | difference | goal |")
     print("|---|---|---|---|---|")
-    print("| `python -c pass` with LORA_OTEL=1, median of %d | %.1f ms (sidecar on) | %.1f ms (LORA_OTEL_LIVE=0) | "
-          "%+.1f ms | ≤ 3 ms |" % (args.runs, statistics.median(on), statistics.median(off), added))
-    print("| the preamble (root attribute `lora_otel.preamble.duration_us`), median | %.2f ms (sidecar on) | "
-          "%.2f ms (LORA_OTEL_LIVE=0) | %+.2f ms | ≤ 3 ms |" % (statistics.median(pre["on"]), statistics.median(pre["off"]),
-                                                           statistics.median(pre["on"]) - statistics.median(pre["off"])))
-    print("| `spawn.start` in the job (double fork, until the sidecar's pid is known), median of %d | %.2f ms | "
-          "0 (LORA_OTEL_LIVE=0: not called) | %+.2f ms | ≤ 3 ms |" % (len(spawn_ms), statistics.median(spawn_ms),
-                                                                   statistics.median(spawn_ms)))
-    print("| sidecar resident memory, idle job | %.1f MB | %.1f MB (bare `python` sleeping) | %+.1f MB | ≤ 30 MB |"
-          % (side_rss, bare_rss, side_rss - bare_rss))
+    print(
+        "| `python -c pass` with LORA_OTEL=1, median of %d | %.1f ms (sidecar on) | %.1f ms (LORA_OTEL_LIVE=0) | "
+        "%+.1f ms | ≤ 3 ms |" % (args.runs, statistics.median(on), statistics.median(off), added)
+    )
+    print(
+        "| the preamble (root attribute `lora_otel.preamble.duration_us`), median | %.2f ms (sidecar on) | "
+        "%.2f ms (LORA_OTEL_LIVE=0) | %+.2f ms | ≤ 3 ms |"
+        % (
+            statistics.median(pre["on"]),
+            statistics.median(pre["off"]),
+            statistics.median(pre["on"]) - statistics.median(pre["off"]),
+        )
+    )
+    print(
+        "| `spawn.start` in the job (double fork, until the sidecar's pid is known), median of %d | %.2f ms | "
+        "0 (LORA_OTEL_LIVE=0: not called) | %+.2f ms | ≤ 3 ms |"
+        % (len(spawn_ms), statistics.median(spawn_ms), statistics.median(spawn_ms))
+    )
+    print(
+        "| sidecar resident memory, idle job | %.1f MB | %.1f MB (bare `python` sleeping) | %+.1f MB | ≤ 30 MB |"
+        % (side_rss, bare_rss, side_rss - bare_rss)
+    )
     print("| sidecar CPU over %.0f s, idle job | %.2f %% of a core | — | — | < 0.5 %% |" % (t1 - t0, cpu))
     print("| sidecar exit after the job's exit | %.2f s | — | — | promptly |" % exit_after)
-    print("| sidecar modules imported (local mode) | %d, %d from opentelemetry | — | — | 0 from opentelemetry |"
-          % (modules, len(otel)))
+    print(
+        "| sidecar modules imported (local mode) | %d, %d from opentelemetry | — | — | 0 from opentelemetry |"
+        % (modules, len(otel))
+    )
     return 0
 
 

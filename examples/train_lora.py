@@ -36,12 +36,18 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def build_model(rank: int, seq: int, device: str):
     """A randomly initialised tiny Llama with LoRA adapters (peft); only the adapters train."""
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(seq, 64),
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=max(seq, 64),
+        tie_word_embeddings=False,
+    )
     base = LlamaForCausalLM(config)
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS,
-                      task_type="CAUSAL_LM")
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     return get_peft_model(base, lora).to(device)
 
 
@@ -93,9 +99,18 @@ def train_hf(model, args, device: str, log) -> tuple:
 
     with tempfile.TemporaryDirectory(prefix="train_lora-") as tmp:
         targs = TrainingArguments(
-            output_dir=args.output_dir or tmp, max_steps=args.steps, per_device_train_batch_size=args.batch,
-            learning_rate=args.lr, logging_steps=10, save_strategy="no", report_to=[], disable_tqdm=True,
-            use_cpu=device == "cpu", seed=args.seed, dataloader_pin_memory=False)
+            output_dir=args.output_dir or tmp,
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch,
+            learning_rate=args.lr,
+            logging_steps=10,
+            save_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+            use_cpu=device == "cpu",
+            seed=args.seed,
+            dataloader_pin_memory=False,
+        )
         trainer = Trainer(model=model, args=targs, train_dataset=Counting(10 * args.batch), callbacks=[LogLines()])
         trainer.remove_callback(PrinterCallback)  # LogLines says it, in this script's format
         trainer.train()
@@ -110,8 +125,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda")
-    p.add_argument("--trainer", choices=("plain", "hf"), default="plain",
-                   help="plain: a torch loop (default); hf: transformers.Trainer")
+    p.add_argument(
+        "--trainer",
+        choices=("plain", "hf"),
+        default="plain",
+        help="plain: a torch loop (default); hf: transformers.Trainer",
+    )
     p.add_argument("--output-dir", help="--trainer hf: the Trainer's output_dir (default: a temporary one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log", help="also append this script's own log lines to PATH")
@@ -120,7 +139,7 @@ def main() -> None:
     log_file = None
     if args.log:
         os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-        log_file = open(args.log, "a", encoding="utf-8")
+        log_file = open(args.log, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the whole run, written line by line
 
     def log(msg: str) -> None:
         line = "%s train_lora: %s" % (time.strftime("%H:%M:%S"), msg)
@@ -135,8 +154,10 @@ def main() -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(args.rank, args.seq, device)
     trainable, total = model.get_nb_trainable_parameters()
-    log("model ready on %s: %d trainable LoRA parameters of %d (%.2f%%)"
-        % (device, trainable, total, 100.0 * trainable / total))
+    log(
+        "model ready on %s: %d trainable LoRA parameters of %d (%.2f%%)"
+        % (device, trainable, total, 100.0 * trainable / total)
+    )
     train = train_hf if args.trainer == "hf" else train_plain
     first, last = train(model, args, device, log)
     if first is not None:

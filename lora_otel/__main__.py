@@ -14,8 +14,11 @@ def main() -> int:
         sys.stderr.write(_USAGE)
         return 2
     first = args[0]
-    if first.endswith(".py") or (os.path.exists(first) and not first.startswith("-")
-                                 and first not in ("run", "inspect", "replay", "watch", "doctor", "baseline")):
+    if first.endswith(".py") or (
+        os.path.exists(first)
+        and not first.startswith("-")
+        and first not in ("run", "inspect", "replay", "watch", "doctor", "baseline")
+    ):
         import runpy
 
         from lora_otel._boot import preamble

@@ -9,7 +9,7 @@ These run on the exporting side (they are not for use inside the traced process'
 
 from __future__ import annotations
 
-from lora_otel.export.reader import Journal, JournalError, Span, read_journal
+from lora_otel.journal.reader import Journal, JournalError, Span, read_journal
 
 __all__ = ["Journal", "JournalError", "Span", "find_span", "read_journal"]
 

@@ -47,11 +47,13 @@ def backend_binaries() -> dict[str, Path]:
     """``{"otelcol-lora": path, "jaeger": path}``, built by ``collector/build.sh`` (cached: the
     first call of a session checks, a build happens only when the Go sources changed)."""
     if not _built:
-        proc = subprocess.run(["bash", str(REPO / "collector" / "build.sh")], capture_output=True,
-                              text=True, timeout=3600)
+        proc = subprocess.run(
+            ["bash", str(REPO / "collector" / "build.sh")], capture_output=True, text=True, timeout=3600
+        )
         if proc.returncode != 0:
-            raise RuntimeError("collector/build.sh failed (exit %d):\n%s%s"
-                               % (proc.returncode, proc.stdout, proc.stderr))
+            raise RuntimeError(
+                "collector/build.sh failed (exit %d):\n%s%s" % (proc.returncode, proc.stdout, proc.stderr)
+            )
         for line in proc.stdout.splitlines():
             name, _, path = line.partition("=")
             if path:
@@ -63,8 +65,10 @@ def debian_tool(name: str) -> Path:
     """``prometheus`` or ``promtool`` from Debian's package, or a clear error."""
     found = shutil.which(name)
     if found is None:
-        raise RuntimeError(f"{name} is not installed: .ci/run installs Debian's prometheus package "
-                           "(apt-get install prometheus), which has both prometheus and promtool")
+        raise RuntimeError(
+            f"{name} is not installed: .ci/run installs Debian's prometheus package "
+            "(apt-get install prometheus), which has both prometheus and promtool"
+        )
     return Path(found)
 
 
@@ -96,8 +100,9 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float
         except (OSError, urllib.error.URLError, ValueError) as e:
             last_error = e
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen after {timeout} s"
-                                 + (f" (last error: {last_error})" if last_error else ""))
+            raise AssertionError(
+                f"{what}: not seen after {timeout} s" + (f" (last error: {last_error})" if last_error else "")
+            )
         time.sleep(every)
 
 
@@ -110,13 +115,21 @@ def write_overlay(path: Path, overlay: dict[str, Any]) -> Path:
 class Service:
     """A backend process started with its own output file; stopped (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path, ports: dict[str, int],
-                 ready_url: Optional[str] = None, ready_timeout: float = 60) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        workdir: Path,
+        ports: dict[str, int],
+        ready_url: Optional[str] = None,
+        ready_timeout: float = 60,
+    ) -> None:
         self.name, self.ports = name, ports
         self.output = workdir / f"{name}.out"
-        self._out = open(self.output, "wb")
-        self.process = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=str(workdir))
+        self._out = open(self.output, "wb")  # noqa: SIM115 - the backend's output, closed when it stops
+        self.process = subprocess.Popen(
+            argv, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(workdir)
+        )
         try:
             if ready_url is not None:
                 wait_until(lambda: self._ready(ready_url), ready_timeout, f"{name} ready at {ready_url}")
@@ -146,7 +159,7 @@ class Service:
                 self.process.wait()
         self._out.close()
 
-    def __enter__(self) -> "Service":
+    def __enter__(self) -> Service:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -155,26 +168,51 @@ class Service:
 
 # --- Jaeger v2 -----------------------------------------------------------------------------------
 
+
 class Jaeger(Service):
     """Jaeger v2 with ``deploy/jaeger/jaeger.yaml`` (in memory) on free loopback ports."""
 
     def __init__(self, workdir: Path) -> None:
-        ports = {name: free_port() for name in ("otlp_grpc", "otlp_http", "query_http", "query_grpc",
-                                                 "health", "metrics")}
-        overlay = write_overlay(workdir / "jaeger-ports.yaml", {
-            "receivers": {"otlp": {"protocols": {
-                "grpc": {"endpoint": f"127.0.0.1:{ports['otlp_grpc']}"},
-                "http": {"endpoint": f"127.0.0.1:{ports['otlp_http']}"}}}},
-            "extensions": {
-                "healthcheckv2": {"http": {"endpoint": f"127.0.0.1:{ports['health']}"}},
-                "jaeger_query": {"http": {"endpoint": f"127.0.0.1:{ports['query_http']}"},
-                                 "grpc": {"endpoint": f"127.0.0.1:{ports['query_grpc']}"}}},
-            "service": {"telemetry": {"metrics": {"readers": [{"pull": {"exporter": {"prometheus": {
-                "host": "127.0.0.1", "port": ports["metrics"]}}}}]}}},
-        })
+        ports = {
+            name: free_port() for name in ("otlp_grpc", "otlp_http", "query_http", "query_grpc", "health", "metrics")
+        }
+        overlay = write_overlay(
+            workdir / "jaeger-ports.yaml",
+            {
+                "receivers": {
+                    "otlp": {
+                        "protocols": {
+                            "grpc": {"endpoint": f"127.0.0.1:{ports['otlp_grpc']}"},
+                            "http": {"endpoint": f"127.0.0.1:{ports['otlp_http']}"},
+                        }
+                    }
+                },
+                "extensions": {
+                    "healthcheckv2": {"http": {"endpoint": f"127.0.0.1:{ports['health']}"}},
+                    "jaeger_query": {
+                        "http": {"endpoint": f"127.0.0.1:{ports['query_http']}"},
+                        "grpc": {"endpoint": f"127.0.0.1:{ports['query_grpc']}"},
+                    },
+                },
+                "service": {
+                    "telemetry": {
+                        "metrics": {
+                            "readers": [
+                                {"pull": {"exporter": {"prometheus": {"host": "127.0.0.1", "port": ports["metrics"]}}}}
+                            ]
+                        }
+                    }
+                },
+            },
+        )
         binary = backend_binaries()["jaeger"]
-        super().__init__("jaeger", [str(binary), f"--config={JAEGER_CONFIG}", f"--config={overlay}"],
-                         workdir, ports, ready_url=f"http://127.0.0.1:{ports['query_http']}/api/v3/services")
+        super().__init__(
+            "jaeger",
+            [str(binary), f"--config={JAEGER_CONFIG}", f"--config={overlay}"],
+            workdir,
+            ports,
+            ready_url=f"http://127.0.0.1:{ports['query_http']}/api/v3/services",
+        )
 
     @property
     def otlp_grpc(self) -> str:
@@ -190,10 +228,12 @@ class Jaeger(Service):
     def find_traces(self, service: str, lookback_s: float = 3600, **params: Any) -> list[dict[str, Any]]:
         """``GET /api/v3/traces``: the OTLP/JSON ``resourceSpans`` of the service's traces."""
         now = time.time()
-        query = {"query.service_name": service,
-                 "query.start_time_min": _rfc3339(now - lookback_s),
-                 "query.start_time_max": _rfc3339(now + 60),
-                 "query.num_traces": "100"}
+        query = {
+            "query.service_name": service,
+            "query.start_time_min": _rfc3339(now - lookback_s),
+            "query.start_time_max": _rfc3339(now + 60),
+            "query.num_traces": "100",
+        }
         query.update(params)
         try:
             body = http_get(self.query + "/api/v3/traces?" + urllib.parse.urlencode(query))
@@ -251,21 +291,40 @@ def _attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 # --- our collector --------------------------------------------------------------------------------
 
+
 class OtelCol(Service):
     """``otelcol-lora`` running ``config`` unchanged except ports: its OTLP receiver, health check,
     telemetry and Prometheus exporter on free loopback ports; ``exporters`` maps an exporter id of
     the file to the address it sends to here (e.g. ``{"otlp_grpc/jaeger": jaeger.otlp_grpc}``)."""
 
-    def __init__(self, workdir: Path, config: Path = OTELCOL_CONFIG, name: str = "otelcol",
-                 exporters: Optional[dict[str, str]] = None, extra: Optional[dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        config: Path = OTELCOL_CONFIG,
+        name: str = "otelcol",
+        exporters: Optional[dict[str, str]] = None,
+        extra: Optional[dict[str, Any]] = None,
+    ) -> None:
         ports = {n: free_port() for n in ("otlp_grpc", "otlp_http", "health", "metrics", "prometheus")}
         overlay: dict[str, Any] = {
-            "receivers": {"otlp": {"protocols": {
-                "grpc": {"endpoint": f"127.0.0.1:{ports['otlp_grpc']}"},
-                "http": {"endpoint": f"127.0.0.1:{ports['otlp_http']}"}}}},
+            "receivers": {
+                "otlp": {
+                    "protocols": {
+                        "grpc": {"endpoint": f"127.0.0.1:{ports['otlp_grpc']}"},
+                        "http": {"endpoint": f"127.0.0.1:{ports['otlp_http']}"},
+                    }
+                }
+            },
             "extensions": {"health_check": {"endpoint": f"127.0.0.1:{ports['health']}"}},
-            "service": {"telemetry": {"metrics": {"readers": [{"pull": {"exporter": {"prometheus": {
-                "host": "127.0.0.1", "port": ports["metrics"]}}}}]}}},
+            "service": {
+                "telemetry": {
+                    "metrics": {
+                        "readers": [
+                            {"pull": {"exporter": {"prometheus": {"host": "127.0.0.1", "port": ports["metrics"]}}}}
+                        ]
+                    }
+                }
+            },
             "exporters": {},
         }
         if "prometheus:" in config.read_text():
@@ -275,8 +334,13 @@ class OtelCol(Service):
         _deep_merge(overlay, extra or {})
         self.overlay = write_overlay(workdir / f"{name}-ports.yaml", overlay)
         binary = backend_binaries()["otelcol-lora"]
-        super().__init__(name, [str(binary), f"--config={config}", f"--config={self.overlay}"], workdir,
-                         ports, ready_url=f"http://127.0.0.1:{ports['health']}/")
+        super().__init__(
+            name,
+            [str(binary), f"--config={config}", f"--config={self.overlay}"],
+            workdir,
+            ports,
+            ready_url=f"http://127.0.0.1:{ports['health']}/",
+        )
 
     @property
     def grpc_endpoint(self) -> str:
@@ -303,12 +367,17 @@ def _deep_merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
 def validate(configs: list[Path], env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
     """``otelcol-lora validate --config=A --config=B ...`` (merged in order, as at start)."""
     binary = backend_binaries()["otelcol-lora"]
-    return subprocess.run([str(binary), "validate", *[f"--config={c}" for c in configs]],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(binary), "validate", *[f"--config={c}" for c in configs]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 # --- Prometheus -----------------------------------------------------------------------------------
+
 
 def prometheus_config(collector: OtelCol, port: int, interval: str = "1s") -> dict[str, Any]:
     """``deploy/prometheus/prometheus.yml`` as Prometheus loads it here: the file itself, with only
@@ -318,8 +387,11 @@ def prometheus_config(collector: OtelCol, port: int, interval: str = "1s") -> di
     a scrape and an evaluation within seconds) and the rule file's path (relative to the repository's
     file, absolute here: the same ``deploy/prometheus/lora_otel.rules.yml``, unchanged)."""
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    targets = {"collector:8889": collector.ports["prometheus"], "collector:8888": collector.ports["metrics"],
-               "127.0.0.1:9090": port}
+    targets = {
+        "collector:8889": collector.ports["prometheus"],
+        "collector:8888": collector.ports["metrics"],
+        "127.0.0.1:9090": port,
+    }
     for job in config["scrape_configs"]:
         for static in job["static_configs"]:
             static["targets"] = ["127.0.0.1:%d" % targets[t] for t in static["targets"]]
@@ -336,11 +408,19 @@ class Prometheus(Service):
         port = free_port()
         self.config = prometheus_config(collector, port, interval)
         path = write_overlay(workdir / "prometheus.yml", self.config)
-        super().__init__("prometheus", [
-            str(debian_tool("prometheus")), f"--config.file={path}",
-            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-        ], workdir, {"http": port}, ready_url=f"http://127.0.0.1:{port}/-/ready")
+        super().__init__(
+            "prometheus",
+            [
+                str(debian_tool("prometheus")),
+                f"--config.file={path}",
+                f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            workdir,
+            {"http": port},
+            ready_url=f"http://127.0.0.1:{port}/-/ready",
+        )
 
     @property
     def url(self) -> str:

@@ -6,8 +6,8 @@ console script). It runs in the foreground with
     rotel-agent start --otlp-grpc-endpoint 127.0.0.1:P1 --otlp-http-endpoint 127.0.0.1:P2
         --exporter blackhole --debug-log traces --debug-log-verbosity detailed
 
-(and ``--debug-log logs``) and prints every span and log record it receives on stdout, in the OpenTelemetry Collector's "debug exporter"
-text layout, which `parse_debug_log` reads back::
+(and ``--debug-log logs``) and prints every span and log record it receives on stdout, in the
+OpenTelemetry Collector's "debug exporter" text layout, which `parse_debug_log` reads back::
 
     ResourceSpans #0
     Resource attributes:
@@ -46,7 +46,7 @@ def rotel_agent_path() -> Optional[Path]:
     spec = importlib.util.find_spec("rotel")
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "rotel-agent"
+    path = Path(next(iter(spec.submodule_search_locations))) / "rotel-agent"
     return path if path.is_file() else None
 
 
@@ -67,8 +67,14 @@ class ReceivedSpan:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
-_SPAN_FIELDS = {"Trace ID": "trace_id", "Parent ID": "parent_id", "ID": "span_id", "Name": "name",
-                "Status code": "status_code", "Status message": "status_message"}
+_SPAN_FIELDS = {
+    "Trace ID": "trace_id",
+    "Parent ID": "parent_id",
+    "ID": "span_id",
+    "Name": "name",
+    "Status code": "status_code",
+    "Status message": "status_message",
+}
 _FIELD = re.compile(r"^\s+(Trace ID|Parent ID|ID|Name|Kind|Status code|Status message)\s*: ?(.*)$")
 _TIME = re.compile(r"^(Start|End) time: (\d+)$")
 _ARROW = re.compile(r"^\s+-> ([^:]+): (.*)$")
@@ -184,14 +190,31 @@ class Collector:
     def __init__(self, binary: Path, workdir: Path, http_port: Optional[int] = None) -> None:
         self.grpc_port, self.http_port = free_port(), http_port or free_port()
         self.output = workdir / "rotel.out"
-        self._out = open(self.output, "wb")
+        self._out = open(self.output, "wb")  # noqa: SIM115 - rotel's output, closed when it stops
         self.process = subprocess.Popen(
-            [str(binary), "start",
-             "--otlp-grpc-endpoint", f"127.0.0.1:{self.grpc_port}",
-             "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
-             "--exporter", "blackhole", "--debug-log", "traces", "--debug-log", "logs", "--debug-log-verbosity", "detailed",
-             "--pid-file", str(workdir / "rotel.pid"), "--log-file", str(workdir / "rotel.log")],
-            stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                str(binary),
+                "start",
+                "--otlp-grpc-endpoint",
+                f"127.0.0.1:{self.grpc_port}",
+                "--otlp-http-endpoint",
+                f"127.0.0.1:{self.http_port}",
+                "--exporter",
+                "blackhole",
+                "--debug-log",
+                "traces",
+                "--debug-log",
+                "logs",
+                "--debug-log-verbosity",
+                "detailed",
+                "--pid-file",
+                str(workdir / "rotel.pid"),
+                "--log-file",
+                str(workdir / "rotel.log"),
+            ],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         try:
             self._wait_listening(timeout=20)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from collector import Collector, rotel_agent_path
-from lora_otel.export.reader import Journal, read_journal, start_ticks_from_stat
+from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 
 T0 = 1_795_990_428_000_000_000
 """The default start of a hand-written journal, Unix ns (2026-11-29T22:13:48Z)."""
@@ -22,39 +23,105 @@ TRACEPARENT_PARENT = "b7ad6b7169203331"
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 """Settings for the fuzz tests; they rewrite one file under ``tmp_path`` per example."""
 
-_RECORD_KEYS = ["v", "k", "ts", "trace_id", "span_id", "parent_id", "name", "attrs", "status", "message",
-                "steps", "last_step_ts", "metrics", "level", "msg", "code", "how", "pid", "start_ticks",
-                "config", "sampled"]
+_RECORD_KEYS = [
+    "v",
+    "k",
+    "ts",
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "name",
+    "attrs",
+    "status",
+    "message",
+    "steps",
+    "last_step_ts",
+    "metrics",
+    "level",
+    "msg",
+    "code",
+    "how",
+    "pid",
+    "start_ticks",
+    "config",
+    "sampled",
+]
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,
 )
-_plausible = st.sampled_from([
-    1, 2, 0, -1, None, {}, T0, T0 + 10**9, 2**63, "start", "end", "event", "attrs", "beat", "line", "exit",
-    "process", "import x", "training", TRACE_ID, "0000000000000001", "0000000000000002", "ok", "error",
-    {"import_threshold_ms": 5}, {"import_threshold_ms": "x"}, {"k": [1, "a"], "n": 2**70},
-])
-_valid_records = st.sampled_from([
-    {"v": 1, "k": "start", "ts": T0, "trace_id": TRACE_ID, "span_id": "0000000000000001", "parent_id": None,
-     "name": "process", "pid": 1, "start_ticks": None, "config": {"import_threshold_ms": 5}, "attrs": {}},
-    {"v": 1, "k": "start", "ts": T0 + 1, "trace_id": TRACE_ID, "span_id": "0000000000000002",
-     "parent_id": "0000000000000001", "name": "import x", "attrs": {"lora_otel.package.version": "1"}},
-    {"v": 1, "k": "end", "ts": T0 + 2, "span_id": "0000000000000002", "status": "ok"},
-    {"v": 1, "k": "event", "ts": T0 + 2, "span_id": "0000000000000001", "name": "mark", "attrs": {}},
-    {"v": 1, "k": "attrs", "ts": T0 + 2, "span_id": "0000000000000001", "attrs": {"host.name": "h"}},
-    {"v": 1, "k": "beat", "ts": T0 + 3, "steps": 1, "last_step_ts": T0},
-    {"v": 1, "k": "line", "ts": T0 + 3, "level": "info", "msg": "hello"},
-    {"v": 1, "k": "exit", "ts": T0 + 4, "code": 0, "how": "normal"},
-])
-_field = st.sampled_from(_RECORD_KEYS)
-_records = (
-    st.tuples(_valid_records, st.dictionaries(_field, _plausible | _json_values, max_size=2))
-    .map(lambda pair: {**pair[0], **pair[1]})
-    | st.dictionaries(_field, _plausible | _json_values, max_size=10)
+_plausible = st.sampled_from(
+    [
+        1,
+        2,
+        0,
+        -1,
+        None,
+        {},
+        T0,
+        T0 + 10**9,
+        2**63,
+        "start",
+        "end",
+        "event",
+        "attrs",
+        "beat",
+        "line",
+        "exit",
+        "process",
+        "import x",
+        "training",
+        TRACE_ID,
+        "0000000000000001",
+        "0000000000000002",
+        "ok",
+        "error",
+        {"import_threshold_ms": 5},
+        {"import_threshold_ms": "x"},
+        {"k": [1, "a"], "n": 2**70},
+    ]
 )
+_valid_records = st.sampled_from(
+    [
+        {
+            "v": 1,
+            "k": "start",
+            "ts": T0,
+            "trace_id": TRACE_ID,
+            "span_id": "0000000000000001",
+            "parent_id": None,
+            "name": "process",
+            "pid": 1,
+            "start_ticks": None,
+            "config": {"import_threshold_ms": 5},
+            "attrs": {},
+        },
+        {
+            "v": 1,
+            "k": "start",
+            "ts": T0 + 1,
+            "trace_id": TRACE_ID,
+            "span_id": "0000000000000002",
+            "parent_id": "0000000000000001",
+            "name": "import x",
+            "attrs": {"lora_otel.package.version": "1"},
+        },
+        {"v": 1, "k": "end", "ts": T0 + 2, "span_id": "0000000000000002", "status": "ok"},
+        {"v": 1, "k": "event", "ts": T0 + 2, "span_id": "0000000000000001", "name": "mark", "attrs": {}},
+        {"v": 1, "k": "attrs", "ts": T0 + 2, "span_id": "0000000000000001", "attrs": {"host.name": "h"}},
+        {"v": 1, "k": "beat", "ts": T0 + 3, "steps": 1, "last_step_ts": T0},
+        {"v": 1, "k": "line", "ts": T0 + 3, "level": "info", "msg": "hello"},
+        {"v": 1, "k": "exit", "ts": T0 + 4, "code": 0, "how": "normal"},
+    ]
+)
+_field = st.sampled_from(_RECORD_KEYS)
+_records = st.tuples(_valid_records, st.dictionaries(_field, _plausible | _json_values, max_size=2)).map(
+    lambda pair: {**pair[0], **pair[1]}
+) | st.dictionaries(_field, _plausible | _json_values, max_size=10)
 journal_lines = st.lists(_records, max_size=12).map(
-    lambda records: "".join(json.dumps(record) + "\n" for record in records))
+    lambda records: "".join(json.dumps(record) + "\n" for record in records)
+)
 """Journal text of random JSON objects made from the record vocabulary (for fuzz tests)."""
 
 
@@ -98,30 +165,59 @@ class JournalBuilder:
         self.raw(json.dumps(record).encode() + b"\n")
         return record
 
-    def process(self, t: float = 0.0, *, alive: bool = False, parent_id: Optional[str] = None,
-                attrs: Optional[dict[str, Any]] = None, config: Optional[dict[str, Any]] = None,
-                sampled: bool = True, trace_id: str = TRACE_ID) -> str:
+    def process(
+        self,
+        t: float = 0.0,
+        *,
+        alive: bool = False,
+        parent_id: Optional[str] = None,
+        attrs: Optional[dict[str, Any]] = None,
+        config: Optional[dict[str, Any]] = None,
+        sampled: bool = True,
+        trace_id: str = TRACE_ID,
+    ) -> str:
         """The ``process`` start record. Its pid is this test process's; with ``alive=False`` its
         ``start_ticks`` do not match, so the process reads as gone (a re-used pid)."""
         ticks = own_start_ticks() + (0 if alive else 1)
         self.root_id = self.new_span_id()
-        self.record("start", t, trace_id=trace_id, span_id=self.root_id, parent_id=parent_id, name="process",
-                    pid=os.getpid(), ppid=os.getppid(), start_ticks=ticks,
-                    config=config if config is not None else {"import_threshold_ms": 5}, sampled=sampled,
-                    attrs=attrs if attrs is not None else {"service.name": "train.py",
-                                                           "process.pid": os.getpid()})
+        self.record(
+            "start",
+            t,
+            trace_id=trace_id,
+            span_id=self.root_id,
+            parent_id=parent_id,
+            name="process",
+            pid=os.getpid(),
+            ppid=os.getppid(),
+            start_ticks=ticks,
+            config=config if config is not None else {"import_threshold_ms": 5},
+            sampled=sampled,
+            attrs=attrs if attrs is not None else {"service.name": "train.py", "process.pid": os.getpid()},
+        )
         return self.root_id
 
-    def start(self, name: str, t: float, *, parent: Optional[str] = "root",
-              attrs: Optional[dict[str, Any]] = None, trace_id: str = TRACE_ID) -> str:
+    def start(
+        self,
+        name: str,
+        t: float,
+        *,
+        parent: Optional[str] = "root",
+        attrs: Optional[dict[str, Any]] = None,
+        trace_id: str = TRACE_ID,
+    ) -> str:
         span_id = self.new_span_id()
         parent_id = self.root_id if parent == "root" else parent
-        self.record("start", t, trace_id=trace_id, span_id=span_id, parent_id=parent_id, name=name,
-                    attrs=attrs or {})
+        self.record("start", t, trace_id=trace_id, span_id=span_id, parent_id=parent_id, name=name, attrs=attrs or {})
         return span_id
 
-    def end(self, span_id: str, t: float, status: str = "ok", message: Optional[str] = None,
-            attrs: Optional[dict[str, Any]] = None) -> None:
+    def end(
+        self,
+        span_id: str,
+        t: float,
+        status: str = "ok",
+        message: Optional[str] = None,
+        attrs: Optional[dict[str, Any]] = None,
+    ) -> None:
         fields: dict[str, Any] = {"span_id": span_id, "status": status}
         if message is not None:
             fields["message"] = message

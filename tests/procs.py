@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_otel.export.reader import Journal, read_journal
+from lora_otel.journal.reader import Journal, read_journal
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
@@ -19,8 +19,11 @@ LINE_RE = r"^\[lora-otel\]\[(\d+)\]\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)\] 
 
 def clean_env(**extra: str) -> dict:
     """The test process's environment without lora_otel or tracing variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LORA_OTEL", "OTEL_", "PYTEST_")) and k != "TRACEPARENT"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LORA_OTEL", "OTEL_", "PYTEST_")) and k != "TRACEPARENT"
+    }
     env.update(extra)
     return env
 
@@ -66,5 +69,6 @@ def journal_has_open(directory: Path, name: str) -> bool:
 
 
 def lora_otel_cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "lora_otel", *args], cwd=cwd, env=clean_env(**env),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", *args], cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=120
+    )

@@ -72,16 +72,22 @@ class TestActivation:
     def test_zero_variable_does_nothing(self, tmp_path: Path) -> None:
         """LORA_OTEL=0 is off."""
         script = write_script(tmp_path)
-        r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(LORA_OTEL="0"),
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [PYTHON, str(script)], cwd=tmp_path, env=clean_env(LORA_OTEL="0"), capture_output=True, text=True
+        )
         assert r.stdout == "PROGRAM x\n"
         assert not (tmp_path / "lora-otel").exists()
 
     def test_python_dash_m(self, tmp_path: Path) -> None:
         """`python -m lora_otel train.py ARGS` traces the script with its own argv."""
         script = write_script(tmp_path)
-        r = subprocess.run([PYTHON, "-m", "lora_otel", str(script), "--name", "m"], cwd=tmp_path,
-                           env=clean_env(), capture_output=True, text=True)
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", str(script), "--name", "m"],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         assert "PROGRAM m" in r.stdout
         assert_traced_run(r, only_journal(tmp_path / "lora-otel"))
@@ -98,8 +104,13 @@ class TestActivation:
     def test_lora_otel_run(self, tmp_path: Path) -> None:
         """`lora-otel run -- python train.py` traces the child and passes its exit status through."""
         script = write_script(tmp_path, SCRIPT + "import sys\nsys.exit(3)\n")
-        r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, str(script)], cwd=tmp_path,
-                           env=clean_env(), capture_output=True, text=True)
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "run", "--", PYTHON, str(script)],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 3, r.stderr
         j = only_journal(tmp_path / "lora-otel")
         assert j.exit["code"] == 3
@@ -109,8 +120,13 @@ class TestActivation:
         """`lora-otel run --tree` prints the span tree after the command ends, on stderr: stdout is
         the program's alone."""
         script = write_script(tmp_path)
-        r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--tree", "--", PYTHON, str(script)],
-                           cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "run", "--tree", "--", PYTHON, str(script)],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         assert r.stdout == "PROGRAM x\n"
         assert "arguments" in r.stderr and "import json" in r.stderr
@@ -154,7 +170,7 @@ class TestActivation:
         j = only_journal(tmp_path / "lora-otel")
         assert j.root.trace_id == "0af7651916cd43dd8448eb211c80319c"
         assert j.root.parent_id == "b7ad6b7169203331"
-        child_tp = [ln for ln in r.stdout.splitlines() if ln.startswith("CHILD_TP")][0].split()[1]
+        child_tp = next(ln for ln in r.stdout.splitlines() if ln.startswith("CHILD_TP")).split()[1]
         assert child_tp == "00-0af7651916cd43dd8448eb211c80319c-%s-01" % j.root.span_id
 
     def test_bad_traceparent_starts_a_new_trace(self, tmp_path: Path) -> None:
@@ -196,8 +212,9 @@ class TestBrokenInstall:
         (site / "lora_otel_hook.pth").write_text(pth)
         code = "import site, sys; site.addsitedir(%r); print('PROGRAM ran')" % str(site)
         # -I: isolated, so the real lora_otel is not importable
-        r = subprocess.run([PYTHON, "-I", "-S", "-c", code], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [PYTHON, "-I", "-S", "-c", code], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True
+        )
         assert r.returncode == 0
         assert r.stdout == "PROGRAM ran\n"
         assert r.stderr.startswith("[lora-otel] not started: ModuleNotFoundError")
@@ -223,7 +240,7 @@ def test_two_runs_with_the_same_log_get_two_journals(tmp_path: Path) -> None:
         assert run_traced([str(script), "--log", str(log)], cwd=tmp_path).returncode == 0
     found = journals(tmp_path)
     assert len(found) == 2
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     pids = {read_journal(p).pid for p in found}
     assert len(pids) == 2
@@ -233,8 +250,13 @@ def test_two_runs_with_the_same_log_get_two_journals(tmp_path: Path) -> None:
 def test_run_passes_death_by_signal_through(tmp_path: Path) -> None:
     """A child killed by SIGKILL: `lora-otel run` dies by SIGKILL too, so the launcher sees the same status."""
     script = write_script(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, str(script)], cwd=tmp_path,
-                       env=clean_env(), capture_output=True, text=True)
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "run", "--", PYTHON, str(script)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == -9, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -245,12 +267,16 @@ def test_a_child_process_never_starts_before_the_span_that_started_it(tmp_path: 
     trace page flagged the child's ``process`` with a clock skew warning (found by
     tests/test_backends_jaeger.py's agent → gateway case). Rounded up, it never does: the fork
     comes after the stage's start record."""
-    write_script(tmp_path, "import subprocess, sys\nimport lora_otel\nfor i in range(5):\n"
-                           "    with lora_otel.stage('start child %d' % i):\n"
-                           "        subprocess.run([sys.executable, '-c', 'pass'], check=True)\n", name="launch.py")
+    write_script(
+        tmp_path,
+        "import subprocess, sys\nimport lora_otel\nfor i in range(5):\n"
+        "    with lora_otel.stage('start child %d' % i):\n"
+        "        subprocess.run([sys.executable, '-c', 'pass'], check=True)\n",
+        name="launch.py",
+    )
     r = run_traced(["launch.py"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    from lora_otel.export.reader import read_journal
+    from lora_otel.journal.reader import read_journal
 
     found = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     [parent] = [j for j in found if j.root.parent_id is None]

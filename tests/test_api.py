@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from procs import PYTHON, clean_env, only_journal, span_named
 
 import lora_otel
-from procs import PYTHON, clean_env, only_journal, span_named
 
 
 def test_public_names() -> None:
@@ -54,9 +54,11 @@ def test_stage_mark_and_errors_in_a_real_process(tmp_path: Path) -> None:
         "        raise OSError('disk quota exceeded')\n"
         "except OSError:\n"
         "    print('CAUGHT')\n"
-        "lora_otel.mark('arguments parsed')\n")
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+        "lora_otel.mark('arguments parsed')\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "CAUGHT" in r.stdout
     j = only_journal(tmp_path / "lora-otel")
     load = span_named(j, "load model")

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from backends import JAEGER_CONFIG, OTELCOL_CONFIG, REPO, OtelCol, backend_binaries, debian_tool, validate
 
 CLOUD = REPO / "collector" / "cloud"
@@ -34,18 +33,24 @@ NOT_BUILT = {"aws-cloudwatch-logs.yaml": "awscloudwatchlogs", "tencentcloud-cls.
 
 PLACEHOLDERS = {
     # Alibaba Cloud SLS: endpoint, project and logstore must be non-empty to create the exporter.
-    "SLS_ENDPOINT": "cn-hangzhou.log.aliyuncs.com", "SLS_PROJECT": "lora-otel-test",
-    "SLS_LOGSTORE": "stalls", "ALIBABA_CLOUD_ACCESS_KEY_ID": "placeholder",
+    "SLS_ENDPOINT": "cn-hangzhou.log.aliyuncs.com",
+    "SLS_PROJECT": "lora-otel-test",
+    "SLS_LOGSTORE": "stalls",
+    "ALIBABA_CLOUD_ACCESS_KEY_ID": "placeholder",
     "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "placeholder",
     # Azure Monitor: a connection string of the documented shape (no request is made at validation).
-    "APPLICATIONINSIGHTS_CONNECTION_STRING":
-        "InstrumentationKey=00000000-0000-0000-0000-000000000000;"
-        "IngestionEndpoint=https://westeurope-5.in.applicationinsights.azure.com/",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000;"
+    "IngestionEndpoint=https://westeurope-5.in.applicationinsights.azure.com/",
     # Google Cloud: the project; credentials are looked up when the exporter starts, not here.
     "GOOGLE_CLOUD_PROJECT": "lora-otel-test",
-    "AWS_REGION": "eu-west-1", "CLOUDWATCH_LOG_GROUP": "/lora-otel/stalls", "CLOUDWATCH_LOG_STREAM": "jobs",
-    "CLS_REGION": "ap-guangzhou", "CLS_LOGSET": "x", "CLS_TOPIC": "y",
-    "TENCENTCLOUD_SECRET_ID": "placeholder", "TENCENTCLOUD_SECRET_KEY": "placeholder",
+    "AWS_REGION": "eu-west-1",
+    "CLOUDWATCH_LOG_GROUP": "/lora-otel/stalls",
+    "CLOUDWATCH_LOG_STREAM": "jobs",
+    "CLS_REGION": "ap-guangzhou",
+    "CLS_LOGSET": "x",
+    "CLS_TOPIC": "y",
+    "TENCENTCLOUD_SECRET_ID": "placeholder",
+    "TENCENTCLOUD_SECRET_KEY": "placeholder",
 }
 
 
@@ -63,8 +68,9 @@ def test_build_gives_a_collector_with_exactly_the_components_the_configs_use() -
     binaries = backend_binaries()
     version = subprocess.run([str(binaries["otelcol-lora"]), "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and "0.161.0" in version.stdout, version
-    listed = yaml.safe_load(subprocess.run([str(binaries["otelcol-lora"]), "components"],
-                                           capture_output=True, text=True, check=True).stdout)
+    listed = yaml.safe_load(
+        subprocess.run([str(binaries["otelcol-lora"]), "components"], capture_output=True, text=True, check=True).stdout
+    )
     have = set()
     for section in ("receivers", "processors", "exporters", "connectors", "extensions"):
         have |= {c["name"] for c in listed.get(section) or []}
@@ -79,8 +85,7 @@ def test_build_is_cached() -> None:
     """A second run of collector/build.sh rebuilds nothing: seconds, not minutes."""
     backend_binaries()
     first = {p: p.stat().st_mtime_ns for p in backend_binaries().values()}
-    proc = subprocess.run(["bash", str(REPO / "collector" / "build.sh")], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(["bash", str(REPO / "collector" / "build.sh")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "building" not in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in first} == first
@@ -133,8 +138,13 @@ def test_a_config_mistake_fails_validation(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["jaeger.yaml", "jaeger-badger.yaml"])
 def test_jaeger_config_loads_in_the_real_jaeger(name: str, tmp_path: Path) -> None:
     path = JAEGER_CONFIG.parent / name
-    proc = subprocess.run([str(backend_binaries()["jaeger"]), "validate", f"--config={path}"],
-                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    proc = subprocess.run(
+        [str(backend_binaries()["jaeger"]), "validate", f"--config={path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -146,8 +156,12 @@ def test_collector_starts_without_deprecation_warnings(name: str, tmp_path: Path
     extra = {}
     if name == "agent.yaml":  # a resolvable gateway address (nothing needs to listen there)
         extra = {"exporters": {"load_balancing": {"resolver": {"dns": {"hostname": "127.0.0.1"}}}}}
-    with OtelCol(tmp_path, config=REPO / "collector" / name, extra=extra,
-                 exporters={e: "127.0.0.1:9" for e in ("otlp_grpc/jaeger", "otlp_grpc/tempo") if name != "agent.yaml"}) as col:
+    with OtelCol(
+        tmp_path,
+        config=REPO / "collector" / name,
+        extra=extra,
+        exporters={e: "127.0.0.1:9" for e in ("otlp_grpc/jaeger", "otlp_grpc/tempo") if name != "agent.yaml"},
+    ) as col:
         time.sleep(1)
         log = col.log()
     assert "Everything is ready" in log, log
@@ -162,8 +176,12 @@ def test_build_without_go_fails_with_the_reason(tmp_path: Path) -> None:
     for tool in ("bash", "cat", "sha256sum", "cut", "mkdir", "ls", "dirname", "mv"):
         found = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
         (bin_dir / tool).symlink_to(found)
-    proc = subprocess.run([bash, str(REPO / "collector" / "build.sh")], capture_output=True, text=True,
-                          env={"PATH": str(bin_dir), "LORA_OTEL_BACKENDS_DIR": str(tmp_path / "out")})
+    proc = subprocess.run(
+        [bash, str(REPO / "collector" / "build.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bin_dir), "LORA_OTEL_BACKENDS_DIR": str(tmp_path / "out")},
+    )
     assert proc.returncode == 1
     assert "Go is not installed" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
@@ -177,17 +195,22 @@ def test_native_stack_overlay_loads_and_clears_jaegers_ports() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jaeger = yaml.safe_load(JAEGER_CONFIG.read_text())
     jaeger_ports = {int(p["endpoint"].rsplit(":", 1)[1]) for p in jaeger["receivers"]["otlp"]["protocols"].values()}
-    jaeger_ports |= {int(jaeger["extensions"][e][k]["endpoint"].rsplit(":", 1)[1])
-                     for e, k in (("jaeger_query", "http"), ("jaeger_query", "grpc"), ("healthcheckv2", "http"))}
+    jaeger_ports |= {
+        int(jaeger["extensions"][e][k]["endpoint"].rsplit(":", 1)[1])
+        for e, k in (("jaeger_query", "http"), ("jaeger_query", "grpc"), ("healthcheckv2", "http"))
+    }
     jaeger_ports.add(jaeger["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"])
     ours = yaml.safe_load(overlay.read_text())
     listening = {int(p["endpoint"].rsplit(":", 1)[1]) for p in ours["receivers"]["otlp"]["protocols"].values()}
-    listening |= {int(ours["extensions"]["health_check"]["endpoint"].rsplit(":", 1)[1]),
-                  int(ours["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1]),
-                  ours["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"]}
+    listening |= {
+        int(ours["extensions"]["health_check"]["endpoint"].rsplit(":", 1)[1]),
+        int(ours["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1]),
+        ours["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["port"],
+    }
     assert not listening & jaeger_ports, sorted(listening & jaeger_ports)
     assert ours["exporters"]["otlp_grpc/jaeger"]["endpoint"] == "127.0.0.1:%d" % int(
-        jaeger["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].rsplit(":", 1)[1])
+        jaeger["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].rsplit(":", 1)[1]
+    )
 
 
 def test_native_jaeger_and_prometheus_files_load(tmp_path: Path) -> None:
@@ -195,19 +218,36 @@ def test_native_jaeger_and_prometheus_files_load(tmp_path: Path) -> None:
     binds only 127.0.0.1; Prometheus' deploy/native/prometheus.yml passes `promtool check config`
     (rules included) and scrapes where deploy/native/collector-ports.yaml has the collector listen."""
     native = REPO / "deploy" / "native"
-    proc = subprocess.run([str(backend_binaries()["jaeger"]), "validate", f"--config={JAEGER_CONFIG}",
-                           f"--config={native / 'jaeger-local.yaml'}"], capture_output=True, text=True,
-                          timeout=120, cwd=str(tmp_path))
+    proc = subprocess.run(
+        [
+            str(backend_binaries()["jaeger"]),
+            "validate",
+            f"--config={JAEGER_CONFIG}",
+            f"--config={native / 'jaeger-local.yaml'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     local = yaml.safe_load((native / "jaeger-local.yaml").read_text())
     endpoints = [p["endpoint"] for p in local["receivers"]["otlp"]["protocols"].values()]
-    endpoints += [local["extensions"]["healthcheckv2"]["http"]["endpoint"],
-                  local["extensions"]["jaeger_query"]["http"]["endpoint"],
-                  local["extensions"]["jaeger_query"]["grpc"]["endpoint"]]
+    endpoints += [
+        local["extensions"]["healthcheckv2"]["http"]["endpoint"],
+        local["extensions"]["jaeger_query"]["http"]["endpoint"],
+        local["extensions"]["jaeger_query"]["grpc"]["endpoint"],
+    ]
     assert all(e.startswith("127.0.0.1:") for e in endpoints), endpoints
-    assert local["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["host"] == "127.0.0.1"
-    check = subprocess.run([str(debian_tool("promtool")), "check", "config", str(native / "prometheus.yml")],
-                           capture_output=True, text=True, timeout=60)
+    assert (
+        local["service"]["telemetry"]["metrics"]["readers"][0]["pull"]["exporter"]["prometheus"]["host"] == "127.0.0.1"
+    )
+    check = subprocess.run(
+        [str(debian_tool("promtool")), "check", "config", str(native / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0 and "SUCCESS" in check.stdout + check.stderr, check.stdout + check.stderr
     assert "lora_otel.rules.yml" in check.stdout + check.stderr  # the rules came with it
     prom = yaml.safe_load((native / "prometheus.yml").read_text())
@@ -227,12 +267,18 @@ def test_build_ignores_the_shells_target_and_rebuilds_a_damaged_binary(tmp_path:
     for name, path in backend_binaries().items():
         shutil.copy2(path, out / name)
         shutil.copy2(path.parent / (name + ".stamp"), out / (name + ".stamp"))
-    env = {**os.environ, "LORA_OTEL_BACKENDS_DIR": str(out), "GOOS": "windows", "GOARCH": "arm64",
-           "GOFLAGS": "-tags=nosuchtag"}
+    env = {
+        **os.environ,
+        "LORA_OTEL_BACKENDS_DIR": str(out),
+        "GOOS": "windows",
+        "GOARCH": "arm64",
+        "GOFLAGS": "-tags=nosuchtag",
+    }
     with open(out / "jaeger", "r+b") as f:
         f.truncate(1000)
-    proc = subprocess.run(["bash", str(REPO / "collector" / "build.sh")], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(REPO / "collector" / "build.sh")], capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr
     assert "building jaeger" in proc.stderr and "building otelcol-lora" not in proc.stderr, proc.stderr
     for name in ("jaeger", "otelcol-lora"):

@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-from backends import (AGENT_CONFIG, GATEWAY_CONFIG, Jaeger, OtelCol, free_port, http_get, otlp_spans,
-                      wait_until)
-from lora_otel.export.otlp import translate
-from lora_otel.export.reader import read_journal
+from backends import AGENT_CONFIG, GATEWAY_CONFIG, Jaeger, OtelCol, free_port, http_get, otlp_spans, wait_until
 from procs import PYTHON, REPO, clean_env, journals, run_traced
 from test_hangs import kill_and_reap, make_module, start_traced
 from test_sidecar import sidecar_pid, wait_gone
+
+from lora_otel.export.otlp import translate
+from lora_otel.journal.reader import read_journal
 
 GRPC = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
 ERROR = 2  # OTLP status code ERROR; UNSET (what lora_otel gives a span that ended "ok") is omitted
@@ -73,6 +73,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 # --- what a user sees: one trace, whole ------------------------------------------------------------
 
+
 def the_trace(jaeger: Jaeger, service: str) -> list[dict[str, Any]]:
     """The service's one trace as the trace page shows it (``/api/v3/traces/{id}``), checked against
     the search result it was found by, the stored spans and the UI's trace call; flattened by
@@ -92,8 +93,12 @@ def the_trace(jaeger: Jaeger, service: str) -> list[dict[str, Any]]:
     ids = sorted(s["spanId"] for s in page)
     assert sorted(s["spanID"] for s in ui["spans"]) == ids
     by_id = {s["spanId"]: s for s in page}
-    warnings = [(s["operationName"], w) for s in ui["spans"] for w in s.get("warnings") or []
-                if not _explained(w, by_id[s["spanID"]], by_id)]
+    warnings = [
+        (s["operationName"], w)
+        for s in ui["spans"]
+        for w in s.get("warnings") or []
+        if not _explained(w, by_id[s["spanID"]], by_id)
+    ]
     assert not warnings, warnings
     return page
 
@@ -111,14 +116,18 @@ def _explained(warning: str, span: dict[str, Any], by_id: dict[str, dict[str, An
       host (it keys hosts by the Jaeger-client tag ``ip``) and would move the span into its parent's
       bar; ``max_clock_skew_adjust`` is 0 (the default), so it only says so.
     """
-    missing = re.fullmatch(r"parent span ID=([0-9a-f]{16}) is not in the trace; skipping clock skew adjustment",
-                           warning)
+    missing = re.fullmatch(
+        r"parent span ID=([0-9a-f]{16}) is not in the trace; skipping clock skew adjustment", warning
+    )
     if missing:
         return missing.group(1) in by_id
     if warning.startswith("clock skew adjustment disabled; not applying calculated delta of "):
         parent = by_id.get(span.get("parentSpanId", ""))
-        return (parent is not None and parent["attrs"].get("lora_otel.incomplete") is True
-                and int(span["startTimeUnixNano"]) >= int(parent["endTimeUnixNano"]))
+        return (
+            parent is not None
+            and parent["attrs"].get("lora_otel.incomplete") is True
+            and int(span["startTimeUnixNano"]) >= int(parent["endTimeUnixNano"])
+        )
     return False
 
 
@@ -133,8 +142,11 @@ def assert_whole(spans: list[dict[str, Any]]) -> None:
 
 def exported_ids(directory: Path) -> set[str]:
     """The span IDs the journals under ``directory`` export (short successful imports are dropped)."""
-    return {format(span.context.span_id, "016x")
-            for path in journals(directory) for span in translate(read_journal(path)).spans}
+    return {
+        format(span.context.span_id, "016x")
+        for path in journals(directory)
+        for span in translate(read_journal(path)).spans
+    }
 
 
 def named(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -155,8 +167,9 @@ def event(span: dict[str, Any], name: str) -> dict[str, Any]:
 
 def wait_for_spans(jaeger: Jaeger, service: str, want: Any, what: str, timeout: float = 30) -> list[dict[str, Any]]:
     """Poll the search until ``want(spans)`` holds; the spans."""
-    return wait_until(lambda: (lambda spans: want(spans) and spans)(otlp_spans(jaeger.find_traces(service))),
-                      timeout, what)
+    return wait_until(
+        lambda: (lambda spans: want(spans) and spans)(otlp_spans(jaeger.find_traces(service))), timeout, what
+    )
 
 
 def ids_are(expected: set[str]) -> Any:
@@ -165,6 +178,7 @@ def ids_are(expected: set[str]) -> Any:
 
 # --- the example LoRA run -------------------------------------------------------------------------
 
+
 @pytest.mark.torch
 def test_example_lora_run_in_jaeger(tmp_path: Path, stack: Stack) -> None:
     """``examples/train_lora.py --steps 5`` (a real peft LoRA on a tiny random Llama, nothing
@@ -172,8 +186,15 @@ def test_example_lora_run_in_jaeger(tmp_path: Path, stack: Stack) -> None:
     name) with ``process`` at the root and the stages below it — arguments, the heavy imports, the CUDA
     probe, training with its step count — every span ended without error, all of them there once."""
     pytest.importorskip("peft")
-    r = run_traced([str(REPO / "examples" / "train_lora.py"), "--steps", "5"], cwd=tmp_path, timeout=180,
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1", PYTHONWARNINGS="ignore", **stack.env())
+    r = run_traced(
+        [str(REPO / "examples" / "train_lora.py"), "--steps", "5"],
+        cwd=tmp_path,
+        timeout=180,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+        PYTHONWARNINGS="ignore",
+        **stack.env(),
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     wait_gone(sidecar_pid(tmp_path))  # it exits once the collector has everything
     expected = exported_ids(tmp_path / "lora-otel")
@@ -194,6 +215,7 @@ def test_example_lora_run_in_jaeger(tmp_path: Path, stack: Stack) -> None:
 
 # --- a stalled job --------------------------------------------------------------------------------
 
+
 def test_stalled_import_in_jaeger_while_the_job_runs(tmp_path: Path, stack: Stack) -> None:
     """An import that sleeps past its limit (``LORA_OTEL_STALL_AFTER=import=1``): while the job
     still runs, Jaeger shows the stalled span — error status ``stalled: import stuckmod open for
@@ -205,8 +227,12 @@ def test_stalled_import_in_jaeger_while_the_job_runs(tmp_path: Path, stack: Stac
     proc = start_traced(tmp_path, "import stuckmod\n", **stack.env(service, LORA_OTEL_STALL_AFTER="import=1"))
     try:
         side = sidecar_pid(tmp_path)
-        spans = wait_for_spans(stack.jaeger, service, lambda spans: any(s["name"] == "import stuckmod" for s in spans),
-                               "the stalled import in Jaeger")
+        spans = wait_for_spans(
+            stack.jaeger,
+            service,
+            lambda spans: any(s["name"] == "import stuckmod" for s in spans),
+            "the stalled import in Jaeger",
+        )
         assert proc.poll() is None, "the stall is in Jaeger while the job still runs"
         spans = the_trace(stack.jaeger, service)
         assert_whole(spans)
@@ -223,9 +249,11 @@ def test_stalled_import_in_jaeger_while_the_job_runs(tmp_path: Path, stack: Stac
         assert evidence["lora_otel.diagnosis"] == stall["attrs"]["lora_otel.diagnosis"]
         # docs/backends.md, "A stalled job in Jaeger": the UI's tag searches, as the UI sends them
         trace_id = stall["traceId"]
-        for tags in ({"lora_otel.incomplete": "true"},
-                     {"lora_otel.incomplete": "true", "lora_otel.stall.kind": "alive"},
-                     {"lora_otel.stall.stage": "import stuckmod"}):
+        for tags in (
+            {"lora_otel.incomplete": "true"},
+            {"lora_otel.incomplete": "true", "lora_otel.stall.kind": "alive"},
+            {"lora_otel.stall.stage": "import stuckmod"},
+        ):
             found = stack.jaeger.search_tags(service, tags)
             assert [t["traceID"] for t in found] == [trace_id], tags
         for tags in ({"lora_otel.stall.kind": "frozen"}, {"lora_otel.stall.stage": "import torch"}):
@@ -238,10 +266,12 @@ def test_stalled_import_in_jaeger_while_the_job_runs(tmp_path: Path, stack: Stac
         kill_and_reap(proc)
     wait_gone(side)  # it has finalised what was still open ("killed by SIGKILL")
     expected = exported_ids(tmp_path / "lora-otel")
-    spans = wait_for_spans(stack.jaeger, service,
-                           lambda spans: ids_are(expected)(spans) and any(s["name"] == "import stuckmod (continued)"
-                                                                            for s in spans),
-                           "every span of the killed job, and how the stalled import ended")
+    spans = wait_for_spans(
+        stack.jaeger,
+        service,
+        lambda spans: ids_are(expected)(spans) and any(s["name"] == "import stuckmod (continued)" for s in spans),
+        "every span of the killed job, and how the stalled import ended",
+    )
     assert_whole(spans)
     assert {s["spanId"] for s in spans if not s["name"].endswith(" (continued)")} == expected
     stalled = named(spans, "import stuckmod")
@@ -262,12 +292,19 @@ def test_stall_then_recovery_gives_continued_children(tmp_path: Path, stack: Sta
     root's as ``process (continued)``; the stage after it hangs below ``process``; nothing twice."""
     service = "stall-recover"
     make_module(tmp_path, "slowmod", "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n")
-    proc = start_traced(tmp_path, "import slowmod\nimport lora_otel\nwith lora_otel.stage('after'):\n    pass\n",
-                        **stack.env(service, LORA_OTEL_STALL_AFTER="import=1"))
+    proc = start_traced(
+        tmp_path,
+        "import slowmod\nimport lora_otel\nwith lora_otel.stage('after'):\n    pass\n",
+        **stack.env(service, LORA_OTEL_STALL_AFTER="import=1"),
+    )
     try:
         side = sidecar_pid(tmp_path)
-        wait_for_spans(stack.jaeger, service, lambda spans: any(s["name"] == "import slowmod" for s in spans),
-                       "the stalled import in Jaeger")
+        wait_for_spans(
+            stack.jaeger,
+            service,
+            lambda spans: any(s["name"] == "import slowmod" for s in spans),
+            "the stalled import in Jaeger",
+        )
         assert proc.poll() is None
         (tmp_path / "go").write_text("")
         proc.communicate(timeout=30)
@@ -277,8 +314,9 @@ def test_stall_then_recovery_gives_continued_children(tmp_path: Path, stack: Sta
             kill_and_reap(proc)
     wait_gone(side)
     continued = {"import slowmod (continued)", "process (continued)"}
-    spans = wait_for_spans(stack.jaeger, service,
-                           lambda spans: continued | {"after"} <= {s["name"] for s in spans}, "the continued spans")
+    spans = wait_for_spans(
+        stack.jaeger, service, lambda spans: continued | {"after"} <= {s["name"] for s in spans}, "the continued spans"
+    )
     spans = the_trace(stack.jaeger, service)
     assert_whole(spans)
     expected = exported_ids(tmp_path / "lora-otel")
@@ -294,6 +332,7 @@ def test_stall_then_recovery_gives_continued_children(tmp_path: Path, stack: Sta
 
 # --- a 2-rank job ---------------------------------------------------------------------------------
 
+
 @pytest.mark.torch
 def test_two_rank_job_is_one_trace_in_jaeger(tmp_path: Path, stack: Stack) -> None:
     """``torchrun --nproc-per-node 2`` of a gloo job (tests/test_launchers.py's): torchrun's
@@ -308,8 +347,21 @@ def test_two_rank_job_is_one_trace_in_jaeger(tmp_path: Path, stack: Stack) -> No
     env = job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(where), **stack.env(service))
     reaper = Reaper()
     try:
-        r = reaper.run_torch_job(lambda: [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                          "--master-port", str(free_port()), "train.py"], tmp_path, env, [where])
+        r = reaper.run_torch_job(
+            lambda: [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                "train.py",
+            ],
+            tmp_path,
+            env,
+            [where],
+        )
         assert r.returncode == 0, explain(r)
         wait_gone(sidecar_pid(where))
     finally:
@@ -355,8 +407,11 @@ with lora_otel.stage("start node 2"):
 def gateway_spans(gateway: OtelCol) -> float:
     """Spans the gateway's OTLP receiver accepted (its own telemetry, Prometheus text)."""
     text = http_get("http://127.0.0.1:%d/metrics" % gateway.ports["metrics"])
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("otelcol_receiver_accepted_spans") and 'receiver="otlp"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("otelcol_receiver_accepted_spans") and 'receiver="otlp"' in line
+    )
 
 
 def test_agents_to_gateways_deliver_one_trace_whole(tmp_path: Path, stack: Stack) -> None:
@@ -372,11 +427,25 @@ def test_agents_to_gateways_deliver_one_trace_whole(tmp_path: Path, stack: Stack
     started: list[OtelCol] = []
     try:
         for i in (1, 2):
-            started.append(OtelCol(tmp_path, config=GATEWAY_CONFIG, name="gateway%d" % i,
-                                   exporters={"otlp_grpc/jaeger": stack.jaeger.otlp_grpc, "otlp_grpc/tempo": no_tempo}))
+            started.append(
+                OtelCol(
+                    tmp_path,
+                    config=GATEWAY_CONFIG,
+                    name="gateway%d" % i,
+                    exporters={"otlp_grpc/jaeger": stack.jaeger.otlp_grpc, "otlp_grpc/tempo": no_tempo},
+                )
+            )
         gateways = list(started)
-        static = {"exporters": {"load_balancing": {"resolver": {
-            "dns": None, "static": {"hostnames": [g.grpc_endpoint.removeprefix("http://") for g in gateways]}}}}}
+        static = {
+            "exporters": {
+                "load_balancing": {
+                    "resolver": {
+                        "dns": None,
+                        "static": {"hostnames": [g.grpc_endpoint.removeprefix("http://") for g in gateways]},
+                    }
+                }
+            }
+        }
         for i in (1, 2):
             started.append(OtelCol(tmp_path, config=AGENT_CONFIG, name="agent%d" % i, extra=static))
         agent1, agent2 = started[2:]
@@ -385,10 +454,17 @@ def test_agents_to_gateways_deliver_one_trace_whole(tmp_path: Path, stack: Stack
             assert 'otelcol_loadbalancer_num_backends{resolver="static"} 2' in text.splitlines(), text
         (tmp_path / "node2.py").write_text(NODE2)
         (tmp_path / "node1.py").write_text(NODE1)
-        env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=agent1.grpc_endpoint, OTEL_SERVICE_NAME=service,
-                        **GRPC)
-        r = subprocess.run([PYTHON, "node1.py", agent2.grpc_endpoint], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=60)
+        env = clean_env(
+            LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=agent1.grpc_endpoint, OTEL_SERVICE_NAME=service, **GRPC
+        )
+        r = subprocess.run(
+            [PYTHON, "node1.py", agent2.grpc_endpoint],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr[-4000:]
         found = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
         assert len(found) == 2 and len({j.trace_id for j in found}) == 1

@@ -24,15 +24,14 @@ import json
 import math
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
-
-from backends import (PROMETHEUS_CONFIG, PROMETHEUS_RULES, REPO, OtelCol, Prometheus, debian_tool,
-                      wait_until)
+from backends import PROMETHEUS_CONFIG, PROMETHEUS_RULES, REPO, OtelCol, Prometheus, debian_tool, wait_until
 from test_hangs import kill_and_reap, make_module
 from test_sidecar import sidecar_pid, traced, wait_gone
 
@@ -45,15 +44,20 @@ CLASHING_ATTRIBUTES = "le=5,job=finetune-42,lora_otel.stall.stage=fake,span.name
 """Resource attributes named like the exporter's and the metrics' own labels (issue 14's hostile trial)."""
 """The two jobs' ``OTEL_SERVICE_NAME``: Prometheus' ``service_name`` label."""
 
-OLD_STALL_EXPR = ("sum by (service_name, lora_otel_stall_stage, lora_otel_stall_kind) "
-                  "(increase(lora_otel_stalls_total[5m])) > 0")
-OLD_FROZEN_EXPR = ('sum by (service_name, lora_otel_stall_stage) '
-                   '(increase(lora_otel_stalls_total{lora_otel_stall_kind="frozen"}[5m])) > 0')
+OLD_STALL_EXPR = (
+    "sum by (service_name, lora_otel_stall_stage, lora_otel_stall_kind) (increase(lora_otel_stalls_total[5m])) > 0"
+)
+OLD_FROZEN_EXPR = (
+    "sum by (service_name, lora_otel_stall_stage) "
+    '(increase(lora_otel_stalls_total{lora_otel_stall_kind="frozen"}[5m])) > 0'
+)
 _PHASES = '{span_name=~"arguments|import .+|cuda probe|cuda init", lora_otel_incomplete=""}'
 _DURATION = "traces_span_metrics_duration_milliseconds"
-OLD_AVG30M_EXPR = ("sum by (service_name, span_name) (increase(%s_sum%s[30m]))"
-                   " / sum by (service_name, span_name) (increase(%s_count%s[30m]))"
-                   " / 1000" % (_DURATION, _PHASES, _DURATION, _PHASES))
+OLD_AVG30M_EXPR = (
+    "sum by (service_name, span_name) (increase(%s_sum%s[30m]))"
+    " / sum by (service_name, span_name) (increase(%s_count%s[30m]))"
+    " / 1000" % (_DURATION, _PHASES, _DURATION, _PHASES)
+)
 """The expressions ``deploy/prometheus/lora_otel.rules.yml`` shipped before this module."""
 
 
@@ -64,11 +68,11 @@ def rules() -> dict[str, dict[str, Any]]:
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(debian_tool("promtool")), *args], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    return subprocess.run([str(debian_tool("promtool")), *args], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 # --- promtool -------------------------------------------------------------------------------------
+
 
 def test_promtool_checks_the_rules_and_the_config() -> None:
     """``promtool check rules`` and ``check config`` accept the shipped files as they are (the
@@ -104,12 +108,13 @@ def test_promtool_unit_tests_each_alert_and_recording_rule() -> None:
 
 # --- docs/backends.md -----------------------------------------------------------------------------
 
+
 def documented_rules() -> dict[str, tuple[str, str]]:
     """``docs/backends.md``'s Prometheus section: ``{name: (heading note, expression)}`` from its
     code block, where each rule is a ``# name (note)`` line followed by its expression."""
     text = BACKENDS_DOC.read_text()
-    section = text[text.index("## Prometheus alerts"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("## Prometheus alerts") :]
+    section = section[: section.index("\n## ", 1)]
     [block] = re.findall(r"```promql\n(.*?)```", section, re.S)
     out = {}
     for chunk in re.split(r"^(?=# )", block, flags=re.M):
@@ -139,6 +144,7 @@ def test_the_doc_shows_the_rules_files_expressions() -> None:
 
 # --- end to end -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """Our collector, Prometheus scraping it, and two traced jobs that stall in an import: one
@@ -148,32 +154,74 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]
     jobs run until the module's tests are done, then are killed and their sidecars waited for."""
     work = tmp_path_factory.mktemp("prometheus")
     jobs: list[tuple[Any, Path]] = []
-    with OtelCol(work, exporters={"otlp_grpc/jaeger": "127.0.0.1:1", "otlp_grpc/tempo": "127.0.0.1:1"}) as col, \
-            Prometheus(work, col) as prom:
+    with (
+        OtelCol(work, exporters={"otlp_grpc/jaeger": "127.0.0.1:1", "otlp_grpc/tempo": "127.0.0.1:1"}) as col,
+        Prometheus(work, col) as prom,
+    ):
         try:
             stalled, frozen = work / "stalled", work / "frozen"
             stalled.mkdir(), frozen.mkdir()
             make_module(stalled, "quickmod", "import time\ntime.sleep(0.3)\n")
             make_module(stalled, "stuckmod", "import time\ntime.sleep(600)\n")
-            jobs.append((traced(stalled, "import quickmod\nimport stuckmod\n", col.grpc_endpoint,
-                                OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_SERVICE_NAME=STALLED,
-                                LORA_OTEL_STALL_AFTER="import=1"), stalled))
-            make_module(frozen, "frozenmod", "import ctypes\ndef hold():\n    while True:\n"
-                                             "        ctypes.PyDLL(None).pause()\nhold()\n")
-            jobs.append((traced(frozen, "import frozenmod\n", col.grpc_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-                                OTEL_SERVICE_NAME=FROZEN, LORA_OTEL_FROZEN_AFTER="2"), frozen))
+            jobs.append(
+                (
+                    traced(
+                        stalled,
+                        "import quickmod\nimport stuckmod\n",
+                        col.grpc_endpoint,
+                        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                        OTEL_SERVICE_NAME=STALLED,
+                        LORA_OTEL_STALL_AFTER="import=1",
+                    ),
+                    stalled,
+                )
+            )
+            make_module(
+                frozen,
+                "frozenmod",
+                "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n",
+            )
+            jobs.append(
+                (
+                    traced(
+                        frozen,
+                        "import frozenmod\n",
+                        col.grpc_endpoint,
+                        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                        OTEL_SERVICE_NAME=FROZEN,
+                        LORA_OTEL_FROZEN_AFTER="2",
+                    ),
+                    frozen,
+                )
+            )
             clashing = work / "clashing"
             clashing.mkdir()
             make_module(clashing, "stuckmod", "import time\ntime.sleep(600)\n")
-            jobs.append((traced(clashing, "import stuckmod\n",
-                                col.grpc_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_SERVICE_NAME=CLASHING,
-                                OTEL_RESOURCE_ATTRIBUTES=CLASHING_ATTRIBUTES, LORA_OTEL_STALL_AFTER="import=1"),
-                         clashing))
-            firing = wait_until(lambda: _firing(prom, {"LoraOtelStallDetected", "LoraOtelProcessFrozen"}, 4),
-                                60, "both stall alerts firing in Prometheus")
+            jobs.append(
+                (
+                    traced(
+                        clashing,
+                        "import stuckmod\n",
+                        col.grpc_endpoint,
+                        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                        OTEL_SERVICE_NAME=CLASHING,
+                        OTEL_RESOURCE_ATTRIBUTES=CLASHING_ATTRIBUTES,
+                        LORA_OTEL_STALL_AFTER="import=1",
+                    ),
+                    clashing,
+                )
+            )
+            firing = wait_until(
+                lambda: _firing(prom, {"LoraOtelStallDetected", "LoraOtelProcessFrozen"}, 4),
+                60,
+                "both stall alerts firing in Prometheus",
+            )
             # the span metrics connector flushes every 15 s: wait for the ended import's series
-            wait_until(lambda: prom.query(_DURATION + '_count{span_name="import quickmod"}'),
-                       60, "the span metrics of the ended import in Prometheus")
+            wait_until(
+                lambda: prom.query(_DURATION + '_count{span_name="import quickmod"}'),
+                60,
+                "the span metrics of the ended import in Prometheus",
+            )
             for proc, _ in jobs:
                 assert proc.poll() is None, "the alerts fire while the jobs still run"
             yield SimpleNamespace(collector=col, prometheus=prom, firing=firing)
@@ -206,11 +254,15 @@ def test_prometheus_scrapes_the_collector(stack) -> None:
     assert sorted(t["labels"]["job"] for t in targets) == ["lora-otel-spanmetrics", "otel-collector", "prometheus"]
     assert all(t["health"] == "up" for t in targets), targets
     assert {s["metric"]["job"]: _value(s) for s in stack.prometheus.query("up")} == {
-        "lora-otel-spanmetrics": 1, "otel-collector": 1, "prometheus": 1}
+        "lora-otel-spanmetrics": 1,
+        "otel-collector": 1,
+        "prometheus": 1,
+    }
     groups = stack.prometheus.rules()
     [alerts] = [g for g in groups if g["name"] == "lora_otel.alerts"]
     assert {r["name"]: r["health"] for r in alerts["rules"]} == {
-        name: "ok" for name, rule in rules().items() if "alert" in rule}
+        name: "ok" for name, rule in rules().items() if "alert" in rule
+    }
 
 
 def test_a_real_stall_raises_the_counter_and_fires_the_alert(stack) -> None:
@@ -223,15 +275,26 @@ def test_a_real_stall_raises_the_counter_and_fires_the_alert(stack) -> None:
     assert _value(counted) == 1
     [logged] = stack.prometheus.query('lora_otel_stall_log_records_total{service_name="%s"}' % STALLED)
     assert _value(logged) == 1 and logged["metric"]["lora_otel_stall_stage"] == "import stuckmod"
-    [alert] = [a for a in stack.prometheus.alerts()
-               if a["labels"]["alertname"] == "LoraOtelStallDetected" and a["labels"]["service_name"] == STALLED]
+    [alert] = [
+        a
+        for a in stack.prometheus.alerts()
+        if a["labels"]["alertname"] == "LoraOtelStallDetected" and a["labels"]["service_name"] == STALLED
+    ]
     assert alert["state"] == "firing"
-    assert alert["labels"] == {"alertname": "LoraOtelStallDetected", "severity": "warning", "service_name": STALLED,
-                               "lora_otel_stall_stage": "import stuckmod", "lora_otel_stall_kind": "alive"}
+    assert alert["labels"] == {
+        "alertname": "LoraOtelStallDetected",
+        "severity": "warning",
+        "service_name": STALLED,
+        "lora_otel_stall_stage": "import stuckmod",
+        "lora_otel_stall_kind": "alive",
+    }
     assert alert["annotations"]["summary"] == "%s: stall in import stuckmod (alive)" % STALLED
     assert 'resource.service.name = "%s"' % STALLED in alert["annotations"]["description"]
-    assert not [a for a in stack.prometheus.alerts()
-                if a["labels"]["alertname"] == "LoraOtelProcessFrozen" and a["labels"]["service_name"] == STALLED]
+    assert not [
+        a
+        for a in stack.prometheus.alerts()
+        if a["labels"]["alertname"] == "LoraOtelProcessFrozen" and a["labels"]["service_name"] == STALLED
+    ]
 
 
 def test_a_frozen_process_fires_both_stall_alerts(stack) -> None:
@@ -242,8 +305,11 @@ def test_a_frozen_process_fires_both_stall_alerts(stack) -> None:
     by_name = {a["labels"]["alertname"]: a for a in stack.prometheus.alerts() if a["labels"]["service_name"] == FROZEN}
     assert by_name["LoraOtelProcessFrozen"]["state"] == "firing"
     assert by_name["LoraOtelProcessFrozen"]["labels"] == {
-        "alertname": "LoraOtelProcessFrozen", "severity": "critical", "service_name": FROZEN,
-        "lora_otel_stall_stage": "import frozenmod"}
+        "alertname": "LoraOtelProcessFrozen",
+        "severity": "critical",
+        "service_name": FROZEN,
+        "lora_otel_stall_stage": "import frozenmod",
+    }
     assert by_name["LoraOtelStallDetected"]["labels"]["lora_otel_stall_kind"] == "frozen"
 
 
@@ -271,8 +337,10 @@ def test_span_metrics_carry_what_the_rules_select(stack) -> None:
     assert "lora_otel_incomplete" not in by_span["import quickmod"]
     assert by_span["import quickmod"]["status_code"] == "STATUS_CODE_UNSET"
     stalled = prom.query(_DURATION + '_count{service_name="%s", span_name="import stuckmod"}' % STALLED)
-    assert [(s["metric"]["lora_otel_incomplete"], s["metric"]["lora_otel_stall_kind"], s["metric"]["status_code"])
-            for s in stalled] == [("true", "alive", "STATUS_CODE_ERROR")]
+    assert [
+        (s["metric"]["lora_otel_incomplete"], s["metric"]["lora_otel_stall_kind"], s["metric"]["status_code"])
+        for s in stalled
+    ] == [("true", "alive", "STATUS_CODE_ERROR")]
     assert prom.query(_DURATION + '_bucket{service_name="%s", span_name="import quickmod", le="500.0"}' % STALLED)
     assert prom.query('traces_span_metrics_calls_total{service_name="%s", span_name="import quickmod"}' % STALLED)
     avg30m = rules()["lora_otel:phase_duration_seconds:avg30m"]["expr"]
@@ -293,11 +361,13 @@ def test_the_dashboards_prometheus_queries_show_the_jobs(stack) -> None:
             if target["datasource"]["uid"] != "prometheus" or any(r in target["expr"] for r in recorded):
                 continue
             job = FROZEN if 'lora_otel_stall_kind="frozen"' in target["expr"] else STALLED
-            expr = (target["expr"].replace("$job", job).replace("$__range", "10m")
-                    .replace("$__rate_interval", "1m"))
+            expr = target["expr"].replace("$job", job).replace("$__range", "10m").replace("$__rate_interval", "1m")
             # the span metrics' calls counter is 0 at its first flush and counts at the next (15 s)
-            result = wait_until(lambda: [s for s in stack.prometheus.query(expr) if _value(s) > 0], 40,
-                                "%s: %s" % (panel["title"], expr))
+            result = wait_until(
+                lambda: [s for s in stack.prometheus.query(expr) if _value(s) > 0],  # noqa: B023 - called in this iteration
+                40,
+                "%s: %s" % (panel["title"], expr),
+            )
             assert all(s["metric"].get("service_name", job) == job for s in result), (panel["title"], expr)
             checked += 1
     assert checked >= 5
@@ -311,20 +381,33 @@ def test_a_jobs_resource_attributes_cannot_break_or_falsify_the_metrics(stack) -
     (resource attributes other than service name, instance, host and pid stay in target_info).
     Before the exporter's resource labels were limited, this job took the other jobs' alerts down."""
     assert all(t["health"] == "up" for t in stack.prometheus.targets()), stack.prometheus.targets()
-    [counted] = stack.prometheus.query('lora_otel_stalls_total{service_name=%s}' % json.dumps(CLASHING))
+    [counted] = stack.prometheus.query("lora_otel_stalls_total{service_name=%s}" % json.dumps(CLASHING))
     assert counted["metric"]["lora_otel_stall_stage"] == "import stuckmod"
     assert "le" not in counted["metric"] and _value(counted) == 1
-    [alert] = [a for a in stack.prometheus.alerts()
-               if a["labels"]["alertname"] == "LoraOtelStallDetected" and a["labels"]["service_name"] == CLASHING]
+    [alert] = [
+        a
+        for a in stack.prometheus.alerts()
+        if a["labels"]["alertname"] == "LoraOtelStallDetected" and a["labels"]["service_name"] == CLASHING
+    ]
     assert alert["state"] == "firing" and alert["labels"]["lora_otel_stall_stage"] == "import stuckmod"
     # the Tempo query in the description stays valid TraceQL for a name with quotes
-    assert 'resource.service.name = %s }' % json.dumps(CLASHING) in alert["annotations"]["description"]
+    assert "resource.service.name = %s }" % json.dumps(CLASHING) in alert["annotations"]["description"]
     labels = set()
     for line in stack.collector.prometheus_metrics().splitlines():
         if line.startswith(("lora_otel_", "traces_span_metrics_")):
             labels |= set(re.findall(r'([A-Za-z_]\w*)="', line.split("{", 1)[1] if "{" in line else ""))
     resource = {"service_name", "service_instance_id", "host_name", "process_pid", "job", "instance"}
-    metric = {"lora_otel_stall_kind", "lora_otel_stall_stage", "lora_otel_incomplete", "span_name", "span_kind",
-              "status_code", "le", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url",
-              "collector_instance_id"}  # the span metrics connector's own
+    metric = {
+        "lora_otel_stall_kind",
+        "lora_otel_stall_stage",
+        "lora_otel_incomplete",
+        "span_name",
+        "span_kind",
+        "status_code",
+        "le",
+        "otel_scope_name",
+        "otel_scope_version",
+        "otel_scope_schema_url",
+        "collector_instance_id",
+    }  # the span metrics connector's own
     assert labels - resource - metric == set(), "labels from the resource: %s" % sorted(labels - resource - metric)

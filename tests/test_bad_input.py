@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from procs import PYTHON, clean_env, journals, only_journal
 
 SCRIPT = "import json\nprint('PROGRAM done')\n"
@@ -17,8 +16,14 @@ needs_non_root = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores dire
 
 def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(SCRIPT)
-    return subprocess.run([PYTHON, "job.py", *args], cwd=tmp_path, env=clean_env(LORA_OTEL="1", **env),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PYTHON, "job.py", *args],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def lora_errors(stderr: str) -> list:
@@ -38,8 +43,15 @@ def run_full(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProc
     """``run`` where every write that grows a regular file fails: a full disk. (``/dev/full`` no
     longer serves: lora_otel writes only to regular files, see docs/security.md.)"""
     (tmp_path / "job.py").write_text(SCRIPT)
-    return subprocess.run([PYTHON, "-B", "job.py", *args], cwd=tmp_path, env=clean_env(LORA_OTEL="1", **env),
-                          capture_output=True, text=True, timeout=60, preexec_fn=_no_room)
+    return subprocess.run(
+        [PYTHON, "-B", "job.py", *args],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_no_room,
+    )
 
 
 def test_journal_on_a_full_disk(tmp_path: Path) -> None:
@@ -102,9 +114,16 @@ def test_log_file_on_a_full_disk(tmp_path: Path) -> None:
 def test_closed_stdout(tmp_path: Path) -> None:
     """stdout closed by the launcher: the program runs; lines fall back to stderr."""
     (tmp_path / "job.py").write_text("import sys\nsys.stderr.write('PROGRAM ran\\n')\n")
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                       preexec_fn=lambda: os.close(1))
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: os.close(1),
+    )
     assert r.returncode == 0
     assert "PROGRAM ran" in r.stderr and "Traceback" not in r.stderr
     assert journals(tmp_path / "lora-otel")

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-
 from conftest import JournalBuilder
-from lora_otel.cli import main
-from lora_otel.export import baseline as bl
-from lora_otel.export.live import Follower
-from lora_otel.export.stall import parse_limits
 from procs import journals, run_traced
+
+from lora_otel.analysis import baseline as bl
+from lora_otel.analysis.stall import parse_limits
+from lora_otel.cli import main
+from lora_otel.export.live import Follower
 
 FACTS: dict[str, Any] = {
     "process.runtime.name": "cpython",
@@ -101,12 +101,15 @@ def saved_from_good_runs(tmp_path: Path, capsys) -> Path:
     base = tmp_path / "good.json"
     status, out, err = cli(capsys, "baseline", "save", str(base), "--from-journal", paths[0], *paths)
     assert status == 0 and err == "", err
-    assert out == ["saved baseline %s: Python 3.11.7, torch 2.3.1 (CUDA 12.1), driver 535.104.05, 8 GPUs, "
-                   "4 packages, 4 variables; 6 start-up phases (medians of 3 journals)" % base]
+    assert out == [
+        "saved baseline %s: Python 3.11.7, torch 2.3.1 (CUDA 12.1), driver 535.104.05, 8 GPUs, "
+        "4 packages, 4 variables; 6 start-up phases (medians of 3 journals)" % base
+    ]
     return base
 
 
 # --- save and diff ------------------------------------------------------------------------------
+
 
 def test_round_trip_on_this_interpreter(tmp_path: Path, capsys) -> None:
     """Saved from this interpreter and compared with it: no drift, exit 0 (text and JSON)."""
@@ -122,8 +125,10 @@ def test_round_trip_on_this_interpreter(tmp_path: Path, capsys) -> None:
     assert doc["environment"]["packages"].get("torch")  # the test environment has torch
     status, out, err = cli(capsys, "baseline", "diff", str(base))
     assert status == 0 and err == ""
-    assert out == ["baseline %s (saved %s, environment of %s) vs this interpreter (%s): no drift"
-                   % (base, doc["created_at"], sys.executable, sys.executable)]
+    assert out == [
+        "baseline %s (saved %s, environment of %s) vs this interpreter (%s): no drift"
+        % (base, doc["created_at"], sys.executable, sys.executable)
+    ]
     status, out, _ = cli(capsys, "baseline", "diff", "--json", str(base))
     found = json.loads("\n".join(out))
     assert status == 0 and found["drift"] == [] and found["against"]["kind"] == "interpreter"
@@ -148,8 +153,14 @@ def test_real_traced_run_agrees_with_this_interpreter(tmp_path: Path, capsys) ->
 def test_phases_are_medians_of_the_start_up(tmp_path: Path, capsys) -> None:
     doc = json.loads(saved_from_good_runs(tmp_path, capsys).read_text())
     phases = {name: entry["median_s"] for name, entry in doc["phases"].items()}
-    assert phases == {"arguments": 0.005, "import torch": 2.1, "import bitsandbytes": 1.2, "cuda init": 0.8,
-                      "load model": 4.5, "start-up": pytest.approx(8.61, abs=0.002)}
+    assert phases == {
+        "arguments": 0.005,
+        "import torch": 2.1,
+        "import bitsandbytes": 1.2,
+        "cuda init": 0.8,
+        "load model": 4.5,
+        "start-up": pytest.approx(8.61, abs=0.002),
+    }
     assert all(entry["runs"] == 3 for entry in doc["phases"].values())
     env = doc["environment"]
     assert env["gpu_models"] == ["NVIDIA H100 80GB HBM3"] and env["env"]["HF_TOKEN"] == "[REDACTED]"
@@ -179,10 +190,20 @@ def test_diff_catches_version_variable_and_slow_phase(tmp_path: Path, capsys) ->
     doc = json.loads("\n".join(out))
     assert status == 1 and doc["against"] == {"kind": "journal", "path": str(slow.path)}
     assert [(d["kind"], d["name"], d["change"]) for d in doc["drift"]] == [
-        ("package", "bitsandbytes", "changed"), ("env", "HF_HUB_OFFLINE", "changed"),
-        ("phase", "import torch", "slower"), ("phase", "start-up", "slower")]
-    assert doc["drift"][2] == {"kind": "phase", "name": "import torch", "change": "slower", "baseline": 2.1,
-                               "current": 48.0, "text": "import torch took 48 s; baseline 2.1 s", "open": False}
+        ("package", "bitsandbytes", "changed"),
+        ("env", "HF_HUB_OFFLINE", "changed"),
+        ("phase", "import torch", "slower"),
+        ("phase", "start-up", "slower"),
+    ]
+    assert doc["drift"][2] == {
+        "kind": "phase",
+        "name": "import torch",
+        "change": "slower",
+        "baseline": 2.1,
+        "current": 48.0,
+        "text": "import torch took 48 s; baseline 2.1 s",
+        "open": False,
+    }
     # the rule is configurable: 48 s is not 30x 2.1 s
     status, out, _ = cli(capsys, "baseline", "diff", "--slower-factor", "30", str(base), str(slow.path))
     assert status == 1 and not any("import torch" in line for line in out)
@@ -204,11 +225,17 @@ def test_diff_of_two_baselines_and_environment_facts(tmp_path: Path, capsys) -> 
     """Baseline against baseline: driver, CUDA build, cuDNN, GPUs, packages added and removed."""
     old = saved_from_good_runs(tmp_path, capsys)
     new = tmp_path / "new.json"
-    run = good_run(tmp_path / "new.otel.jsonl", **{
-        "lora_otel__nvidia__driver_version": "550.54.15", "lora_otel__torch__cuda_build": "12.4",
-        "lora_otel__cudnn__version": "9.1.0.70", "lora_otel__nvidia__gpu_count": 4, "lora_otel__pkg__numpy": None,
-        "lora_otel__pkg__xformers": "0.0.27", "lora_otel__env__NCCL_P2P_DISABLE": "1",
-        "lora_otel__env__CUDA_VISIBLE_DEVICES": None})
+    run = good_run(
+        tmp_path / "new.otel.jsonl",
+        lora_otel__nvidia__driver_version="550.54.15",
+        lora_otel__torch__cuda_build="12.4",
+        lora_otel__cudnn__version="9.1.0.70",
+        lora_otel__nvidia__gpu_count=4,
+        lora_otel__pkg__numpy=None,
+        lora_otel__pkg__xformers="0.0.27",
+        lora_otel__env__NCCL_P2P_DISABLE="1",
+        lora_otel__env__CUDA_VISIBLE_DEVICES=None,
+    )
     assert cli(capsys, "baseline", "save", str(new), "--from-journal", str(run.path))[0] == 0
     status, out, _ = cli(capsys, "baseline", "diff", str(old), str(new))
     assert status == 1
@@ -265,6 +292,7 @@ def test_gpu_models_from_the_driver(tmp_path: Path) -> None:
 
 # --- inspect ------------------------------------------------------------------------------------
 
+
 def stuck_in_bitsandbytes(journal: JournalBuilder) -> None:
     """Killed 312 s into ``import bitsandbytes`` (0.45.0 now), torch imported in 2.3 s."""
     with_facts(journal, lora_otel__pkg__numpy="2.0.0", lora_otel__env__HF_HUB_OFFLINE="0")
@@ -275,8 +303,9 @@ def stuck_in_bitsandbytes(journal: JournalBuilder) -> None:
     journal.beat(314.4)
 
 
-def test_inspect_shows_the_drift_that_bears_on_the_stuck_import_first(tmp_path: Path, capsys, monkeypatch,
-                                                                       journal) -> None:
+def test_inspect_shows_the_drift_that_bears_on_the_stuck_import_first(
+    tmp_path: Path, capsys, monkeypatch, journal
+) -> None:
     base = saved_from_good_runs(tmp_path, capsys)
     edit(base, lambda doc: doc["environment"]["packages"].update(bitsandbytes="0.43.1", torch="2.2.2"))
     stuck_in_bitsandbytes(journal)
@@ -292,8 +321,10 @@ def test_inspect_shows_the_drift_that_bears_on_the_stuck_import_first(tmp_path: 
         "  import bitsandbytes has taken 312 s and not finished; baseline 1.2 s",
         "  torch 2.2.2 → 2.3.1",
     ]
-    assert out[5] == ("other drift: numpy 1.26.4 → 2.0.0; HF_HUB_OFFLINE: 1 → 0; "
-                      "start-up has taken 314 s without reaching training; baseline 8.61 s")
+    assert out[5] == (
+        "other drift: numpy 1.26.4 → 2.0.0; HF_HUB_OFFLINE: 1 → 0; "
+        "start-up has taken 314 s without reaching training; baseline 8.61 s"
+    )
     assert out[6:] == plain[1:]  # then the report as without a baseline
     status, out, _ = cli(capsys, "inspect", "--json", str(journal.path))
     doc = json.loads("\n".join(out))["baseline"]
@@ -314,11 +345,13 @@ def test_inspect_stuck_in_cuda_init_puts_the_driver_first(tmp_path: Path, capsys
     monkeypatch.setenv("LORA_OTEL_BASELINE", str(base))
     out = cli(capsys, "inspect", str(journal.path))[1]
     assert out[0] == "stuck in cuda init for 2.9 s (process gone)"
-    assert out[1:6] == ["drift from baseline %s bearing on cuda init:" % base,
-                        "  cuda init has taken 2.9 s and not finished; baseline 800 ms",
-                        "  NVIDIA driver 535.104.05 → 550.54.15",
-                        "  CUDA_VISIBLE_DEVICES: 0,1 → 3",
-                        "other drift: bitsandbytes 0.43.1 → 0.45.0"]
+    assert out[1:6] == [
+        "drift from baseline %s bearing on cuda init:" % base,
+        "  cuda init has taken 2.9 s and not finished; baseline 800 ms",
+        "  NVIDIA driver 535.104.05 → 550.54.15",
+        "  CUDA_VISIBLE_DEVICES: 0,1 → 3",
+        "other drift: bitsandbytes 0.43.1 → 0.45.0",
+    ]
 
 
 def test_inspect_without_drift_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -329,10 +362,18 @@ def test_inspect_without_drift_says_so(tmp_path: Path, capsys, monkeypatch) -> N
     assert out[0].startswith("finished normally") and out[1] == "baseline %s: no drift" % base
 
 
-@pytest.mark.parametrize("content", [None, "", "{not json", '{"format": "lora-otel baseline", "version": 1, '
-                                                            '"phases": {"import torch": {"median_s": "fast"}}}'])
-def test_inspect_with_a_bad_baseline_says_one_line(tmp_path: Path, capsys, monkeypatch, journal,
-                                                   content: Optional[str]) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,
+        "",
+        "{not json",
+        '{"format": "lora-otel baseline", "version": 1, "phases": {"import torch": {"median_s": "fast"}}}',
+    ],
+)
+def test_inspect_with_a_bad_baseline_says_one_line(
+    tmp_path: Path, capsys, monkeypatch, journal, content: Optional[str]
+) -> None:
     stuck_in_bitsandbytes(journal)
     monkeypatch.delenv("LORA_OTEL_BASELINE", raising=False)
     plain = cli(capsys, "inspect", str(journal.path))[1]
@@ -350,6 +391,7 @@ def test_inspect_with_a_bad_baseline_says_one_line(tmp_path: Path, capsys, monke
 
 # --- the live stall diagnosis -------------------------------------------------------------------
 
+
 class _Accepting:
     """A span exporter that accepts everything."""
 
@@ -366,13 +408,17 @@ class _Accepting:
 def _stalled_follower(tmp_path: Path) -> tuple[Follower, Any]:
     journal = JournalBuilder(tmp_path / "live.otel.jsonl", t0=time.time_ns() - 200 * 10**9)
     journal.process(alive=True)
-    journal.record("attrs", 0.001, span_id=journal.root_id,
-                   attrs={**FACTS, "process.working_directory": str(tmp_path)})
+    journal.record("attrs", 0.001, span_id=journal.root_id, attrs={**FACTS, "process.working_directory": str(tmp_path)})
     journal.span("import torch", 0.01, 2.0)
     journal.start("import bitsandbytes", 2.1)
     journal.beat(199.5)
-    follower = Follower(str(journal.path), _Accepting(), limits=parse_limits("import=60"), frozen_after_s=60,
-                        evidence=lambda pid, stacks: {})
+    follower = Follower(
+        str(journal.path),
+        _Accepting(),
+        limits=parse_limits("import=60"),
+        frozen_after_s=60,
+        evidence=lambda pid, stacks: {},
+    )
     spans = follower.poll()
     follower.close(1.0)
     [stalled] = [s for s in spans if s.name == "import bitsandbytes"]
@@ -387,8 +433,9 @@ def test_live_stall_diagnosis_leads_with_the_relevant_drift(tmp_path: Path, caps
     _, stalled = _stalled_follower(tmp_path)
     attrs = stalled.attributes
     sentence = attrs["lora_otel.diagnosis"]
-    assert sentence.startswith("Drift from the baseline: bitsandbytes 0.43.1 → 0.45.0; import bitsandbytes has "
-                               "taken 19"), sentence
+    assert sentence.startswith(
+        "Drift from the baseline: bitsandbytes 0.43.1 → 0.45.0; import bitsandbytes has taken 19"
+    ), sentence
     assert sentence.endswith(". Cannot tell from the evidence."), sentence
     assert attrs["lora_otel.baseline.drift"][0] == "bitsandbytes 0.43.1 → 0.45.0"
     other = list(attrs["lora_otel.baseline.other_drift"])
@@ -403,7 +450,9 @@ def test_live_stall_with_a_bad_baseline_goes_on(tmp_path: Path, monkeypatch) -> 
     _, stalled = _stalled_follower(tmp_path)
     assert stalled.attributes["lora_otel.diagnosis"] == "Cannot tell from the evidence."
     assert stalled.attributes["lora_otel.baseline.error"] == "LORA_OTEL_BASELINE=%s: %s: no such file" % (
-        tmp_path / "missing.json", tmp_path / "missing.json")
+        tmp_path / "missing.json",
+        tmp_path / "missing.json",
+    )
 
 
 def test_live_stall_without_a_baseline_is_unchanged(tmp_path: Path, no_baseline) -> None:
@@ -414,32 +463,85 @@ def test_live_stall_without_a_baseline_is_unchanged(tmp_path: Path, no_baseline)
 
 # --- what bears on what -------------------------------------------------------------------------
 
+
 def _drift(kind: str, name: str) -> bl.Drift:
     return bl.Drift(kind, name, "changed", "a", "b", "%s %s" % (kind, name))
 
 
-@pytest.mark.parametrize("stage, in_training, expected", [
-    ("import bitsandbytes", False, ["package bitsandbytes", "package torch", "torch_cuda torch CUDA build",
-                                    "driver NVIDIA driver", "env LD_LIBRARY_PATH"]),
-    ("import transformers", False, ["package transformers", "package torch", "torch_cuda torch CUDA build",
-                                    "env HF_HUB_OFFLINE"]),
-    ("import json", False, []),
-    ("cuda init", False, ["package torch", "torch_cuda torch CUDA build", "driver NVIDIA driver",
-                          "gpu_count GPUs", "env LD_LIBRARY_PATH"]),
-    ("training", False, ["package bitsandbytes", "package torch", "package transformers",
-                         "torch_cuda torch CUDA build", "driver NVIDIA driver", "gpu_count GPUs",
-                         "env NCCL_P2P_DISABLE"]),
-    ("epoch 2", True, ["package bitsandbytes", "package torch", "package transformers",
-                       "torch_cuda torch CUDA build", "driver NVIDIA driver", "gpu_count GPUs",
-                       "env NCCL_P2P_DISABLE"]),
-    ("load model", False, ["package transformers", "env HF_HUB_OFFLINE"]),
-    ("arguments", False, []),
-])
+@pytest.mark.parametrize(
+    "stage, in_training, expected",
+    [
+        (
+            "import bitsandbytes",
+            False,
+            [
+                "package bitsandbytes",
+                "package torch",
+                "torch_cuda torch CUDA build",
+                "driver NVIDIA driver",
+                "env LD_LIBRARY_PATH",
+            ],
+        ),
+        (
+            "import transformers",
+            False,
+            ["package transformers", "package torch", "torch_cuda torch CUDA build", "env HF_HUB_OFFLINE"],
+        ),
+        ("import json", False, []),
+        (
+            "cuda init",
+            False,
+            [
+                "package torch",
+                "torch_cuda torch CUDA build",
+                "driver NVIDIA driver",
+                "gpu_count GPUs",
+                "env LD_LIBRARY_PATH",
+            ],
+        ),
+        (
+            "training",
+            False,
+            [
+                "package bitsandbytes",
+                "package torch",
+                "package transformers",
+                "torch_cuda torch CUDA build",
+                "driver NVIDIA driver",
+                "gpu_count GPUs",
+                "env NCCL_P2P_DISABLE",
+            ],
+        ),
+        (
+            "epoch 2",
+            True,
+            [
+                "package bitsandbytes",
+                "package torch",
+                "package transformers",
+                "torch_cuda torch CUDA build",
+                "driver NVIDIA driver",
+                "gpu_count GPUs",
+                "env NCCL_P2P_DISABLE",
+            ],
+        ),
+        ("load model", False, ["package transformers", "env HF_HUB_OFFLINE"]),
+        ("arguments", False, []),
+    ],
+)
 def test_what_bears_on_a_stage(stage: str, in_training: bool, expected: list) -> None:
-    drift = [_drift("package", "torch"), _drift("package", "transformers"), _drift("package", "bitsandbytes"),
-             _drift("package", "numpy"), _drift("torch_cuda", "torch CUDA build"), _drift("driver", "NVIDIA driver"),
-             _drift("gpu_count", "GPUs"), _drift("env", "HF_HUB_OFFLINE"), _drift("env", "LD_LIBRARY_PATH"),
-             _drift("env", "NCCL_P2P_DISABLE")]
+    drift = [
+        _drift("package", "torch"),
+        _drift("package", "transformers"),
+        _drift("package", "bitsandbytes"),
+        _drift("package", "numpy"),
+        _drift("torch_cuda", "torch CUDA build"),
+        _drift("driver", "NVIDIA driver"),
+        _drift("gpu_count", "GPUs"),
+        _drift("env", "HF_HUB_OFFLINE"),
+        _drift("env", "LD_LIBRARY_PATH"),
+        _drift("env", "NCCL_P2P_DISABLE"),
+    ]
     relevant, other = bl.split(drift, stage, in_training)
     assert sorted(d.text for d in relevant) == sorted(expected)
     own = [d for d in drift if d.kind == "package" and "import " + d.name == stage]
@@ -461,7 +563,7 @@ def test_inspect_dir_shows_the_focus_process_drift(tmp_path: Path, capsys, monke
     status, out, err = cli(capsys, "inspect", directory)
     assert status == 0 and err == ""
     start = out.index("drift from baseline %s bearing on import bitsandbytes:" % base)
-    assert out[start:start + 5] == one[1:6]  # as `inspect FILE` gives it, after the job's lines
+    assert out[start : start + 5] == one[1:6]  # as `inspect FILE` gives it, after the job's lines
     assert start < next(i for i, line in enumerate(out) if line.lstrip().startswith("journal: "))  # before the tree
     doc = json.loads("\n".join(cli(capsys, "inspect", "--json", directory)[1]))
     [job] = doc["jobs"]
@@ -481,7 +583,7 @@ def test_deeply_nested_files_are_one_line_errors(tmp_path: Path, capsys) -> None
     base = saved_from_good_runs(tmp_path, capsys)
     deep = tmp_path / "deep.otel.jsonl"
     deep.write_text("[" * 100_000 + "\n")
-    status, out, err = cli(capsys, "baseline", "diff", str(deep))
+    status, _out, err = cli(capsys, "baseline", "diff", str(deep))
     assert status == 2 and len(err.splitlines()) == 1 and "nested too deeply" in err, err
-    status, out, err = cli(capsys, "baseline", "diff", str(base), str(deep))
+    status, _out, err = cli(capsys, "baseline", "diff", str(base), str(deep))
     assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err

@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-
-from collector import free_port
 from conftest import JournalBuilder
-from lora_otel.export.diagnose import collective_in, explain, world_peers
-from lora_otel.export.evidence import PREFIX
-from lora_otel.export.reader import Journal, process_state, read_journal
-from lora_otel.export.stall import Stall
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import assert_unique, sidecar_pid, wait_gone
+
+from collector import free_port
+from lora_otel.analysis.diagnose import collective_in, explain, world_peers
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.stall import Stall
+from lora_otel.journal.reader import Journal, process_state, read_journal
 
 # Steps of 50 ms, so that the median step time the stall limit scales with (20x) stays under the
 # 3 s floor even measured from beats a second apart.
@@ -100,13 +100,32 @@ def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, co
     pytest.importorskip("torch.distributed")
     (tmp_path / "train.py").write_text(TRAIN)
     where = tmp_path / "journals"
-    env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
-                    LORA_OTEL_STALL_AFTER="training=3", LORA_OTEL_DIR=str(where), OMP_NUM_THREADS="1")
+    env = clean_env(
+        LORA_OTEL="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
+        LORA_OTEL_STALL_AFTER="training=3",
+        LORA_OTEL_DIR=str(where),
+        OMP_NUM_THREADS="1",
+    )
     started = time.monotonic()
     with open(tmp_path / "torchrun.out", "wb") as out:
-        proc = subprocess.Popen([PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                 "--master-port", str(free_port()), "train.py"],
-                                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                "train.py",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     ranks: dict = {}
     try:
         ranks = wait_for(lambda: len(_ranks(where)) == 2 and _ranks(where), what="both ranks' journals", timeout=30)
@@ -114,11 +133,20 @@ def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, co
 
         def stalled():
             pid0 = ranks[0].pid
-            return [s for s in collector.spans() if s.name == "training" and s.resource.get("process.pid") == pid0
-                    and s.attributes.get("lora_otel.incomplete")]
+            return [
+                s
+                for s in collector.spans()
+                if s.name == "training"
+                and s.resource.get("process.pid") == pid0
+                and s.attributes.get("lora_otel.incomplete")
+            ]
+
         [training] = wait_for(stalled, what="rank 0's stalled training at the collector", timeout=40)
-        warn = wait_for(lambda: [r for r in collector.logs() if r.severity == "WARN" and r.span_id == training.span_id],
-                        what="rank 0's stall log record", timeout=10)
+        warn = wait_for(
+            lambda: [r for r in collector.logs() if r.severity == "WARN" and r.span_id == training.span_id],
+            what="rank 0's stall log record",
+            timeout=10,
+        )
         assert proc.poll() is None, "the stall must arrive while the job still runs"
         seconds = time.monotonic() - started
     finally:
@@ -134,9 +162,11 @@ def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, co
     assert "all_reduce" in event and "distributed_c10d.py" in event, event[:3000]
     # the diagnosis: waiting in all_reduce, and rank 1 never arrived, from rank 1's journal and stack
     sentence = training.attributes["lora_otel.diagnosis"]
-    assert sentence == ("Waiting inside a collective (all_reduce, called at train.py:%d in <module>); rank 1 never "
-                        "arrived: rank 1 has made 40 optimizer steps (rank 0: 39), is not in a collective "
-                        "(at train.py:%d in <module>)." % (ALL_REDUCE_LINE, SLEEP_LINE)), sentence
+    assert sentence == (
+        "Waiting inside a collective (all_reduce, called at train.py:%d in <module>); rank 1 never "
+        "arrived: rank 1 has made 40 optimizer steps (rank 0: 39), is not in a collective "
+        "(at train.py:%d in <module>)." % (ALL_REDUCE_LINE, SLEEP_LINE)
+    ), sentence
     assert training.attributes["lora_otel.collective.op"] == "all_reduce"
     assert training.attributes["lora_otel.collective.rank"] == 0
     missing = str(training.attributes["lora_otel.collective.missing_ranks"])  # rotel prints Slice(Int(1))
@@ -149,7 +179,11 @@ def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, co
     assert seconds < 45, "the stall took %.0f s to arrive" % seconds
     # nothing is left: torchrun, both ranks, and the sidecar once it has finalised
     for j in ranks.values():
-        wait_for(lambda: process_state(j) != "running", what="rank %s to be gone" % j.root.attrs["rank"], timeout=10)
+        wait_for(
+            lambda: process_state(j) != "running",  # noqa: B023 - called in this iteration
+            what="rank %s to be gone" % j.root.attrs["rank"],
+            timeout=10,
+        )
     wait_gone(side)
     assert_unique(collector.spans())
     assert not _processes_in(tmp_path), "processes left in %s: %s" % (tmp_path, _processes_in(tmp_path))
@@ -188,8 +222,17 @@ SLEEPING = textwrap.dedent("""\
 def _rank_journal(path: Path, rank: int, steps: int, *, alive: bool = True, world: int = 2) -> JournalBuilder:
     """A rank's journal: started at 0, training from 1 s, ``steps`` steps by 2 s, beating until 10 s."""
     b = JournalBuilder(path)
-    b.process(0.0, alive=alive, attrs={"service.name": "train.py", "process.pid": os.getpid(), "rank": rank,
-                                       "local_rank": rank, "world_size": world})
+    b.process(
+        0.0,
+        alive=alive,
+        attrs={
+            "service.name": "train.py",
+            "process.pid": os.getpid(),
+            "rank": rank,
+            "local_rank": rank,
+            "world_size": world,
+        },
+    )
     b.start("training", 1.0)
     for t in range(2, 11):
         b.beat(float(t), steps=steps, last_step_t=2.0)
@@ -197,25 +240,35 @@ def _rank_journal(path: Path, rank: int, steps: int, *, alive: bool = True, worl
 
 
 def _stall(j: Journal) -> Stall:
-    training = [s for s in j.spans if s.name == "training"][0]
+    training = next(s for s in j.spans if s.name == "training")
     return Stall("alive", training, 8.0, 3.0, "no optimizer step for 8 s (limit 3 s)")
 
 
 def _explain(me: JournalBuilder, peers: list, **kw):
     j = me.read()
-    return explain(_stall(j), {PREFIX + "python.stacks": STACKS, PREFIX + "process.state": "S (sleeping)"}, j,
-                   [p.read() for p in peers], now_ns=me.ns(10.5), **kw)
+    return explain(
+        _stall(j),
+        {PREFIX + "python.stacks": STACKS, PREFIX + "process.state": "S (sleeping)"},
+        j,
+        [p.read() for p in peers],
+        now_ns=me.ns(10.5),
+        **kw,
+    )
 
 
 def test_collective_in_stacks() -> None:
     found = collective_in(STACKS)
     assert found is not None and found.op == "all_reduce" and found.called_at == "train.py:16 in <module>"
     assert collective_in(SLEEPING) is None
-    spy = ('Thread 7 (idle): "MainThread"\n    broadcast (torch/distributed/distributed_c10d.py:2800)\n'
-           '    broadcast_object_list (torch/distributed/distributed_c10d.py:3400)\n    <module> (train.py:9)\n')
+    spy = (
+        'Thread 7 (idle): "MainThread"\n    broadcast (torch/distributed/distributed_c10d.py:2800)\n'
+        "    broadcast_object_list (torch/distributed/distributed_c10d.py:3400)\n    <module> (train.py:9)\n"
+    )
     assert collective_in(spy).op == "broadcast_object_list" and collective_in(spy).called_at == "train.py:9 in <module>"
-    agent = ('Current thread 0x1 (most recent call first):\n  File "/v/torch/distributed/elastic/multiprocessing/'
-             'api.py", line 5 in wait\n  File "/v/torch/distributed/run.py", line 9 in main\n')
+    agent = (
+        'Current thread 0x1 (most recent call first):\n  File "/v/torch/distributed/elastic/multiprocessing/'
+        'api.py", line 5 in wait\n  File "/v/torch/distributed/run.py", line 9 in main\n'
+    )
     assert collective_in(agent) is None, "torchrun's agent waiting for its workers is no collective"
 
 
@@ -224,9 +277,10 @@ def test_peer_that_exited(tmp_path: Path) -> None:
     peer = _rank_journal(tmp_path / "r1.otel.jsonl", 1, steps=2)
     peer.exit(4.0, code=1, how="exception", message="RuntimeError: boom")
     found = _explain(me, [peer])
-    assert found.sentence.startswith("Waiting inside a collective (all_reduce, called at train.py:16 in <module>); "
-                                     "rank 1 never arrived: rank 1 exited (RuntimeError: boom, exit code 1) at "), \
-        found.sentence
+    assert found.sentence.startswith(
+        "Waiting inside a collective (all_reduce, called at train.py:16 in <module>); "
+        "rank 1 never arrived: rank 1 exited (RuntimeError: boom, exit code 1) at "
+    ), found.sentence
     assert found.attrs["lora_otel.collective.missing_ranks"] == [1]
     assert found.attrs["lora_otel.collective.op"] == "all_reduce" and found.attrs["lora_otel.collective.rank"] == 0
     # no exit record, and the process is gone (a pid whose start time does not match)
@@ -243,23 +297,35 @@ def test_peer_at_a_lower_step(tmp_path: Path) -> None:
     assert found.attrs["lora_otel.collective.missing_ranks"] == [2]
     # rank 1 is level with rank 0; its stack shows it in the same all_reduce, so it arrived
     assert "rank 1" not in found.sentence.split("never arrived")[1]
-    frames = explain(_stall(me.read()), {PREFIX + "python.stacks": STACKS}, me.read(), [level.read(), behind.read()],
-                     peer_stacks={str(level.path): STACKS, str(behind.path): SLEEPING}, now_ns=me.ns(10.5))
-    assert "rank 2 has made 4 optimizer steps (rank 0: 5), is not in a collective (at train.py:14 in <module>)" \
-        in frames.sentence, frames.sentence
+    frames = explain(
+        _stall(me.read()),
+        {PREFIX + "python.stacks": STACKS},
+        me.read(),
+        [level.read(), behind.read()],
+        peer_stacks={str(level.path): STACKS, str(behind.path): SLEEPING},
+        now_ns=me.ns(10.5),
+    )
+    assert (
+        "rank 2 has made 4 optimizer steps (rank 0: 5), is not in a collective (at train.py:14 in <module>)"
+        in frames.sentence
+    ), frames.sentence
 
 
 def test_no_peers_cannot_tell(tmp_path: Path) -> None:
     me = _rank_journal(tmp_path / "r0.otel.jsonl", 0, steps=2)
     found = _explain(me, [])
-    assert found.sentence == ("Waiting inside a collective (all_reduce, called at train.py:16 in <module>); "
-                              "cannot tell which rank never arrived: no other rank of the world of 2 is followed "
-                              "here."), found.sentence
+    assert found.sentence == (
+        "Waiting inside a collective (all_reduce, called at train.py:16 in <module>); "
+        "cannot tell which rank never arrived: no other rank of the world of 2 is followed "
+        "here."
+    ), found.sentence
     assert "lora_otel.collective.missing_ranks" not in found.attrs
     # a peer level with it and without a stack: still cannot tell
     level = _rank_journal(tmp_path / "r1.otel.jsonl", 1, steps=2)
-    assert "cannot tell which rank never arrived: rank 1 is at the same step and stage as rank 0" \
+    assert (
+        "cannot tell which rank never arrived: rank 1 is at the same step and stage as rank 0"
         in _explain(me, [level]).sentence
+    )
     # a process without a rank attribute
     plain = JournalBuilder(tmp_path / "plain.otel.jsonl")
     plain.process(0.0, alive=True)

@@ -72,6 +72,7 @@ def one_shot(service: dict) -> bool:
 
 # --- docker-compose.yml -------------------------------------------------------------------------
 
+
 def test_compose_matches_the_compose_spec_schema(compose) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(COMPOSE_SCHEMA.read_text())
@@ -97,7 +98,7 @@ def test_compose_services_are_pinned_healthy_local_and_persistent(compose) -> No
         for ip, _ in published(svc).values():
             assert ip == "127.0.0.1", "%s publishes a port beyond loopback" % name
         for mount in svc.get("volumes", []):
-            source, target = mount.split(":")[:2]
+            source, _target = mount.split(":")[:2]
             if source.startswith("./"):
                 assert (REPO / source).exists(), "%s mounts %s, which is missing" % (name, source)
             else:
@@ -109,7 +110,9 @@ def test_compose_services_are_pinned_healthy_local_and_persistent(compose) -> No
             assert how["condition"] == want, (name, dep)
     assert used == declared, "declared but unused volumes: %s" % sorted(declared - used)
     for name in ("jaeger", "tempo", "prometheus", "grafana"):
-        assert any(not m.startswith("./") for m in services[name]["volumes"]), "%s keeps its data in a named volume" % name
+        assert any(not m.startswith("./") for m in services[name]["volumes"]), (
+            "%s keeps its data in a named volume" % name
+        )
 
 
 def test_compose_publishes_the_otlp_ports_the_collector_listens_on(compose, otelcol) -> None:
@@ -124,6 +127,7 @@ def test_compose_publishes_the_otlp_ports_the_collector_listens_on(compose, otel
 
 
 # --- collector configurations -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", COLLECTOR_CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_collector_config_is_consistent(path: Path) -> None:
@@ -159,7 +163,9 @@ def test_collector_config_is_consistent(path: Path) -> None:
     for kind in defined:
         assert used[kind] == defined[kind], "%s defined but unused: %s" % (kind, sorted(defined[kind] - used[kind]))
     for conn in defined["connectors"]:
-        assert as_exporter.get(conn) and as_receiver.get(conn), "connector %s must close a pipeline and open another" % conn
+        assert as_exporter.get(conn) and as_receiver.get(conn), (
+            "connector %s must close a pipeline and open another" % conn
+        )
     assert set(service.get("extensions", [])) == set(config.get("extensions") or {})
 
 
@@ -167,7 +173,9 @@ def test_collector_sends_traces_to_jaeger_and_tempo_metrics_to_prometheus(compos
     pipes = otelcol["service"]["pipelines"]
     assert {"otlp_grpc/jaeger", "otlp_grpc/tempo", "span_metrics", "count"} <= set(pipes["traces"]["exporters"])
     assert {"debug", "count"} <= set(pipes["logs"]["exporters"])
-    assert set(pipes["metrics"]["receivers"]) == {"span_metrics", "count"} and pipes["metrics"]["exporters"] == ["prometheus"]
+    assert set(pipes["metrics"]["receivers"]) == {"span_metrics", "count"} and pipes["metrics"]["exporters"] == [
+        "prometheus"
+    ]
     services = compose["services"]
     tempo = load(TEMPO)
     tempo_otlp = host_port(tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])[1]
@@ -198,10 +206,13 @@ def test_stall_counts_and_dimensions(otelcol) -> None:
 
 # --- Prometheus ---------------------------------------------------------------------------------
 
+
 def prometheus_names(otelcol: dict) -> tuple:
     """The metric and label names the collector's Prometheus exporter gives what the rules use."""
+
     def prom(name: str) -> str:
         return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
     count = otelcol["connectors"]["count"]
     metrics = {prom(n) + "_total" for kind in ("spans", "logs") for n in count[kind]}
     ns = prom(otelcol["connectors"]["span_metrics"]["namespace"])
@@ -238,8 +249,18 @@ def test_prometheus_rules(otelcol) -> None:
         assert re.fullmatch(r"\d+[smh]", rule["for"]), name
     metrics, labels = prometheus_names(otelcol)
     known = metrics | recorded | {"up"}
-    functions = {"sum", "by", "increase", "rate", "last_over_time", "and", "or", "unless", "offset",
-                 "histogram_quantile"}
+    functions = {
+        "sum",
+        "by",
+        "increase",
+        "rate",
+        "last_over_time",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "histogram_quantile",
+    }
     for rule in rules:
         expr = rule["expr"]
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
@@ -253,13 +274,16 @@ def test_prometheus_rules(otelcol) -> None:
             if name in labels:  # inside by (...)
                 continue
             assert name in known, "%s: %s is neither an exported metric nor a recording rule" % (
-                rule.get("alert") or rule["record"], name)
+                rule.get("alert") or rule["record"],
+                name,
+            )
     stall = alerts["LoraOtelStallDetected"]["expr"]
     assert "lora_otel_stalls_total" in stall
     assert 'lora_otel_stall_kind="frozen"' in alerts["LoraOtelProcessFrozen"]["expr"]
 
 
 # --- Grafana ------------------------------------------------------------------------------------
+
 
 def datasource_uids(node) -> set:
     found = set()
@@ -315,18 +339,27 @@ def test_dashboard(path: Path) -> None:
 
 # --- end to end ---------------------------------------------------------------------------------
 
+
 @pytest.mark.collector
 def test_stalled_job_carries_what_the_collector_counts(tmp_path: Path, collector, otelcol) -> None:
     """A real job whose import stalls, exported over OTLP/gRPC (the compose file's 4317) to a real
     collector: the stall span and its WARN log record arrive while the process lives, with every
     attribute the count connector's conditions and keys and the span metrics' dimensions use."""
     make_module(tmp_path, "stuckmod", "import time\ntime.sleep(600)\n")
-    proc = traced(tmp_path, "import stuckmod\n", collector.grpc_endpoint,
-                  OTEL_EXPORTER_OTLP_PROTOCOL="grpc", LORA_OTEL_STALL_AFTER="import=1")
+    proc = traced(
+        tmp_path,
+        "import stuckmod\n",
+        collector.grpc_endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        LORA_OTEL_STALL_AFTER="import=1",
+    )
     try:
         side = sidecar_pid(tmp_path)
-        wait_for(lambda: [r for r in collector.logs() if r.severity == "WARN"], timeout=20,
-                 what="the stall's WARN log record at the collector")
+        wait_for(
+            lambda: [r for r in collector.logs() if r.severity == "WARN"],
+            timeout=20,
+            what="the stall's WARN log record at the collector",
+        )
         assert proc.poll() is None, "the stall arrives while the job still runs"
     finally:
         kill_and_reap(proc)
@@ -340,8 +373,11 @@ def test_stalled_job_carries_what_the_collector_counts(tmp_path: Path, collector
     assert stall.attributes["lora_otel.diagnosis"]
     # the stalled span's open ancestors come as incomplete too, with the same stall attributes:
     # the span count condition (stage == name) picks the stalled span alone
-    flagged = [s for s in received if s.attributes.get("lora_otel.incomplete") is True
-               and s.attributes.get("lora_otel.stall.kind") is not None]
+    flagged = [
+        s
+        for s in received
+        if s.attributes.get("lora_otel.incomplete") is True and s.attributes.get("lora_otel.stall.kind") is not None
+    ]
     assert {"process", "import stuckmod"} <= {s.name for s in flagged}
     stalls = [s for s in flagged if s.attributes.get("lora_otel.stall.stage") == s.name]
     assert [s.name for s in stalls] == ["import stuckmod"]
@@ -350,8 +386,10 @@ def test_stalled_job_carries_what_the_collector_counts(tmp_path: Path, collector
     [warn] = [r for r in collector.logs() if r.severity == "WARN"]
     assert warn.body.startswith("stall detected:")  # the log count condition
     assert warn.span_id == stall.span_id and warn.trace_id == stall.trace_id
-    for metric, record in ((otelcol["connectors"]["count"]["spans"]["lora_otel.stalls"], stall),
-                           (otelcol["connectors"]["count"]["logs"]["lora_otel.stall.log_records"], warn)):
+    for metric, record in (
+        (otelcol["connectors"]["count"]["spans"]["lora_otel.stalls"], stall),
+        (otelcol["connectors"]["count"]["logs"]["lora_otel.stall.log_records"], warn),
+    ):
         for key in (a["key"] for a in metric["attributes"]):
             assert key in record.attributes, "%s lacks %s, which the count connector groups by" % (record, key)
     assert warn.attributes["lora_otel.stall.stage"] == "import stuckmod" == stall.name

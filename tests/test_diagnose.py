@@ -7,12 +7,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from lora_otel.export.diagnose import diagnose
-from lora_otel.export.evidence import gather, stack_request
-from lora_otel.export.reader import read_journal
-from lora_otel.export.stall import detect, parse_limits
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
+
+from lora_otel.analysis.diagnose import diagnose
+from lora_otel.analysis.evidence import gather, stack_request
+from lora_otel.analysis.stall import detect, parse_limits
+from lora_otel.journal.reader import read_journal
 
 
 def evidence_for(tmp_path: Path, pid: int):
@@ -28,14 +29,19 @@ def test_hub_download_that_never_answers(tmp_path: Path) -> None:
     port = server.getsockname()[1]
     pkg = tmp_path / "huggingface_hub"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text(textwrap.dedent("""
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent(
+            """
         import socket
         def hf_hub_download():
             s = socket.create_connection(("127.0.0.1", %d))
             s.sendall(b"GET /model.safetensors HTTP/1.1\\r\\n\\r\\n")
             return s.recv(1)
         hf_hub_download()
-    """ % port))
+    """
+            % port
+        )
+    )
     proc = start_traced(tmp_path, "import huggingface_hub\n")
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import huggingface_hub"), what="import span")
@@ -53,14 +59,16 @@ def test_hub_download_that_never_answers(tmp_path: Path) -> None:
 
 def test_frozen_native_call(tmp_path: Path) -> None:
     """GIL held in pause(): frozen, and the sentence says native code holding the GIL, naming the frame."""
-    (tmp_path / "frozenmod.py").write_text("import ctypes\ndef hold():\n    while True:\n"
-                                          "        ctypes.PyDLL(None).pause()\nhold()\n")
+    (tmp_path / "frozenmod.py").write_text(
+        "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n"
+    )
     proc = start_traced(tmp_path, "import frozenmod\n")
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
         [path] = journals(tmp_path / "lora-otel")
-        stall = wait_for(lambda: detect(read_journal(path), time.time_ns(), alive=True, frozen_after_s=2),
-                         what="frozen", timeout=15)
+        stall = wait_for(
+            lambda: detect(read_journal(path), time.time_ns(), alive=True, frozen_after_s=2), what="frozen", timeout=15
+        )
         sentence = diagnose(stall, evidence_for(tmp_path, proc.pid))
         assert sentence.startswith("Holding the GIL in native code while blocked"), sentence
         assert "frozenmod.py" in sentence

@@ -10,11 +10,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export import doctor
-from lora_otel.export.doctor import Check, check_cuda_build, format_bytes, max_cuda_for_driver, parse_size
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env
+
+from lora_otel.cli import doctor
+from lora_otel.cli.doctor import (
+    Check,
+    check_cuda_build,
+    follow,
+    format_bytes,
+    max_cuda_for_driver,
+    packages,
+    parse_size,
+)
+from lora_otel.cli.doctor import cuda as doctor_cuda
+from lora_otel.journal.reader import read_journal
 
 HAVE_STACK = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", "peft", "accelerate"))
 needs_stack = pytest.mark.skipif(not HAVE_STACK, reason="needs torch, transformers, peft and accelerate installed")
@@ -22,8 +31,14 @@ CPU_ONLY = not os.path.exists("/proc/driver/nvidia/version")
 
 
 def run_doctor(tmp_path: Path, *args: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "lora_otel", "doctor", "--dir", str(tmp_path / "j"), *args], cwd=tmp_path,
-                          env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", "doctor", "--dir", str(tmp_path / "j"), *args],
+        cwd=tmp_path,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def by_name(report: dict) -> dict:
@@ -37,6 +52,7 @@ def line_of(out: str, name: str) -> str:
 
 
 # --- real runs ---------------------------------------------------------------------------------
+
 
 @needs_stack
 def test_doctor_on_this_machine(tmp_path: Path) -> None:
@@ -79,8 +95,21 @@ def test_json_report_and_need_gpu_memory(tmp_path: Path) -> None:
     """--json is the documented object; --need-gpu-memory 16G on a machine without a GPU fails, says so."""
     r = run_doctor(tmp_path, "--json", "--need-gpu-memory", "16G")
     report = json.loads(r.stdout)
-    assert set(report) >= {"status", "exit_code", "counts", "duration_s", "journal", "log", "pid", "checks",
-                           "not_installed", "need_gpu_memory", "timeouts_s", "python", "lora_otel_version"}
+    assert set(report) >= {
+        "status",
+        "exit_code",
+        "counts",
+        "duration_s",
+        "journal",
+        "log",
+        "pid",
+        "checks",
+        "not_installed",
+        "need_gpu_memory",
+        "timeouts_s",
+        "python",
+        "lora_otel_version",
+    }
     for c in report["checks"]:
         assert set(c) == {"name", "status", "evidence", "advice", "duration_s", "details"}
         assert c["status"] in ("ok", "warn", "fail")
@@ -110,8 +139,19 @@ def test_broken_missing_and_hanging_modules(tmp_path: Path) -> None:
     pkgs = tmp_path / "pkgs"
     make_package(pkgs, "brokenpkg", "import os\nraise ImportError('brokenpkg cannot load libfoo.so')\n")
     make_package(pkgs, "hangpkg", "import time\n\ntime.sleep(600)\n")
-    r = run_doctor(tmp_path, "--json", "--also-import", "brokenpkg", "--also-import", "nosuchmod_doctor_test",
-                   "--also-import", "hangpkg", "--import-timeout", "hangpkg=2", PYTHONPATH=str(pkgs))
+    r = run_doctor(
+        tmp_path,
+        "--json",
+        "--also-import",
+        "brokenpkg",
+        "--also-import",
+        "nosuchmod_doctor_test",
+        "--also-import",
+        "hangpkg",
+        "--import-timeout",
+        "hangpkg=2",
+        PYTHONPATH=str(pkgs),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     report = json.loads(r.stdout)
     checks = by_name(report)
@@ -142,7 +182,7 @@ def test_broken_missing_and_hanging_modules(tmp_path: Path) -> None:
     open_spans = [s.name for s in j.spans if s.is_open]
     assert "import hangpkg" in open_spans
     assert j.exit is not None and j.exit["how"] == "signal" and "lora-otel doctor" in j.exit["message"]
-    assert [s for s in j.spans if s.name == "import brokenpkg"][0].status == "error"
+    assert next(s for s in j.spans if s.name == "import brokenpkg").status == "error"
 
 
 @pytest.mark.collector
@@ -154,26 +194,36 @@ def test_exported_live_when_an_endpoint_is_set(tmp_path: Path, collector) -> Non
     assert "exported live to %s" % collector.http_endpoint in line_of(r.stdout, "journal")
     from procs import wait_for
 
-    spans = wait_for(lambda: [s for s in collector.spans() if s.name == "process"] and collector.spans(),
-                     what="the doctor's spans", timeout=20)
+    spans = wait_for(
+        lambda: [s for s in collector.spans() if s.name == "process"] and collector.spans(),
+        what="the doctor's spans",
+        timeout=20,
+    )
     names = {s.name for s in spans}
     assert {"import torch", "import peft", "lora forward+backward"} <= names
     assert {s.resource.get("service.name") for s in spans} == {"lora-otel-doctor"}
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
-    for bad in (["--need-gpu-memory", "16x"], ["--import-timeout", "0"], ["--import-timeout", "a-b=3"],
-                ["--also-import", "not a module"], ["--gpu-timeout", "soon"]):
+    for bad in (
+        ["--need-gpu-memory", "16x"],
+        ["--import-timeout", "0"],
+        ["--import-timeout", "a-b=3"],
+        ["--also-import", "not a module"],
+        ["--gpu-timeout", "soon"],
+    ):
         r = run_doctor(tmp_path, *bad, timeout=60)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert "lora-otel doctor: error:" in r.stderr and not r.stdout
     assert not (tmp_path / "j").exists()  # nothing started
-    r = subprocess.run([PYTHON, "-m", "lora_otel", "doctor", "--help"], env=clean_env(), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "doctor", "--help"], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "examples:" in r.stdout and "--need-gpu-memory 40G" in r.stdout
 
 
 # --- the pure parts ------------------------------------------------------------------------------
+
 
 def test_parse_size() -> None:
     assert parse_size("16G") == parse_size("16GiB") == parse_size("16Gi") == parse_size("16 gib") == 16 * 2**30
@@ -221,31 +271,80 @@ def test_fallback_specifiers_and_markers_agree_with_packaging() -> None:
     pk = pytest.importorskip("packaging.specifiers")
     from packaging.version import Version
 
-    versions = ["1.0", "1.0.0", "1.0.post1", "1.0a1", "1.0rc2", "1.0.dev3", "1.0a1.dev2", "1.1", "2.0", "2.0rc1",
-                "0.9", "1.0+local", "1.0.post1.dev1", "1!0.5", "1.0.1", "1.4.5", "1.5", "1.9", "2.13.0+cpu",
-                "0.23.3", "4.46.0.dev0"]
-    specs = [">1.0", ">=1.0", "<1.0", "<=1.0", "==1.0", "!=1.0", "~=1.0", "~=1.4", "~=1.4.2", "==1.*", "!=1.0.*",
-             "<2", ">1.0.post1", "<1.0rc3", ">1.0a1", "==1.0+local", "!=1.0+local", "<=2.0rc1", ">=1.0.dev0",
-             "==2.13.0", ">0.9,<1.1", "<0.23,>=0.22", "<=4.46", ">=2.0"]
+    versions = [
+        "1.0",
+        "1.0.0",
+        "1.0.post1",
+        "1.0a1",
+        "1.0rc2",
+        "1.0.dev3",
+        "1.0a1.dev2",
+        "1.1",
+        "2.0",
+        "2.0rc1",
+        "0.9",
+        "1.0+local",
+        "1.0.post1.dev1",
+        "1!0.5",
+        "1.0.1",
+        "1.4.5",
+        "1.5",
+        "1.9",
+        "2.13.0+cpu",
+        "0.23.3",
+        "4.46.0.dev0",
+    ]
+    specs = [
+        ">1.0",
+        ">=1.0",
+        "<1.0",
+        "<=1.0",
+        "==1.0",
+        "!=1.0",
+        "~=1.0",
+        "~=1.4",
+        "~=1.4.2",
+        "==1.*",
+        "!=1.0.*",
+        "<2",
+        ">1.0.post1",
+        "<1.0rc3",
+        ">1.0a1",
+        "==1.0+local",
+        "!=1.0+local",
+        "<=2.0rc1",
+        ">=1.0.dev0",
+        "==2.13.0",
+        ">0.9,<1.1",
+        "<0.23,>=0.22",
+        "<=4.46",
+        ">=2.0",
+    ]
     for spec in specs:
         for version in versions:
             want = pk.SpecifierSet(spec).contains(Version(version), prereleases=True)
-            assert doctor._fallback_contains(spec, version) == want, (spec, version)
-    env = doctor._marker_env()
+            assert packages._fallback_contains(spec, version) == want, (spec, version)
+    env = packages._marker_env()
     from packaging.markers import Marker
 
-    for marker in ['python_version >= "3.9"', 'python_version < "3.8"', 'sys_platform == "linux" and '
-                   'platform_machine == "x86_64"', '(os_name == "nt" or python_version > "3") and extra == ""',
-                   'extra == "torch"', 'platform_system != "Darwin"', '"linux" in sys_platform']:
-        assert doctor._fallback_marker(marker, env) == Marker(marker).evaluate({"extra": ""}), marker
+    for marker in [
+        'python_version >= "3.9"',
+        'python_version < "3.8"',
+        'sys_platform == "linux" and platform_machine == "x86_64"',
+        '(os_name == "nt" or python_version > "3") and extra == ""',
+        'extra == "torch"',
+        'platform_system != "Darwin"',
+        '"linux" in sys_platform',
+    ]:
+        assert packages._fallback_marker(marker, env) == Marker(marker).evaluate({"extra": ""}), marker
 
 
 def test_requirement_checks_with_and_without_packaging(monkeypatch) -> None:
     """The fallback parser reaches the same verdicts on the installed packages as packaging."""
-    dists = doctor.checked_distributions()
-    with_pk = [(c.status, c.evidence) for c in doctor.check_requirements(dists)]
-    monkeypatch.setattr(doctor, "_USE_PACKAGING", False)
-    without = [(c.status, c.evidence) for c in doctor.check_requirements(dists)]
+    dists = packages.checked_distributions()
+    with_pk = [(c.status, c.evidence) for c in packages.check_requirements(dists)]
+    monkeypatch.setattr(packages, "_USE_PACKAGING", False)
+    without = [(c.status, c.evidence) for c in packages.check_requirements(dists)]
     assert with_pk == without
 
 
@@ -257,17 +356,18 @@ class FakeDist:
 
 
 def test_python_and_requirement_verdicts(monkeypatch) -> None:
-    fakes = {"lora_otel": FakeDist("0.1.0", ">=3.9"), "newpkg": FakeDist("2.0", ">=4.0",
-                                                                         ["dep>=2", "gone>=1", "win; sys_platform == 'win32'",
-                                                                          "opt; extra == 'x'"]),
-             "dep": FakeDist("1.5")}
-    monkeypatch.setattr(doctor, "_dist", lambda name: fakes.get(name))
-    checks = doctor.check_python(["lora_otel", "newpkg"])
+    fakes = {
+        "lora_otel": FakeDist("0.1.0", ">=3.9"),
+        "newpkg": FakeDist("2.0", ">=4.0", ["dep>=2", "gone>=1", "win; sys_platform == 'win32'", "opt; extra == 'x'"]),
+        "dep": FakeDist("1.5"),
+    }
+    monkeypatch.setattr(packages, "_dist", lambda name: fakes.get(name))
+    checks = packages.check_python(["lora_otel", "newpkg"])
     assert [c.status for c in checks] == ["fail"]
     assert "outside newpkg 2.0's Requires-Python >=4.0" in checks[0].evidence
-    ok = doctor.check_python(["lora_otel"])
+    ok = packages.check_python(["lora_otel"])
     assert ok[0].status == "ok" and "lora_otel (>=3.9)" in ok[0].evidence
-    reqs = doctor.check_requirements(["newpkg"])
+    reqs = packages.check_requirements(["newpkg"])
     verdicts = {(c.status, c.evidence) for c in reqs}
     assert ("warn", "newpkg 2.0 requires dep>=2, but dep 1.5 is installed") in verdicts
     assert ("fail", "newpkg 2.0 requires gone>=1, which is not installed") in verdicts
@@ -281,8 +381,8 @@ Current thread 0x00007f0000000001 (most recent call first):
   File "{pkg}", line 3 in <module>
   File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
   File "/x/site-packages/lora_otel/_boot/hooks.py", line 106 in traced_import
-  File "/x/site-packages/lora_otel/export/doctor.py", line 1650 in _child_import
-  File "/x/site-packages/lora_otel/export/doctor.py", line 1590 in _child_main
+  File "/x/site-packages/lora_otel/cli/doctor/child.py", line 1650 in _child_import
+  File "/x/site-packages/lora_otel/cli/doctor/child.py", line 1590 in _child_main
   File "<string>", line 1 in <module>
 """
 
@@ -297,10 +397,16 @@ def test_stack_excerpt(tmp_path: Path) -> None:
 
 
 def test_render_text_one_line_per_check() -> None:
-    report = {"checks": [Check("import torch", "ok", "2.6.0 in 1.1 s", duration_s=1.1).to_dict(),
-                         Check("cuda", "warn", "no CUDA", "get a GPU").to_dict()],
-              "not_installed": ["xformers"], "counts": {"ok": 1, "warn": 1, "fail": 0}, "duration_s": 2.0,
-              "journal": None}
+    report = {
+        "checks": [
+            Check("import torch", "ok", "2.6.0 in 1.1 s", duration_s=1.1).to_dict(),
+            Check("cuda", "warn", "no CUDA", "get a GPU").to_dict(),
+        ],
+        "not_installed": ["xformers"],
+        "counts": {"ok": 1, "warn": 1, "fail": 0},
+        "duration_s": 2.0,
+        "journal": None,
+    }
     lines = doctor.render_text(report).splitlines()
     assert lines[0] == "ok    import torch          2.6.0 in 1.1 s"
     assert lines[1] == "warn  cuda                  no CUDA \u2014 get a GPU"
@@ -310,48 +416,66 @@ def test_render_text_one_line_per_check() -> None:
 
 def test_import_timeouts_per_module() -> None:
     limits = dict(doctor.DEFAULT_TIMEOUTS)
-    assert doctor._timeout_for("import hangpkg", "import", limits, {"hangpkg": 2.0}) == 2.0
-    assert doctor._timeout_for("import hangpkg.sub", "import", limits, {"hangpkg": 2.0}) == 2.0
-    assert doctor._timeout_for("import torch", "import", limits, {"hangpkg": 2.0}) == 120.0
-    assert doctor._timeout_for("gpu 0", "gpu", limits, {}) == 60.0
+    assert follow._timeout_for("import hangpkg", "import", limits, {"hangpkg": 2.0}) == 2.0
+    assert follow._timeout_for("import hangpkg.sub", "import", limits, {"hangpkg": 2.0}) == 2.0
+    assert follow._timeout_for("import torch", "import", limits, {"hangpkg": 2.0}) == 120.0
+    assert follow._timeout_for("gpu 0", "gpu", limits, {}) == 60.0
     assert doctor._import_timeout("300") == (None, 300.0)
     assert doctor._import_timeout("bitsandbytes=600") == ("bitsandbytes", 600.0)
 
 
-def gpu_run(free0: int, free1: int) -> doctor._Run:
+def gpu_run(free0: int, free1: int) -> follow._Run:
     """A check process that saw two working GPUs (as on a GPU machine; none is lent to these tests)."""
-    run = doctor._Run()
+    run = follow._Run()
     run.results["cuda probe"] = {"status": "ok", "available": True, "duration_s": 0.2}
-    run.results["cuda init"] = {"status": "ok", "device_count": 2, "device_names": ["NVIDIA H200", "NVIDIA H200"],
-                                "duration_s": 1.5}
+    run.results["cuda init"] = {
+        "status": "ok",
+        "device_count": 2,
+        "device_names": ["NVIDIA H200", "NVIDIA H200"],
+        "duration_s": 1.5,
+    }
     for i, free in enumerate((free0, free1)):
-        run.results["gpu %d" % i] = {"status": "ok", "index": i, "device_name": "NVIDIA H200", "capability": "9.0",
-                                     "free": free, "total": 150 * 10**9, "matmul_s": 0.01, "max_rel_error": 1e-6,
-                                     "arch_list": ["sm_80", "sm_90"], "arch_ok": True, "duration_s": 0.3}
+        run.results["gpu %d" % i] = {
+            "status": "ok",
+            "index": i,
+            "device_name": "NVIDIA H200",
+            "capability": "9.0",
+            "free": free,
+            "total": 150 * 10**9,
+            "matmul_s": 0.01,
+            "max_rel_error": 1e-6,
+            "arch_list": ["sm_80", "sm_90"],
+            "arch_ok": True,
+            "duration_s": 0.3,
+        }
     return run
 
 
 def test_gpu_verdicts_from_the_check_process() -> None:
     static = cuda("12.4", "550.54.14", "12.8", gpus=2)
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(gpu_run(140 * 2**30, 10 * 2**30), static, 16 * 2**30)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(gpu_run(140 * 2**30, 10 * 2**30), static, 16 * 2**30)}
     assert checks["cuda"].status == "ok" and checks["cuda init"].status == "ok"
     assert checks["cuda init"].evidence.startswith("2 devices: NVIDIA H200, NVIDIA H200")
     assert checks["gpu 0"].status == "ok" and "1024x1024 matmul and read back" in checks["gpu 0"].evidence
     assert "140 GiB free of 140 GiB" in checks["gpu 0"].evidence
     mem = checks["gpu memory"]
     assert mem.status == "fail" and "gpu 1 has 10 GiB free" in mem.evidence and "gpu 0" not in mem.evidence
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(gpu_run(140 * 2**30, 20 * 2**30), static, 16 * 2**30)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(gpu_run(140 * 2**30, 20 * 2**30), static, 16 * 2**30)}
     assert checks["gpu memory"].status == "ok" and "the least: gpu 1 with 20 GiB free" in checks["gpu memory"].evidence
     # a CUDA build with a driver, but the probe says no: fail with the reason
-    run = doctor._Run()
-    run.results["cuda probe"] = {"status": "ok", "available": False, "reason": "no visible device "
-                                 "(CUDA_VISIBLE_DEVICES='')", "duration_s": 0.1}
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(run, cuda("12.4", "550.54.14", "12.4"), None)}
+    run = follow._Run()
+    run.results["cuda probe"] = {
+        "status": "ok",
+        "available": False,
+        "reason": "no visible device (CUDA_VISIBLE_DEVICES='')",
+        "duration_s": 0.1,
+    }
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(run, cuda("12.4", "550.54.14", "12.4"), None)}
     assert checks["cuda"].status == "fail" and "CUDA_VISIBLE_DEVICES=''" in checks["cuda"].evidence
     # a matmul that went wrong
     run = gpu_run(1, 1)
     run.results["gpu 1"].update(status="error", error="RuntimeError: CUDA error: an illegal memory access")
-    checks = {c.name: c for c in doctor._cuda_runtime_checks(run, static, None)}
+    checks = {c.name: c for c in doctor_cuda._cuda_runtime_checks(run, static, None)}
     assert checks["gpu 1"].status == "fail" and "illegal memory access" in checks["gpu 1"].evidence
 
 
@@ -375,10 +499,16 @@ def test_no_check_process_outlives_the_doctor(tmp_path: Path, signame: str) -> N
 
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import os, time\nif os.environ.get('LORA_OTEL_DOCTOR_FD'):\n"
-                                           "    time.sleep(600)\n")
-    parent = subprocess.Popen([PYTHON, "-m", "lora_otel", "doctor", "--dir", str(tmp_path / "j")], cwd=tmp_path,
-                              env=clean_env(PYTHONPATH=str(site)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    (site / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('LORA_OTEL_DOCTOR_FD'):\n    time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [PYTHON, "-m", "lora_otel", "doctor", "--dir", str(tmp_path / "j")],
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(site)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         journal = wait_for(lambda: sorted((tmp_path / "j").glob("doctor-*.otel.jsonl")), what="the journal")[0]
         child = wait_for(lambda: read_journal(journal).pid, what="the check process's pid")

@@ -1,4 +1,5 @@
 """Tests for lora_otel._boot.envfacts, the environment self-check run at interpreter start."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -64,7 +65,7 @@ def test_pep503_normalised_name_found_in_fake_site(tmp_path, monkeypatch):
     """`Foo_Bar-1.2.3.dist-info` is found when asked for `foo-bar`, `Foo.Bar` or `foo__bar`: names
     are compared after PEP 503 normalisation, and the result is keyed by the name as asked."""
     site = _site(tmp_path, "site", ["Foo_Bar-1.2.3.dist-info", "unrelated"])
-    monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
     got = envfacts.package_versions(["foo-bar", "Foo.Bar", "foo__bar"])
     assert got == {"foo-bar": "1.2.3", "Foo.Bar": "1.2.3", "foo__bar": "1.2.3"}
 
@@ -113,9 +114,7 @@ def test_odd_sys_path_entries_do_not_raise(tmp_path, monkeypatch):
     afile = tmp_path / "afile.zip"
     afile.write_bytes(b"PK\x05\x06" + b"\0" * 18)
     site = _site(tmp_path, "site", ["foo-1.0.dist-info"])
-    monkeypatch.setattr(
-        sys, "path", [str(tmp_path / "missing"), str(afile), None, b"bytes", str(site)]
-    )
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(afile), None, b"bytes", str(site)])
     assert envfacts.package_version("foo") == "1.0"
     assert isinstance(envfacts.collect(environ={}), dict)
 
@@ -247,9 +246,7 @@ def test_no_driver_means_absent_keys(tmp_path, monkeypatch):
     facts = envfacts.collect(environ={})
     assert not any(k.startswith("lora_otel.nvidia.") for k in facts)
     if facts.get("os.type") == "linux":
-        assert envfacts.lines(facts)[2].startswith(
-            "CUDA: no NVIDIA driver found (/proc/driver/nvidia/version missing)"
-        )
+        assert envfacts.lines(facts)[2].startswith("CUDA: no NVIDIA driver found (/proc/driver/nvidia/version missing)")
 
 
 # --- environment variables ----------------------------------------------------------------------
@@ -318,8 +315,12 @@ def test_real_redact_env_is_compatible():
     """The project's own redactor (lora_otel._boot.redact.redact_env) plugs in as `redact`:
     secrets are masked and ordinary device variables come through unchanged."""
     redact_mod = pytest.importorskip("lora_otel._boot.redact")
-    env = {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789", "CUDA_VISIBLE_DEVICES": "0,1",
-           "RANK": "0", "HOME": "/root"}
+    env = {
+        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "RANK": "0",
+        "HOME": "/root",
+    }
     facts = envfacts.collect(environ=env, redact=redact_mod.redact_env)
     assert "hf_abcdefghijklmnopqrstuvwxyz0123456789" not in repr(facts)
     assert "lora_otel.env.HF_TOKEN" in facts
@@ -405,8 +406,20 @@ def _run(code: str) -> list[str]:
 
 
 FORBIDDEN = {
-    "torch", "numpy", "transformers", "re", "json", "importlib", "importlib.metadata",
-    "platform", "threading", "typing", "subprocess", "pathlib", "email", "zipfile",
+    "torch",
+    "numpy",
+    "transformers",
+    "re",
+    "json",
+    "importlib",
+    "importlib.metadata",
+    "platform",
+    "threading",
+    "typing",
+    "subprocess",
+    "pathlib",
+    "email",
+    "zipfile",
 }
 
 
@@ -420,8 +433,7 @@ def test_collect_loads_only_lora_otel_modules():
         "e.collect(); print(sorted(set(sys.modules)-before))"
     )
     package_only = _run(
-        "import sys; before=set(sys.modules); import lora_otel._boot; "
-        "print(sorted(set(sys.modules)-before))"
+        "import sys; before=set(sys.modules); import lora_otel._boot; print(sorted(set(sys.modules)-before))"
     )
     assert "lora_otel._boot.envfacts" in new
     assert not FORBIDDEN & set(new), new

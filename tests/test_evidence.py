@@ -6,10 +6,11 @@ import os
 import signal
 from pathlib import Path
 
-from lora_otel.export.evidence import PREFIX, gather, network_facts, process_facts, stack_request
-from lora_otel.export.reader import read_journal
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
+
+from lora_otel.analysis.evidence import PREFIX, gather, network_facts, process_facts, stack_request
+from lora_otel.journal.reader import read_journal
 
 
 def test_sleeping_import_evidence(tmp_path: Path) -> None:
@@ -54,9 +55,9 @@ def test_busy_and_stopped_processes(tmp_path: Path) -> None:
 
 def test_gone_process_gives_errors_not_exceptions() -> None:
     """A pid that does not exist: error entries, never an exception."""
-    ev = process_facts(2 ** 22 + 12345, sample_s=0)
+    ev = process_facts(2**22 + 12345, sample_s=0)
     assert PREFIX + "process.error" in ev
-    assert PREFIX + "net.error" in network_facts(2 ** 22 + 12345)
+    assert PREFIX + "net.error" in network_facts(2**22 + 12345)
 
 
 def test_oom_watch_keeps_the_first_count_of_each_cgroup(tmp_path: Path, monkeypatch) -> None:
@@ -65,7 +66,7 @@ def test_oom_watch_keeps_the_first_count_of_each_cgroup(tmp_path: Path, monkeypa
     just before the task is gone). That look must not replace the job's cgroup and its count: the
     kill in the job's cgroup is still told. The kernel files are real files here, in a temporary
     directory standing in for /sys/fs/cgroup (the real OOM kill is tests/test_sidecar.py::test_oom_killer)."""
-    from lora_otel.export import evidence
+    from lora_otel.analysis import evidence
 
     job, root = tmp_path / "job", tmp_path / "root"
     for d, count in ((job, 0), (root, 7)):

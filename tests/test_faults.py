@@ -28,23 +28,27 @@ from typing import Optional
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
 from test_sidecar import assert_unique, by_name, sidecar_pid, wait_gone
 
+from lora_otel.journal.reader import read_journal
+
 STAGES = 20
-JOB = """
+JOB = (
+    """
 import time, lora_otel
 for i in range(%d):
     with lora_otel.stage("stage %%d" %% i, i=i):
         time.sleep(0.005)
 print("JOB done", flush=True)
-""" % STAGES
+"""
+    % STAGES
+)
 
 
-SPREAD_JOB = """
+SPREAD_JOB = (
+    """
 import time, lora_otel
 with lora_otel.stage("first"):
     pass
@@ -53,7 +57,9 @@ for i in range(%d):
     with lora_otel.stage("stage %%d" %% i, i=i):
         time.sleep(0.15)             # stages end while the collector is down, and after
 print("JOB done", flush=True)
-""" % STAGES
+"""
+    % STAGES
+)
 
 
 class FakeCollector:
@@ -62,25 +68,33 @@ class FakeCollector:
     ``fail_first``: answer ``fail_code`` (500) to that many trace requests first. ``refuse_name``:
     answer 400 (bad data, not to be retried) to every request holding a span of that name. ``delay_s``: sleep that long
     before each answer. ``blackhole_s``: for that long after creation, read each request and never
-    answer (the connection stays open until the client gives up), as a black-holing firewall does. ``restart_after_first``: after the first accepted request, stop listening
-    and listen again on the same port ``restart_gap_s`` later. Only accepted (200) requests count.
+    answer (the connection stays open until the client gives up), as a black-holing firewall does.
+    ``restart_after_first``: after the first accepted request, stop listening and listen again on the
+    same port ``restart_gap_s`` later. Only accepted (200) requests count.
     """
 
-    def __init__(self, fail_first: int = 0, delay_s: float = 0.0, restart_after_first: bool = False,
-                 restart_gap_s: float = 2.0, blackhole_s: float = 0.0, fail_code: int = 500,
-                 refuse_name: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        fail_first: int = 0,
+        delay_s: float = 0.0,
+        restart_after_first: bool = False,
+        restart_gap_s: float = 2.0,
+        blackhole_s: float = 0.0,
+        fail_code: int = 500,
+        refuse_name: Optional[str] = None,
+    ) -> None:
         self.fail_first, self.delay_s, self.fail_code = fail_first, delay_s, fail_code
         self.refuse_name = refuse_name
-        self.refused = 0           # requests answered 400 because they held a span named refuse_name
+        self.refused = 0  # requests answered 400 because they held a span named refuse_name
         self.refused_sizes: list = []  # spans in each of those
         self.blackhole_until = time.monotonic() + blackhole_s
-        self.blackholed = 0        # trace requests that got no answer at all
+        self.blackholed = 0  # trace requests that got no answer at all
         self.restart_after_first, self.restart_gap_s = restart_after_first, restart_gap_s
         self.lock = threading.Lock()
-        self.requests = 0          # trace requests seen, answered 500 or 200
-        self.rejected = 0          # answered 500
-        self.accepted = 0          # answered 200
-        self.span_ids: list = []   # span ids, hex, from accepted requests only, in arrival order
+        self.requests = 0  # trace requests seen, answered 500 or 200
+        self.rejected = 0  # answered 500
+        self.accepted = 0  # answered 200
+        self.span_ids: list = []  # span ids, hex, from accepted requests only, in arrival order
         self.names: list = []
         self.down_between: Optional[tuple] = None  # (monotonic stop, monotonic start) of the restart
         self._server: Optional[ThreadingHTTPServer] = None
@@ -98,7 +112,7 @@ class FakeCollector:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path != "/v1/traces":
                     self._answer(200)
@@ -164,8 +178,9 @@ def run_job_against(tmp_path: Path, collector: FakeCollector, script: str = JOB,
     """Run the 20-stage job against ``collector``; wait for its sidecar to finish. Returns
     (exit code, job wall seconds, span ids in the job's journal)."""
     t0 = time.monotonic()
-    proc = start_traced(tmp_path, script, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
-                        OTEL_LOGS_EXPORTER="none", **env)
+    proc = start_traced(
+        tmp_path, script, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_LOGS_EXPORTER="none", **env
+    )
     side = sidecar_pid(tmp_path)
     out, err = proc.communicate(timeout=60)
     wall = time.monotonic() - t0
@@ -176,7 +191,7 @@ def run_job_against(tmp_path: Path, collector: FakeCollector, script: str = JOB,
         j = read_journal(p)
         assert j.problems == []
         ids += [s.span_id for s in j.spans]
-    assert len([i for i in ids]) >= STAGES + 1
+    assert len(list(ids)) >= STAGES + 1
     return proc.returncode, wall, ids
 
 
@@ -209,7 +224,7 @@ def test_collector_answers_401_then_accepts(tmp_path: Path) -> None:
     requests: retried like an outage, nothing lost; the sidecar's log names the status and the fix."""
     c = FakeCollector(fail_first=3, fail_code=401)
     try:
-        code, wall, ids = run_job_against(tmp_path, c)
+        code, _wall, ids = run_job_against(tmp_path, c)
     finally:
         c.close()
     assert code == 0 and c.rejected == 3
@@ -224,7 +239,7 @@ def test_collector_refuses_one_span_as_bad_data(tmp_path: Path) -> None:
     every other span arrives once, and the journal still has it."""
     c = FakeCollector(refuse_name="stage 7")
     try:
-        code, wall, ids = run_job_against(tmp_path, c)
+        code, _wall, ids = run_job_against(tmp_path, c)
     finally:
         c.close()
     assert code == 0 and c.refused >= 2 and c.refused_sizes[-1] == 1, c.refused_sizes
@@ -299,12 +314,15 @@ def test_collector_restarts(tmp_path: Path) -> None:
 # --- many writers ---------------------------------------------------------------------------
 
 WRITERS, WRITER_STAGES = 32, 200
-WRITER = """
+WRITER = (
+    """
 import lora_otel
 for i in range(%d):
     with lora_otel.stage("stage %%d" %% i, i=i):
         pass
-""" % WRITER_STAGES
+"""
+    % WRITER_STAGES
+)
 
 
 def check_journals(paths: list) -> list:
@@ -329,8 +347,10 @@ def test_32_jobs_write_journals_into_one_directory(tmp_path: Path) -> None:
     journals, 6400 stages, every span id once."""
     (tmp_path / "job.py").write_text(WRITER)
     env = clean_env(LORA_OTEL="1")
-    procs = [subprocess.Popen([PYTHON, "job.py"], cwd=tmp_path, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(WRITERS)]
+    procs = [
+        subprocess.Popen([PYTHON, "job.py"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(WRITERS)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode(errors="replace")
@@ -372,8 +392,9 @@ def test_fork_storm(tmp_path: Path) -> None:
     """A job forks 50 children in a loop, 10 of which fork a grandchild: 61 clean journals, each
     child with its own root (under the stage that forked it) and its own exit record."""
     (tmp_path / "job.py").write_text(FORKER)
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "PARENT done" in r.stdout, r.stderr
     found = journals(tmp_path / "lora-otel")
     assert len(found) == 1 + CHILDREN + NESTED, len(found)
@@ -381,7 +402,7 @@ def test_fork_storm(tmp_path: Path) -> None:
     parent = [j for j in js if any(s.name == "storm" for s in j.spans)]
     assert len(parent) == 1
     parent = parent[0]
-    storm = [s for s in parent.spans if s.name == "storm"][0]
+    storm = next(s for s in parent.spans if s.name == "storm")
     children = {}
     for j in js:
         if j is parent:
@@ -396,7 +417,7 @@ def test_fork_storm(tmp_path: Path) -> None:
     for i in range(CHILDREN):
         assert children["child %d" % i].root.parent_id == storm.span_id
     for i in range(NESTED):
-        child_stage = [s for s in children["child %d" % i].spans if s.name == "child %d" % i][0]
+        child_stage = next(s for s in children["child %d" % i].spans if s.name == "child %d" % i)
         assert children["grandchild %d" % i].root.parent_id == child_stage.span_id
 
 
@@ -416,8 +437,11 @@ print("JOB done", flush=True)
 def mount_small_fs(where: Path, size_kb: int) -> None:
     """A tmpfs of ``size_kb`` at ``where``: a real filesystem that really fills up (needs root)."""
     where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dk,mode=0700" % size_kb, "tmpfs", str(where)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=%dk,mode=0700" % size_kb, "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here (needs root): %s" % r.stderr.strip())
 
@@ -466,8 +490,13 @@ def test_disk_fills_mid_run_then_space_returns(tmp_path: Path) -> None:
         assert any("records could not be written" in ln.msg and ln.level == "error" for ln in j.lines)
         # The reader names what the gap left behind (ends of unknown spans, a cut record), nothing else.
         assert all("unknown span" in p or "not JSON" in p for p in j.problems), j.problems
-        r = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(path)], capture_output=True, text=True,
-                           env=clean_env(), timeout=60)
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "inspect", str(path)],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            timeout=60,
+        )
         # A clean exit; the one stage whose end record met the full disk may read as left open.
         straddling = "ended with spans open: stage %d (exit code 0)" % (min(missing) - 1)
         assert r.returncode == 0 and "Traceback" not in r.stderr, r
@@ -496,12 +525,27 @@ def test_huge_and_non_utf8_argv_and_environment(tmp_path: Path, collector) -> No
     token = "hf_" + "Q" * 34
     env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
     envb = {k.encode(): v.encode() for k, v in env.items()}
-    envb.update({b"HF_HOME": b"/h/" + b"x" * HUGE, b"CUDA_VISIBLE_DEVICES": b"0,\xff\xfe",
-                 b"TORCH_LOGS": b"\xc3(" * 10, b"UNRELATED_HUGE": b"y" * HUGE, b"\xffNAME": b"v",
-                 b"HF_TOKEN": token.encode()})
+    envb.update(
+        {
+            b"HF_HOME": b"/h/" + b"x" * HUGE,
+            b"CUDA_VISIBLE_DEVICES": b"0,\xff\xfe",
+            b"TORCH_LOGS": b"\xc3(" * 10,
+            b"UNRELATED_HUGE": b"y" * HUGE,
+            b"\xffNAME": b"v",
+            b"HF_TOKEN": token.encode(),
+        }
+    )
     script = tmp_path / "job.py"
     script.write_text(HOSTILE_JOB)
-    argv = [PYTHON.encode(), str(script).encode(), b"a" * HUGE, b"--name", b"\xff\xfe\x80bad", b"--token", token.encode()]
+    argv = [
+        PYTHON.encode(),
+        str(script).encode(),
+        b"a" * HUGE,
+        b"--name",
+        b"\xff\xfe\x80bad",
+        b"--token",
+        token.encode(),
+    ]
     proc = subprocess.run(argv, cwd=tmp_path, env=envb, capture_output=True, timeout=60)
     assert proc.returncode == 0 and b"JOB done 6" in proc.stdout, proc.stderr.decode(errors="replace")
     assert b"Traceback" not in proc.stderr
@@ -551,12 +595,19 @@ def test_journal_cut_short_while_the_sidecar_follows(tmp_path: Path, collector) 
     the sidecar keeps what it had read, so the open stage and the root still end and every span
     reaches the collector exactly once; its log names the cut."""
     go = tmp_path / "go"
-    proc = start_traced(tmp_path, GATED_JOB, str(go), OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
-                        LORA_OTEL_STALL_AFTER="100000")
+    proc = start_traced(
+        tmp_path,
+        GATED_JOB,
+        str(go),
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
+        LORA_OTEL_STALL_AFTER="100000",
+    )
     try:
         side = sidecar_pid(tmp_path)
-        wait_for(lambda: {"before %d" % i for i in range(5)} <= {s.name for s in collector.spans()},
-                 what="the first stages at the collector")
+        wait_for(
+            lambda: {"before %d" % i for i in range(5)} <= {s.name for s in collector.spans()},
+            what="the first stages at the collector",
+        )
         [path] = journals(tmp_path / "lora-otel")
         time.sleep(0.5)  # the sidecar polls the open "across" stage's start too
         os.truncate(path, 0)
@@ -569,8 +620,9 @@ def test_journal_cut_short_while_the_sidecar_follows(tmp_path: Path, collector) 
     received = collector.wait_for_spans(13, timeout=20)
     assert_unique(received)
     names = sorted(s.name for s in received)
-    assert names == sorted(["process", "arguments", "across"] + ["before %d" % i for i in range(5)]
-                           + ["after %d" % i for i in range(5)]), names
+    assert names == sorted(
+        ["process", "arguments", "across"] + ["before %d" % i for i in range(5)] + ["after %d" % i for i in range(5)]
+    ), names
     spans = by_name(received)
     assert spans["across"].parent_id == spans["process"].span_id and spans["process"].status_code != "Error"
 
@@ -583,8 +635,14 @@ def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
     go = tmp_path / "go"
     try:
         t0 = time.monotonic()
-        proc = start_traced(tmp_path, GATED_JOB, str(go), OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint,
-                            OTEL_LOGS_EXPORTER="none", LORA_OTEL_STALL_AFTER="100000")
+        proc = start_traced(
+            tmp_path,
+            GATED_JOB,
+            str(go),
+            OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint,
+            OTEL_LOGS_EXPORTER="none",
+            LORA_OTEL_STALL_AFTER="100000",
+        )
         side = sidecar_pid(tmp_path)
         os.kill(side, signal.SIGKILL)
         wait_gone(side, timeout=10)
@@ -606,8 +664,13 @@ def test_sidecar_killed_mid_job(tmp_path: Path) -> None:
         assert any("live export stopped" in ln.msg and ln.level == "error" for ln in j.lines)
         assert len(j.spans) == 13
         live = set(c.span_ids)
-        r = subprocess.run([PYTHON, "-m", "lora_otel", "replay", str(path)], capture_output=True, text=True,
-                           timeout=60, env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint))
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "replay", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint),
+        )
         assert r.returncode == 0, r.stderr
     finally:
         c.close()
@@ -620,20 +683,28 @@ def test_replay_of_a_long_job_in_batches_past_a_refused_span(tmp_path: Path) -> 
     holding "stage 700": requests of at most 512 spans, every other span once, that one skipped and
     named in one line on stderr, exit 1 (not everything was delivered)."""
     script = "import lora_otel\nfor i in range(1200):\n    with lora_otel.stage('stage %d' % i):\n        pass\n"
-    r = subprocess.run([PYTHON, "-c", script], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-c", script], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     [path] = journals(tmp_path / "lora-otel")
     ids = {s.span_id for s in read_journal(path).spans}
     c = FakeCollector(refuse_name="stage 700")
     try:
-        r = subprocess.run([PYTHON, "-m", "lora_otel", "replay", str(path)], capture_output=True, text=True,
-                           timeout=120, env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint))
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "replay", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=c.endpoint),
+        )
     finally:
         c.close()
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.splitlines() == ["lora-otel replay: the backend refused 1 of %d spans as bad data "
-                                     "(HTTP 400/413); they stay in the journal" % len(ids)], r.stderr
+    assert r.stderr.splitlines() == [
+        "lora-otel replay: the backend refused 1 of %d spans as bad data "
+        "(HTTP 400/413); they stay in the journal" % len(ids)
+    ], r.stderr
     assert r.stdout.startswith("replayed %d spans" % (len(ids) - 1))
     assert len(c.span_ids) == len(set(c.span_ids)) == len(ids) - 1 and "stage 700" not in c.names
     assert max(c.refused_sizes) <= 512 and c.refused_sizes[-1] == 1

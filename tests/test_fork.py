@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals
+
+from lora_otel.journal.reader import read_journal
 
 PROGRAM = """
 import os, lora_otel
@@ -29,13 +30,19 @@ def test_forked_children_get_their_own_journals(tmp_path: Path) -> None:
     """Three forks: four journals; each child's root hangs under the parent's open stage."""
     (tmp_path / "job.py").write_text(PROGRAM)
     log = tmp_path / "run.log"
-    r = subprocess.run([PYTHON, "job.py", "--log", str(log)], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "job.py", "--log", str(log)],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     found = journals(tmp_path)
     assert len(found) == 4, found
     parent = read_journal(Path(str(log) + ".otel.jsonl"))
-    spawn = [s for s in parent.spans if s.name == "spawn workers"][0]
+    spawn = next(s for s in parent.spans if s.name == "spawn workers")
     all_ids: list = []
     children = 0
     for p in found:
@@ -63,9 +70,11 @@ def test_multiprocessing_fork_worker_records_its_exit(tmp_path: Path) -> None:
         "if __name__ == '__main__':\n"
         "    for target in (ok, bad):\n"
         "        p = mp.get_context('fork').Process(target=target)\n"
-        "        p.start(); p.join()\n")
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+        "        p.start(); p.join()\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     children = [read_journal(p) for p in journals(tmp_path / "lora-otel") if p.name.count(".") > 2]
     assert sorted(j.exit["code"] for j in children) == [0, 1]
@@ -103,8 +112,9 @@ def test_spawned_children_hang_under_the_span_that_started_them(tmp_path: Path) 
     spawn worker started inside a stage hang under that stage; one started outside any stage under
     the root; an env with its own TRACEPARENT keeps it; the job's os.environ is unchanged."""
     (tmp_path / "job.py").write_text(SPAWNING)
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "PARENT done" in r.stdout, r.stderr
     js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     [parent] = [j for j in js if j.root.parent_id is None]
@@ -151,15 +161,17 @@ def test_dataloader_workers_started_during_training_hang_under_training(tmp_path
     """A DataLoader's spawn workers started once training is open (no stage around them) hang under
     ``training``; those started before the first step under the root."""
     (tmp_path / "job.py").write_text(DATALOADER)
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "TRAINED" in r.stdout, r.stderr
     js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     [parent] = [j for j in js if j.root.parent_id is None]
     [training] = [s for s in parent.spans if s.name == "training"]
     workers = [j for j in js if "--multiprocessing-fork" in j.root.attrs["process.command_args"]]
-    assert sorted(w.root.parent_id == training.span_id for w in workers) == [False, True], \
-        [(w.root.parent_id, w.root.start_ns > training.start_ns) for w in workers]
+    assert sorted(w.root.parent_id == training.span_id for w in workers) == [False, True], [
+        (w.root.parent_id, w.root.start_ns > training.start_ns) for w in workers
+    ]
     [late] = [w for w in workers if w.root.parent_id == training.span_id]
     assert late.root.start_ns > training.start_ns
 
@@ -175,12 +187,18 @@ def test_os_system_and_a_ui_run(tmp_path: Path) -> None:
         "subprocess.run([sys.executable, '-c', 'import sys', 'popen'])\n"
         "with lora_otel.stage('convert'):\n"
         "    os.system(C + 'staged')\n"
-        "assert 'LORA_OTEL_LAUNCHED_BY' not in os.environ and os.environ['TRACEPARENT']\n")
+        "assert 'LORA_OTEL_LAUNCHED_BY' not in os.environ and os.environ['TRACEPARENT']\n"
+    )
     for per_run in ("0", "1"):
         d = tmp_path / ("per-run-" + per_run)
-        r = subprocess.run([PYTHON, str(tmp_path / "job.py")], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=60, env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d),
-                                                     LORA_OTEL_TRACE_PER_RUN=per_run))
+        r = subprocess.run(
+            [PYTHON, str(tmp_path / "job.py")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d), LORA_OTEL_TRACE_PER_RUN=per_run),
+        )
         assert r.returncode == 0, r.stderr
         js = [read_journal(p) for p in journals(d)]
         [parent] = [j for j in js if j.root.attrs["process.command_args"][-1].endswith("job.py")]
@@ -208,11 +226,33 @@ def test_forked_child_places_its_own_children_under_its_stage(tmp_path: Path) ->
         "    with lora_otel.stage('in child'):\n"
         "        subprocess.run([sys.executable, '-c', 'pass', 'grandchild'], env=os.environ.copy())\n"
         "    os._exit(0)\n"
-        "os.waitpid(pid, 0)\n")
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+        "os.waitpid(pid, 0)\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     [child] = [j for j in js if any(s.name == "in child" for s in j.spans)]
     [grandchild] = [j for j in js if j.root.attrs.get("process.command_args", [""])[-1] == "grandchild"]
     assert grandchild.root.parent_id == next(s.span_id for s in child.spans if s.name == "in child")
+
+
+def test_a_forked_child_may_call_os_exit_with_its_keyword(tmp_path: Path) -> None:
+    """``os._exit(status=3)`` in a forked child exits 3, as without lora_otel (the wrapper that
+    records the child's exit once took ``code=``, so the keyword raised TypeError in the child)."""
+    (tmp_path / "job.py").write_text(
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(status=3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3", r.stderr
+    exits = [read_journal(p).exit for p in journals(tmp_path)]
+    assert sorted((e or {}).get("code") for e in exits) == [0, 3], exits

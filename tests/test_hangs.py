@@ -10,16 +10,21 @@ import time
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journal_has_open, journals, lora_otel_cli, span_named, wait_for
+
+from lora_otel.journal.reader import read_journal
 
 
 def start_traced(tmp_path: Path, script: str, *args: str, **env: str) -> subprocess.Popen:
     path = tmp_path / "job.py"
     path.write_text(script, encoding="utf-8")
-    return subprocess.Popen([PYTHON, str(path), *args], cwd=tmp_path, env=clean_env(LORA_OTEL="1", **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [PYTHON, str(path), *args],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def kill_and_reap(proc: subprocess.Popen) -> None:
@@ -63,10 +68,14 @@ class TestHangs:
 
     def test_gil_held_import(self, tmp_path: Path) -> None:
         """A module that blocks in C holding the GIL: no beats after it, the import span is still there."""
-        make_module(tmp_path, "frozenmod", """
+        make_module(
+            tmp_path,
+            "frozenmod",
+            """
             import ctypes
             ctypes.PyDLL(None).pause()
-        """)
+        """,
+        )
         proc = start_traced(tmp_path, "import frozenmod\n")
         try:
             wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
@@ -110,11 +119,24 @@ def test_chinese_argv_and_secrets(tmp_path: Path) -> None:
     """Chinese text survives intact in journal and log; no secret from argv or env reaches disk."""
     make_module(tmp_path, "slowmod", "import time\ntime.sleep(600)\n")
     log = tmp_path / "logs" / "训练.log"
-    args = ["--prompt", "一只戴着帽子的猫", "--hf_token", SECRETS[0], "--api-key=" + SECRETS[1],
-            "--output_dir", "输出/模型", "--hub", "https://user:%s@hub.example.com/repo" % SECRETS[3],
-            "--bearer", "Bearer " + SECRETS[4], "--log", str(log)]
-    proc = start_traced(tmp_path, "import slowmod\n", *args,
-                        AWS_ACCESS_KEY_ID=SECRETS[2], DB_PASSWORD=SECRETS[5], HF_HOME="/data/缓存")
+    args = [
+        "--prompt",
+        "一只戴着帽子的猫",
+        "--hf_token",
+        SECRETS[0],
+        "--api-key=" + SECRETS[1],
+        "--output_dir",
+        "输出/模型",
+        "--hub",
+        "https://user:%s@hub.example.com/repo" % SECRETS[3],
+        "--bearer",
+        "Bearer " + SECRETS[4],
+        "--log",
+        str(log),
+    ]
+    proc = start_traced(
+        tmp_path, "import slowmod\n", *args, AWS_ACCESS_KEY_ID=SECRETS[2], DB_PASSWORD=SECRETS[5], HF_HOME="/data/缓存"
+    )
     try:
         wait_for(lambda: journal_has_open(log.parent, "import slowmod"), what="import span")
         wait_for(lambda: read_journal(Path(str(log) + ".otel.jsonl")).beats >= 1, what="a beat", timeout=10)
@@ -140,8 +162,12 @@ def test_non_utf8_argv(tmp_path: Path, seed: int) -> None:
     """Non-UTF-8 bytes in argv: the journal stays valid UTF-8 JSON and the program runs."""
     path = tmp_path / "job.py"
     path.write_text("import sys\nprint('ARGS', len(sys.argv))\n")
-    r = subprocess.run([PYTHON.encode(), str(path).encode(), b"--name", b"\xff\xfe\x80bad"], cwd=tmp_path,
-                       env=clean_env(LORA_OTEL="1"), capture_output=True)
+    r = subprocess.run(
+        [PYTHON.encode(), str(path).encode(), b"--name", b"\xff\xfe\x80bad"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+    )
     assert r.returncode == 0
     assert b"ARGS 3" in r.stdout
     [jp] = journals(tmp_path / "lora-otel")
@@ -154,13 +180,17 @@ def test_non_utf8_argv(tmp_path: Path, seed: int) -> None:
 def test_stack_signal_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
     """The stack request signal (SIGRTMIN+10, as the journal records) to a process frozen with the
     GIL held: its Python stack lands beside the journal."""
-    make_module(tmp_path, "frozenmod", """
+    make_module(
+        tmp_path,
+        "frozenmod",
+        """
         import ctypes
         def hold_the_gil():
             while True:  # pause() returns after any signal; go straight back
                 ctypes.PyDLL(None).pause()
         hold_the_gil()
-    """)
+    """,
+    )
     proc = start_traced(tmp_path, "import frozenmod\n")
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
@@ -171,8 +201,11 @@ def test_stack_signal_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
         assert attrs["lora_otel.stacks.signal"] == signal.SIGRTMIN + 10
         time.sleep(0.3)  # let pause() take hold
         os.kill(proc.pid, attrs["lora_otel.stacks.signal"])
-        text = wait_for(lambda: stacks.exists() and "hold_the_gil" in stacks.read_text() and stacks.read_text(),
-                        what="stack dump", timeout=10)
+        text = wait_for(
+            lambda: stacks.exists() and "hold_the_gil" in stacks.read_text() and stacks.read_text(),
+            what="stack dump",
+            timeout=10,
+        )
         assert "frozenmod.py" in text and "job.py" in text
         assert proc.poll() is None, "the dump must not kill the process"
         assert oct(os.stat(stacks).st_mode & 0o777) == "0o600"

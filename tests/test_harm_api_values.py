@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from procs import LINE_RE, PYTHON, clean_env, only_journal, span_named
 
 pytest.importorskip("torch")
@@ -37,15 +36,27 @@ VALUES = textwrap.dedent("""
     print("DONE", flush=True)
 """)
 
-NUMBERS = {"loss": 0.5, "lr": 0.25, "tokens": 7, "d": 1.5, "f": 0.25, "flag": 1, "nflag": 0, "one": 2.0,
-           "arr": 3.5, "f64": 0.125, "plain": 1.0}
+NUMBERS = {
+    "loss": 0.5,
+    "lr": 0.25,
+    "tokens": 7,
+    "d": 1.5,
+    "f": 0.25,
+    "flag": 1,
+    "nflag": 0,
+    "one": 2.0,
+    "arr": 3.5,
+    "f64": 0.125,
+    "plain": 1.0,
+}
 BAD = ("many", "text", "nothing", "cplx", "step")
 
 
 def run_job(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(script)
-    return subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(**env), capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(**env), capture_output=True, text=True, timeout=120
+    )
 
 
 def test_progress_values_untraced_do_not_raise(tmp_path: Path) -> None:
@@ -73,7 +84,7 @@ def test_progress_values_traced_are_recorded_as_numbers(tmp_path: Path) -> None:
         assert len(said) == 1, (key, printed)
         assert "not recorded" in said[0]
         assert len([ln for ln in j.lines if ln.msg == said[0] and ln.level == "error"]) == 1
-    assert "Tensor of shape (3,)" in [m for m in printed if m.startswith("lora_otel.progress(many=")][0]
+    assert "Tensor of shape (3,)" in next(m for m in printed if m.startswith("lora_otel.progress(many="))
     assert "Traceback" not in r.stderr
 
 

@@ -10,15 +10,14 @@ appear.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
+
+from lora_otel.journal.reader import read_journal
 
 # Both the common bound and "every descriptor there can be" (the daemon idiom).
 CLOSE_TO = ["1024", "os.sysconf('SC_OPEN_MAX')"]
@@ -27,8 +26,9 @@ CLOSE_TO = ["1024", "os.sysconf('SC_OPEN_MAX')"]
 def _run(tmp_path: Path, src: str, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "prog.py").write_text(src)
     e = clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05", **env)
-    return subprocess.run([PYTHON, "prog.py", *args], cwd=tmp_path, env=e, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "prog.py", *args], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=timeout
+    )
 
 
 CSV_PROG = r"""
@@ -141,8 +141,14 @@ def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
     (binary checkpoints among them, on the numbers lora_otel had) goes to the stacks file beside the
     journal, not into a checkpoint: each checkpoint's bytes are exactly what the program wrote."""
     (tmp_path / "prog.py").write_text(STACKS_PROG)
-    p = subprocess.Popen([PYTHON, "prog.py"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"))
+    p = subprocess.Popen(
+        [PYTHON, "prog.py"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"),
+    )
     try:
         assert p.stdout is not None and p.stdin is not None
         wait_for(lambda: b"READY" in p.stdout.readline(), 30, "READY")
@@ -247,8 +253,13 @@ def test_daemon_whose_data_file_took_descriptor_2_gets_only_its_bytes(tmp_path: 
     land there — descriptor 2 is no longer the stderr the process started with, so they go to the
     journal only. (Before: two ``[lora-otel]`` lines were written between the program's records.)"""
     (tmp_path / "daemon.py").write_text(DAEMON)
-    r = subprocess.run([PYTHON, "daemon.py", str(tmp_path)], cwd=tmp_path, capture_output=True, timeout=60,
-                       env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.2"))
+    r = subprocess.run(
+        [PYTHON, "daemon.py", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=60,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.2"),
+    )
     assert r.returncode == 0, r.stderr
     wait_for(lambda: (tmp_path / "d.done").exists(), 30, "the daemon to finish")
     assert (tmp_path / "d.done").read_bytes() == b"REC0\nREC1\nREC2\n"

@@ -24,16 +24,16 @@ import time
 from pathlib import Path
 
 import pytest
-
-from lora_otel._boot import redact
-from lora_otel.export import otlp
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals, lora_otel_cli, wait_for
 from test_sidecar import alive, by_name, wait_gone
 
+from lora_otel._boot import redact
+from lora_otel.export import otlp
+from lora_otel.journal.reader import read_journal
+
 SECRET = "hunter2sekrit"
 API_KEY = "K3ysekrit9876"
-LOGIN_FAILS = f"""\
+LOGIN_FAILS = """\
 import argparse, time
 import lora_otel
 p = argparse.ArgumentParser()
@@ -48,8 +48,14 @@ raise RuntimeError("login failed for " + args.password)
 
 def run_job(tmp_path: Path, script: str, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(script, encoding="utf-8")
-    return subprocess.run([PYTHON, "job.py", *args], cwd=tmp_path, env=clean_env(LORA_OTEL="1", **env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "job.py", *args],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def sidecar_of(journal: Path) -> tuple[int, Path]:
@@ -69,8 +75,16 @@ def test_password_from_argv_is_nowhere_in_lora_otels_outputs(tmp_path: Path, col
     hunter2sekrit")``: the exit is recorded as the failure it is, with the password as
     ``[REDACTED]``, and the password is in no byte of the journal, the --log file, the sidecar log,
     lora_otel's stderr lines or what the collector received."""
-    r = run_job(tmp_path, LOGIN_FAILS, option, SECRET, "--log", "run.log",
-                OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, LORA_OTEL_DRAIN_S="5")
+    r = run_job(
+        tmp_path,
+        LOGIN_FAILS,
+        option,
+        SECRET,
+        "--log",
+        "run.log",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
+        LORA_OTEL_DRAIN_S="5",
+    )
     assert r.returncode == 1 and f"RuntimeError: login failed for {SECRET}" in r.stderr  # the program's own
     journal = tmp_path / "run.log.otel.jsonl"
     side, side_log = sidecar_of(journal)
@@ -81,8 +95,10 @@ def test_password_from_argv_is_nowhere_in_lora_otels_outputs(tmp_path: Path, col
         assert SECRET not in line
     for path in [*journals(tmp_path), tmp_path / "run.log", side_log]:
         assert SECRET.encode() not in path.read_bytes(), "the password is in %s" % path.name
-    received = wait_for(lambda: by_name(collector.spans()).get("process") and collector.spans(),
-                        what="the process span at the collector")
+    received = wait_for(
+        lambda: by_name(collector.spans()).get("process") and collector.spans(),
+        what="the process span at the collector",
+    )
     process = by_name(received)["process"]
     assert process.status_code == "STATUS_CODE_ERROR"
     assert f"login failed for {redact.REDACTED}" in process.status_message
@@ -94,8 +110,9 @@ def test_sidecar_learns_what_the_process_redacted(tmp_path: Path) -> None:
     """The sidecar scrubs what it sends of the values the traced process redacted, learnt from that
     process's command line by the same rules (stacks and errors gathered from outside may quote
     them); the journal never had them."""
-    proc = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(30)", "--hf_token", SECRET, "-k", API_KEY],
-                            env=clean_env())
+    proc = subprocess.Popen(
+        [PYTHON, "-c", "import time; time.sleep(30)", "--hf_token", SECRET, "-k", API_KEY], env=clean_env()
+    )
     try:
         cmdline = Path("/proc/%d/cmdline" % proc.pid)
         wait_for(lambda: SECRET.encode() in cmdline.read_bytes(), what="the child's command line")
@@ -105,10 +122,16 @@ def test_sidecar_learns_what_the_process_redacted(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert SECRET in learned and API_KEY in learned, learned
-    attrs = otlp.otel_attributes({"lora_otel.evidence.python.stacks": f'File "x.py", line 3 in f ({SECRET})',
-                                  "lora_otel.evidence.error": f"key {API_KEY} refused"})
-    assert attrs == {"lora_otel.evidence.python.stacks": f'File "x.py", line 3 in f ({redact.REDACTED})',
-                     "lora_otel.evidence.error": f"key {redact.REDACTED} refused"}
+    attrs = otlp.otel_attributes(
+        {
+            "lora_otel.evidence.python.stacks": f'File "x.py", line 3 in f ({SECRET})',
+            "lora_otel.evidence.error": f"key {API_KEY} refused",
+        }
+    )
+    assert attrs == {
+        "lora_otel.evidence.python.stacks": f'File "x.py", line 3 in f ({redact.REDACTED})',
+        "lora_otel.evidence.error": f"key {redact.REDACTED} refused",
+    }
 
 
 @pytest.mark.collector
@@ -118,8 +141,14 @@ def test_endpoint_credentials_are_absent_from_sidecar_log_and_replay(tmp_path: P
     same credentials) name the endpoint as ``http://[REDACTED]@127.0.0.1:PORT/...api_key=[REDACTED]``."""
     port = collector.http_port
     bad = f"http://alice:pw@127.0.0.1:{port}/?api_key={API_KEY}"
-    r = run_job(tmp_path, "import lora_otel\nwith lora_otel.stage('work'):\n    pass\n", "--log", "run.log",
-                OTEL_EXPORTER_OTLP_ENDPOINT=bad, LORA_OTEL_DRAIN_S="3")
+    r = run_job(
+        tmp_path,
+        "import lora_otel\nwith lora_otel.stage('work'):\n    pass\n",
+        "--log",
+        "run.log",
+        OTEL_EXPORTER_OTLP_ENDPOINT=bad,
+        LORA_OTEL_DRAIN_S="3",
+    )
     assert r.returncode == 0, r.stderr
     journal = tmp_path / "run.log.otel.jsonl"
     side, side_log = sidecar_of(journal)
@@ -131,8 +160,11 @@ def test_endpoint_credentials_are_absent_from_sidecar_log_and_replay(tmp_path: P
         assert leaked not in r.stderr and leaked not in journal.read_text()
 
     failed = lora_otel_cli("replay", str(journal), OTEL_EXPORTER_OTLP_ENDPOINT=bad, OTEL_EXPORTER_OTLP_TIMEOUT="3")
-    good = lora_otel_cli("replay", str(journal), OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(
-        f"http://alice:pw@127.0.0.1:{port}/v1/traces?api_key={API_KEY}"))
+    good = lora_otel_cli(
+        "replay",
+        str(journal),
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(f"http://alice:pw@127.0.0.1:{port}/v1/traces?api_key={API_KEY}"),
+    )
     assert failed.returncode == 1, failed.stderr
     assert good.returncode == 0, good.stderr
     assert f"to http://[REDACTED]@127.0.0.1:{port}/v1/traces?api_key=[REDACTED]" in good.stdout
@@ -172,8 +204,9 @@ def test_import_time_warnings_look_as_without_lora_otel(tmp_path: Path, flags: l
     (tmp_path / "main.py").write_text(MAIN)
 
     def run(**env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([PYTHON, *flags, "main.py"], cwd=tmp_path, env=clean_env(**env),
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [PYTHON, *flags, "main.py"], cwd=tmp_path, env=clean_env(**env), capture_output=True, text=True, timeout=60
+        )
 
     plain, traced = run(), run(LORA_OTEL="1")
     assert plain.returncode == traced.returncode == 0, traced.stderr
@@ -200,15 +233,22 @@ def test_sidecar_follows_a_journal_renamed_by_log_rotation(tmp_path: Path, colle
             time.sleep(0.2)
         """)
     (tmp_path / "job.py").write_text(script)
-    proc = subprocess.Popen([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path,
-                            env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
-                                          LORA_OTEL_DRAIN_S="5"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [PYTHON, "job.py", "--log", "run.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, LORA_OTEL_DRAIN_S="5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         journal = tmp_path / "run.log.otel.jsonl"
-        wait_for(lambda: journal.exists() and "lora_otel.sidecar.pid" in (read_journal(journal).root.attrs
-                                                                           if read_journal(journal).root else {}),
-                 what="the sidecar")
+        wait_for(
+            lambda: (
+                journal.exists()
+                and "lora_otel.sidecar.pid" in (read_journal(journal).root.attrs if read_journal(journal).root else {})
+            ),
+            what="the sidecar",
+        )
         side, side_log = sidecar_of(journal)
         wait_for(lambda: "before rotation" in by_name(collector.spans()), what="the first stage at the collector")
         os.rename(journal, tmp_path / "run.log.otel.jsonl.1")
@@ -224,10 +264,11 @@ def test_sidecar_follows_a_journal_renamed_by_log_rotation(tmp_path: Path, colle
     wait_gone(side)
     log = side_log.read_text()
     assert "cannot read" not in log and "unreadable journal" not in log, log
-    received = wait_for(lambda: {"after rotation", "process"} <= set(by_name(collector.spans())) and collector.spans(),
-                        what="the rest of the job at the collector")
+    received = wait_for(
+        lambda: {"after rotation", "process"} <= set(by_name(collector.spans())) and collector.spans(),
+        what="the rest of the job at the collector",
+    )
     spans = by_name(received)
     assert spans["after rotation"].parent_id == spans["process"].span_id
     assert spans["process"].status_code != "STATUS_CODE_ERROR"
     assert "lora_otel.incomplete" not in spans["process"].attributes
-

@@ -20,14 +20,14 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals
 from test_sidecar import alive, wait_gone
+
+from lora_otel.journal.reader import read_journal
 
 ATTACKER = "lora_otel_attacker"
 PRECIOUS = b"the victim's own data\n"
@@ -44,8 +44,11 @@ def attacker() -> pwd.struct_passwd:
         pass
     if not shutil.which("useradd") or not shutil.which("setpriv"):
         pytest.skip("useradd or setpriv is not installed: cannot act as a second real user")
-    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip("useradd failed: %s" % r.stderr.strip())
     return pwd.getpwnam(ATTACKER)
@@ -64,8 +67,16 @@ def shared() -> Iterator[Path]:
 
 def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = True):
     """Run Python ``code`` as the attacker account (a real uid/gid change, no groups)."""
-    cmd = ["setpriv", "--reuid=%d" % user.pw_uid, "--regid=%d" % user.pw_gid, "--clear-groups",
-           PYTHON, "-c", code, *args]
+    cmd = [
+        "setpriv",
+        "--reuid=%d" % user.pw_uid,
+        "--regid=%d" % user.pw_gid,
+        "--clear-groups",
+        PYTHON,
+        "-c",
+        code,
+        *args,
+    ]
     if not wait:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=clean_env())
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=clean_env())
@@ -99,8 +110,13 @@ time.sleep(0.3)
 
 
 def _sidecar_env(**extra: str) -> dict:
-    return clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="1",
-                     LORA_OTEL_DRAIN_S="1", **extra)
+    return clean_env(
+        LORA_OTEL="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+        LORA_OTEL_DRAIN_S="1",
+        **extra,
+    )
 
 
 def _wait_sidecar(journal: Path) -> None:
@@ -114,12 +130,20 @@ def test_planted_symlinks_for_sidecar_log_stacks_and_registry(tmp_path: Path, sh
     (``run.log.sidecar.log``, ``run.log.stacks.txt``, ``run.log.children``), pointing at the
     victim's own files: those files keep their bytes; lora_otel's files are new ones of the
     victim's, mode 0600, beside them."""
-    targets = {suffix: _victim_file(tmp_path, "victim" + suffix) for suffix in (".sidecar.log", ".stacks.txt", ".children")}
+    targets = {
+        suffix: _victim_file(tmp_path, "victim" + suffix) for suffix in (".sidecar.log", ".stacks.txt", ".children")
+    }
     plant = "import os, sys\nfor a in sys.argv[1:]:\n    link, target = a.split('=', 1)\n    os.symlink(target, link)\n"
     as_attacker(attacker, plant, *("%s=%s" % (shared / ("run.log" + s), t) for s, t in targets.items()))
     (tmp_path / "job.py").write_text(JOB)
-    r = subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")], cwd=tmp_path,
-                       env=_sidecar_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")],
+        cwd=tmp_path,
+        env=_sidecar_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     journal = shared / "run.log.otel.jsonl"
     _wait_sidecar(journal)
@@ -159,7 +183,9 @@ print("PLANTED", flush=True)
 
 @pytest.mark.parametrize("how", ["zero-code", "lora-otel run"])
 @pytest.mark.parametrize("kind", ["symlink", "file"])
-def test_predicted_journal_names_cannot_be_prepared(tmp_path: Path, shared: Path, attacker, kind: str, how: str) -> None:
+def test_predicted_journal_names_cannot_be_prepared(
+    tmp_path: Path, shared: Path, attacker, kind: str, how: str
+) -> None:
     """The attacker prepares every ``<UTC second>-<pid>.otel.jsonl`` the job could get, and the
     ``<name>.<UTC second>-<pid>.otel.jsonl`` variants a taken name led to (its pid is known: a
     launcher started it) — symlinks to the victim's file, or world-readable files of the
@@ -169,15 +195,20 @@ def test_predicted_journal_names_cannot_be_prepared(tmp_path: Path, shared: Path
     (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('train'):\n    pass\n")
     prefix = [PYTHON, "-m", "lora_otel", "run", "--"] if how == "lora-otel run" else []
     # The launcher: the pid is fixed before Python starts (sh exec's it), and the attacker knows it.
-    p = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", *prefix, PYTHON, str(tmp_path / "job.py")],
-                         cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=clean_env(LORA_OTEL_DIR=str(shared), **({} if prefix else {"LORA_OTEL": "1"})))
+    p = subprocess.Popen(
+        ["sh", "-c", 'read go; exec "$@"', "sh", *prefix, PYTHON, str(tmp_path / "job.py")],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(LORA_OTEL_DIR=str(shared), **({} if prefix else {"LORA_OTEL": "1"})),
+    )
     try:
         as_attacker(attacker, SPRAY, str(shared), str(p.pid), kind, str(victim), "4")
         assert p.stdin is not None
         p.stdin.write(b"\n")
         p.stdin.flush()
-        out, err = p.communicate(timeout=60)
+        _out, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
@@ -215,8 +246,14 @@ def test_planted_children_registry_is_not_followed(tmp_path: Path, shared: Path,
     reg, forged = shared / "run.log.children", shared / "forged.otel.jsonl"
     as_attacker(attacker, FORGED, str(shared), str(reg), str(forged))
     (tmp_path / "job.py").write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'])\n")
-    r = subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")], cwd=tmp_path,
-                       env=_sidecar_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")],
+        cwd=tmp_path,
+        env=_sidecar_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     journal = shared / "run.log.otel.jsonl"
     _wait_sidecar(journal)
@@ -234,15 +271,24 @@ def test_sidecar_ignores_a_forged_registry_entry(tmp_path: Path, shared: Path, a
     as_attacker(attacker, FORGED, str(shared), str(reg), str(forged))
     journal = tmp_path / "job.otel.jsonl"
     (tmp_path / "job.py").write_text("pass\n")
-    subprocess.run([PYTHON, str(tmp_path / "job.py")], env=clean_env(LORA_OTEL="1", LORA_OTEL_JOURNAL=str(journal)),
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [PYTHON, str(tmp_path / "job.py")],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_JOURNAL=str(journal)),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     own_reg = tmp_path / "own.children"
     own_reg.write_text(str(forged) + "\n")
     own_reg.chmod(0o600)
     for registry in (reg, own_reg):
-        r = subprocess.run([PYTHON, "-m", "lora_otel.export.sidecar", "--journal", str(journal), "--children",
-                            str(registry)], env=_sidecar_env(LORA_OTEL_SIDECAR="1"), capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel.export.sidecar", "--journal", str(journal), "--children", str(registry)],
+            env=_sidecar_env(LORA_OTEL_SIDECAR="1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "following %s too" % forged not in r.stderr
         assert "ignoring" in r.stderr, r.stderr
 
@@ -254,8 +300,14 @@ def test_fallback_dir_prepared_by_another_user_is_not_used(tmp_path: Path, share
     fallback = shared / ("lora-otel-%d" % os.geteuid())
     as_attacker(attacker, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)", str(fallback))
     (tmp_path / "job.py").write_text("pass\n")
-    r = subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"], cwd=tmp_path,
-                       env=clean_env(LORA_OTEL="1", TMPDIR=str(shared)), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", TMPDIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert list(fallback.iterdir()) == []
     found = journals(shared)
@@ -275,8 +327,14 @@ def test_fallback_journal_is_never_shared_between_runs(tmp_path: Path) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     for _ in range(2):
-        subprocess.run([PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"], cwd=tmp_path,
-                       env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)), check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"],
+            cwd=tmp_path,
+            env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     found = journals(tmp)
     assert len(found) == 2, found
     for f in found:
@@ -286,8 +344,9 @@ def test_fallback_journal_is_never_shared_between_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("planted", ["symlink", "open-dir"])
-def test_default_journal_dir_planted_by_another_user_is_not_used(tmp_path: Path, shared: Path, attacker,
-                                                                 planted: str) -> None:
+def test_default_journal_dir_planted_by_another_user_is_not_used(
+    tmp_path: Path, shared: Path, attacker, planted: str
+) -> None:
     """A job started in a shared directory (mode 1777) where another user planted ``lora-otel``:
     a symlink to a directory of the attacker's choosing, or a directory
     of the attacker's, mode 777 (they could delete the journals and stack dumps there). lora_otel
@@ -296,15 +355,23 @@ def test_default_journal_dir_planted_by_another_user_is_not_used(tmp_path: Path,
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
     if planted == "symlink":
-        as_attacker(attacker, "import os, sys; os.symlink(sys.argv[1], sys.argv[2])", str(target),
-                    str(shared / "lora-otel"))
+        as_attacker(
+            attacker, "import os, sys; os.symlink(sys.argv[1], sys.argv[2])", str(target), str(shared / "lora-otel")
+        )
     else:
-        as_attacker(attacker, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)",
-                    str(shared / "lora-otel"))
+        as_attacker(
+            attacker, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)", str(shared / "lora-otel")
+        )
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    r = subprocess.run([PYTHON, "-c", "print('hi')"], cwd=shared, env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-c", "print('hi')"],
+        cwd=shared,
+        env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
     assert list(target.iterdir()) == []
     if planted == "open-dir":

@@ -19,13 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import by_name, sidecar_pid, wait_gone
 
-pytestmark = [pytest.mark.collector,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and real-time signals")]
+from lora_otel.journal.reader import read_journal
+
+pytestmark = [
+    pytest.mark.collector,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and real-time signals"),
+]
 
 STACK_SIGNAL = signal.SIGRTMIN + 10 if hasattr(signal, "SIGRTMIN") else 0
 """lora_otel's default stack request signal (docs/journal.md)."""
@@ -43,18 +45,26 @@ def hold_gil(seconds):
 '''
 
 
-def run_job(tmp_path: Path, script: str, endpoint: str, *args: str, timeout: float = 60,
-            **env: str) -> subprocess.CompletedProcess:
+def run_job(
+    tmp_path: Path, script: str, endpoint: str, *args: str, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess:
     """Run ``python job.py ARGS`` traced (``LORA_OTEL=1``) with a live sidecar, until it exits."""
     path = tmp_path / "job.py"
     path.write_text(script, encoding="utf-8")
-    return subprocess.run([PYTHON, str(path), *args], cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-                          env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **FROZEN, **env))
+    return subprocess.run(
+        [PYTHON, str(path), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **FROZEN, **env),
+    )
 
 
 def lora_otel_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "lora_otel", *args], capture_output=True, text=True, timeout=60,
-                          env=clean_env())
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", *args], capture_output=True, text=True, timeout=60, env=clean_env()
+    )
 
 
 def collector_text(collector) -> str:
@@ -101,11 +111,14 @@ class TestExec:
     def test_failed_exec_is_recorded_and_the_program_goes_on(self, tmp_path: Path) -> None:
         """An exec that fails (no such file) is journaled as failed and the process is still the
         traced program: it finishes normally and inspect says so."""
-        script = ('import os\ntry:\n    os.execv("/nonexistent/prog", ["prog"])\nexcept OSError as e:\n'
-                  '    print("exec failed:", e.errno)\n')
+        script = (
+            'import os\ntry:\n    os.execv("/nonexistent/prog", ["prog"])\nexcept OSError as e:\n'
+            '    print("exec failed:", e.errno)\n'
+        )
         (tmp_path / "job.py").write_text(script)
-        r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                           env=clean_env(LORA_OTEL="1"))
+        r = subprocess.run(
+            [PYTHON, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=clean_env(LORA_OTEL="1")
+        )
         assert r.returncode == 0 and "exec failed: 2" in r.stdout, r.stderr
         [path] = journals(tmp_path / "lora-otel")
         records = [line for line in path.read_text().splitlines() if '"k":"exec"' in line]
@@ -119,9 +132,11 @@ class TestExec:
         """``subprocess.Popen([...], preexec_fn=os.setsid)`` (or ``os.setpgrp``) forks with the
         at-fork hooks (a child journal) and execs from C: the child exits 0, the job's summary is
         not "killed"."""
-        script = ("import os, subprocess, sys\n"
-                  "p = subprocess.Popen(['/bin/sleep', '5'], preexec_fn=getattr(os, sys.argv[1]))\n"
-                  "print('child exit', p.wait(), flush=True)\n")
+        script = (
+            "import os, subprocess, sys\n"
+            "p = subprocess.Popen(['/bin/sleep', '5'], preexec_fn=getattr(os, sys.argv[1]))\n"
+            "print('child exit', p.wait(), flush=True)\n"
+        )
         r = run_job(tmp_path, script, collector.http_endpoint, preexec)
         assert r.returncode == 0 and "child exit 0" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
@@ -133,8 +148,10 @@ class TestExec:
         """An exec the process does in C (here libc's ``execv`` through ctypes: no ``exec`` record)
         is seen from outside by the image (``/proc/<pid>/exe``, auxv): the sleep survives the
         frozen limit and the sidecar says the process exec'd."""
-        script = ("import ctypes\nargv = (ctypes.c_char_p * 3)(b'sleep', b'5', None)\n"
-                  "ctypes.CDLL(None).execv(b'/bin/sleep', argv)\n")
+        script = (
+            "import ctypes\nargv = (ctypes.c_char_p * 3)(b'sleep', b'5', None)\n"
+            "ctypes.CDLL(None).execv(b'/bin/sleep', argv)\n"
+        )
         r = run_job(tmp_path, script, collector.http_endpoint)
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
@@ -146,8 +163,10 @@ class TestExec:
         """Plain ``subprocess.Popen`` under gevent's monkey-patching (fork in Python, then
         ``os.execvpe``): the child exits 0."""
         pytest.importorskip("gevent")
-        script = ("from gevent import monkey\nmonkey.patch_all()\nimport subprocess\n"
-                  "p = subprocess.Popen(['/bin/sleep', '5'])\nprint('child exit', p.wait(), flush=True)\n")
+        script = (
+            "from gevent import monkey\nmonkey.patch_all()\nimport subprocess\n"
+            "p = subprocess.Popen(['/bin/sleep', '5'])\nprint('child exit', p.wait(), flush=True)\n"
+        )
         r = run_job(tmp_path, script, collector.http_endpoint)
         assert r.returncode == 0 and "child exit 0" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
@@ -155,7 +174,9 @@ class TestExec:
         assert summary.returncode == 0 and "killed" not in summary.stdout, summary.stdout
 
 
-LIGHTNING = HOLD_GIL + '''
+LIGHTNING = (
+    HOLD_GIL
+    + """
 import os, sys
 import torch
 import lightning as L
@@ -178,10 +199,11 @@ trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, ena
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=os.getcwd())
 trainer.fit(Tiny(), data)
 if sys.argv[1] == "after":
-    time.sleep(1.5)  # what a job does after fit (evaluate, save) before it freezes
-    hold_gil(6)
+    time.sleep(3.0)  # what a job does after fit (evaluate, save) before it freezes; > 1 beat even on a starved CPU
+    hold_gil(8)
 print("done", flush=True)
-'''
+"""
+)
 
 
 @pytest.mark.torch
@@ -202,9 +224,17 @@ class TestLightning:
         called = tmp_path / "scontrol.called"
         (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> %s\n' % called)
         (bin_dir / "scontrol").chmod(0o755)
-        slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
-                 "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
-                 "PATH": "%s:%s" % (bin_dir, os.environ.get("PATH", ""))}
+        slurm = {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": "train",
+            "SLURM_NTASKS": "1",
+            "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "0",
+            "SLURM_NODELIST": "localhost",
+            "PATH": "%s:%s" % (bin_dir, os.environ.get("PATH", "")),
+        }
         r = run_job(tmp_path, LIGHTNING, collector.http_endpoint, "during", timeout=120, **slurm)
         assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-3000:])
         assert not called.exists(), "scontrol was called: %s" % called.read_text()
@@ -227,8 +257,10 @@ class TestHandlers:
     def test_own_sigusr1_handler_is_never_triggered(self, tmp_path: Path, collector) -> None:
         """A program with its own SIGUSR1 handler (installed after start, as frameworks do) that
         freezes: the stall is declared and its stacks gathered, the handler never runs."""
-        script = HOLD_GIL + ("import signal\ncalls = []\nsignal.signal(signal.SIGUSR1, lambda s, f: calls.append(s))\n"
-                             "hold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n")
+        script = HOLD_GIL + (
+            "import signal\ncalls = []\nsignal.signal(signal.SIGUSR1, lambda s, f: calls.append(s))\n"
+            "hold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n"
+        )
         r = run_job(tmp_path, script, collector.http_endpoint)
         assert r.returncode == 0 and "handler calls: 0" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
@@ -239,8 +271,14 @@ class TestHandlers:
         """Without a handler of its own, a traced program dies of SIGUSR1 (exit status -10) as it
         would without lora_otel (Slurm relies on it), and no stacks are written."""
         (tmp_path / "job.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(30)\n")
-        proc = subprocess.Popen([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            [PYTHON, "job.py"],
+            cwd=tmp_path,
+            env=clean_env(LORA_OTEL="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             while "ready" not in (proc.stdout.readline() or "ready"):
                 pass
@@ -257,11 +295,13 @@ class TestHandlers:
         """A service that blocks every signal and takes them with ``sigwait`` (its shutdown
         loop): a stall sends no stack request, which it would receive as its own signal and act on;
         the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
-        script = ("import signal, sys\nimport torch  # a training job (quiet time alone is no stall elsewhere)\n"
-                  "sigs = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}\n"
-                  "signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n"
-                  "got = signal.sigtimedwait(sigs, 8)\n"
-                  "print('got', got.si_signo if got else None, flush=True)\n")
+        script = (
+            "import signal, sys\nimport torch  # a training job (quiet time alone is no stall elsewhere)\n"
+            "sigs = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n"
+            "got = signal.sigtimedwait(sigs, 8)\n"
+            "print('got', got.si_signo if got else None, flush=True)\n"
+        )
         r = run_job(tmp_path, script, collector.http_endpoint, LORA_OTEL_STALL_AFTER="2")
         assert r.returncode == 0 and "got None" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
@@ -273,8 +313,10 @@ class TestHandlers:
         """A program that installs its own handler for lora_otel's stack request signal after start:
         a stall never triggers it, and the evidence says why there are no stacks."""
         signum = STACK_SIGNAL
-        script = HOLD_GIL + ("import signal, time\ncalls = []\nsignal.signal(%d, lambda s, f: calls.append(s))\n"
-                             "time.sleep(1.5)\nhold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n" % signum)
+        script = HOLD_GIL + (
+            "import signal, time\ncalls = []\nsignal.signal(%d, lambda s, f: calls.append(s))\n"
+            "time.sleep(1.5)\nhold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n" % signum
+        )
         r = run_job(tmp_path, script, collector.http_endpoint)
         assert r.returncode == 0 and "handler calls: 0" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
@@ -290,9 +332,11 @@ class TestHandlers:
         number (``dup2`` onto it), someone else's: a stall then sends no signal (a dump would go
         nowhere or into the user's file); the evidence says why. (The descriptor sits high, so a
         plain ``closerange(3, 1024)`` does not reach it.)"""
-        script = HOLD_GIL + ("import os\nos.closerange(3, os.sysconf('SC_OPEN_MAX'))\n"
-                             "files = [open('user%d.bin' % i, 'wb') for i in range(8)]\n"
-                             "hold_gil(6)\nprint('done', flush=True)\n")
+        script = HOLD_GIL + (
+            "import os\nos.closerange(3, os.sysconf('SC_OPEN_MAX'))\n"
+            "files = [open('user%d.bin' % i, 'wb') for i in range(8)]\n"
+            "hold_gil(6)\nprint('done', flush=True)\n"
+        )
         r = run_job(tmp_path, script, collector.http_endpoint)
         assert r.returncode == 0 and "done" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_for(lambda: "stall detected" in collector_text(collector), timeout=20, what="the stall")
@@ -308,10 +352,15 @@ def test_bad_stack_signal_value_warns_once_and_uses_the_default(tmp_path: Path) 
     default = STACK_SIGNAL
     for value, expected in (("SIGKILL", default), ("9", default), ("50", 50)):
         d = tmp_path / value
-        r = subprocess.run([PYTHON, str(tmp_path / "job.py")], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=60, env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d), LORA_OTEL_STACK_SIGNAL=value))
+        r = subprocess.run(
+            [PYTHON, str(tmp_path / "job.py")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d), LORA_OTEL_STACK_SIGNAL=value),
+        )
         assert r.returncode == 0, r.stderr
         [path] = journals(d)
         assert read_journal(path).root.attrs["lora_otel.stacks.signal"] == expected
         assert r.stderr.count("LORA_OTEL_STACK_SIGNAL") == (0 if value == "50" else 1), r.stderr
-

@@ -10,8 +10,9 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
 from procs import LINE_RE, PYTHON, clean_env, journals
+
+from lora_otel.journal.reader import read_journal
 
 PAYLOAD = {"rows": [1, 2, 3], "name": "ünïcode", "ok": True}
 PRINT_JSON = "import json; print(json.dumps(%r))" % (PAYLOAD,)
@@ -34,8 +35,9 @@ def test_parsing_a_childs_json_output_under_lora_otel_1(tmp_path: Path) -> None:
     """``json.loads(subprocess.check_output([python, "-c", "print(json.dumps(...))"]))`` works with
     LORA_OTEL=1 in the environment: the child's stdout is the child's bytes, and so is the parent's."""
     (tmp_path / "parse.py").write_text(PARSE_CHILD)
-    r = subprocess.run([PYTHON, "parse.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       timeout=60)
+    r = subprocess.run(
+        [PYTHON, "parse.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     assert r.stdout == b"PARSED True\n"
     assert len(journals(tmp_path / "lora-otel")) == 2  # both processes were traced all the same
@@ -46,8 +48,13 @@ def test_lora_otel_run_passes_the_programs_stdout_byte_exact(tmp_path: Path) -> 
     program's bytes, so ``lora-otel run ... | jq`` works; the span tree (with --tree) and the
     ``[lora-otel]`` lines are on stderr."""
     for extra in ([], ["--tree"]):
-        r = subprocess.run([PYTHON, "-m", "lora_otel", "run", *extra, "--", PYTHON, "-c", PRINT_JSON],
-                           cwd=tmp_path, env=clean_env(), capture_output=True, timeout=60)
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "run", *extra, "--", PYTHON, "-c", PRINT_JSON],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            timeout=60,
+        )
         err = r.stderr.decode(errors="replace")
         assert r.returncode == 0, err
         assert r.stdout == EXPECTED, (extra, r.stdout)
@@ -73,12 +80,21 @@ def test_lora_otel_run_parsed_by_a_parent(tmp_path: Path) -> None:
 def test_pip_list_json_is_parseable_under_lora_otel_1(tmp_path: Path) -> None:
     """``LORA_OTEL=1 pip list --format=json | python -c 'import json,sys; json.load(sys.stdin)'``:
     the real pip of this venv, traced, prints JSON that parses."""
-    with subprocess.Popen([PYTHON, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
-                          cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE) as pip:
-        reader = subprocess.run([PYTHON, "-c", "import json,sys; d = json.load(sys.stdin); print(len(d) > 0)"],
-                                cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdin=pip.stdout,
-                                capture_output=True, timeout=120)
+    with subprocess.Popen(
+        [PYTHON, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as pip:
+        reader = subprocess.run(
+            [PYTHON, "-c", "import json,sys; d = json.load(sys.stdin); print(len(d) > 0)"],
+            cwd=tmp_path,
+            env=clean_env(LORA_OTEL="1"),
+            stdin=pip.stdout,
+            capture_output=True,
+            timeout=120,
+        )
         assert pip.stdout is not None
         pip.stdout.close()
         pip_err = pip.communicate(timeout=120)[1].decode(errors="replace")
@@ -102,16 +118,17 @@ def test_children_of_a_traced_process_are_quiet_unless_they_fail(tmp_path: Path)
     line, nothing of lora_otel's from the succeeding child; each child's journal still holds its
     info lines, and the child given ``--log`` still has them in that file."""
     (tmp_path / "parent.py").write_text(CHILDREN)
-    r = subprocess.run([PYTHON, "parent.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "parent.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == "CHILD ok\nCHILD bad\nPARENT 0 3\n"
     found = [read_journal(path) for path in journals(tmp_path)]
     assert len(found) == 3
     parent = [j for j in found if j.root.parent_id is None]
     assert len(parent) == 1
-    ok_child = [j for j in found if j.root.attrs.get("lora_otel.log.path") == "child.log"][0]
-    bad_child = [j for j in found if j is not ok_child and j is not parent[0]][0]
+    ok_child = next(j for j in found if j.root.attrs.get("lora_otel.log.path") == "child.log")
+    bad_child = next(j for j in found if j is not ok_child and j is not parent[0])
     printed = lora_lines(r.stderr)
     assert any(pid == parent[0].pid and "started pid" in msg for pid, msg in printed)  # the top process speaks
     assert not [msg for pid, msg in printed if pid == ok_child.pid]
@@ -128,10 +145,17 @@ def test_children_of_a_traced_process_are_quiet_unless_they_fail(tmp_path: Path)
 
 def test_log_file_still_receives_the_lines(tmp_path: Path) -> None:
     """A top process with ``--log``: every line it prints on stderr is in the file too, in order."""
-    (tmp_path / "job.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--log')\n"
-                                     "p.parse_args()\nprint('PROGRAM')\n")
-    r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                       capture_output=True, text=True, timeout=60)
+    (tmp_path / "job.py").write_text(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log')\np.parse_args()\nprint('PROGRAM')\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py", "--log", "run.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == "PROGRAM\n"
     printed = lora_lines(r.stderr)
@@ -141,7 +165,8 @@ def test_log_file_still_receives_the_lines(tmp_path: Path) -> None:
 def test_forked_children_are_quiet(tmp_path: Path) -> None:
     """A ``multiprocessing`` fork worker of a traced process prints nothing of lora_otel's on the
     terminal (it used to print ``exiting normally`` per worker); its journal has its lines."""
-    (tmp_path / "pool.py").write_text(textwrap.dedent("""
+    (tmp_path / "pool.py").write_text(
+        textwrap.dedent("""
         import multiprocessing as mp
         def square(x):
             return x * x
@@ -150,9 +175,11 @@ def test_forked_children_are_quiet(tmp_path: Path) -> None:
             p = ctx.Process(target=square, args=(3,))
             p.start(); p.join()
             print("DONE", p.exitcode, flush=True)
-    """))
-    r = subprocess.run([PYTHON, "pool.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+    """)
+    )
+    r = subprocess.run(
+        [PYTHON, "pool.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == "DONE 0\n"
     found = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
@@ -165,14 +192,21 @@ def test_closed_stderr_does_not_raise(tmp_path: Path) -> None:
     """stderr closed by the launcher (and stdout a pipe): the program runs and exits 0, its stdout
     untouched; lora_otel's lines are still in the journal."""
     (tmp_path / "job.py").write_text("print('PROGRAM ran')\n")
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, text=True, stdin=subprocess.DEVNULL, timeout=60,
-                       preexec_fn=lambda: __import__("os").close(2))
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        preexec_fn=lambda: __import__("os").close(2),
+    )
     assert r.returncode == 0
     assert r.stdout == "PROGRAM ran\n"
     j = read_journal(journals(tmp_path / "lora-otel")[0])
     assert any(ln.msg.startswith("started pid") for ln in j.lines)
-
 
 
 RANKS = textwrap.dedent("""
@@ -191,8 +225,9 @@ def test_ranks_a_traced_launcher_starts_speak_their_helpers_do_not(tmp_path: Pat
     (``RANK`` set): their lines reach the terminal and the log panel as a top process's do, since
     the ranks are where training happens; the helpers each rank starts (same ``RANK``) stay quiet."""
     (tmp_path / "launch.py").write_text(RANKS)
-    r = subprocess.run([PYTHON, "launch.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [PYTHON, "launch.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout == "LAUNCHER [0, 0]\n", r.stderr
     found = [read_journal(path) for path in journals(tmp_path)]
     assert len(found) == 5

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, REPO, clean_env, journals
+
+from lora_otel.journal.reader import read_journal
 
 MODES = ("LORA_OTEL=1", "lora-otel run", "python -m lora_otel", "import lora_otel.auto")
 
@@ -42,11 +42,16 @@ def run_in_mode(tmp_path: Path, mode: str, program: str, python: str = PYTHON) -
 
 
 def summary(directory: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(directory), "--summary"],
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", "inspect", str(directory), "--summary"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-def assert_outcome(tmp_path: Path, r: subprocess.CompletedProcess, status: int, message: "str | None") -> None:
+def assert_outcome(tmp_path: Path, r: subprocess.CompletedProcess, status: int, message: str | None) -> None:
     """The journal, the root span, the stderr line and inspect --summary all give ``status``."""
     assert r.returncode == status, r.stderr
     (path,) = journals(tmp_path / "j")
@@ -97,9 +102,11 @@ class TestUncaughtExceptionWithItsOwnExcepthook:
 
 _OLD_PYTHON = sys.version_info < (3, 12)
 _NO_TRACE_BEFORE_312 = pytest.mark.xfail(
-    _OLD_PYTHON, strict=True,
+    _OLD_PYTHON,
+    strict=True,
     reason="before Python 3.12 `raise SystemExit(n)` leaves no trace an exit handler can read; exact "
-           "under `lora-otel run` (waitpid) and `python -m lora_otel`, and on 3.12+ (sys.monitoring)")
+    "under `lora-otel run` (waitpid) and `python -m lora_otel`, and on 3.12+ (sys.monitoring)",
+)
 
 SYSTEM_EXITS = [
     ("raise SystemExit(3)\n", 3, "exit code 3"),
@@ -118,14 +125,21 @@ def _system_exit_cases():
                 marks.append(_NO_TRACE_BEFORE_312)
             if mode == "lora-otel run" and message and "exit code" not in message:
                 message = "exit code %d" % status  # the supervisor knows the status, not the message
-            yield pytest.param(mode, program, status, message, marks=marks,
-                               id="%s-%s" % (mode.replace(" ", "_"), program.splitlines()[-1].strip()))
+            yield pytest.param(
+                mode,
+                program,
+                status,
+                message,
+                marks=marks,
+                id="%s-%s" % (mode.replace(" ", "_"), program.splitlines()[-1].strip()),
+            )
 
 
 class TestSystemExit:
     @pytest.mark.parametrize(("mode", "program", "status", "message"), list(_system_exit_cases()))
-    def test_exit_status_is_the_real_one(self, tmp_path: Path, mode: str, program: str, status: int,
-                                         message: "str | None") -> None:
+    def test_exit_status_is_the_real_one(
+        self, tmp_path: Path, mode: str, program: str, status: int, message: str | None
+    ) -> None:
         """`raise SystemExit(n)`, `SystemExit("msg")`, `exit(n)`, `quit()`: the journal's exit
         record, the root span, and inspect --summary give the status the program exited with
         (before: exit code 0 and `finished` for all but `lora-otel run`'s own status)."""
@@ -140,28 +154,44 @@ class TestSystemExit:
         assert_outcome(tmp_path, r, 0, None)
 
 
-def _python312() -> "str | None":
+def _python312() -> str | None:
     import glob
     import shutil
 
-    for candidate in [shutil.which("python3.13"), shutil.which("python3.12"),
-                      *sorted(glob.glob("/root/.pyenv/versions/3.1[23]*/bin/python3"))]:
-        if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"],
-                                        capture_output=True).returncode == 0:
+    for candidate in [
+        shutil.which("python3.13"),
+        shutil.which("python3.12"),
+        *sorted(glob.glob("/root/.pyenv/versions/3.1[23]*/bin/python3")),
+    ]:
+        if (
+            candidate
+            and subprocess.run(
+                [candidate, "-c", "import sys; assert sys.version_info >= (3, 12)"], capture_output=True
+            ).returncode
+            == 0
+        ):
             return candidate
     return None
 
 
 @pytest.mark.skipif(_python312() is None, reason="no Python 3.12+ interpreter on this machine")
 class TestSystemExitOnPython312:
-    @pytest.mark.parametrize(("program", "status", "message"), [
-        ("raise SystemExit(3)\n", 3, "exit code 3"),
-        ("def main():\n    return 5\n\nif __name__ == '__main__':\n    raise SystemExit(main())\n", 5, "exit code 5"),
-        ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n", 0, None),
-        ("try:\n    raise SystemExit(7)\nfinally:\n    print('cleanup')\n", 7, "exit code 7"),
-    ])
-    def test_in_process_without_a_supervisor(self, tmp_path: Path, program: str, status: int,
-                                             message: "str | None") -> None:
+    @pytest.mark.parametrize(
+        ("program", "status", "message"),
+        [
+            ("raise SystemExit(3)\n", 3, "exit code 3"),
+            (
+                "def main():\n    return 5\n\nif __name__ == '__main__':\n    raise SystemExit(main())\n",
+                5,
+                "exit code 5",
+            ),
+            ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n", 0, None),
+            ("try:\n    raise SystemExit(7)\nfinally:\n    print('cleanup')\n", 7, "exit code 7"),
+        ],
+    )
+    def test_in_process_without_a_supervisor(
+        self, tmp_path: Path, program: str, status: int, message: str | None
+    ) -> None:
         """On Python 3.12+ the traced process itself knows any SystemExit that ended it (and
         forgets one it caught), with no supervisor (`import lora_otel.auto`; the .pth hook is
         installed only in the test venv, whose Python is older)."""
@@ -200,13 +230,24 @@ class TestPoolShutdown:
         record)`, exit status 3)."""
         (tmp_path / "pool.py").write_text(POOL)
         jdir = tmp_path / "j"
-        r = subprocess.run([PYTHON, "pool.py", method], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                           env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir)))
+        r = subprocess.run(
+            [PYTHON, "pool.py", method],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir)),
+        )
         assert r.returncode == 0 and "328350" in r.stdout, r.stderr
         s = summary(jdir)
         assert s.returncode == 0 and "finished" in s.stdout and "killed" not in s.stdout, s.stdout
-        full = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(jdir)], env=clean_env(),
-                              capture_output=True, text=True, timeout=60)
+        full = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "inspect", str(jdir)],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert full.returncode == 0, full.stdout + full.stderr
         assert "stopped by its parent with SIGTERM" in full.stdout, full.stdout
 
@@ -215,6 +256,7 @@ class TestPoolShutdown:
 def test_sys_exit_in_a_thread_is_not_the_outcome(tmp_path: Path, mode: str) -> None:
     """``sys.exit(4)`` in a thread ends that thread only; the program goes on and exits 0, and every
     view says finished (found by the hostile trial: the journal said "exit code 4")."""
-    r = run_in_mode(tmp_path, mode, "import sys, threading\n"
-                                    "t = threading.Thread(target=lambda: sys.exit(4))\nt.start()\nt.join()\n")
+    r = run_in_mode(
+        tmp_path, mode, "import sys, threading\nt = threading.Thread(target=lambda: sys.exit(4))\nt.start()\nt.join()\n"
+    )
     assert_outcome(tmp_path, r, 0, None)

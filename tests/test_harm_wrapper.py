@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from procs import PYTHON, clean_env, wait_for
 
 IGNORES_SIGTERM = """\
@@ -48,9 +47,14 @@ def test_sigkill_of_the_wrapper_ends_the_job(tmp_path: Path, program: str) -> No
     running, orphaned, holding its GPU), and `inspect --summary` says it was killed with its
     wrapper."""
     (tmp_path / "train.py").write_text(program)
-    wrapper = subprocess.Popen([PYTHON, "-m", "lora_otel", "run", "--dir", "j", "--", PYTHON, "train.py"],
-                               cwd=tmp_path, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    wrapper = subprocess.Popen(
+        [PYTHON, "-m", "lora_otel", "run", "--dir", "j", "--", PYTHON, "train.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     child = 0
     try:
         wait_for(lambda: (tmp_path / "ready").exists(), 60, "the training process to start")
@@ -63,8 +67,13 @@ def test_sigkill_of_the_wrapper_ends_the_job(tmp_path: Path, program: str) -> No
             os.kill(child, signal.SIGKILL)
         if wrapper.poll() is None:
             wrapper.kill()
-    s = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(tmp_path / "j"), "--summary"],
-                       env=clean_env(), capture_output=True, text=True, timeout=60)
+    s = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "inspect", str(tmp_path / "j"), "--summary"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert s.returncode == 3, s.stdout + s.stderr
     assert "killed with its lora-otel run (pid %d" % wrapper.pid in s.stdout, s.stdout
 
@@ -84,16 +93,22 @@ while True:
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM],
-                         ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM], ids=lambda s: signal.Signals(s).name
+)
 def test_signals_sent_to_the_wrapper_reach_the_job(tmp_path: Path, sig: int) -> None:
     """Slurm's ``--signal=USR1@90``, Lightning's requeue, a user's ``kill -QUIT``: a signal sent to
     ``lora-otel run`` reaches the command, whose own handler runs to the end (its checkpoint is
     written) and decides the exit status, as without the wrapper. (Before: the wrapper died of the
     signal's default action and the kernel's parent-death signal SIGKILLed the job mid-checkpoint.)"""
     (tmp_path / "job.py").write_text(CHECKPOINTS_ON_SIGNAL)
-    wrapper = subprocess.Popen([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"], cwd=tmp_path,
-                               env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wrapper = subprocess.Popen(
+        [PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: (tmp_path / "ready").exists(), 60, "the job to start")
         wrapper.send_signal(sig)

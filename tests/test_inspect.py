@@ -6,12 +6,12 @@ import json
 import re
 import time
 
+from conftest import FUZZ, journal_lines
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import FUZZ, journal_lines
 from lora_otel.cli import main
-from lora_otel.export.inspect import render_text
+from lora_otel.cli.inspect import render_text
 
 ISO_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
@@ -87,7 +87,8 @@ class TestFirstLine:
         journal.start("training", 1.0)
         journal.beat(3601.0, steps=1200, last_step_t=3600.6)
         assert inspect(capsys, journal)[1][0] == (
-            "died in training after 3600 s (process gone, 1200 steps, last step 400 ms before the journal ends)")
+            "died in training after 3600 s (process gone, 1200 steps, last step 400 ms before the journal ends)"
+        )
 
     def test_running_and_stuck(self, capsys, journal):
         """A live process in ``cuda init`` past its 120 s limit: stuck for now minus the span's start."""
@@ -125,8 +126,9 @@ class TestFirstLine:
         journal.start("training", 0.0)
         journal.beat(19.6, steps=1200, last_step_t=19.6)
         first = inspect(capsys, journal)[1][0]
-        assert re.fullmatch(r"still in training for 2\d s \(process running, 1200 steps, last step \d+ ms ago\)",
-                            first), first
+        assert re.fullmatch(
+            r"still in training for 2\d s \(process running, 1200 steps, last step \d+ ms ago\)", first
+        ), first
 
     def test_only_process_open(self, capsys, journal):
         """Gone between stages: nothing but the process span open."""
@@ -201,9 +203,11 @@ class TestProblems:
     def test_non_utf8(self, capsys, journal):
         """Undecodable bytes are noted and shown replaced; output stays valid text."""
         journal.process()
-        journal.raw(b'{"v":1,"k":"start","ts":1795990429000000000,"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736",'
-                    b'"span_id":"00000000000000aa","parent_id":"0000000000000001",'
-                    b'"name":"import caf\xe9","attrs":{}}\n')
+        journal.raw(
+            b'{"v":1,"k":"start","ts":1795990429000000000,"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736",'
+            b'"span_id":"00000000000000aa","parent_id":"0000000000000001",'
+            b'"name":"import caf\xe9","attrs":{}}\n'
+        )
         lines = inspect(capsys, journal)[1]
         assert lines[0] == "stuck in import caf\ufffd for 0 ms (process gone)"
         assert "note: line 2: not valid UTF-8 (undecodable bytes replaced)" in lines
@@ -227,16 +231,38 @@ class TestJson:
         end null, status "open" and open_for_s."""
         killed_in_import(journal)
         doc = inspect_json(capsys, journal)
-        assert set(doc) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps",
-                            "stall", "problems", "stalls", "spans"}
+        assert set(doc) == {
+            "journal",
+            "trace_id",
+            "pid",
+            "process_state",
+            "stuck",
+            "main_thread",
+            "exit",
+            "steps",
+            "stall",
+            "problems",
+            "stalls",
+            "spans",
+        }
         assert doc["main_thread"] is None  # its beats (none here) did not say where the main thread was
         assert doc["stuck"] == "stuck in import bitsandbytes for 312 s (process gone)"
         assert (doc["process_state"], doc["exit"], doc["steps"], doc["problems"]) == ("gone", None, 0, [])
         assert doc["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
         spans = {span["name"]: span for span in doc["spans"]}
         for span in doc["spans"]:
-            assert set(span) == {"name", "span_id", "parent_id", "start", "end", "status", "message",
-                                 "attributes", "events", "open_for_s"}
+            assert set(span) == {
+                "name",
+                "span_id",
+                "parent_id",
+                "start",
+                "end",
+                "status",
+                "message",
+                "attributes",
+                "events",
+                "open_for_s",
+            }
             assert ISO_MS.fullmatch(span["start"])
         assert spans["process"]["start"] == "2026-11-29T22:13:48.000Z"
         bnb = spans["import bitsandbytes"]
@@ -254,8 +280,9 @@ class TestJson:
         journal.exit(1.0, code=0)
         doc = inspect_json(capsys, journal)
         assert doc["exit"] == {"ts": "2026-11-29T22:13:49.000Z", "code": 0, "how": "normal", "message": None}
-        assert doc["spans"][0]["events"] == [{"name": "mark", "time": "2026-11-29T22:13:48.500Z",
-                                              "attributes": {"note": "here"}}]
+        assert doc["spans"][0]["events"] == [
+            {"name": "mark", "time": "2026-11-29T22:13:48.500Z", "attributes": {"note": "here"}}
+        ]
 
     def test_lone_surrogates_stay_json(self, capsys, journal):
         """Non-UTF-8 argv (lone surrogates) comes out as \\udcXX escapes in valid JSON."""
@@ -288,4 +315,3 @@ def test_fuzz_inspect_never_fails(tmp_path, capsys, data, as_json):
         assert json.loads(out)["stuck"]
     else:
         assert out.splitlines()[0]
-

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from conftest import FUZZ, JournalBuilder, journal_lines
 from hypothesis import given
 from hypothesis import strategies as st
-
-from conftest import FUZZ, JournalBuilder, journal_lines
-from lora_otel.cli import main
 from procs import lora_otel_cli
+
+from lora_otel.cli import main
 
 OTHER_TRACE = "a" * 32
 THIRD_TRACE = "b" * 32
@@ -110,19 +110,25 @@ class TestOneJob:
         stuck_in_import_job(tmp_path)
         status, lines, err = inspect(capsys, str(tmp_path))
         assert (status, err) == (0, "")
-        assert lines[0] == ("job 4bf92f3577b34da6a3ce929d0e0e4736  torchrun  3 processes  "
-                            "killed (no exit record) after stalling at import bitsandbytes for 312 s (rank 1)")
+        assert lines[0] == (
+            "job 4bf92f3577b34da6a3ce929d0e0e4736  torchrun  3 processes  "
+            "killed (no exit record) after stalling at import bitsandbytes for 312 s (rank 1)"
+        )
         assert [line.split()[0:2] for line in lines[1:4]] == [["launcher", "pid"], ["rank", "0"], ["rank", "1"]]
         assert lines[3].endswith("0 steps  stuck in import bitsandbytes for 312 s (process gone)")
         callout = next(line for line in lines if "is the one stuck" in line)
         pid = re.search(r"pid (\d+)", lines[3]).group(1)
-        assert callout == (f"rank 1 (pid {pid}) is the one stuck: in import bitsandbytes for 312 s, "
-                           "then killed (no exit record)")
-        tree = lines[lines.index(callout) + 1:]
+        assert callout == (
+            f"rank 1 (pid {pid}) is the one stuck: in import bitsandbytes for 312 s, then killed (no exit record)"
+        )
+        tree = lines[lines.index(callout) + 1 :]
         assert tree[0].startswith("    journal: ") and "a-rank1.otel.jsonl" in tree[0]
         assert "      import bitsandbytes  OPEN for 312 s" in tree
         assert "    process  OPEN for 314 s" in tree
-        assert tree[-1] == "  (the other 2 processes' trees: --all)"
+        assert tree[-2] == "  (the other 2 processes' trees: --all)"
+        assert tree[-1] == f"report: lora-otel report {tmp_path} -o job.html", (
+            "a stalled job ends with its report's command"
+        )
         assert not any("b-rank0.otel.jsonl" in line for line in lines)
 
     def test_all_shows_every_tree(self, capsys, tmp_path):
@@ -141,10 +147,13 @@ class TestOneJob:
         stuck_in_import_job(tmp_path, alive=True, t0=time.time_ns() - 315 * 10**9)
         status, lines, _ = inspect(capsys, str(tmp_path))
         assert status == 0
-        assert re.fullmatch(r"job \w{32}  torchrun  3 processes  stalled at import bitsandbytes for 31\d s \(rank 1\)",
-                            lines[0]), lines[0]
-        assert any(re.fullmatch(r"rank 1 \(pid \d+\) is the one stuck: in import bitsandbytes for 31\d s", line)
-                   for line in lines), lines
+        assert re.fullmatch(
+            r"job \w{32}  torchrun  3 processes  stalled at import bitsandbytes for 31\d s \(rank 1\)", lines[0]
+        ), lines[0]
+        assert any(
+            re.fullmatch(r"rank 1 \(pid \d+\) is the one stuck: in import bitsandbytes for 31\d s", line)
+            for line in lines
+        ), lines
         status, lines, _ = inspect(capsys, str(tmp_path), "--summary")
         assert status == 3
         assert re.fullmatch(r"4bf92f35  torchrun  stalled at import bitsandbytes for 31\d s \(rank 1\)", lines[0])
@@ -156,11 +165,14 @@ class TestOneJob:
         """Rank 1 raises; rank 0 is then killed and the launcher fails: rank 1 is the one named."""
         rank1 = failed_first_job(tmp_path)
         status, lines, _ = inspect(capsys, str(tmp_path), "--summary")
-        assert (status, lines) == (1, ["4bf92f35  torchrun  failed: torch.OutOfMemoryError: CUDA out of memory "
-                                       "(exit code 1, rank 1)"])
+        assert (status, lines) == (
+            1,
+            ["4bf92f35  torchrun  failed: torch.OutOfMemoryError: CUDA out of memory (exit code 1, rank 1)"],
+        )
         lines = inspect(capsys, str(tmp_path))[1]
         assert [line for line in lines if " failed first" in line] == [
-            f"rank 1 (pid {rank1.read().pid}) failed first: torch.OutOfMemoryError: CUDA out of memory (exit code 1)"]
+            f"rank 1 (pid {rank1.read().pid}) failed first: torch.OutOfMemoryError: CUDA out of memory (exit code 1)"
+        ]
 
     def test_killed_together(self, capsys, tmp_path):
         """Ranks killed at once (a scheduler's time limit), none stuck: no rank is 'first'."""
@@ -171,8 +183,10 @@ class TestOneJob:
             journal.beat(100.0 + rank, steps=10, last_step_t=99.8)
         lines = inspect(capsys, str(tmp_path))[1]
         assert lines[0].endswith("2 processes  killed (no exit record) in training at step 10 (rank 0)")
-        assert lines[3] == (f"rank 0 (pid {journal.read().pid}) and 1 other died together: "
-                            "killed (no exit record) in training at step 10")
+        assert lines[3] == (
+            f"rank 0 (pid {journal.read().pid}) and 1 other died together: "
+            "killed (no exit record) in training at step 10"
+        )
 
     def test_slowest_rank(self, capsys, tmp_path):
         """Running ranks all stepping, one far behind: 'slowest: rank 0 at step 12 while the others are at 40'."""
@@ -213,8 +227,12 @@ class TestOneJob:
         worker = builder(tmp_path, "worker.otel.jsonl", 9)
         worker.process(0.2, parent_id=roots[0], attrs={"service.name": "train", "lora_otel.activation": "fork"})
         lines = inspect(capsys, str(tmp_path))[1]
-        assert [line.split("  pid")[0].strip() for line in lines[1:5]] == ["launcher", "rank 0", "rank 0 child",
-                                                                         "rank 1"]
+        assert [line.split("  pid")[0].strip() for line in lines[1:5]] == [
+            "launcher",
+            "rank 0",
+            "rank 0 child",
+            "rank 1",
+        ]
         assert lines[5] == "  no journal here for rank 2 of world size 3"
 
     def test_one_journal_with_summary(self, capsys, journal):
@@ -274,10 +292,25 @@ class TestJson:
         assert doc["exit_status"] == 3 and doc["directory"] == str(tmp_path)
         assert [job["trace_id"] for job in doc["jobs"]] == ["4bf92f3577b34da6a3ce929d0e0e4736", OTHER_TRACE]
         job = doc["jobs"][0]
-        assert set(job) == {"trace_id", "name", "start", "outcome", "summary", "status", "world_size",
-                            "missing_ranks", "callout", "processes"}
+        assert set(job) == {
+            "trace_id",
+            "name",
+            "start",
+            "outcome",
+            "summary",
+            "status",
+            "world_size",
+            "missing_ranks",
+            "callout",
+            "processes",
+        }
         assert (job["name"], job["outcome"], job["status"], job["world_size"], job["missing_ranks"]) == (
-            "torchrun", "killed", 3, 2, [])
+            "torchrun",
+            "killed",
+            3,
+            2,
+            [],
+        )
         assert set(job["callout"]) == {"kind", "journal", "pid", "rank", "text"}
         assert (job["callout"]["kind"], job["callout"]["rank"]) == ("stuck", 1)
         assert job["callout"]["journal"].endswith("a-rank1.otel.jsonl")
@@ -285,15 +318,37 @@ class TestJson:
         assert [p["label"] for p in processes] == ["launcher", "rank 0", "rank 1"]
         assert [p["role"] for p in processes] == ["launcher", "rank", "rank"]
         for p in processes:
-            assert set(p) == {"journal", "trace_id", "pid", "process_state", "stuck", "main_thread", "exit", "steps", "problems",
-                              "stalls", "rank", "local_rank", "world_size", "role", "label", "parent_pid", "start",
-                              "outcome", "stall"}
+            assert set(p) == {
+                "journal",
+                "trace_id",
+                "pid",
+                "process_state",
+                "stuck",
+                "main_thread",
+                "exit",
+                "steps",
+                "problems",
+                "stalls",
+                "rank",
+                "local_rank",
+                "world_size",
+                "role",
+                "label",
+                "parent_pid",
+                "start",
+                "outcome",
+                "stall",
+            }
         assert processes[2]["stall"]["span"] == "import bitsandbytes"
         assert processes[2]["stall"]["kind"] == "alive" and processes[2]["stall"]["limit_s"] == 120
         assert processes[1]["parent_pid"] == processes[0]["pid"]
         assert doc["jobs"][1]["callout"] is None and doc["jobs"][1]["summary"] == "finished in 12.3 s"
-        assert doc["unreadable"] == [{"journal": str(tmp_path / "junk.otel.jsonl"),
-                                      "reason": "not a journal (line 1: not JSON: Expecting value (column 1))"}]
+        assert doc["unreadable"] == [
+            {
+                "journal": str(tmp_path / "junk.otel.jsonl"),
+                "reason": "not a journal (line 1: not JSON: Expecting value (column 1))",
+            }
+        ]
 
     def test_all_adds_spans(self, capsys, tmp_path):
         stuck_in_import_job(tmp_path)
@@ -323,14 +378,16 @@ class TestBadInput:
         assert (status, err) == (0, "")
         assert lines[1].endswith("finished normally in 12.3 s (exit code 0)  [1 journal problem]")
         assert f"not read: {tmp_path / 'empty.otel.jsonl'}: empty journal: no records" in lines
-        assert any(line.startswith(f"not read: {tmp_path / 'garbage.otel.jsonl'}: not a journal (line 1: ")
-                   for line in lines)
+        assert any(
+            line.startswith(f"not read: {tmp_path / 'garbage.otel.jsonl'}: not a journal (line 1: ") for line in lines
+        )
         assert not any("notes.txt" in line for line in lines)
         status, lines, _ = inspect(capsys, str(tmp_path), "--summary")
         assert status == 0, "an unreadable file is listed but does not count"
         assert lines[0] == "4bf92f35  train  finished in 12.3 s"
-        assert lines[1:] == ["????????  empty.otel.jsonl  not read: empty journal: no records",
-                             lines[2]] and lines[2].startswith("????????  garbage.otel.jsonl  not read: not a journal")
+        assert lines[1:] == ["????????  empty.otel.jsonl  not read: empty journal: no records", lines[2]] and lines[
+            2
+        ].startswith("????????  garbage.otel.jsonl  not read: not a journal")
 
     def test_only_garbage(self, capsys, tmp_path):
         """A directory of nothing but a corrupt journal: reported, exit 0 (nothing failed that we know of)."""
@@ -355,8 +412,11 @@ class TestBadInput:
 
 
 @FUZZ
-@given(first=journal_lines, second=st.binary(max_size=200) | journal_lines.map(str.encode),
-       flags=st.sampled_from([[], ["--summary"], ["--json"], ["--all"]]))
+@given(
+    first=journal_lines,
+    second=st.binary(max_size=200) | journal_lines.map(str.encode),
+    flags=st.sampled_from([[], ["--summary"], ["--json"], ["--all"]]),
+)
 def test_fuzz_directory_never_fails(tmp_path, capsys, first, second, flags):
     """Whatever the journals hold, inspect DIR answers with an outcome status (or valid JSON), no exception."""
     for old in tmp_path.glob("*.otel.jsonl"):
@@ -384,7 +444,10 @@ class TestWatch:
         assert lines[4].startswith("rank 1 (pid ") and "is the one stuck: in import bitsandbytes for 312 s" in lines[4]
         assert re.fullmatch(r"rank 1, pid \d+: gone", lines[6])
         assert "  import bitsandbytes  OPEN for 312 s" in lines
-        assert lines[-1] == f"(the other 2 processes' trees: lora-otel inspect {tmp_path} --all)"
+        assert lines[-2] == f"(the other 2 processes' trees: lora-otel inspect {tmp_path} --all)"
+        assert lines[-1] == f"report: lora-otel report {tmp_path} -o job.html", (
+            "a stalled job ends with its report's command"
+        )
         assert "training  OPEN" not in out, "rank 0's tree is not shown"
 
     def test_exit_status_is_the_jobs_as_inspect_summary_says(self, capsys, tmp_path):
@@ -402,11 +465,17 @@ class TestWatch:
         lines = capsys.readouterr().out.splitlines()
         following = [line for line in lines if " following " in line]
         assert [re.sub(r"\d+", "N", line.split(" following")[0]) for line in following] == [
-            "[watch] N (launcher)", "[watch] N (rank N)", "[watch] N (rank N)"]
+            "[watch] N (launcher)",
+            "[watch] N (rank N)",
+            "[watch] N (rank N)",
+        ]
         assert "(rank 0) following" in following[1] and "(rank 1) following" in following[2]
         [callout] = [line for line in lines if line.startswith("[watch] job ")]
-        assert re.fullmatch(r"\[watch\] job 4bf92f35: rank 1 \(pid \d+\) is the one stuck: in import bitsandbytes "
-                            r"for 312 s, then killed \(no exit record\)", callout)
+        assert re.fullmatch(
+            r"\[watch\] job 4bf92f35: rank 1 \(pid \d+\) is the one stuck: in import bitsandbytes "
+            r"for 312 s, then killed \(no exit record\)",
+            callout,
+        )
         assert lines.index(callout) < lines.index("[watch] every process has ended")
 
 

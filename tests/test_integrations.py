@@ -10,13 +10,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from procs import PYTHON, REPO, clean_env, only_journal, run_traced, span_named
 
 pytest.importorskip("torch")
 
-QUIET = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1", WANDB_DISABLED="true",
-             TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
+QUIET = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "WANDB_DISABLED": "true",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONWARNINGS": "ignore",
+}
 
 HF_JOB = """
 import sys, torch
@@ -42,14 +46,21 @@ print("CALLBACKS=%d" % sum(type(cb).__name__ == "LoraOtelCallback" for cb in tra
 """
 
 
-def _job(tmp_path: Path, code: str, *args: str, traced: bool = True,
-         timeout: float = 180) -> subprocess.CompletedProcess:
+def _job(
+    tmp_path: Path, code: str, *args: str, traced: bool = True, timeout: float = 180
+) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(textwrap.dedent(code))
     if traced:
         r = run_traced(["job.py", *args], cwd=tmp_path, timeout=timeout, **QUIET)
     else:
-        r = subprocess.run([PYTHON, "job.py", *args], cwd=tmp_path, env=clean_env(**QUIET), capture_output=True,
-                           text=True, timeout=timeout)
+        r = subprocess.run(
+            [PYTHON, "job.py", *args],
+            cwd=tmp_path,
+            env=clean_env(**QUIET),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "internal error" not in r.stderr, r.stderr[-4000:]
     return r
@@ -77,10 +88,11 @@ class TestTransformers:
         span per epoch, rate-limited `metrics` events, progress for the beat, `accelerate` spans."""
         code = HF_JOB.format(
             imports="import transformers\nTrainer = transformers.Trainer  # lazy: importlib, not __import__\n"
-                    "print('WRAPPED=%s' % getattr(Trainer.__init__, '_lora_otel', False))\n"
-                    "TrainingArguments = transformers.TrainingArguments",
+            "print('WRAPPED=%s' % getattr(Trainer.__init__, '_lora_otel', False))\n"
+            "TrainingArguments = transformers.TrainingArguments",
             make_trainer="trainer = Trainer(model=Tiny(), args=args, train_dataset=data, eval_dataset=data[:8])",
-            after="")
+            after="",
+        )
         r = _job(tmp_path, code, str(tmp_path / "out"))
         assert "WRAPPED=True" in r.stdout and "CALLBACKS=1" in r.stdout
         assert "training started (transformers Trainer)" in r.stderr
@@ -124,12 +136,13 @@ class TestTransformers:
         records nothing: one `training`, one span per epoch."""
         code = HF_JOB.format(
             imports="from transformers import Trainer, TrainingArguments\n"
-                    "from lora_otel.integrations.transformers import LoraOtelCallback",
+            "from lora_otel.integrations.transformers import LoraOtelCallback",
             make_trainer="trainer = Trainer(model=Tiny(), args=args, train_dataset=data, eval_dataset=data[:8],\n"
-                         "                  callbacks=[LoraOtelCallback()])",
+            "                  callbacks=[LoraOtelCallback()])",
             after="print('BEFORE=%d' % sum(type(cb).__name__ == 'LoraOtelCallback' "
-                  "for cb in trainer.callback_handler.callbacks))\n"
-                  "trainer.add_callback(LoraOtelCallback())")
+            "for cb in trainer.callback_handler.callbacks))\n"
+            "trainer.add_callback(LoraOtelCallback())",
+        )
         r = _job(tmp_path, code, str(tmp_path / "out"))
         assert "BEFORE=1" in r.stdout and "CALLBACKS=2" in r.stdout
         j = only_journal(tmp_path / "lora-otel")
@@ -154,14 +167,16 @@ class TestTransformers:
         code = HF_JOB.format(
             imports="from transformers import Trainer, TrainingArguments",
             make_trainer="class Boom(Trainer):\n"
-                         "    def training_step(self, *a, **k):\n"
-                         "        if self.state.global_step == 2:\n"
-                         "            raise RuntimeError('boom at step 2')\n"
-                         "        return super().training_step(*a, **k)\n"
-                         "trainer = Boom(model=Tiny(), args=args, train_dataset=data, eval_dataset=data[:8])",
-            after="")
-        code = code.replace("trainer.train()",
-                            "try:\n    trainer.train()\nexcept RuntimeError as e:\n    print('RAISED', e)")
+            "    def training_step(self, *a, **k):\n"
+            "        if self.state.global_step == 2:\n"
+            "            raise RuntimeError('boom at step 2')\n"
+            "        return super().training_step(*a, **k)\n"
+            "trainer = Boom(model=Tiny(), args=args, train_dataset=data, eval_dataset=data[:8])",
+            after="",
+        )
+        code = code.replace(
+            "trainer.train()", "try:\n    trainer.train()\nexcept RuntimeError as e:\n    print('RAISED', e)"
+        )
         r = _job(tmp_path, code, str(tmp_path / "out"))
         assert "RAISED boom at step 2" in r.stdout
         j = only_journal(tmp_path / "lora-otel")
@@ -174,12 +189,13 @@ class TestTransformers:
         wrapped and no journal is written."""
         code = HF_JOB.format(
             imports="from transformers import Trainer, TrainingArguments\n"
-                    "from lora_otel.integrations.transformers import LoraOtelCallback\n"
-                    "import lora_otel.integrations.accelerate, lora_otel.integrations.lightning as L\n"
-                    "assert L.LoraOtelCallback.__name__ == 'LoraOtelCallback'",
+            "from lora_otel.integrations.transformers import LoraOtelCallback\n"
+            "import lora_otel.integrations.accelerate, lora_otel.integrations.lightning as L\n"
+            "assert L.LoraOtelCallback.__name__ == 'LoraOtelCallback'",
             make_trainer="trainer = Trainer(model=Tiny(), args=args, train_dataset=data, eval_dataset=data[:8],\n"
-                         "                  callbacks=[LoraOtelCallback()])",
-            after="print('WRAPPED=%s' % getattr(Trainer.__init__, '_lora_otel', False))")
+            "                  callbacks=[LoraOtelCallback()])",
+            after="print('WRAPPED=%s' % getattr(Trainer.__init__, '_lora_otel', False))",
+        )
         r = _job(tmp_path, code, str(tmp_path / "out"), traced=False)
         assert "WRAPPED=False" in r.stdout and "CALLBACKS=1" in r.stdout
         assert "[lora-otel]" not in r.stdout + r.stderr
@@ -285,8 +301,12 @@ class TestExample:
 
     def test_hf_trainer(self, tmp_path: Path) -> None:
         """`--trainer hf`: the Trainer run is recorded with the peft model's LoRA settings."""
-        r = run_traced([str(REPO / "examples" / "train_lora.py"), "--steps", "5", "--trainer", "hf"],
-                       cwd=tmp_path, timeout=180, **QUIET)
+        r = run_traced(
+            [str(REPO / "examples" / "train_lora.py"), "--steps", "5", "--trainer", "hf"],
+            cwd=tmp_path,
+            timeout=180,
+            **QUIET,
+        )
         assert r.returncode == 0, r.stderr[-4000:]
         j = only_journal(tmp_path / "lora-otel")
         a = span_named(j, "training").attrs

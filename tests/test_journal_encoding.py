@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from lora_otel._boot import core
 from lora_otel._boot.jsonl import dumps_line
 
-TEXT = st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=40) | \
-    st.sampled_from(["", '"', "\\", "\n", "\udcff", "\udcff\udcfe\udc80bad", "日本語", "a\x00b", "\u2028"])
+TEXT = st.text(
+    alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=40
+) | st.sampled_from(["", '"', "\\", "\n", "\udcff", "\udcff\udcfe\udc80bad", "日本語", "a\x00b", "\u2028"])
 
 
 def captured(monkeypatch) -> list:
@@ -33,8 +34,16 @@ def test_templates_write_what_the_encoder_writes(monkeypatch, name, status, ts) 
     out = captured(monkeypatch)
     sid = core.span_start(name, ts=ts)
     core.span_end(sid, status, ts=ts + 1)
-    start = {"v": 1, "k": "start", "ts": ts, "trace_id": core.trace_id, "span_id": sid,
-             "parent_id": core.root_id, "name": name, "attrs": {}}
+    start = {
+        "v": 1,
+        "k": "start",
+        "ts": ts,
+        "trace_id": core.trace_id,
+        "span_id": sid,
+        "parent_id": core.root_id,
+        "name": name,
+        "attrs": {},
+    }
     end = {"v": 1, "k": "end", "ts": ts + 1, "span_id": sid, "status": status}
     assert out == [dumps_line(start), dumps_line(end)]
     for line, record in zip(out, (start, end)):
@@ -48,6 +57,15 @@ def test_attributes_messages_and_odd_types_take_the_general_path(monkeypatch) ->
     sid = core.span_start("load", {"model": "tiny"}, ts=5)
     core.span_end(sid, "error", "boom", {"n": 1}, ts=6)
     assert [json.loads(line) for line in out] == [
-        {"v": 1, "k": "start", "ts": 5, "trace_id": core.trace_id, "span_id": sid, "parent_id": core.root_id,
-         "name": "load", "attrs": {"model": "tiny"}},
-        {"v": 1, "k": "end", "ts": 6, "span_id": sid, "status": "error", "message": "boom", "attrs": {"n": 1}}]
+        {
+            "v": 1,
+            "k": "start",
+            "ts": 5,
+            "trace_id": core.trace_id,
+            "span_id": sid,
+            "parent_id": core.root_id,
+            "name": "load",
+            "attrs": {"model": "tiny"},
+        },
+        {"v": 1, "k": "end", "ts": 6, "span_id": sid, "status": "error", "message": "boom", "attrs": {"n": 1}},
+    ]

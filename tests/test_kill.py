@@ -9,8 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals
+
+from lora_otel.journal.reader import read_journal
 
 # The program reports on fd 3 (unbuffered, after the fact) each stage it has *entered*; the test
 # kills it at a random moment and checks the journal has a start record for each one reported.
@@ -41,9 +42,14 @@ def test_sigkill_at_random_moments_loses_no_started_span(tmp_path: Path) -> None
         d = tmp_path / ("run%d" % run)
         d.mkdir()
         r, w = os.pipe()
-        proc = subprocess.Popen([PYTHON, str(tmp_path / "prog.py")], cwd=d, pass_fds=(w,),
-                                env=clean_env(LORA_OTEL="1", REPORT_FD=str(w), LORA_OTEL_DIR=str(d / "j")),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [PYTHON, str(tmp_path / "prog.py")],
+            cwd=d,
+            pass_fds=(w,),
+            env=clean_env(LORA_OTEL="1", REPORT_FD=str(w), LORA_OTEL_DIR=str(d / "j")),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(w)
         time.sleep(rng.uniform(0.0, 0.4))
         os.kill(proc.pid, signal.SIGKILL)

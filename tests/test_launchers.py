@@ -18,13 +18,13 @@ import signal
 import socket
 import subprocess
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
-from lora_otel.export.reader import Journal, read_journal, start_ticks_from_stat
 from procs import PYTHON, REPO, clean_env, journals
+
+from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_ACCELERATE = HAVE_TORCH and importlib.util.find_spec("accelerate") is not None
@@ -58,15 +58,25 @@ TRAIN = textwrap.dedent(f"""
 """)
 
 # Variables a launcher sets for its ranks: none may leak in from the environment running pytest.
-_LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                  "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+_LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+)
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "TORCHELASTIC_", "ACCELERATE_", "PMI_")
 
 
 def job_env(**extra: str) -> dict:
     """``clean_env`` without any launcher's rank variables, one thread per rank, plus ``extra``."""
-    env = {k: v for k, v in clean_env().items()
-           if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
+    env = {k: v for k, v in clean_env().items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
@@ -104,11 +114,13 @@ class Reaper:
         self.dirs: list = []
         self.procs: list = []
 
-    def run(self, cmd: list, cwd: Path, env: dict, dirs: list,
-            timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
+    def run(
+        self, cmd: list, cwd: Path, env: dict, dirs: list, timeout: float = JOB_TIMEOUT
+    ) -> subprocess.CompletedProcess:
         self.dirs.extend(dirs)
-        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+        p = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         self.procs.append(p)
         try:
             out, err = p.communicate(timeout=timeout)
@@ -219,17 +231,29 @@ def assert_exits(launcher: Journal, by_rank: dict, launcher_code: int = 0, rank_
 
 # --- torchrun ------------------------------------------------------------------------------------
 
+
 @needs_torch
 def test_torchrun_ranks_share_the_launchers_trace(tmp_path: Path, reaper: Reaper) -> None:
     """`LORA_OTEL=1 python -m torch.distributed.run --nproc-per-node 2 train.py`: three journals
     (torchrun's own process and both ranks), one trace, ranks below torchrun's root, rank attributes."""
     (tmp_path / "train.py").write_text(TRAIN)
     jdir = tmp_path / "j"
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           "train.py"]
-    r = reaper.run_torch_job(lambda: cmd[:cmd.index("--master-port") + 1] + [str(free_port())]
-                             + cmd[cmd.index("--master-port") + 2:], tmp_path,
-                             job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir)), [jdir])
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        "train.py",
+    ]
+    r = reaper.run_torch_job(
+        lambda: [*cmd[: cmd.index("--master-port") + 1], str(free_port()), *cmd[cmd.index("--master-port") + 2 :]],
+        tmp_path,
+        job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir)),
+        [jdir],
+    )
     assert r.returncode == 0, explain(r)
     assert "RANK_DONE 0" in r.stdout and "RANK_DONE 1" in r.stdout
     found = read_all(jdir)
@@ -250,11 +274,30 @@ def test_lora_otel_run_around_torchrun(tmp_path: Path, reaper: Reaper) -> None:
     """
     (tmp_path / "train.py").write_text(TRAIN)
     runs = tmp_path / "runs"
-    cmd = [PYTHON, "-m", "lora_otel", "run", "--dir", str(runs), "--",
-           *console_script("torchrun", "torch.distributed.run"),
-           "--nproc-per-node", "2", "--master-port", str(free_port()), "--", "train.py", "--log", "runs/a.log"]
-    r = reaper.run_torch_job(lambda: cmd[:cmd.index("--master-port") + 1] + [str(free_port())]
-                             + cmd[cmd.index("--master-port") + 2:], tmp_path, job_env(FAIL_RANK="1"), [runs])
+    cmd = [
+        PYTHON,
+        "-m",
+        "lora_otel",
+        "run",
+        "--dir",
+        str(runs),
+        "--",
+        *console_script("torchrun", "torch.distributed.run"),
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        "--",
+        "train.py",
+        "--log",
+        "runs/a.log",
+    ]
+    r = reaper.run_torch_job(
+        lambda: [*cmd[: cmd.index("--master-port") + 1], str(free_port()), *cmd[cmd.index("--master-port") + 2 :]],
+        tmp_path,
+        job_env(FAIL_RANK="1"),
+        [runs],
+    )
     assert r.returncode == 1, explain(r)  # torchrun exits 1 when a rank failed; passed through
     assert "RANK_DONE 0" in r.stdout and "RANK_DONE 1" in r.stdout
     found = read_all(runs)
@@ -268,14 +311,20 @@ def test_lora_otel_run_around_torchrun(tmp_path: Path, reaper: Reaper) -> None:
     log = (runs / "a.log").read_text(encoding="utf-8")
     assert all("started pid %d" % j.pid in log for j in by_rank.values())
     # `lora-otel inspect DIR` shows them as one job.
-    inspect = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(runs), "--json"], env=clean_env(),
-                             capture_output=True, text=True, timeout=60)
+    inspect = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "inspect", str(runs), "--json"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert inspect.returncode == 0, inspect.stderr
     jobs = json.loads(inspect.stdout)["jobs"]
     assert len(jobs) == 1 and len(jobs[0]["processes"]) == 3, jobs
 
 
 # --- accelerate launch ---------------------------------------------------------------------------
+
 
 @needs_accelerate
 def test_accelerate_launch_ranks_share_the_launchers_trace(tmp_path: Path, reaper: Reaper) -> None:
@@ -291,12 +340,35 @@ def test_accelerate_launch_ranks_share_the_launchers_trace(tmp_path: Path, reape
     jdir = tmp_path / "j"
     home = tmp_path / "home"
     home.mkdir()
-    cmd = [*console_script("accelerate", "accelerate.commands.accelerate_cli"), "launch", "--multi_gpu",
-           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "train.py"]
+    cmd = [
+        *console_script("accelerate", "accelerate.commands.accelerate_cli"),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "train.py",
+    ]
     env = job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir), HOME=str(home), HF_HOME=str(home / "hf"))
-    r = reaper.run_torch_job(lambda: cmd[:cmd.index("--main_process_port") + 1] + [str(free_port())]
-                             + cmd[cmd.index("--main_process_port") + 2:], tmp_path, env, [jdir])
+    r = reaper.run_torch_job(
+        lambda: (
+            [
+                *cmd[: cmd.index("--main_process_port") + 1],
+                str(free_port()),
+                *cmd[cmd.index("--main_process_port") + 2 :],
+            ]
+        ),
+        tmp_path,
+        env,
+        [jdir],
+    )
     assert r.returncode == 0, explain(r)
     assert "RANK_DONE 0" in r.stdout and "RANK_DONE 1" in r.stdout
     found = read_all(jdir)
@@ -310,15 +382,23 @@ def test_accelerate_launch_ranks_share_the_launchers_trace(tmp_path: Path, reape
 # --- Slurm ----------------------------------------------------------------------------------------
 
 # docs/launchers.md: what a batch script puts before `srun` so that every task shares one trace.
-SBATCH_TRACEPARENT = ('export TRACEPARENT="00-$(od -An -tx1 -N16 /dev/urandom | tr -d \' \\n\')-'
-                      '$(od -An -tx1 -N8 /dev/urandom | tr -d \' \\n\')-01"')
+SBATCH_TRACEPARENT = (
+    "export TRACEPARENT=\"00-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')-"
+    "$(od -An -tx1 -N8 /dev/urandom | tr -d ' \\n')-01\""
+)
 
 
 def run_task(tmp_path: Path, jdir: Path, **env: str) -> Journal:
     """One Slurm-like task: a plain script run with LORA_OTEL=1 and ``env``; its journal."""
     before = set(journals(jdir))
-    r = subprocess.run([PYTHON, str(tmp_path / "task.py")], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=60, env=job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir), **env))
+    r = subprocess.run(
+        [PYTHON, str(tmp_path / "task.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=job_env(LORA_OTEL="1", LORA_OTEL_DIR=str(jdir), **env),
+    )
     assert r.returncode == 0, explain(r)
     new = set(journals(jdir)) - before
     assert len(new) == 1, new
@@ -331,13 +411,25 @@ def test_slurm_task_variables_give_rank_attributes(tmp_path: Path) -> None:
     assert SBATCH_TRACEPARENT in (REPO / "docs" / "launchers.md").read_text(encoding="utf-8")
     (tmp_path / "task.py").write_text("print('task done')\n")
     jdir = tmp_path / "j"
-    tp = subprocess.run(["bash", "-c", SBATCH_TRACEPARENT + '; printf %s "$TRACEPARENT"'],
-                        capture_output=True, text=True, timeout=10, check=True).stdout
+    tp = subprocess.run(
+        ["bash", "-c", SBATCH_TRACEPARENT + '; printf %s "$TRACEPARENT"'],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
     _, trace_id, parent_id, _ = tp.split("-")
     tasks = {}
     for procid, localid in ((3, 1), (5, 1)):
-        tasks[procid] = run_task(tmp_path, jdir, SLURM_PROCID=str(procid), SLURM_LOCALID=str(localid),
-                                 SLURM_NTASKS="8", SLURM_JOB_ID="4242", TRACEPARENT=tp)
+        tasks[procid] = run_task(
+            tmp_path,
+            jdir,
+            SLURM_PROCID=str(procid),
+            SLURM_LOCALID=str(localid),
+            SLURM_NTASKS="8",
+            SLURM_JOB_ID="4242",
+            TRACEPARENT=tp,
+        )
     root = tasks[3].root.attrs
     assert (root["rank"], root["local_rank"], root["world_size"]) == (3, 1, 8)
     assert tasks[5].root.attrs["rank"] == 5
@@ -349,8 +441,16 @@ def test_slurm_task_variables_give_rank_attributes(tmp_path: Path) -> None:
 def test_torchrun_variables_win_over_slurm_ones(tmp_path: Path) -> None:
     """`srun torchrun ...`: a rank sees both; torchrun's (the global rank) win over the task's."""
     (tmp_path / "task.py").write_text("print('rank done')\n")
-    j = run_task(tmp_path, tmp_path / "j", SLURM_PROCID="1", SLURM_LOCALID="0", SLURM_NTASKS="2",
-                 RANK="9", LOCAL_RANK="1", WORLD_SIZE="16")
+    j = run_task(
+        tmp_path,
+        tmp_path / "j",
+        SLURM_PROCID="1",
+        SLURM_LOCALID="0",
+        SLURM_NTASKS="2",
+        RANK="9",
+        LOCAL_RANK="1",
+        WORLD_SIZE="16",
+    )
     attrs = j.root.attrs
     assert (attrs["rank"], attrs["local_rank"], attrs["world_size"]) == (9, 1, 16)
 
@@ -397,7 +497,8 @@ def test_python_ui_starting_accelerate_launch(tmp_path: Path, reaper: Reaper, ui
     keep their info lines off the panel (their --log file has them). A UI that runs a web server
     (gradio, uvicorn, streamlit loaded: kohya_ss, lora-scripts): each run is a trace of its own,
     linked to the UI by ``lora_otel.launched_by.*``, and its top process's `[lora-otel]` lines reach
-    the UI's log panel. The server is a stub package here (none of them is installed); the rule looks only at its name."""
+    the UI's log panel. The server is a stub package here (none of them is installed); the rule looks
+    only at its name."""
     (tmp_path / "trainer.py").write_text(TRAINER)
     (tmp_path / "ui.py").write_text(PYTHON_UI)
     (tmp_path / "runs").mkdir()

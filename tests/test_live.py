@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-from lora_otel.export.live import Follower
-from lora_otel.export.stall import parse_limits
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
+
+from lora_otel.analysis.stall import parse_limits
+from lora_otel.export.live import Follower
 
 pytestmark = pytest.mark.collector
 
@@ -57,8 +56,10 @@ def test_stalled_import_then_kill(tmp_path: Path, collector) -> None:
 
 def test_stage_that_stalls_then_recovers(tmp_path: Path, collector) -> None:
     """A stage open past its limit, then ending: the stalled export plus one "(continued)" child."""
-    proc = start_traced(tmp_path, "import lora_otel, time\nwith lora_otel.stage('load model'):\n"
-                                  "    time.sleep(2.5)\nprint('done', flush=True)\n")
+    proc = start_traced(
+        tmp_path,
+        "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(2.5)\nprint('done', flush=True)\n",
+    )
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "load model"), what="stage")
         f = follower_for(tmp_path, collector, "load model=1")
@@ -69,8 +70,11 @@ def test_stage_that_stalls_then_recovers(tmp_path: Path, collector) -> None:
         kill_and_reap(proc)
     time.sleep(0.5)
     f.poll()
-    received = wait_for(lambda: [s for s in collector.spans() if s.name == "load model (continued)"] and
-                        collector.spans(), what="continued span", timeout=10)
+    received = wait_for(
+        lambda: [s for s in collector.spans() if s.name == "load model (continued)"] and collector.spans(),
+        what="continued span",
+        timeout=10,
+    )
     ids = [s.span_id for s in received]
     assert len(ids) == len(set(ids)), "a span id was exported twice"
     stalled = [s for s in received if s.name == "load model"]
@@ -93,12 +97,20 @@ def test_lora_otel_run_exports_a_stall_and_the_kill(tmp_path: Path, collector) -
     make_module(tmp_path, "slowmod", "import os, signal, time\ntime.sleep(3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
     (tmp_path / "job.py").write_text("import slowmod\n")
     env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
-    r = subprocess.run([sys.executable, "-m", "lora_otel", "run", "--stall-after", "import=1", "--",
-                        sys.executable, "job.py"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "lora_otel", "run", "--stall-after", "import=1", "--", sys.executable, "job.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == -9, r.stderr  # the supervisor dies by the same signal
-    received = wait_for(lambda: [s for s in collector.spans() if s.name == "arguments"] and collector.spans(),
-                        what="finalised spans", timeout=10)
+    received = wait_for(
+        lambda: [s for s in collector.spans() if s.name == "arguments"] and collector.spans(),
+        what="finalised spans",
+        timeout=10,
+    )
     ids = [s.span_id for s in received]
     assert len(ids) == len(set(ids))
     by_name = {s.name: s for s in received}

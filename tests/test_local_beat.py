@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from procs import LINE_RE, PYTHON, clean_env, lora_otel_cli, wait_for
-from lora_otel.export.reader import read_journal
+
+from lora_otel.journal.reader import read_journal
 
 FAST = {"LORA_OTEL_NARRATE_S": "1", "LORA_OTEL_BEAT_S": "0.2"}
 
@@ -72,8 +72,11 @@ def stuck_import(tmp_path_factory):
     toolkit(tmp, "1000")
     proc = launch_detached(tmp, "run.py", LORA_OTEL_STALL_AFTER="import=4")
     try:
-        wait_for(lambda: messages(tmp / "log.txt", "STALLED") if (tmp / "log.txt").exists() else None,
-                 timeout=60, what="the STALLED line in log.txt")
+        wait_for(
+            lambda: messages(tmp / "log.txt", "STALLED") if (tmp / "log.txt").exists() else None,
+            timeout=60,
+            what="the STALLED line in log.txt",
+        )
         time.sleep(0.5)
         yield tmp, proc
     finally:
@@ -100,15 +103,19 @@ class TestStuckImport:
         time.sleep(1.0)
         stalled = messages(tmp / "log.txt", "STALLED")
         assert len(stalled) == 1, stalled
-        assert re.fullmatch(r"STALLED: import toolkit\.job open for 4\.\d s \(limit 4 s\) — " + re.escape(self.WHERE),
-                            stalled[0]), stalled
+        assert re.fullmatch(
+            r"STALLED: import toolkit\.job open for 4\.\d s \(limit 4 s\) — " + re.escape(self.WHERE), stalled[0]
+        ), stalled
 
     def test_beats_carry_main(self, stuck_import) -> None:
         """Every beat journals the main thread's innermost frames, outermost first, the C call last."""
         tmp, _ = stuck_import
         journal = read_journal(next((tmp / "lora-otel").glob("*.otel.jsonl")))
-        assert journal.main_frames == [["run.py", 2, "<module>"], ["toolkit/job.py", 2, "<module>"],
-                                       ["", 0, "time.sleep"]]
+        assert journal.main_frames == [
+            ["run.py", 2, "<module>"],
+            ["toolkit/job.py", 2, "<module>"],
+            ["", 0, "time.sleep"],
+        ]
         beats = [json.loads(line) for line in Path(journal.path).read_text().splitlines() if '"k":"beat"' in line]
         assert len(beats) >= 10 and all(beat["main"][:2] == journal.main_frames[:2] for beat in beats[1:])
 
@@ -121,7 +128,7 @@ class TestStuckImport:
         assert text[1].startswith("STALLED: import toolkit.job open for "), text[:3]  # the stall leads
         assert text[2] == self.WHERE, text[:3]
         doc = json.loads(lora_otel_cli("inspect", path, "--json").stdout)
-        assert doc["main_thread"]["where"] == self.WHERE[len("main thread at "):]
+        assert doc["main_thread"]["where"] == self.WHERE[len("main thread at ") :]
         assert doc["main_thread"]["frames"][-1] == ["", 0, "time.sleep"]
 
     def test_watch_says_main_thread_at(self, stuck_import) -> None:
@@ -166,17 +173,22 @@ def test_a_download_frozen_between_stages_under_lora_otel_run(tmp_path: Path) ->
     (tmp_path / "job.py").write_text(JOB_PY)
     log = tmp_path / "log.txt"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([PYTHON, "-m", "lora_otel", "run", "--stall-after", "between=4", "--", PYTHON, "job.py"],
-                                cwd=tmp_path, env=clean_env(**FAST), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "lora_otel", "run", "--stall-after", "between=4", "--", PYTHON, "job.py"],
+            cwd=tmp_path,
+            env=clean_env(**FAST),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         stalled = wait_for(lambda: messages(log, "STALLED"), timeout=90, what="the STALLED line")
         quiet = messages(log, "no stage open for ")
         assert quiet and all(" since import torch ended — main thread at " in line for line in quiet), quiet
         assert re.search(r"socket\.py:\d+ in readinto → self\._sock\.recv_into$", quiet[0]), quiet[0]
         assert len(stalled) == 1 and re.match(
-            r"STALLED: no stage open for 4\.\d s since import torch ended \(limit 4 s\) — main thread at ",
-            stalled[0]), stalled
+            r"STALLED: no stage open for 4\.\d s since import torch ended \(limit 4 s\) — main thread at ", stalled[0]
+        ), stalled
         journal = read_journal(next((tmp_path / "lora-otel").glob("*.otel.jsonl")))
         assert journal.config["stall_after"] == "between=4"
         text = lora_otel_cli("inspect", journal.path).stdout
@@ -219,8 +231,12 @@ def test_limits_and_stderr_recorded_at_start_and_a_bad_value_said_once(tmp_path:
     assert proc.wait(timeout=60) == 0
     log = tmp_path / "log.txt"
     bad = [msg for _, msg in lora_lines(log) if "LORA_OTEL_STALL_AFTER" in msg]
-    assert len(bad) == 1 and bad[0].startswith("LORA_OTEL_STALL_AFTER='abc': ") and \
-        "using the default limits (arguments 60 s, import 120 s" in bad[0] and "between 120 s" in bad[0], bad
+    assert (
+        len(bad) == 1
+        and bad[0].startswith("LORA_OTEL_STALL_AFTER='abc': ")
+        and "using the default limits (arguments 60 s, import 120 s" in bad[0]
+        and "between 120 s" in bad[0]
+    ), bad
     path = next((tmp_path / "lora-otel").glob("*.otel.jsonl"))
     root = json.loads(path.read_text().splitlines()[0])
     assert root["config"]["stall_after"] == "abc" and root["config"]["frozen_after"] == "30"

@@ -13,16 +13,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 from test_hangs import make_module
+
+from lora_otel.journal.reader import read_journal
 
 FROZEN_MOD = "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n"
 
@@ -31,8 +30,14 @@ def launch(tmp_path: Path, script: str, **env: str) -> subprocess.Popen:
     """``python job.py --log run.log > log.txt 2>&1``, in its own session, as a UI starts a job."""
     (tmp_path / "job.py").write_text(script, encoding="utf-8")
     with open(tmp_path / "log.txt", "wb") as out:
-        return subprocess.Popen([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, stdout=out,
-                                stderr=subprocess.STDOUT, env=clean_env(LORA_OTEL="1", **env), start_new_session=True)
+        return subprocess.Popen(
+            [PYTHON, "job.py", "--log", "run.log"],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=clean_env(LORA_OTEL="1", **env),
+            start_new_session=True,
+        )
 
 
 def text(path: Path) -> str:
@@ -46,9 +51,14 @@ def journal_of(tmp_path: Path):
 
 
 def sidecar_of(tmp_path: Path) -> int:
-    return wait_for(lambda: (tmp_path / "run.log.otel.jsonl").exists() and
-                    journal_of(tmp_path).root is not None and
-                    journal_of(tmp_path).root.attrs.get("lora_otel.sidecar.pid"), what="the sidecar's pid")
+    return wait_for(
+        lambda: (
+            (tmp_path / "run.log.otel.jsonl").exists()
+            and journal_of(tmp_path).root is not None
+            and journal_of(tmp_path).root.attrs.get("lora_otel.sidecar.pid")
+        ),
+        what="the sidecar's pid",
+    )
 
 
 def gone(pid: int) -> bool:
@@ -71,8 +81,11 @@ def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
     make_module(tmp_path, "frozenmod", FROZEN_MOD)
     proc = launch(tmp_path, "import frozenmod\n", LORA_OTEL_FROZEN_AFTER="2")
     try:
-        line = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
-                        timeout=30, what="the STALLED line in log.txt")[0]
+        line = wait_for(
+            lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
+            timeout=30,
+            what="the STALLED line in log.txt",
+        )[0]
         assert proc.poll() is None
         assert line.startswith("[lora-otel][%d][" % proc.pid), line
         assert "import frozenmod open for" in line and "frozen (no beat for 2.0 s)" in line
@@ -87,13 +100,19 @@ def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
 
 def test_sigstop_is_called_stalled(tmp_path: Path) -> None:
     """SIGSTOP in a stage: the STALLED line says the process is stopped; it is written once."""
-    proc = launch(tmp_path, "import lora_otel, time\nwith lora_otel.stage('load data'):\n    time.sleep(60)\n",
-                  LORA_OTEL_FROZEN_AFTER="2")
+    proc = launch(
+        tmp_path,
+        "import lora_otel, time\nwith lora_otel.stage('load data'):\n    time.sleep(60)\n",
+        LORA_OTEL_FROZEN_AFTER="2",
+    )
     try:
         wait_for(lambda: any(s.name == "load data" for s in journal_of(tmp_path).spans), what="the stage")
         os.kill(proc.pid, signal.SIGSTOP)
-        line = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
-                        timeout=30, what="the STALLED line")[0]
+        line = wait_for(
+            lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
+            timeout=30,
+            what="the STALLED line",
+        )[0]
         assert "load data open for" in line and "The process is stopped (SIGSTOP" in line, line
         time.sleep(1.5)
         assert text(tmp_path / "run.log").count("STALLED:") == 1
@@ -106,15 +125,22 @@ def test_sigkill_death_line_and_eof_at_once(tmp_path: Path) -> None:
     """SIGKILL in a stage: a launcher reading the job's stderr pipe gets end-of-file right after
     the job dies (the watchdog holds nothing of it); the death line lands in --log, and the journal
     gets a `died` stall record."""
-    (tmp_path / "job.py").write_text("import lora_otel, time\nwith lora_otel.stage('load model'):\n"
-                                     "    time.sleep(60)\n")
-    proc = subprocess.Popen([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=clean_env(LORA_OTEL="1"))
+    (tmp_path / "job.py").write_text(
+        "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [PYTHON, "job.py", "--log", "run.log"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(LORA_OTEL="1"),
+    )
     eof_at = []
 
     def read_all() -> None:
         proc.stderr.read()
         eof_at.append(time.monotonic())
+
     reader = threading.Thread(target=read_all, daemon=True)
     reader.start()
     try:
@@ -128,10 +154,16 @@ def test_sigkill_death_line_and_eof_at_once(tmp_path: Path) -> None:
         assert eof_at, "the launcher never saw end-of-file"
         print("EOF %.3f s after SIGKILL" % (eof_at[0] - killed))
         assert eof_at[0] - killed < 1.0
-        line = wait_for(lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
-                        timeout=15, what="the death line in run.log")[0]
+        line = wait_for(
+            lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
+            timeout=15,
+            what="the death line in run.log",
+        )[0]
         assert line.startswith("[lora-otel][%d][" % proc.pid)
-        assert "process %d was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit) in load model after" % proc.pid in line, line
+        assert (
+            "process %d was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit) in load model after" % proc.pid
+            in line
+        ), line
         wait_for(lambda: gone(side), timeout=10, what="the sidecar to exit")
         [record] = journal_of(tmp_path).stalls
         assert record["kind"] == "died" and record["stage"] == "load model"
@@ -147,17 +179,27 @@ def test_oom_killer_death_line(tmp_path: Path) -> None:
     from test_sidecar import _make_memory_cgroup
 
     cg = _make_memory_cgroup(200 * 2**20)
-    (tmp_path / "job.py").write_text("import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(1.5)\n"
-                                     "    hog = []\n    while True:\n        hog.append(bytearray(16 * 2**20))\n")
+    (tmp_path / "job.py").write_text(
+        "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(1.5)\n"
+        "    hog = []\n    while True:\n        hog.append(bytearray(16 * 2**20))\n"
+    )
     try:
         with open(tmp_path / "log.txt", "wb") as out:
-            proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py --log run.log',
-                                     str(cg), PYTHON], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py --log run.log', str(cg), PYTHON],
+                cwd=tmp_path,
+                env=clean_env(LORA_OTEL="1"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL
-        line = wait_for(lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
-                        timeout=15, what="the death line")[0]
+        line = wait_for(
+            lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
+            timeout=15,
+            what="the death line",
+        )[0]
         assert "process %d was killed by the OOM killer in load model after" % proc.pid in line, line
         assert line in text(tmp_path / "log.txt")
     finally:
@@ -178,7 +220,7 @@ def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
         procs = [p for job in doc["jobs"] for p in job["processes"]] if "jobs" in doc else [doc]
         [record] = [s for p in procs for s in p.get("stalls", [])]
         assert record["kind"] == "alive" and record["stage"] == "import slowmod" and record["limit_s"] == 1.0
-        assert record["span_id"] == [s for s in journal_of(tmp_path).spans if s.name == "import slowmod"][0].span_id
+        assert record["span_id"] == next(s for s in journal_of(tmp_path).spans if s.name == "import slowmod").span_id
         assert record["diagnosis"] and record["evidence"]["process.state"]
     finally:
         stop(proc)
@@ -187,8 +229,11 @@ def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
 def test_between_stages_stall(tmp_path: Path) -> None:
     """No stage open after the arguments were parsed (the program's own code hangs, as a download
     frozen at 0 B/s): with `between=2` a `between` stall record names the stage that ended last."""
-    proc = launch(tmp_path, "import argparse, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
-                  "time.sleep(60)\n", LORA_OTEL_STALL_AFTER="between=2")
+    proc = launch(
+        tmp_path,
+        "import argparse, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\ntime.sleep(60)\n",
+        LORA_OTEL_STALL_AFTER="between=2",
+    )
     try:
         [record] = wait_for(lambda: journal_of(tmp_path).stalls, timeout=30, what="the stall record")
         assert record["kind"] == "between" and record["span_id"] is None and record["stage"] == "between stages"
@@ -203,23 +248,43 @@ def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
     limit (30 s, far below the default 120 s) it is called stalled; the record says what was learned."""
     make_module(tmp_path, "quickmod", "import os, time\nif os.environ.get('HANG'):\n    time.sleep(120)\n")
     for _ in range(3):
-        r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                           capture_output=True, timeout=60) if (tmp_path / "job.py").exists() else None
+        r = (
+            subprocess.run(
+                [PYTHON, "job.py", "--log", "run.log"],
+                cwd=tmp_path,
+                env=clean_env(LORA_OTEL="1"),
+                capture_output=True,
+                timeout=60,
+            )
+            if (tmp_path / "job.py").exists()
+            else None
+        )
         if r is None:
             (tmp_path / "job.py").write_text("import quickmod\n")
-            r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                               capture_output=True, timeout=60)
+            r = subprocess.run(
+                [PYTHON, "job.py", "--log", "run.log"],
+                cwd=tmp_path,
+                env=clean_env(LORA_OTEL="1"),
+                capture_output=True,
+                timeout=60,
+            )
         assert r.returncode == 0
     (tmp_path / "run.log").unlink()
     os.rename(tmp_path / "run.log.otel.jsonl", tmp_path / "earlier.otel.jsonl")
     started = time.monotonic()
     proc = launch(tmp_path, "import quickmod\n", HANG="1")
     try:
-        slow = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "so far, usually" in x],
-                        timeout=30, what="the slow line")[0]
+        slow = wait_for(
+            lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "so far, usually" in x],
+            timeout=30,
+            what="the slow line",
+        )[0]
         assert "import quickmod: 10 s so far, usually" in slow and "over the last 3 runs" in slow, slow
-        line = wait_for(lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
-                        timeout=45, what="the STALLED line")[0]
+        line = wait_for(
+            lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
+            timeout=45,
+            what="the STALLED line",
+        )[0]
         print("learned limit: called stalled %.1f s after the job started" % (time.monotonic() - started))
         assert "import quickmod open for" in line and "learned from the last 3 runs" in line, line
         [record] = journal_of(tmp_path).stalls
@@ -234,12 +299,17 @@ def test_exported_stall_matches_the_journal(tmp_path: Path, collector) -> None:
     """With a collector, the live follower appends the same stall record: the exported stall's kind,
     stage and diagnosis are the journal's."""
     make_module(tmp_path, "slowmod", "import time\ntime.sleep(60)\n")
-    proc = launch(tmp_path, "import slowmod\n", LORA_OTEL_STALL_AFTER="import=1",
-                  OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
+    proc = launch(
+        tmp_path,
+        "import slowmod\n",
+        LORA_OTEL_STALL_AFTER="import=1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
+    )
     try:
         [record] = wait_for(lambda: journal_of(tmp_path).stalls, timeout=30, what="the stall record")
-        span = wait_for(lambda: {s.name: s for s in collector.spans()}.get("import slowmod"), timeout=30,
-                        what="the exported stall")
+        span = wait_for(
+            lambda: {s.name: s for s in collector.spans()}.get("import slowmod"), timeout=30, what="the exported stall"
+        )
     finally:
         stop(proc)
     assert record["by"] == "sidecar" and record["kind"] == span.attributes["lora_otel.stall.kind"] == "alive"
@@ -252,14 +322,34 @@ def test_local_mode_imports_no_opentelemetry(tmp_path: Path) -> None:
     """Without an endpoint the sidecar never imports the OpenTelemetry SDK (-X importtime of the
     sidecar itself, following a finished job); LORA_OTEL_LIVE=0 starts none."""
     (tmp_path / "job.py").write_text("pass\n")
-    r = subprocess.run([PYTHON, "job.py", "--log", "run.log"], cwd=tmp_path, env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0"),
-                       capture_output=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "job.py", "--log", "run.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0"),
+        capture_output=True,
+        timeout=60,
+    )
     assert r.returncode == 0
     j = journal_of(tmp_path)
     assert "lora_otel.sidecar.pid" not in j.root.attrs and not list(tmp_path.glob("*.sidecar.log"))
-    r = subprocess.run([PYTHON, "-X", "importtime", "-m", "lora_otel.export.sidecar", "--journal",
-                        str(tmp_path / "run.log.otel.jsonl"), "--pid", str(j.pid)], cwd=tmp_path,
-                       env=clean_env(LORA_OTEL_SIDECAR="1"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            PYTHON,
+            "-X",
+            "importtime",
+            "-m",
+            "lora_otel.export.sidecar",
+            "--journal",
+            str(tmp_path / "run.log.otel.jsonl"),
+            "--pid",
+            str(j.pid),
+        ],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL_SIDECAR="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "lora_otel.export.watchdog" in r.stderr and "local mode" in r.stderr
     assert "opentelemetry" not in r.stderr, [x for x in r.stderr.splitlines() if "opentelemetry" in x][:3]
@@ -282,7 +372,7 @@ def test_recorded_limits_apply_unless_the_command_line_says_otherwise(journal) -
 def test_between_limit_in_stall_rules(journal) -> None:
     """`between=` is a limit like the others: with only `process` open, the time since the last
     stage ended counts against it (default 120 s)."""
-    from lora_otel.export.stall import DEFAULT_LIMITS_S, detect, parse_limits
+    from lora_otel.analysis.stall import DEFAULT_LIMITS_S, detect, parse_limits
 
     assert DEFAULT_LIMITS_S["between"] == 120 and parse_limits("between=30")["between"] == 30
     journal.process(0, alive=True, config={"stall_after": None, "frozen_after": "1e12"})
@@ -307,9 +397,15 @@ def test_watchdog_writes_only_to_the_log_recorded_at_start(tmp_path: Path) -> No
         "core.span_attrs(core.root_id, {'lora_otel.log.path': sys.argv[3]})\n"
         "with lora_otel.stage('ALL=(ALL) NOPASSWD: ALL'):\n"
         "    time.sleep(0.5)\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n")
-    r = subprocess.run([PYTHON, "job.py", "--log", "run.log", str(victim)], cwd=tmp_path, capture_output=True,
-                       env=clean_env(LORA_OTEL="1"), timeout=60)
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "job.py", "--log", "run.log", str(victim)],
+        cwd=tmp_path,
+        capture_output=True,
+        env=clean_env(LORA_OTEL="1"),
+        timeout=60,
+    )
     assert r.returncode == -signal.SIGKILL
     wait_for(lambda: "was killed" in text(tmp_path / "run.log"), timeout=15, what="the death line in run.log")
     time.sleep(1)
@@ -322,8 +418,12 @@ def test_a_quiet_service_is_not_called_stalled(tmp_path: Path) -> None:
     watchdog writes no stall record, sends no stack request and prints no STALLED line, as the
     job's own narration stays quiet (found by the hostile trial: at 60 s the service was called
     stalled in `arguments` and signalled)."""
-    proc = launch(tmp_path, "import select, socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(1)\n"
-                  "select.select([s], [], [], 6)\n", LORA_OTEL_STALL_AFTER="arguments=1,between=1")
+    proc = launch(
+        tmp_path,
+        "import select, socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(1)\n"
+        "select.select([s], [], [], 6)\n",
+        LORA_OTEL_STALL_AFTER="arguments=1,between=1",
+    )
     try:
         assert proc.wait(timeout=60) == 0
     finally:
@@ -363,12 +463,18 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
     try:
         env = clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER="load model=4")
         with open(tmp_path / "log.txt", "wb") as out:
-            proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py --log run.log',
-                                     str(cg), PYTHON], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py --log run.log', str(cg), PYTHON],
+                cwd=tmp_path,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         assert proc.wait(timeout=120) == 0, text(tmp_path / "log.txt")
-        [record] = wait_for(lambda: read_journal(tmp_path / "run.log.otel.jsonl").stalls, timeout=15,
-                            what="the stall record")
+        [record] = wait_for(
+            lambda: read_journal(tmp_path / "run.log.otel.jsonl").stalls, timeout=15, what="the stall record"
+        )
         assert record["stage"] == "load model" and record["kind"] == "alive"
         assert record["diagnosis"].startswith("Loading is slowed by memory reclaim"), record
         assert "major page faults/s" in record["diagnosis"] and "memory limit of 50 MB" in record["diagnosis"]  # 48 MiB
@@ -377,3 +483,32 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
     finally:
         wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), what="the cgroup to empty")
         cg.rmdir()
+
+
+def test_one_watchdog_per_job_also_with_a_bad_endpoint(tmp_path: Path) -> None:
+    """A job whose OTEL_EXPORTER_OTLP_ENDPOINT is not a URL (dropped with one line) still has one
+    sidecar for the job: a child process joins its parent's (the registry once went into a copy
+    of the environment, so every child started a sidecar of its own)."""
+    import subprocess as sp
+
+    from procs import PYTHON, clean_env, journals
+
+    from lora_otel.journal.reader import read_journal
+
+    (tmp_path / "job.py").write_text(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+    )
+    r = sp.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT="collector:4317"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT is not an http(s) URL" in r.stderr
+    found = [read_journal(p) for p in journals(tmp_path)]
+    assert len(found) == 2
+    pids = {j.root.attrs.get("lora_otel.sidecar.pid") for j in found}
+    assert len(pids) == 1 and None not in pids, pids

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FUZZ, journal_lines
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import FUZZ, journal_lines
-from lora_otel.export.reader import (
+from lora_otel.journal.reader import (
     JournalError,
     format_duration,
     process_state,
@@ -79,8 +79,15 @@ class TestSpans:
         """A second start record with a known span_id is reported and ignored."""
         journal.process()
         span_id = journal.start("first", 1.0)
-        journal.record("start", 2.0, trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id=span_id,
-                       parent_id=journal.root_id, name="second", attrs={})
+        journal.record(
+            "start",
+            2.0,
+            trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+            span_id=span_id,
+            parent_id=journal.root_id,
+            name="second",
+            attrs={},
+        )
         j = journal.read()
         assert [s.name for s in j.spans] == ["process", "first"]
         assert j.problems == [f"line 3: duplicate start of span {span_id} ('second'); the first ('first') is kept"]
@@ -92,8 +99,10 @@ class TestSpans:
         journal.end("00000000deadbeef", 1.0)
         journal.end(span_id, 2.0)
         j = journal.read()
-        assert j.problems == ["line 4: end for unknown span 00000000deadbeef",
-                              f"line 5: second end of span {span_id} ('import os'); the first is kept"]
+        assert j.problems == [
+            "line 4: end for unknown span 00000000deadbeef",
+            f"line 5: second end of span {span_id} ('import os'); the first is kept",
+        ]
         assert j.spans[1].end_ns == journal.ns(0.2)
 
     def test_traceparent_parent_and_unsampled(self, journal):
@@ -135,16 +144,19 @@ class TestDamage:
         assert j.beats == 2
         assert len(j.problems) == 1 and j.problems[0].startswith("line 3: not JSON: ")
 
-    @pytest.mark.parametrize(("record", "problem"), [
-        ({"v": 1, "k": "x", "ts": 1}, "unknown record kind 'x'"),
-        ({"v": 1, "k": "end", "ts": 1}, "'end' record has no 'span_id'"),
-        ({"k": "beat", "ts": 1, "steps": 1}, "record has no 'v'"),
-        ({"v": 1, "k": "beat", "ts": "soon", "steps": 1}, "'ts' is not an integer: 'soon'"),
-        ({"v": 1, "k": "beat", "ts": -1, "steps": 1}, "'ts' out of range: -1"),
-        ({"v": 0, "k": "beat", "ts": 1, "steps": 1}, "unknown format version 0"),
-        ({"v": 1, "k": "end", "ts": 1, "span_id": "XYZ"}, "'span_id' is not 16 lowercase hex digits: 'XYZ'"),
-        ([1, 2], "not a record (a JSON list, not an object)"),
-    ])
+    @pytest.mark.parametrize(
+        ("record", "problem"),
+        [
+            ({"v": 1, "k": "x", "ts": 1}, "unknown record kind 'x'"),
+            ({"v": 1, "k": "end", "ts": 1}, "'end' record has no 'span_id'"),
+            ({"k": "beat", "ts": 1, "steps": 1}, "record has no 'v'"),
+            ({"v": 1, "k": "beat", "ts": "soon", "steps": 1}, "'ts' is not an integer: 'soon'"),
+            ({"v": 1, "k": "beat", "ts": -1, "steps": 1}, "'ts' out of range: -1"),
+            ({"v": 0, "k": "beat", "ts": 1, "steps": 1}, "unknown format version 0"),
+            ({"v": 1, "k": "end", "ts": 1, "span_id": "XYZ"}, "'span_id' is not 16 lowercase hex digits: 'XYZ'"),
+            ([1, 2], "not a record (a JSON list, not an object)"),
+        ],
+    )
     def test_invalid_record_reported(self, journal, record, problem):
         """A JSON line that is not a valid record is skipped, with the reason and its line number."""
         journal.process()
@@ -239,12 +251,22 @@ class TestProcessState:
 
     def test_without_start_ticks_pid_existence_decides(self, journal):
         """With start_ticks null, a live pid counts as running and a dead one as gone."""
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True)
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+        )
         for pid, state in ((os.getpid(), "running"), (int(dead.stdout), "gone")):
             journal.path.write_bytes(b"")
-            journal.record("start", 0, trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="0000000000000001",
-                           parent_id=None, name="process", pid=pid, start_ticks=None, attrs={})
+            journal.record(
+                "start",
+                0,
+                trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+                span_id="0000000000000001",
+                parent_id=None,
+                name="process",
+                pid=pid,
+                start_ticks=None,
+                attrs={},
+            )
             assert process_state(journal.read()) == state
 
     def test_comm_with_spaces_and_parentheses(self, tmp_path):
@@ -260,9 +282,23 @@ class TestProcessState:
             ticks = start_ticks_from_stat(stat)
             assert ticks == int(stat.rsplit(")", 1)[1].split()[19])
             path = tmp_path / "j.otel.jsonl"
-            path.write_text(json.dumps({"v": 1, "k": "start", "ts": 1, "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
-                                        "span_id": "0000000000000001", "parent_id": None, "name": "process",
-                                        "pid": child.pid, "start_ticks": ticks, "attrs": {}}) + "\n")
+            path.write_text(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "k": "start",
+                        "ts": 1,
+                        "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+                        "span_id": "0000000000000001",
+                        "parent_id": None,
+                        "name": "process",
+                        "pid": child.pid,
+                        "start_ticks": ticks,
+                        "attrs": {},
+                    }
+                )
+                + "\n"
+            )
             assert process_state(read_journal(path)) == "running"
         finally:
             child.kill()
@@ -278,9 +314,18 @@ class TestProcessState:
 
 def test_format_duration():
     """Durations read naturally: milliseconds under a second, three digits, whole seconds from 100."""
-    cases = {0: "0 ms", 14_000_000: "14 ms", 400_000_000: "400 ms", 2_310_000_000: "2.31 s",
-             12_300_000_000: "12.3 s", 45_000_000_000: "45 s", 312_400_000_000: "312 s", -5: "0 ms",
-             999_700_000: "1000 ms", 50_000: "0.05 ms"}
+    cases = {
+        0: "0 ms",
+        14_000_000: "14 ms",
+        400_000_000: "400 ms",
+        2_310_000_000: "2.31 s",
+        12_300_000_000: "12.3 s",
+        45_000_000_000: "45 s",
+        312_400_000_000: "312 s",
+        -5: "0 ms",
+        999_700_000: "1000 ms",
+        50_000: "0.05 ms",
+    }
     assert {ns: format_duration(ns) for ns in cases} == cases
 
 
@@ -309,7 +354,7 @@ def test_fuzz_records_never_raise(tmp_path, text):
 def test_tail_reads_only_what_was_added_and_bounds_events(journal) -> None:
     """JournalTail: appended records show up on the next read, a partial last line waits for its
     newline, and with max_events a span keeps its first and latest events and counts the rest."""
-    from lora_otel.export.reader import EVENTS_DROPPED, JournalTail
+    from lora_otel.journal.reader import EVENTS_DROPPED, JournalTail
 
     root = journal.process()
     tail = JournalTail(journal.path, max_events=4)
@@ -331,7 +376,7 @@ def test_tail_survives_copytruncate(journal) -> None:
     """The journal is cut to 0 bytes under the follower (logrotate's copytruncate) while spans are
     open; the writer appends at the new start: the open spans still end, the root is still known,
     nothing read before comes back, and the cut is reported once."""
-    from lora_otel.export.reader import JournalTail
+    from lora_otel.journal.reader import JournalTail
 
     root = journal.process()
     done = journal.span("first", 0.1, 0.1)
@@ -353,7 +398,7 @@ def test_tail_survives_copytruncate(journal) -> None:
 
 def test_tail_reads_a_replaced_file_from_the_top(journal, tmp_path) -> None:
     """Another file moved onto the journal's name is read from its start, as a new journal."""
-    from lora_otel.export.reader import JournalTail
+    from lora_otel.journal.reader import JournalTail
 
     journal.process()
     journal.span("old", 0.1, 0.1)
@@ -371,7 +416,7 @@ def test_tail_follows_a_file_renamed_by_rotation(journal, tmp_path) -> None:
     """``mv run.otel.jsonl run.otel.jsonl.1`` under the follower (rotation by rename), then a new
     empty file at the name: the follower keeps reading the renamed file, where the writer goes on
     appending; no problem is reported."""
-    from lora_otel.export.reader import JournalTail
+    from lora_otel.journal.reader import JournalTail
 
     root = journal.process()
     tail = JournalTail(journal.path)

@@ -64,8 +64,7 @@ VALUE_CORPUS = [
     ("aws sts key id in text", f"id {AWS_STS_ID}, region us-east-1", f"id {R}, region us-east-1"),
     ("jwt", f"token: {JWT}", f"token: {R}"),
     ("jwt without signature", "eyJhbGciOiJub25lIn0.eyJzdWIiOiIxIn0.", R),
-    ("github classic pat", f"git push https://{GHP}@github.com/o/r.git",
-     f"git push https://{R}@github.com/o/r.git"),
+    ("github classic pat", f"git push https://{GHP}@github.com/o/r.git", f"git push https://{R}@github.com/o/r.git"),
     ("github app token", GHS, R),
     ("github fine-grained pat", GH_PAT, R),
     ("slack bot token", f"slack={SLACK}", f"slack={R}"),
@@ -73,32 +72,62 @@ VALUE_CORPUS = [
     ("bearer header value", "Authorization: Bearer abcDEF123456789", f"Authorization: Bearer {R}"),
     ("bearer percent-encoded", "Authorization=Bearer%20abcDEF123456789", f"Authorization=Bearer%20{R}"),
     ("url password", "https://user:s3cr3t@example.com/path", f"https://{R}@example.com/path"),
-    ("database url password", "postgres://trainer:hunter2@db.internal:5432/runs",
-     f"postgres://{R}@db.internal:5432/runs"),
+    (
+        "database url password",
+        "postgres://trainer:hunter2@db.internal:5432/runs",
+        f"postgres://{R}@db.internal:5432/runs",
+    ),
     ("redis url empty user", "redis://:p4ss@localhost:6379/0", f"redis://{R}@localhost:6379/0"),
     ("url password with @", "https://u:p@ss@host/x", f"https://{R}@host/x"),
     # issue 12 item 8: URLs lose their whole user-info, the user part too
     ("s3 url user part", "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/key", f"s3://{R}@bucket/key"),
-    ("otlp endpoint user-info and api_key", "http://alice:pw@127.0.0.1:4318/v1/traces?api_key=abc123",
-     f"http://{R}@127.0.0.1:4318/v1/traces?api_key={R}"),
-    ("slack webhook url (its path is the credential)",
-     "--webhook https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXXXXXXXXXX",
-     f"--webhook https://hooks.slack.com/services/{R}"),
-    ("discord webhook url", "https://discord.com/api/webhooks/123456/abcdefTOKENxyz?wait=true",
-     f"https://discord.com/api/webhooks/{R}?wait=true"),
-    ("teams webhook url", "https://acme.webhook.office.com/webhookb2/0000-1111@2222/IncomingWebhook/abc/def",
-     f"https://acme.webhook.office.com/webhookb2/{R}"),
+    (
+        "otlp endpoint user-info and api_key",
+        "http://alice:pw@127.0.0.1:4318/v1/traces?api_key=abc123",
+        f"http://{R}@127.0.0.1:4318/v1/traces?api_key={R}",
+    ),
+    (
+        "slack webhook url (its path is the credential)",
+        "--webhook https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXXXXXXXXXX",
+        f"--webhook https://hooks.slack.com/services/{R}",
+    ),
+    (
+        "discord webhook url",
+        "https://discord.com/api/webhooks/123456/abcdefTOKENxyz?wait=true",
+        f"https://discord.com/api/webhooks/{R}?wait=true",
+    ),
+    (
+        "teams webhook url",
+        "https://acme.webhook.office.com/webhookb2/0000-1111@2222/IncomingWebhook/abc/def",
+        f"https://acme.webhook.office.com/webhookb2/{R}",
+    ),
     ("url user name", "https://user@example.com/x", f"https://{R}@example.com/x"),
-    ("token as url user name", "https://0123456789abcdef0123456789abcdef01234567@github.com/o/r",
-     f"https://{R}@github.com/o/r"),
+    (
+        "token as url user name",
+        "https://0123456789abcdef0123456789abcdef01234567@github.com/o/r",
+        f"https://{R}@github.com/o/r",
+    ),
     ("query token", "https://h.example/dl?token=abc123&x=1", f"https://h.example/dl?token={R}&x=1"),
-    ("query access_token in fragment", "https://app/cb#access_token=zzz&state=ok",
-     f"https://app/cb#access_token={R}&state=ok"),
-    ("s3 presigned url", "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAX%2F2024&X-Amz-Signature=deadbeef&X-Amz-Expires=60",
-     f"https://b.s3.amazonaws.com/k?X-Amz-Credential={R}&X-Amz-Signature={R}&X-Amz-Expires=60"),
-    ("azure sas sig", "https://acct.blob.core.windows.net/c/b?sv=2022&sig=AbC%2Bd%3D&se=2030",
-     f"https://acct.blob.core.windows.net/c/b?sv=2022&sig={R}&se=2030"),
-    ("google key param", f"https://maps.googleapis.com/api?key=k123&q=x", f"https://maps.googleapis.com/api?key={R}&q=x"),
+    (
+        "query access_token in fragment",
+        "https://app/cb#access_token=zzz&state=ok",
+        f"https://app/cb#access_token={R}&state=ok",
+    ),
+    (
+        "s3 presigned url",
+        "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAX%2F2024&X-Amz-Signature=deadbeef&X-Amz-Expires=60",
+        f"https://b.s3.amazonaws.com/k?X-Amz-Credential={R}&X-Amz-Signature={R}&X-Amz-Expires=60",
+    ),
+    (
+        "azure sas sig",
+        "https://acct.blob.core.windows.net/c/b?sv=2022&sig=AbC%2Bd%3D&se=2030",
+        f"https://acct.blob.core.windows.net/c/b?sv=2022&sig={R}&se=2030",
+    ),
+    (
+        "google key param",
+        "https://maps.googleapis.com/api?key=k123&q=x",
+        f"https://maps.googleapis.com/api?key={R}&q=x",
+    ),
     ("two secrets", f"{HF} and {OPENAI}", f"{R} and {R}"),
     # --- near-misses that must stay untouched
     ("plain path", "/home/user/.cache/huggingface/hub", "/home/user/.cache/huggingface/hub"),
@@ -108,8 +137,11 @@ VALUE_CORPUS = [
     ("sk-learn is not a key", "sk-learn-compatible-estimator-wrapper", "sk-learn-compatible-estimator-wrapper"),
     ("AKIA prefix too long", "AKIAIOSFODNN7EXAMPLEXX", "AKIAIOSFODNN7EXAMPLEXX"),
     ("ASIA the continent", "ASIA-PACIFIC region", "ASIA-PACIFIC region"),
-    ("url without userinfo", "https://huggingface.co/models?search=llama&sort=downloads",
-     "https://huggingface.co/models?search=llama&sort=downloads"),
+    (
+        "url without userinfo",
+        "https://huggingface.co/models?search=llama&sort=downloads",
+        "https://huggingface.co/models?search=llama&sort=downloads",
+    ),
     ("database url no creds", "sqlite:///data/runs.db", "sqlite:///data/runs.db"),
     ("bearer in prose", "the bearer instrument", "the bearer instrument"),
     ("query tokenizer param", "http://h/x?tokenizer=gpt2&max_tokens=10", "http://h/x?tokenizer=gpt2&max_tokens=10"),
@@ -126,25 +158,40 @@ TEXT_CORPUS = [
     ("dict repr", "config={'hf_token': 'abc', 'lr': 0.001}", f"config={{'hf_token': '{R}', 'lr': 0.001}}"),
     ("json pair", '{"api_key": "k-123", "model": "gpt2"}', f'{{"api_key": "{R}", "model": "gpt2"}}'),
     ("environ subscript", "os.environ['WANDB_API_KEY']='0123abcd'", f"os.environ['WANDB_API_KEY']='{R}'"),
-    ("logged command line", "started: python train.py --hf_token abc --lr 1e-4",
-     f"started: python train.py --hf_token {R} --lr 1e-4"),
+    (
+        "logged command line",
+        "started: python train.py --hf_token abc --lr 1e-4",
+        f"started: python train.py --hf_token {R} --lr 1e-4",
+    ),
     ("logged option with =", "args: --api-key=xyz --epochs=3", f"args: --api-key={R} --epochs=3"),
     ("basic auth header", "Authorization: Basic dXNlcjpwYXNz", f"Authorization: {R}"),
-    ("cookie header rest of line", "Cookie: session=abc; csrftoken=def\nnext line",
-     f"Cookie: {R}\nnext line"),
-    ("connection string", "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFy==;EndpointSuffix=core.windows.net",
-     f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={R};EndpointSuffix=core.windows.net"),
+    ("cookie header rest of line", "Cookie: session=abc; csrftoken=def\nnext line", f"Cookie: {R}\nnext line"),
+    (
+        "connection string",
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFy==;EndpointSuffix=core.windows.net",
+        f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={R};EndpointSuffix=core.windows.net",
+    ),
     ("shape inside text", f"logged in with {HF} ok", f"logged in with {R} ok"),
     ("chinese with secret", f"提示: 一只猫 HF_TOKEN={HF}", f"提示: 一只猫 HF_TOKEN={R}"),
     # near-misses
-    ("training log line", "step 100/1000 loss=1.234 lr=2e-4 tokens/s=12345 max_tokens=100",
-     "step 100/1000 loss=1.234 lr=2e-4 tokens/s=12345 max_tokens=100"),
+    (
+        "training log line",
+        "step 100/1000 loss=1.234 lr=2e-4 tokens/s=12345 max_tokens=100",
+        "step 100/1000 loss=1.234 lr=2e-4 tokens/s=12345 max_tokens=100",
+    ),
     ("timestamp", "2025-01-01 12:34:56 INFO saving checkpoint", "2025-01-01 12:34:56 INFO saving checkpoint"),
     ("torch key error", "KeyError: 'lm_head.weight'", "KeyError: 'lm_head.weight'"),
     ("missing keys warning", "missing_keys: ['a.b', 'c.d']", "missing_keys: ['a.b', 'c.d']"),
-    ("tokenizer option", "loading --tokenizer_name gpt2 --pad_token_id 0", "loading --tokenizer_name gpt2 --pad_token_id 0"),
-    ("token path is not a token", "HF_TOKEN_PATH=/root/.cache/huggingface/token",
-     "HF_TOKEN_PATH=/root/.cache/huggingface/token"),
+    (
+        "tokenizer option",
+        "loading --tokenizer_name gpt2 --pad_token_id 0",
+        "loading --tokenizer_name gpt2 --pad_token_id 0",
+    ),
+    (
+        "token path is not a token",
+        "HF_TOKEN_PATH=/root/.cache/huggingface/token",
+        "HF_TOKEN_PATH=/root/.cache/huggingface/token",
+    ),
     ("url scheme colon", "see https://example.com/a:b", "see https://example.com/a:b"),
     ("author field", "author: Jane Doe", "author: Jane Doe"),
 ]
@@ -159,13 +206,21 @@ ARGV_CORPUS = [
     ("docker -e", ["-e", "HF_TOKEN=abc", "-e", "HF_HOME=/x"], ["-e", f"HF_TOKEN={R}", "-e", "HF_HOME=/x"]),
     ("go style single dash", ["-password", "pw", "-v"], ["-password", R, "-v"]),
     ("last item without value", ["train.py", "--hf_token"], ["train.py", "--hf_token"]),
-    ("flag followed by option", ["--use_auth_token", "--output_dir", "out"], ["--use_auth_token", "--output_dir", "out"]),
+    (
+        "flag followed by option",
+        ["--use_auth_token", "--output_dir", "out"],
+        ["--use_auth_token", "--output_dir", "out"],
+    ),
     ("empty secret value", ["--hf_token", ""], ["--hf_token", ""]),
     ("camelCase option", ["--hfToken", "abc"], ["--hfToken", R]),
     ("wandb key by name", ["--wandb_api_key", "0123456789abcdef0123456789abcdef01234567"], ["--wandb_api_key", R]),
     ("shape in positional", ["download", HF], ["download", R]),
-    ("shape in non-secret option", [f"--resume=https://u:pw@h/x"], [f"--resume=https://{R}@h/x"]),
-    ("python -c code", ["-c", "import os; os.environ['HF_TOKEN']='abc'"], ["-c", f"import os; os.environ['HF_TOKEN']='{R}'"]),
+    ("shape in non-secret option", ["--resume=https://u:pw@h/x"], [f"--resume=https://{R}@h/x"]),
+    (
+        "python -c code",
+        ["-c", "import os; os.environ['HF_TOKEN']='abc'"],
+        ["-c", f"import os; os.environ['HF_TOKEN']='{R}'"],
+    ),
     ("chinese prompt and token", ["--prompt", "一只猫", "--hf_token", HF], ["--prompt", "一只猫", "--hf_token", R]),
     # issue 12 item 8: short options for passwords and keys, argparse abbreviations
     ("short -p", ["mysql", "-u", "root", "-p", "hunter2"], ["mysql", "-u", "root", "-p", R]),
@@ -180,8 +235,11 @@ ARGV_CORPUS = [
     ("tokenizer name", ["--tokenizer_name", "gpt2"], ["--tokenizer_name", "gpt2"]),
     ("max tokens", ["--max_tokens", "512", "--keep_tokens", "1"], ["--max_tokens", "512", "--keep_tokens", "1"]),
     ("max token length", ["--max_token_length", "225"], ["--max_token_length", "225"]),
-    ("special tokens", ["--eos_token", "</s>", "--placeholder_token", "<cat-toy>"],
-     ["--eos_token", "</s>", "--placeholder_token", "<cat-toy>"]),
+    (
+        "special tokens",
+        ["--eos_token", "</s>", "--placeholder_token", "<cat-toy>"],
+        ["--eos_token", "</s>", "--placeholder_token", "<cat-toy>"],
+    ),
     ("hub private repo", ["--hub_private_repo", "true"], ["--hub_private_repo", "true"]),
     ("other short options untouched", ["-v", "x", "-n", "8"], ["-v", "x", "-n", "8"]),
     ("abbreviated tokenizer option", ["--max_tok", "512"], ["--max_tok", "512"]),
@@ -225,30 +283,113 @@ def test_redaction_is_idempotent(fn, text: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 SECRET_NAMES = [
-    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "WANDB_API_KEY",
-    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "OPENAI_API_KEY", "ANTHROPIC_API_KEY",
-    "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "GITHUB_TOKEN",
-    "MLFLOW_TRACKING_PASSWORD", "PGPASSWORD", "MYSQL_PWD", "DB_PASS", "SECRET_KEY",
-    "SECRET_KEY_BASE", "CLIENT_SECRET", "api_key", "apikey", "apiKey", "access_key",
-    "secret_key", "private_key", "hf_token", "hf-token", "hfToken", "HFToken", "auth_token",
-    "access_token", "use_auth_token", "hub_token", "password", "passwd", "Authorization",
-    "Cookie", "session", "X-Amz-Signature", "sig", "bearer", "credentials",
-    "GOOGLE_APPLICATION_CREDENTIALS", "API_KEYS", "key", "STRIPE_KEY", "PASSWORD2",
-    "db.password", "--hf_token", "SSH_PASSPHRASE",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HUGGINGFACE_TOKEN",
+    "WANDB_API_KEY",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "GITHUB_TOKEN",
+    "MLFLOW_TRACKING_PASSWORD",
+    "PGPASSWORD",
+    "MYSQL_PWD",
+    "DB_PASS",
+    "SECRET_KEY",
+    "SECRET_KEY_BASE",
+    "CLIENT_SECRET",
+    "api_key",
+    "apikey",
+    "apiKey",
+    "access_key",
+    "secret_key",
+    "private_key",
+    "hf_token",
+    "hf-token",
+    "hfToken",
+    "HFToken",
+    "auth_token",
+    "access_token",
+    "use_auth_token",
+    "hub_token",
+    "password",
+    "passwd",
+    "Authorization",
+    "Cookie",
+    "session",
+    "X-Amz-Signature",
+    "sig",
+    "bearer",
+    "credentials",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "API_KEYS",
+    "key",
+    "STRIPE_KEY",
+    "PASSWORD2",
+    "db.password",
+    "--hf_token",
+    "SSH_PASSPHRASE",
 ]
 
 NOT_SECRET_NAMES = [
-    "DATABASE_URL", "PATH", "HOME", "PWD", "OLDPWD", "tokenizer_name", "tokenizer",
-    "TOKENIZERS_PARALLELISM", "max_tokens", "max_new_tokens", "keep_tokens", "num_tokens",
-    "max_token_length", "pad_token_id", "eos_token", "bos_token", "pad_token",
-    "placeholder_token", "initializer_token", "token_warmup_step", "keyboard", "keyboard_layout",
-    "monkey", "KEY_PATH", "KEY_FILE", "HF_TOKEN_PATH", "SECRET_KEY_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE", "AWS_ACCESS_KEY_ID", "AWS_REGION", "AUTH_TYPE", "author",
-    "sort_key", "caption_key", "image_key", "prng_key", "ignore_keys", "missing_keys",
-    "hub_private_repo", "private", "XDG_SESSION_ID", "XDG_SESSION_TYPE",
-    "DBUS_SESSION_BUS_ADDRESS", "SESSION_MANAGER", "SSH_AUTH_SOCK", "XAUTHORITY",
-    "WANDB_PROJECT", "MASTER_ADDR", "CUDA_VISIBLE_DEVICES", "passes", "bypass", "max_steps",
-    "", "-", "__",
+    "DATABASE_URL",
+    "PATH",
+    "HOME",
+    "PWD",
+    "OLDPWD",
+    "tokenizer_name",
+    "tokenizer",
+    "TOKENIZERS_PARALLELISM",
+    "max_tokens",
+    "max_new_tokens",
+    "keep_tokens",
+    "num_tokens",
+    "max_token_length",
+    "pad_token_id",
+    "eos_token",
+    "bos_token",
+    "pad_token",
+    "placeholder_token",
+    "initializer_token",
+    "token_warmup_step",
+    "keyboard",
+    "keyboard_layout",
+    "monkey",
+    "KEY_PATH",
+    "KEY_FILE",
+    "HF_TOKEN_PATH",
+    "SECRET_KEY_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_REGION",
+    "AUTH_TYPE",
+    "author",
+    "sort_key",
+    "caption_key",
+    "image_key",
+    "prng_key",
+    "ignore_keys",
+    "missing_keys",
+    "hub_private_repo",
+    "private",
+    "XDG_SESSION_ID",
+    "XDG_SESSION_TYPE",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "SESSION_MANAGER",
+    "SSH_AUTH_SOCK",
+    "XAUTHORITY",
+    "WANDB_PROJECT",
+    "MASTER_ADDR",
+    "CUDA_VISIBLE_DEVICES",
+    "passes",
+    "bypass",
+    "max_steps",
+    "",
+    "-",
+    "__",
 ]
 
 
@@ -322,7 +463,11 @@ def test_lone_surrogates_survive_untouched() -> None:
     assert redact_value(SURROGATE) == SURROGATE
     assert redact_text(f"{SURROGATE} token={SURROGATE}") == f"{SURROGATE} token={R}"
     assert redact_argv([SURROGATE, "--hf_token", SURROGATE, f"{SURROGATE}{HF}"]) == [
-        SURROGATE, "--hf_token", R, f"{SURROGATE}{R}"]
+        SURROGATE,
+        "--hf_token",
+        R,
+        f"{SURROGATE}{R}",
+    ]
     assert redact_env({SURROGATE: SURROGATE, "HF_TOKEN": SURROGATE}) == {SURROGATE: SURROGATE, "HF_TOKEN": R}
     assert is_secret_name(SURROGATE) is False
 
@@ -373,7 +518,7 @@ def test_token_crossing_the_cut_never_leaks(offset: int) -> None:
 
 def test_huge_value_is_clipped() -> None:
     """A pathological 2 MB value comes back clipped to the 4096-char head plus a marker."""
-    value = ("hf_hf_?a=b&#eyJ://" * 120_000)
+    value = "hf_hf_?a=b&#eyJ://" * 120_000
     for out in (redact_text(value), redact_value(value)):
         assert len(out) < 4096 + 64
         assert "truncated" in out
@@ -402,7 +547,7 @@ def test_str_subclass_that_raises_fails_closed() -> None:
     """If a value misbehaves inside redaction, the whole value is replaced (fail closed)."""
 
     class Evil(str):
-        def find(self, *a, **k):  # noqa: ANN002, ANN003
+        def find(self, *a, **k):
             raise RuntimeError("boom")
 
     out = redact_value(Evil("hf_" + "a" * 40))
@@ -413,12 +558,13 @@ def test_str_subclass_that_raises_fails_closed() -> None:
 # properties
 # ------------------------------------------------------------------------------------------
 
-_CHARS = list("=:@?&#/-_ .'\"`\n\t[]{}") + ["\udcff", "\udc80", "猫"]
+_CHARS = [*"=:@?&#/-_ .'\"`\n\t[]{}", "\udcff", "\udc80", "猫"]
 _PIECES = ["://", "--", "hf_", "Bearer ", "token=", "password: ", "eyJ", "sk-", "AKIA", "%20", "?x=", R]
 _text = st.text(st.one_of(st.characters(exclude_categories=()), st.sampled_from(_CHARS)), max_size=80)
 _chunks = st.lists(st.one_of(_text, st.sampled_from(_PIECES)), max_size=8).map("".join)
-_token = st.text(st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"),
-                 min_size=34, max_size=34).map(lambda s: "hf_" + s)
+_token = st.text(
+    st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"), min_size=34, max_size=34
+).map(lambda s: "hf_" + s)
 
 
 @settings(max_examples=400, deadline=None)
@@ -471,7 +617,11 @@ def test_import_loads_nothing(flags: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LORA_OTEL", "PYTHON"))}
     proc = subprocess.run(
         [sys.executable, *flags, "-c", _ISOLATED_IMPORT, str(REPO_ROOT)],
-        env=env, capture_output=True, text=True, timeout=60, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     loaded = set(proc.stdout.split())
     assert loaded <= {"lora_otel", "lora_otel._boot", "lora_otel._boot.redact", "__future__"}, loaded
@@ -487,8 +637,16 @@ class TestRedactedValuesStayRedacted:
         assert redact_text("RuntimeError: login failed for hunter2sekrit") == f"RuntimeError: login failed for {R}"
         assert redact.scrub("login failed for 'hunter2sekrit'.") == f"login failed for '{R}'."
 
-    @pytest.mark.parametrize("argv", [["-p", "hunter2sekrit"], ["-k", "hunter2sekrit"], ["--tok", "hunter2sekrit"],
-                                      ["--password=hunter2sekrit"], ["db.password=hunter2sekrit"]])
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["-p", "hunter2sekrit"],
+            ["-k", "hunter2sekrit"],
+            ["--tok", "hunter2sekrit"],
+            ["--password=hunter2sekrit"],
+            ["db.password=hunter2sekrit"],
+        ],
+    )
     def test_every_argv_form_is_remembered(self, argv: list[str]) -> None:
         """Every form of a secret option teaches its value to `scrub`."""
         redact_argv(argv)

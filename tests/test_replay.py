@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import FUZZ, TRACE_ID, TRACEPARENT_PARENT, journal_lines
 from hypothesis import given
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
@@ -12,10 +13,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.trace import StatusCode
 
 from collector import free_port
-from conftest import FUZZ, TRACE_ID, TRACEPARENT_PARENT, journal_lines
 from lora_otel.cli import main
 from lora_otel.export.otlp import ExporterConfigError, make_exporter, translate
-from lora_otel.export.reader import read_journal
+from lora_otel.journal.reader import read_journal
 
 PROTOCOLS = ["http/protobuf", "grpc"]
 
@@ -31,8 +31,17 @@ def clean_otel_env(monkeypatch):
 def killed_run(journal, *, exited: bool = False) -> dict[str, str]:
     """A process started under a TRACEPARENT that imported json (1 ms, short) and torch (2.3 s),
     then hung in ``cuda init`` and was killed — or, with ``exited``, finished. Returns span ids."""
-    ids = {"process": journal.process(parent_id=TRACEPARENT_PARENT, attrs={
-        "service.name": "train.py", "process.pid": 4242, "host.name": "gpu-7", "lora_otel.activation": "pth"})}
+    ids = {
+        "process": journal.process(
+            parent_id=TRACEPARENT_PARENT,
+            attrs={
+                "service.name": "train.py",
+                "process.pid": 4242,
+                "host.name": "gpu-7",
+                "lora_otel.activation": "pth",
+            },
+        )
+    }
     ids["arguments"] = journal.span("arguments", 0.001, 0.0002)
     ids["import json"] = journal.span("import json", 0.002, 0.001)
     torch = ids["import torch"] = journal.start("import torch", 0.01)
@@ -62,8 +71,9 @@ class TestTranslate:
         ids = killed_run(journal)
         spans = {span.name: span for span in translate(journal.read()).spans}
         assert {span.context.trace_id for span in spans.values()} == {int(TRACE_ID, 16)}
-        assert {name: f"{span.context.span_id:016x}" for name, span in spans.items()} == \
-            {name: ids[name] for name in spans}
+        assert {name: f"{span.context.span_id:016x}" for name, span in spans.items()} == {
+            name: ids[name] for name in spans
+        }
         process = spans["process"]
         assert f"{process.parent.span_id:016x}" == TRACEPARENT_PARENT and process.parent.is_remote
         for name in ("arguments", "import torch", "cuda init"):
@@ -130,8 +140,16 @@ class TestTranslate:
     def test_attribute_values_made_valid(self, journal):
         """Values OpenTelemetry cannot carry become JSON text; nulls are left out; lone surrogates
         become \\udcXX text; int/float lists become floats."""
-        journal.process(attrs={"lora_otel.obj": {"a": 1}, "lora_otel.none": None, "lora_otel.mixed": [1, "a"],
-                               "lora_otel.nums": [1, 2.5], "lora_otel.bad": "x\udcff", "lora_otel.big": 2**70})
+        journal.process(
+            attrs={
+                "lora_otel.obj": {"a": 1},
+                "lora_otel.none": None,
+                "lora_otel.mixed": [1, "a"],
+                "lora_otel.nums": [1, 2.5],
+                "lora_otel.bad": "x\udcff",
+                "lora_otel.big": 2**70,
+            }
+        )
         attrs = translate(journal.read()).spans[0].attributes
         assert attrs["lora_otel.obj"] == '{"a": 1}' and "lora_otel.none" not in attrs
         assert attrs["lora_otel.mixed"] == '[1, "a"]' and attrs["lora_otel.nums"] == [1.0, 2.5]
@@ -237,12 +255,15 @@ def test_fuzz_translation_encodes(tmp_path, text):
     assert translation.incomplete <= len(translation.spans)
 
 
-@pytest.mark.parametrize("trace_id, span_id, linked", [
-    ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", True),
-    ("0af7651916cd43dd8448eb211c80319c", "not-hex-at-all!!", False),
-    ("0" * 32, "b7ad6b7169203331", False),
-    (12345, None, False),
-])
+@pytest.mark.parametrize(
+    "trace_id, span_id, linked",
+    [
+        ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", True),
+        ("0af7651916cd43dd8448eb211c80319c", "not-hex-at-all!!", False),
+        ("0" * 32, "b7ad6b7169203331", False),
+        (12345, None, False),
+    ],
+)
 def test_run_launched_by_a_ui_links_to_it(journal, trace_id, span_id, linked):
     """A run a UI started as a trace of its own: its root span carries one link to the UI's root
     span (from ``lora_otel.launched_by.*``), in the OTLP it is encoded to, and kept when the sidecar
@@ -251,8 +272,13 @@ def test_run_launched_by_a_ui_links_to_it(journal, trace_id, span_id, linked):
 
     from lora_otel.export.live import _amend
 
-    journal.process(attrs={"service.name": "train.py", "lora_otel.launched_by.trace_id": trace_id,
-                           "lora_otel.launched_by.span_id": span_id})
+    journal.process(
+        attrs={
+            "service.name": "train.py",
+            "lora_otel.launched_by.trace_id": trace_id,
+            "lora_otel.launched_by.span_id": span_id,
+        }
+    )
     journal.span("arguments", 0.1, 0.1)
     spans = {s.name: s for s in translate(read_journal(journal.path)).spans}
     root = spans["process"]
@@ -264,6 +290,6 @@ def test_run_launched_by_a_ui_links_to_it(journal, trace_id, span_id, linked):
     assert (format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")) == (trace_id, span_id)
     assert dict(link.attributes) == {"lora_otel.link": "launched_by"}
     [encoded] = encode_spans([root]).resource_spans[0].scope_spans[0].spans
-    assert [(l.trace_id.hex(), l.span_id.hex()) for l in encoded.links] == [(trace_id, span_id)]
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in encoded.links] == [(trace_id, span_id)]
     amended = _amend(root, status=Status(StatusCode.ERROR, "x"), attrs={}, events=[], end_ns=root.end_time)
     assert amended.links == root.links

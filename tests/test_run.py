@@ -5,14 +5,21 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, only_journal
+
+from lora_otel.journal.reader import read_journal
 
 
 def run(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(script)
-    return subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"], cwd=tmp_path,
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_killed_child_gets_an_exit_record(tmp_path: Path) -> None:
@@ -22,8 +29,9 @@ def test_killed_child_gets_an_exit_record(tmp_path: Path) -> None:
     j = only_journal(tmp_path / "lora-otel")
     assert j.exit == {"ts": j.exit["ts"], "code": 137, "how": "signal", "message": "killed by SIGKILL"}
     assert not j.problems
-    out = subprocess.run([PYTHON, "-m", "lora_otel", "inspect", str(j.path)], capture_output=True, text=True,
-                         env=clean_env())
+    out = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "inspect", str(j.path)], capture_output=True, text=True, env=clean_env()
+    )
     assert "killed by SIGKILL" in out.stdout.splitlines()[0], out.stdout
 
 
@@ -46,8 +54,14 @@ def test_normal_exit_is_not_recorded_twice(tmp_path: Path) -> None:
 def test_bad_stall_after_is_one_line(tmp_path: Path) -> None:
     """A bad --stall-after: exit status 2, one line naming the problem, the job not started."""
     (tmp_path / "job.py").write_text("open('ran', 'w').close()\n")
-    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--stall-after", "import=soon", "--", PYTHON, "job.py"],
-                       cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "run", "--stall-after", "import=soon", "--", PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and not (tmp_path / "ran").exists()
     assert r.stderr.strip().count("\n") == 0 and "--stall-after" in r.stderr and "'soon'" in r.stderr
 
@@ -56,8 +70,14 @@ def test_pythons_under_a_shell_get_their_own_journals(tmp_path: Path) -> None:
     """`lora-otel run -- sh -c 'python ...; python ...'`: the exact journal path is for the direct
     child only, so each Python under the shell writes its own journal beside it."""
     cmd = "%s -c pass; %s -c pass" % (PYTHON, PYTHON)
-    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--dir", "d", "--", "sh", "-c", cmd], cwd=tmp_path,
-                       env=clean_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "run", "--dir", "d", "--", "sh", "-c", cmd],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     found = sorted((tmp_path / "d").glob("*.otel.jsonl"))
     assert len(found) == 2
@@ -69,8 +89,14 @@ def test_pythons_under_a_shell_get_their_own_journals(tmp_path: Path) -> None:
 def test_python_dash_m_keeps_the_module_name(tmp_path: Path) -> None:
     """`python -m json.tool`: argv in the journal starts with the module's name, not '-m'."""
     (tmp_path / "in.json").write_text("{}")
-    r = subprocess.run([PYTHON, "-m", "json.tool", "in.json"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "json.tool", "in.json"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     j = only_journal(tmp_path / "lora-otel")
     assert j.root.attrs["process.command"] == "json.tool"

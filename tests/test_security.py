@@ -13,9 +13,10 @@ import stat
 import subprocess
 from pathlib import Path
 
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import alive, wait_gone
+
+from lora_otel.journal.reader import read_journal
 
 HF_TOKEN = "hf_abcdefGHIJKLmnopqrSTUVWXyz0123456789"
 PASSWORD = "hunter2"
@@ -54,11 +55,25 @@ def _run_job(tmp_path: Path):
     """Run the job to the end; returns (stdout, stderr, sidecar pid, sidecar cmdline while alive)."""
     (tmp_path / "job.py").write_text(JOB)
     log = tmp_path / "logs" / "train.log"
-    env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
-                    OTEL_EXPORTER_OTLP_HEADERS=HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT="1", LORA_OTEL_DRAIN_S="1",
-                    HF_TOKEN=ENV_HF, WANDB_API_KEY=ENV_WANDB, AWS_SECRET_ACCESS_KEY=ENV_AWS, MARK_VALUE=MARK_SECRET)
-    proc = subprocess.Popen([PYTHON, "job.py", "--hf-token", HF_TOKEN, "--password=" + PASSWORD, "--log", str(log)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = clean_env(
+        LORA_OTEL="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+        OTEL_EXPORTER_OTLP_HEADERS=HEADERS,
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+        LORA_OTEL_DRAIN_S="1",
+        HF_TOKEN=ENV_HF,
+        WANDB_API_KEY=ENV_WANDB,
+        AWS_SECRET_ACCESS_KEY=ENV_AWS,
+        MARK_VALUE=MARK_SECRET,
+    )
+    proc = subprocess.Popen(
+        [PYTHON, "job.py", "--hf-token", HF_TOKEN, "--password=" + PASSWORD, "--log", str(log)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         jpath = Path(str(log) + ".otel.jsonl")
 
@@ -67,6 +82,7 @@ def _run_job(tmp_path: Path):
                 return None
             root = read_journal(jpath).root  # None between creating the file and its first record
             return root.attrs.get("lora_otel.sidecar.pid") if root is not None else None
+
         pid = wait_for(side, what="the sidecar's pid")
         cmdline = Path("/proc/%d/cmdline" % pid).read_bytes() if alive(pid) else b""
         environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if alive(pid) else 0o400
@@ -121,8 +137,10 @@ def test_redaction_is_visible_in_the_journal(tmp_path: Path) -> None:
     args = j.root.attrs["process.command_args"]
     assert "--hf-token" in args and "[REDACTED]" in args and "--password=[REDACTED]" in args
     assert j.root.attrs.get("lora_otel.env.HF_TOKEN") == "[REDACTED]"
-    assert not any(k.startswith("lora_otel.env.OTEL_") or k.endswith(("WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY"))
-                   for k in j.root.attrs), "only allow-listed variables are recorded"
+    assert not any(
+        k.startswith("lora_otel.env.OTEL_") or k.endswith(("WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY"))
+        for k in j.root.attrs
+    ), "only allow-listed variables are recorded"
 
 
 def test_sidecar_log_does_not_print_headers(tmp_path: Path) -> None:
@@ -138,8 +156,9 @@ def test_sidecar_log_does_not_print_headers(tmp_path: Path) -> None:
 def test_journal_directory_is_owner_only(tmp_path: Path) -> None:
     """Without --log the journal directory ./lora-otel is created 0700 and its files 0600."""
     (tmp_path / "job.py").write_text("print('hi')\n")
-    r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     d = tmp_path / "lora-otel"
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
@@ -158,7 +177,8 @@ def test_training_process_opens_no_socket(tmp_path: Path) -> None:
         "        links.append(os.readlink('/proc/self/fd/' + f))\n"
         "    except OSError:\n"
         "        pass  # the descriptor listdir itself used\n"
-        "print('SOCKETS=%d' % sum(link.startswith('socket:') for link in links))\n")
+        "print('SOCKETS=%d' % sum(link.startswith('socket:') for link in links))\n"
+    )
     env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", LORA_OTEL_DRAIN_S="1")
     r = subprocess.run([PYTHON, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

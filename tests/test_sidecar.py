@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from collector import Collector, free_port, rotel_agent_path
-from lora_otel.export.reader import read_journal
 from procs import PYTHON, clean_env, journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
+
+from collector import Collector, free_port, rotel_agent_path
+from lora_otel.journal.reader import read_journal
 
 pytestmark = pytest.mark.collector
 
@@ -39,6 +39,7 @@ def sidecar_pid(tmp_path: Path) -> int:
             if j.root is not None and "lora_otel.sidecar.pid" in j.root.attrs:
                 return j.root.attrs["lora_otel.sidecar.pid"]
         return None
+
     return wait_for(find, what="the sidecar's pid in the journal")
 
 
@@ -71,8 +72,11 @@ def test_sleeping_import_stall_then_sigkill(tmp_path: Path, collector) -> None:
     proc = traced(tmp_path, "import slowmod\n", collector.http_endpoint, LORA_OTEL_STALL_AFTER="import=1")
     try:
         side = sidecar_pid(tmp_path)
-        received = wait_for(lambda: by_name(collector.spans()).get("import slowmod") and collector.spans(),
-                            what="the stalled import at the collector", timeout=20)
+        received = wait_for(
+            lambda: by_name(collector.spans()).get("import slowmod") and collector.spans(),
+            what="the stalled import at the collector",
+            timeout=20,
+        )
         assert proc.poll() is None, "the stall must arrive while the process still runs"
     finally:
         kill_and_reap(proc)
@@ -99,13 +103,19 @@ def test_sleeping_import_stall_then_sigkill(tmp_path: Path, collector) -> None:
 def test_gil_held_import_is_frozen(tmp_path: Path, collector) -> None:
     """An import that holds the GIL in C: beats stop, the stall is kind "frozen", the stacks are
     still in the evidence (faulthandler needs no GIL)."""
-    make_module(tmp_path, "frozenmod", "import ctypes\ndef hold():\n    while True:\n"
-                                       "        ctypes.PyDLL(None).pause()\nhold()\n")
+    make_module(
+        tmp_path,
+        "frozenmod",
+        "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n",
+    )
     proc = traced(tmp_path, "import frozenmod\n", collector.http_endpoint, LORA_OTEL_FROZEN_AFTER="2")
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
-        received = wait_for(lambda: by_name(collector.spans()).get("import frozenmod") and collector.spans(),
-                            what="the frozen import", timeout=30)
+        received = wait_for(
+            lambda: by_name(collector.spans()).get("import frozenmod") and collector.spans(),
+            what="the frozen import",
+            timeout=30,
+        )
     finally:
         kill_and_reap(proc)
     imp = by_name(received)["import frozenmod"]
@@ -118,14 +128,21 @@ def test_gil_held_import_is_frozen(tmp_path: Path, collector) -> None:
 def test_sigstopped_process_is_frozen(tmp_path: Path, collector) -> None:
     """SIGSTOP in the middle of a stage: the stage goes out as a frozen stall; after SIGCONT and a
     normal end, the rest goes out as "(continued)" and nothing twice."""
-    proc = traced(tmp_path, "import lora_otel, time\nwith lora_otel.stage('load data'):\n"
-                            "    time.sleep(3)\n", collector.http_endpoint, LORA_OTEL_FROZEN_AFTER="2")
+    proc = traced(
+        tmp_path,
+        "import lora_otel, time\nwith lora_otel.stage('load data'):\n    time.sleep(3)\n",
+        collector.http_endpoint,
+        LORA_OTEL_FROZEN_AFTER="2",
+    )
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "load data"), what="stage")
         side = sidecar_pid(tmp_path)
         os.kill(proc.pid, signal.SIGSTOP)
-        received = wait_for(lambda: by_name(collector.spans()).get("load data") and collector.spans(),
-                            what="the frozen stage", timeout=30)
+        received = wait_for(
+            lambda: by_name(collector.spans()).get("load data") and collector.spans(),
+            what="the frozen stage",
+            timeout=30,
+        )
         os.kill(proc.pid, signal.SIGCONT)
         proc.communicate(timeout=30)
         assert proc.returncode == 0
@@ -144,11 +161,19 @@ def test_sigstopped_process_is_frozen(tmp_path: Path, collector) -> None:
 def test_sigkill_mid_stage_under_lora_otel_run(tmp_path: Path, collector) -> None:
     """`lora-otel run`, SIGKILL in a stage: the launcher gets the signal back; the supervisor's exit
     record makes the sidecar finalise the open spans with "killed by SIGKILL"."""
-    (tmp_path / "job.py").write_text("import os, signal, lora_otel\nwith lora_otel.stage('save checkpoint'):\n"
-                                     "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    (tmp_path / "job.py").write_text(
+        "import os, signal, lora_otel\nwith lora_otel.stage('save checkpoint'):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
-    r = subprocess.run([PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "run", "--", PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == -signal.SIGKILL, r.stderr
     side = sidecar_pid(tmp_path)
     wait_gone(side)
@@ -171,9 +196,10 @@ def test_collector_unreachable_then_back(tmp_path: Path) -> None:
         pytest.skip("the rotel collector is not installed (pip install rotel)")
     port = free_port()
     script = "import lora_otel\nfor i in range(30):\n    with lora_otel.stage('step %d' % i):\n        pass\n"
-    proc = traced(tmp_path, script, "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="60",
-                  OTEL_EXPORTER_OTLP_TIMEOUT="1")  # each attempt gives up after 1 s: the outbox retries
-    out, err = proc.communicate(timeout=30)
+    proc = traced(
+        tmp_path, script, "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="60", OTEL_EXPORTER_OTLP_TIMEOUT="1"
+    )  # each attempt gives up after 1 s: the outbox retries
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     side = sidecar_pid(tmp_path)
     time.sleep(2)  # the sidecar has tried and failed by now
@@ -220,10 +246,17 @@ def test_sidecar_is_detached(tmp_path: Path) -> None:
 def test_sidecar_that_cannot_start(tmp_path: Path) -> None:
     """A bad LORA_OTEL_SIDECAR_PYTHON: the program runs and exits as usual, one line says live export
     is off and the journal is complete for `lora-otel replay`."""
-    for bad, expect in ((str(tmp_path / "missing-python"), "is not an executable Python"),
-                        (str(tmp_path), "cannot start the sidecar")):  # a directory passes access(), fails exec
-        proc = traced(tmp_path, "print('trained', flush=True)\n", "http://127.0.0.1:9", LORA_OTEL_SIDECAR_PYTHON=bad,
-                      LORA_OTEL_DIR=str(tmp_path / "lora-otel" / expect.split()[0]))
+    for bad, expect in (
+        (str(tmp_path / "missing-python"), "is not an executable Python"),
+        (str(tmp_path), "cannot start the sidecar"),
+    ):  # a directory passes access(), fails exec
+        proc = traced(
+            tmp_path,
+            "print('trained', flush=True)\n",
+            "http://127.0.0.1:9",
+            LORA_OTEL_SIDECAR_PYTHON=bad,
+            LORA_OTEL_DIR=str(tmp_path / "lora-otel" / expect.split()[0]),
+        )
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0 and b"trained" in out
         lines = [line for line in err.decode().splitlines() if "live export off" in line]
@@ -257,8 +290,14 @@ def test_outage_longer_than_the_queue(tmp_path: Path) -> None:
         pytest.skip("the rotel collector is not installed (pip install rotel)")
     port = free_port()
     script = "import lora_otel\nfor i in range(30):\n    with lora_otel.stage('step %d' % i):\n        pass\n"
-    proc = traced(tmp_path, script, "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="60", LORA_OTEL_QUEUE_SIZE="10",
-                  OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    proc = traced(
+        tmp_path,
+        script,
+        "http://127.0.0.1:%d" % port,
+        LORA_OTEL_DRAIN_S="60",
+        LORA_OTEL_QUEUE_SIZE="10",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+    )
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     side = sidecar_pid(tmp_path)
@@ -279,7 +318,7 @@ def test_outage_longer_than_the_queue(tmp_path: Path) -> None:
 
 def _make_memory_cgroup(limit_bytes: int) -> Path:
     """A child memory cgroup of ours with a limit; skips where cgroups cannot be written (not root)."""
-    from lora_otel.export.evidence import memory_cgroup
+    from lora_otel.analysis.evidence import memory_cgroup
 
     base = memory_cgroup(os.getpid())
     if base is None:
@@ -302,11 +341,18 @@ def test_oom_killer(tmp_path: Path, collector) -> None:
     cg = _make_memory_cgroup(200 * 2**20)
     # The job grows once its sidecar is up (~40 MB), so the OOM killer picks the job, as it would
     # pick a training process many times the sidecar's size.
-    (tmp_path / "job.py").write_text("import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(1.5)\n"
-                                     "    hog = []\n    while True:\n        hog.append(bytearray(16 * 2**20))\n")
+    (tmp_path / "job.py").write_text(
+        "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(1.5)\n"
+        "    hog = []\n    while True:\n        hog.append(bytearray(16 * 2**20))\n"
+    )
     env = clean_env(LORA_OTEL="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint)
-    proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py', str(cg), PYTHON],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" job.py', str(cg), PYTHON],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         proc.communicate(timeout=60)
         assert proc.returncode == -signal.SIGKILL
@@ -330,16 +376,30 @@ def test_sidecar_from_another_environment(tmp_path: Path, collector) -> None:
     venv = tmp_path / "trainenv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     bare = str(venv / "bin" / "python")
-    (tmp_path / "job.py").write_text("import sys, lora_otel\nwith lora_otel.stage('train'):\n    pass\n"
-                                     "print('otel modules:', sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n")
-    base = dict(OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint, PYTHONPATH=str(REPO))
-    r = subprocess.run([bare, "-m", "lora_otel", "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                       env=clean_env(LORA_OTEL_SIDECAR_PYTHON=sys.executable, LORA_OTEL_DIR="with", **base))
+    (tmp_path / "job.py").write_text(
+        "import sys, lora_otel\nwith lora_otel.stage('train'):\n    pass\n"
+        "print('otel modules:', sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    base = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.http_endpoint, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [bare, "-m", "lora_otel", "job.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(LORA_OTEL_SIDECAR_PYTHON=sys.executable, LORA_OTEL_DIR="with", **base),
+    )
     assert r.returncode == 0 and "otel modules: []" in r.stdout, r.stderr
     wait_gone(sidecar_pid(tmp_path / "with"))
     assert {"process", "arguments", "train"} <= set(by_name(collector.spans()))
-    r = subprocess.run([bare, "-m", "lora_otel", "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                       env=clean_env(LORA_OTEL_DIR="without", **base))
+    r = subprocess.run(
+        [bare, "-m", "lora_otel", "job.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(LORA_OTEL_DIR="without", **base),
+    )
     assert r.returncode == 0
     [line] = [line for line in r.stderr.splitlines() if "live export off" in line]
     assert "OpenTelemetry SDK is not installed for %s" % bare in line and "LORA_OTEL_SIDECAR_PYTHON" in line
@@ -377,13 +437,14 @@ def test_one_sidecar_follows_the_whole_job(tmp_path: Path, collector) -> None:
     assert names.count("process") == 4
     assert len({s.trace_id for s in received}) == 1, "one trace for the job"
     spans = by_name(received)
-    job_root = [s for s in received if s.name == "process" and s.parent_id is None][0]
-    parents = sorted(s.parent_id == spans["start workers"].span_id for s in received
-                     if s.name == "process" and s is not job_root)
+    job_root = next(s for s in received if s.name == "process" and s.parent_id is None)
+    parents = sorted(
+        s.parent_id == spans["start workers"].span_id for s in received if s.name == "process" and s is not job_root
+    )
     # every worker, forked or spawned, and the resource tracker the spawn started, sits under the
     # span that started it
     assert parents == [True, True, True]
     assert all(s.attributes.get("lora_otel.incomplete") is None for s in received), "nothing left open"
     spawned = [read_journal(p) for p in found if "--multiprocessing-fork" in str(read_journal(p).root.attrs)]
     assert spawned and spawned[0].span(spawned[0].root.span_id) is not None
-    assert [s for s in spawned[0].spans if s.name == "arguments"][0].end_ns is not None
+    assert next(s for s in spawned[0].spans if s.name == "arguments").end_ns is not None

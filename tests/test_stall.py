@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from lora_otel.export.reader import read_journal
-from lora_otel.export.stall import StallConfigError, detect, parse_limits
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
+
+from lora_otel.analysis.stall import StallConfigError, detect, parse_limits
+from lora_otel.journal.reader import read_journal
 
 
 def journal_of(tmp_path: Path):
@@ -67,39 +67,55 @@ class TestDetection:
         proc = start_traced(tmp_path, "import frozenmod\n")
         try:
             wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
-            stall = wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2),
-                             what="frozen", timeout=15)
+            stall = wait_for(
+                lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2),
+                what="frozen",
+                timeout=15,
+            )
             assert stall.kind == "frozen" and stall.span.name == "import frozenmod"
         finally:
             kill_and_reap(proc)
 
     def test_sigstopped_process_is_frozen(self, tmp_path: Path) -> None:
         """SIGSTOP in the middle of a stage: frozen; after SIGCONT the beat resumes and it is not."""
-        proc = start_traced(tmp_path, "import lora_otel, time\nwith lora_otel.stage('load model'):\n"
-                                      "    time.sleep(600)\n")
+        proc = start_traced(
+            tmp_path, "import lora_otel, time\nwith lora_otel.stage('load model'):\n    time.sleep(600)\n"
+        )
         try:
             wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "load model"), what="stage")
             os.kill(proc.pid, signal.SIGSTOP)
-            stall = wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2),
-                             what="frozen", timeout=15)
+            stall = wait_for(
+                lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2),
+                what="frozen",
+                timeout=15,
+            )
             assert stall.kind == "frozen" and stall.span.name == "load model"
             os.kill(proc.pid, signal.SIGCONT)
-            wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2) is None,
-                     what="thawed", timeout=10)
+            wait_for(
+                lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, frozen_after_s=2) is None,
+                what="thawed",
+                timeout=10,
+            )
         finally:
             kill_and_reap(proc)
 
     def test_training_that_stops_stepping(self, tmp_path: Path) -> None:
         """Steps every 50 ms, then none: stalled once the gap passes max(floor, 20 x median step)."""
-        proc = start_traced(tmp_path, "import lora_otel, time\n"
-                                      "for i in range(60):\n    lora_otel.progress(step=i + 1)\n    time.sleep(0.05)\n"
-                                      "time.sleep(600)\n")
+        proc = start_traced(
+            tmp_path,
+            "import lora_otel, time\n"
+            "for i in range(60):\n    lora_otel.progress(step=i + 1)\n    time.sleep(0.05)\n"
+            "time.sleep(600)\n",
+        )
         try:
             wait_for(lambda: journal_of(tmp_path).steps >= 60, what="60 steps", timeout=30)
             limits = parse_limits("training=1")
             assert detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits) is None
-            stall = wait_for(lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits),
-                             what="training stall", timeout=15)
+            stall = wait_for(
+                lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits),
+                what="training stall",
+                timeout=15,
+            )
             assert stall.kind == "alive" and stall.span.name == "training"
             assert stall.limit_s >= 1 and "no optimizer step for" in stall.reason
         finally:

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from procs import PYTHON, clean_env
 
 PROBE = r"""
@@ -47,8 +46,8 @@ def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
     r = subprocess.run([PYTHON, "probe.py"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("MODULES=")][0]
-    loaded = json.loads(line[len("MODULES="):])
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("MODULES="))
+    loaded = json.loads(line[len("MODULES=") :])
     stdlib = _stdlib_names()
     outside = [m for m in loaded if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel"]
     assert outside == [], "lora_otel loaded non-stdlib modules in-process: %s" % outside
@@ -56,24 +55,38 @@ def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+ to list the stdlib")
-@pytest.mark.parametrize("mode", ["off", "local", "otlp"],
-                         ids=["journal only (LORA_OTEL_LIVE=0)", "starting the local watchdog", "starting the sidecar"])
+@pytest.mark.parametrize(
+    "mode",
+    ["off", "local", "otlp"],
+    ids=["journal only (LORA_OTEL_LIVE=0)", "starting the local watchdog", "starting the sidecar"],
+)
 def test_pth_activation_loads_only_stdlib(tmp_path: Path, mode: str) -> None:
     """`LORA_OTEL=1 python -X importtime -c pass`: every module imported is stdlib or lora_otel, and
     none of the slow ones (json, re, typing, threading...), also when it starts the sidecar (for
     every job unless LORA_OTEL_LIVE=0; with an endpoint, or as the local watchdog)."""
     live = mode != "off"
-    extra = {"off": dict(LORA_OTEL_LIVE="0"), "local": dict(LORA_OTEL_SIDECAR_PYTHON="/bin/true"),
-             "otlp": dict(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", LORA_OTEL_SIDECAR_PYTHON="/bin/true")}[mode]
-    r = subprocess.run([PYTHON, "-X", "importtime", "-c", "pass"], cwd=tmp_path,
-                       env=clean_env(LORA_OTEL="1", **extra), capture_output=True, text=True)
+    extra = {
+        "off": {"LORA_OTEL_LIVE": "0"},
+        "local": {"LORA_OTEL_SIDECAR_PYTHON": "/bin/true"},
+        "otlp": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "LORA_OTEL_SIDECAR_PYTHON": "/bin/true"},
+    }[mode]
+    r = subprocess.run(
+        [PYTHON, "-X", "importtime", "-c", "pass"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", **extra),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0
     mods = [ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")]
     mods = [m for m in mods if m and m != "imported package"]
     assert "lora_otel._boot.preamble" in mods
     stdlib = _stdlib_names() | {"sitecustomize", "usercustomize", "_distutils_hack"}
-    outside = [m for m in mods if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel"
-               and not m.startswith("_editable_impl")]
+    outside = [
+        m
+        for m in mods
+        if m.split(".")[0] not in stdlib and m.split(".")[0] != "lora_otel" and not m.startswith("_editable_impl")
+    ]
     assert outside == [], outside
     slow = ("opentelemetry", "json", "re", "typing", "threading", "subprocess", "importlib.metadata")
     assert not [m for m in mods if m.split(".")[0] in slow or m.startswith("importlib.metadata")], mods

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-
-from procs import PYTHON, REPO, clean_env, only_journal, run_traced, span_named
+from procs import REPO, only_journal, run_traced, span_named
 
 torch = pytest.importorskip("torch")
 
-ABSENT_REASON = ("CPU build of torch" if torch.version.cuda is None
-                 else "no NVIDIA driver (/proc/driver/nvidia/version missing)")
+ABSENT_REASON = (
+    "CPU build of torch" if torch.version.cuda is None else "no NVIDIA driver (/proc/driver/nvidia/version missing)"
+)
 """Why CUDA is absent here: a CPU build says so; PyPI's CUDA build on a machine without a GPU names
 the missing driver (these tests run on machines without a GPU)."""
 
@@ -20,8 +19,9 @@ the missing driver (these tests run on machines without a GPU)."""
 def test_example_training_run(tmp_path: Path) -> None:
     """The example LoRA run: `training` opens at the first optimizer step and counts every step."""
     log = tmp_path / "run.log"
-    r = run_traced([str(REPO / "examples" / "train_lora.py"), "--steps", "12", "--log", str(log)],
-                   cwd=tmp_path, timeout=300)
+    r = run_traced(
+        [str(REPO / "examples" / "train_lora.py"), "--steps", "12", "--log", str(log)], cwd=tmp_path, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     j = only_journal(tmp_path)
     root = j.root
@@ -44,7 +44,8 @@ def test_cuda_init_on_cpu_torch_says_why(tmp_path: Path) -> None:
     """Asking for a CUDA tensor without CUDA: `cuda init` ends in error, saying why (CPU build, or no driver)."""
     (tmp_path / "job.py").write_text(
         "import torch\n"
-        "try:\n    torch.zeros(1, device='cuda')\nexcept Exception as e:\n    print('RAISED', type(e).__name__)\n")
+        "try:\n    torch.zeros(1, device='cuda')\nexcept Exception as e:\n    print('RAISED', type(e).__name__)\n"
+    )
     r = run_traced(["job.py"], cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "RAISED" in r.stdout  # the program sees torch's own exception, unchanged
@@ -62,7 +63,8 @@ def test_explicit_training_stage_and_progress(tmp_path: Path) -> None:
         "import lora_otel, time\n"
         "with lora_otel.stage('training', epochs=1):\n"
         "    for i in range(5):\n        lora_otel.progress(step=i + 1, loss=1.0 / (i + 1))\n"
-        "    time.sleep(1.3)\n")
+        "    time.sleep(1.3)\n"
+    )
     r = run_traced(["job.py"], cwd=tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
     j = only_journal(tmp_path / "lora-otel")
@@ -77,7 +79,8 @@ def test_sampled_step_spans(tmp_path: Path) -> None:
     `training`, each ended; a bad value says so in one line and gives none."""
     (tmp_path / "job.py").write_text(
         "import torch\nm = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "for _ in range(12):\n    opt.zero_grad(); m(torch.ones(1, 2)).sum().backward(); opt.step()\n")
+        "for _ in range(12):\n    opt.zero_grad(); m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+    )
     r = run_traced(["job.py"], cwd=tmp_path, LORA_OTEL_DIR="default")
     assert r.returncode == 0, r.stderr
     assert not [s for s in only_journal(tmp_path / "default").spans if s.name.startswith("step ")]

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 from conftest import JournalBuilder
-from lora_otel.cli import main
-from lora_otel.export.reader import JournalTail, read_journal
 from procs import PYTHON, clean_env, journal_has_open, journals, lora_otel_cli, run_traced, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
+
+from lora_otel.cli import main
+from lora_otel.journal.reader import JournalTail, read_journal
 
 CLEAR = "\x1b[H\x1b[2J"
 RED_BOLD = "\x1b[1;31m"
@@ -25,8 +26,14 @@ class Watch:
     """``python -m lora_otel watch ARGS`` with its stdout a pipe, its lines collected as they come."""
 
     def __init__(self, *args: str, cwd: Path) -> None:
-        self.proc = subprocess.Popen([PYTHON, "-m", "lora_otel", "watch", *args], cwd=cwd, env=clean_env(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "lora_otel", "watch", *args],
+            cwd=cwd,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -38,8 +45,11 @@ class Watch:
 
     def wait_line(self, text: str, timeout: float = 30) -> str:
         """The first line containing ``text``, waiting for it to be printed."""
-        return wait_for(lambda: next((line for line in list(self.lines) if text in line), None), timeout=timeout,
-                        what="watch to print %r (so far: %s)" % (text, self.lines))
+        return wait_for(
+            lambda: next((line for line in list(self.lines) if text in line), None),
+            timeout=timeout,
+            what="watch to print %r (so far: %s)" % (text, self.lines),
+        )
 
     def finish(self, timeout: float = 30) -> tuple[int, str, str]:
         """(exit status, all stdout, stderr) once watch has exited by itself."""
@@ -70,8 +80,9 @@ def in_a_terminal(*args: str, **env: str) -> tuple[int, str]:
     """Run ``lora-otel watch ARGS`` with its stdout a pseudo-terminal: (exit status, what it wrote)."""
     environ = {k: v for k, v in clean_env(**env).items() if k != "NO_COLOR" or "NO_COLOR" in env}
     master, slave = pty.openpty()
-    proc = subprocess.Popen([PYTHON, "-m", "lora_otel", "watch", *args], env=environ,
-                            stdout=slave, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "lora_otel", "watch", *args], env=environ, stdout=slave, stderr=subprocess.PIPE
+    )
     os.close(slave)
     data = b""
     try:
@@ -143,7 +154,7 @@ def test_real_job_stalls_then_is_killed(tmp_path: Path) -> None:
     assert gone in out
     assert out.index("started: import slowmod") < out.index("STALLED") < out.index(gone)
     assert "\x1b" not in out, "no escape codes when stdout is not a terminal"
-    tree = out[out.index("[watch] every process has ended"):]
+    tree = out[out.index("[watch] every process has ended") :]
     assert "import slowmod  OPEN for" in tree
 
 
@@ -323,4 +334,3 @@ def test_help_teaches_by_example() -> None:
     assert r.returncode == 0
     assert "lora-otel watch runs/ --once" in r.stdout and "exit status, job by job" in r.stdout
     assert "0 all finished normally" in r.stdout
-

@@ -7,18 +7,18 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from conftest import JournalBuilder
-from lora_otel.cli import main
-from lora_otel.export import watch as watch_mod
-from lora_otel.export.reader import read_journal
 from procs import journal_has_open, journals, lora_otel_cli, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 from test_watch import Watch
+
+from lora_otel.cli import main
+from lora_otel.cli import watch as watch_mod
+from lora_otel.journal.reader import read_journal
 
 STALL = ("--interval", "0.2", "--stall-after", "import=1")
 
@@ -54,7 +54,7 @@ class Hook:
         bodies = self.bodies = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 bodies.append((self.path, self.headers.get("Content-Type"), self.rfile.read(length)))
                 self.send_response(204)
@@ -136,8 +136,9 @@ def test_a_failing_alert_command_is_one_line_and_watch_goes_on(tmp_path: Path) -
 def test_exit_on_stall_exits_4_after_the_alert(tmp_path: Path) -> None:
     """--exit-on-stall: status 4 while the job still runs, once the (slow) alert command has finished."""
     job = stuck_job(tmp_path)
-    watcher = Watch("lora-otel", *STALL, "--exit-on-stall", "--alert-command", "sleep 1; cat > alert.json",
-                    cwd=tmp_path)
+    watcher = Watch(
+        "lora-otel", *STALL, "--exit-on-stall", "--alert-command", "sleep 1; cat > alert.json", cwd=tmp_path
+    )
     try:
         status, out, err = watcher.finish()
         assert job.poll() is None, "the job is left running: the batch script decides"
@@ -178,7 +179,7 @@ def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, 
     assert alert["rank"] == 1 and alert["host"] == "node7" and alert["service"] == "train.py"
     assert alert["stage"] == "import slowmod" and alert["limit_s"] == 120 and alert["open_for_s"] >= 299
     assert json.loads(hook.bodies[0][2]) == alert
-    assert main(args + ["--exit-on-stall"]) == 4
+    assert main([*args, "--exit-on-stall"]) == 4
     assert len(hook.bodies) == 2, "each watch run alerts once"
     assert capfd.readouterr().err == ""
     finished = JournalBuilder(tmp_path / "done.otel.jsonl")
@@ -210,11 +211,14 @@ def test_an_unreachable_webhook_is_one_line(tmp_path: Path, capfd) -> None:
     assert line.startswith("lora-otel watch: alert webhook failed (") and line.endswith("): " + url)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--alert-webhook", "ftp://example.org/x"], "--alert-webhook: not an http(s) URL: ftp://example.org/x"),
-    (["--alert-webhook", "hook"], "--alert-webhook: not an http(s) URL: hook"),
-    (["--alert-command", "  "], "--alert-command: empty command"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--alert-webhook", "ftp://example.org/x"], "--alert-webhook: not an http(s) URL: ftp://example.org/x"),
+        (["--alert-webhook", "hook"], "--alert-webhook: not an http(s) URL: hook"),
+        (["--alert-command", "  "], "--alert-command: empty command"),
+    ],
+)
 def test_bad_alert_options_are_usage_errors(tmp_path: Path, capsys, args, message) -> None:
     stuck = stuck_here(tmp_path / "a.otel.jsonl")
     assert main(["watch", "--once", *args, str(stuck.path)]) == 2
@@ -225,7 +229,16 @@ def test_help_lists_the_exit_statuses_and_alerts() -> None:
     r = lora_otel_cli("watch", "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
-    for part in ("0 all finished normally", "1 some failed", "3 some killed", "4 stalled", "2 usage error",
-                 "130 Ctrl-C", "--alert-command CMD", "--alert-webhook URL", "--exit-on-stall",
-                 "$LORA_OTEL_ALERT_STAGE"):
+    for part in (
+        "0 all finished normally",
+        "1 some failed",
+        "3 some killed",
+        "4 stalled",
+        "2 usage error",
+        "130 Ctrl-C",
+        "--alert-command CMD",
+        "--alert-webhook URL",
+        "--exit-on-stall",
+        "$LORA_OTEL_ALERT_STAGE",
+    ):
         assert part in text, part

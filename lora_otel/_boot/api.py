@@ -18,7 +18,13 @@ from __future__ import annotations
 import os
 import time
 
-from lora_otel._boot import core
+from lora_otel._boot import core, stages
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from collections.abc import Mapping
+    from types import TracebackType
+    from typing import Literal
 
 _NO_NUMBER = object()
 
@@ -41,7 +47,7 @@ def _on_accelerator(v: object) -> bool:
     return isinstance(kind, str) and kind != "cpu"
 
 
-def _element_count(v: object):
+def _element_count(v: object) -> object:
     """``v.numel()`` (torch) or ``v.size`` (numpy, jax), or None when it says neither."""
     numel = getattr(v, "numel", None)
     if callable(numel):
@@ -50,7 +56,7 @@ def _element_count(v: object):
     return size if type(size) is int else None
 
 
-def _as_number(v: object, defer: bool = False, depth: int = 0):
+def _as_number(v: object, defer: bool = False, depth: int = 0) -> object:
     """The number ``v`` holds, as an ``int`` or ``float`` (a bool as 0 or 1); `_NO_NUMBER` when it
     holds none (a string, None, a tensor of several elements, a complex). With ``defer``, a
     one-element tensor on an accelerator comes back as a `_Deferred` instead of being read (no
@@ -59,7 +65,7 @@ def _as_number(v: object, defer: bool = False, depth: int = 0):
     if t is int or t is float:
         return v
     if t is bool:
-        return int(v)
+        return int(v)  # type: ignore[call-overload]  # t is type(v): v is a bool
     try:
         if v is None or isinstance(v, (str, bytes, bytearray, complex)):
             return _NO_NUMBER
@@ -68,10 +74,9 @@ def _as_number(v: object, defer: bool = False, depth: int = 0):
             count = _element_count(v)
             if count is not None and count != 1:
                 return _NO_NUMBER
-            if _on_accelerator(v):
-                if defer:
-                    detach = getattr(v, "detach", None)  # do not keep the autograd graph alive
-                    return _Deferred(detach() if callable(detach) else v)
+            if _on_accelerator(v) and defer:
+                detach = getattr(v, "detach", None)  # do not keep the autograd graph alive
+                return _Deferred(detach() if callable(detach) else v)
             return _as_number(item(), depth=1)
         if isinstance(v, bool):
             return int(v)
@@ -103,7 +108,7 @@ def _describe(v: object) -> str:
         return "value"
 
 
-def _attr_value(k: str, v: object):
+def _attr_value(k: str, v: object) -> object:
     """A span attribute from a user's value: the value itself, a number, or a short description."""
     from lora_otel._boot import redact
 
@@ -133,7 +138,7 @@ def _attr_value(k: str, v: object):
         return _describe(v)
 
 
-def _clean_attrs(attrs: dict) -> dict:
+def _clean_attrs(attrs: Mapping[str, object]) -> dict[str, object]:
     return {k: _attr_value(k, v) for k, v in attrs.items()}
 
 
@@ -151,7 +156,7 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
             anything else a short description, never the data of a tensor).
     """
 
-    __slots__ = ("name", "attrs", "_sid")
+    __slots__ = ("_sid", "attrs", "name")
 
     def __init__(self, name: str, **attrs: object) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -160,20 +165,20 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
         self.attrs = attrs
         self._sid: str | None = None
 
-    def __enter__(self) -> "stage":
+    def __enter__(self) -> stage:
         if core.active:
             with core.fail_open("stage"):
-                from lora_otel._boot import hooks
-
                 if self.name == "training":
-                    hooks.arguments_done("none seen before training")
+                    stages.arguments_done("none seen before training")
                 attrs = _clean_attrs(self.attrs) if self.attrs else {}
                 self._sid = core.span_start(self.name, attrs)
                 if self.name == "training":
-                    hooks._training_id = self._sid
+                    stages.training_id = self._sid
         return self
 
-    def __exit__(self, et, ev, tb) -> bool:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if self._sid is not None:
             with core.fail_open("stage"):
                 extra = core.training_attrs() if self.name == "training" else None
@@ -203,16 +208,14 @@ def mark(message: str) -> None:
         core.span_event(core.current_span_id(), text)
         core.info_line("mark: %s" % text)
         if text.strip().lower().startswith("arguments parsed"):
-            from lora_otel._boot import hooks
-
-            hooks.arguments_done("lora_otel.mark")
+            stages.arguments_done("lora_otel.mark")
 
 
 STEP = "step"
 
-_dropped: set = set()
+_dropped: set[str] = set()
 """Keys already reported as holding no number (one line per key, not per call)."""
-_pending: dict = {}
+_pending: dict[str, _Deferred] = {}
 """key -> `_Deferred` value the converter thread has not read yet."""
 _converter_pid = 0
 
@@ -221,8 +224,9 @@ def _drop(key: str, value: object, why: str = "which is not one number") -> None
     if key in _dropped:
         return
     _dropped.add(key)
-    core.error_line("lora_otel.progress(%s=…) got a %s, %s; %s is not recorded (said once)"
-                    % (key, _describe(value), why, key))
+    core.error_line(
+        "lora_otel.progress(%s=…) got a %s, %s; %s is not recorded (said once)" % (key, _describe(value), why, key)
+    )
 
 
 def _set_step(value: object, number: object) -> bool:
@@ -247,10 +251,8 @@ def _defer(key: str, deferred: _Deferred) -> None:
 
 
 def _convert_loop(my_pid: int) -> None:
-    from lora_otel._boot import preamble
-
     while core.active and os.getpid() == my_pid:
-        time.sleep(preamble._beat_interval)
+        time.sleep(core.beat_interval)
         try:
             convert_pending()
         except Exception as e:  # noqa: BLE001 - the thread must not die on one value
@@ -286,9 +288,7 @@ def progress(step: object = None, **metrics: object) -> None:
     if not core.active:
         return
     with core.fail_open("progress"):
-        from lora_otel._boot import hooks
-
-        hooks.ensure_training("lora_otel.progress", "lora_otel.progress")
+        stages.ensure_training("lora_otel.progress", "lora_otel.progress")
         if type(step) is int and step >= 0:  # the common case, first
             core.steps = step
             core.last_step_ns = time.time_ns()

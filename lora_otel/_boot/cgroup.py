@@ -8,13 +8,12 @@ from __future__ import annotations
 import os
 
 
-
 def _read(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
-def memory_cgroup(pid="self") -> Optional[str]:
+def memory_cgroup(pid: int | str = "self") -> str | None:
     """The directory of the memory cgroup ``pid`` (default: this process) is in (cgroup v2 or v1), or None."""
     try:
         text = _read("/proc/%s/cgroup" % pid)
@@ -35,7 +34,7 @@ def memory_cgroup(pid="self") -> Optional[str]:
     return None
 
 
-def oom_kill_count(cgroup: Optional[str]) -> Optional[int]:
+def oom_kill_count(cgroup: str | None) -> int | None:
     """How many processes the OOM killer has killed in this memory cgroup so far, or None."""
     if not cgroup:
         return None
@@ -49,4 +48,3 @@ def oom_kill_count(cgroup: Optional[str]) -> Optional[int]:
             if key == "oom_kill" and value.strip().isdigit():
                 return int(value)
     return None
-

@@ -8,6 +8,10 @@ SIGKILL cannot take it back.
 
 Not a general tracing API: spans live in a flat table keyed by span id, with one stack of open
 spans per thread to pick parents. That is all a journal needs.
+
+One module on purpose (~700 lines): the writer, the lines and the span records share one process's
+state (these module globals) on the hottest paths (`write`, `span_start`), and all of it is loaded
+first in every traced process; a split would add a module to load and an attribute hop per record.
 """
 
 from __future__ import annotations
@@ -19,13 +23,23 @@ from _thread import allocate_lock, get_ident
 
 from lora_otel._boot.jsonl import _quote, dumps_line
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Callable, Mapping
+    from types import TracebackType
+    from typing import Any
+
+    from lora_otel._boot.where import Frame
+
 FORMAT_VERSION = 1
 
 # --- state (module globals: this is a per-process singleton) -------------------------------
-known_secrets: list = []
+known_secrets: list[str] = []
 """Every value redacted so far in this process: ``redact`` puts its own list here when it first
 remembers one (core does not import ``redact``, so the preamble's first evidence does not wait for it)."""
 active = False
+beat_interval = 1.0
+"""Seconds between beats (``LORA_OTEL_BEAT_S``), set by the preamble."""
 pid = 0
 trace_id = ""
 root_id = ""
@@ -46,26 +60,26 @@ quiet = False
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
 
 # span_id -> (name, parent_id, thread id, start ts ns); only open spans, in start order
-open_spans: dict = {}
-last_ended: tuple | None = None
+open_spans: dict[str, tuple[str, str | None, int, int]] = {}
+last_ended: tuple[str, str, int] | None = None
 """``(span_id, name, end ts ns)`` of the stage that ended last — not counting imports shorter than
 ``import_threshold_ms``, which export drops: the beat's narration says what ended before a quiet time."""
 main_ident = 0
 """The thread id of the main thread (the one that ran the preamble, or that forked this process):
 the beat samples where it is."""
 # thread id -> list of open span ids (innermost last)
-_stacks: dict = {}
+_stacks: dict[int, list[str]] = {}
 
 steps = 0
 last_step_ns: int | None = None
-metrics: dict = {}
+metrics: dict[str, object] = {}
 
 
 def _under_pytest() -> bool:
     return "PYTEST_CURRENT_TEST" in os.environ
 
 
-class fail_open:
+class fail_open:  # noqa: N801 - named as the function-like context managers of contextlib are
     """Context manager for code that runs inside the user's program.
 
     Swallows any exception and reports it as one line on stderr, naming ``where``; under pytest
@@ -80,20 +94,22 @@ class fail_open:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, et, ev, tb) -> bool:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> bool:
         if et is None:
             return False
         if _under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
             return False
         try:
-            error_line("internal error in %s: %s: %s (instrumentation continues without it)"
-                       % (self.where, et.__name__, ev))
+            error_line(
+                "internal error in %s: %s: %s (instrumentation continues without it)" % (self.where, et.__name__, ev)
+            )
         except Exception:  # noqa: BLE001 - reporting must not raise either
             pass
         return True
 
 
 # --- ids and time ----------------------------------------------------------------------------
+
 
 def new_span_id() -> str:
     while True:
@@ -117,7 +133,7 @@ def iso_ms(ns: int) -> str:
 
 # --- writing ---------------------------------------------------------------------------------
 
-stderr_id: tuple | None = None
+stderr_id: tuple[int, ...] | None = None
 """``(st_dev, st_ino)`` of descriptor 2 when the preamble started (``()``: closed then); None when
 not recorded. lora_otel writes to descriptor 2 only while it is still that file: a program that
 closed every descriptor and opened its own files (daemonising code) may have its data file there."""
@@ -174,11 +190,12 @@ def _default_dir() -> str:
 
 
 def _fallback_dir() -> str:
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp",
-                        "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel")
+    return os.path.join(
+        os.environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel"
+    )
 
 
-def _create_journal(path: str, exact: bool) -> tuple:
+def _create_journal(path: str, exact: bool) -> tuple[int, str]:
     """``(fd, path)``: ``path`` created new (``O_EXCL``, 0600); when something is already there, a
     unique variant beside it (another process's journal, or a name someone planted). With ``exact``
     (``LORA_OTEL_JOURNAL``, or the file `lora-otel run` created for its child) an existing file is
@@ -215,8 +232,11 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
     tried = []
     d = os.path.dirname(path)
     if not make_dir and d and not os.path.isdir(d):
-        _emit("the journal directory %s is gone (removed by the program?); pid %d goes on without a "
-              "journal rather than create it again" % (d, os.getpid()), "error")
+        _emit(
+            "the journal directory %s is gone (removed by the program?); pid %d goes on without a "
+            "journal rather than create it again" % (d, os.getpid()),
+            "error",
+        )
         journal_path = ""
         return ""
     for fallback in (False, True):
@@ -243,8 +263,7 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
         if tried:
             error_line("cannot write journal at %s; using %s instead" % ("; not in ".join(tried), cand))
         return cand
-    error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk"
-               % "; ".join(tried))
+    error_line("cannot write a journal anywhere (%s); the program goes on untraced on disk" % "; ".join(tried))
     journal_path = ""
     return ""
 
@@ -297,17 +316,22 @@ def _reopen_journal() -> bool:
         try:
             fd = files.open_append(journal_path)
         except OSError as e:
-            _stderr(_format_line("the journal's descriptor %d was closed or reused by the program, and %s cannot "
-                                 "be reopened (%s); the program goes on without a journal"
-                                 % (old, journal_path, e.strerror or e)))
+            _stderr(
+                _format_line(
+                    "the journal's descriptor %d was closed or reused by the program, and %s cannot "
+                    "be reopened (%s); the program goes on without a journal" % (old, journal_path, e.strerror or e)
+                )
+            )
             return False
         _set_journal(fd, journal_path)
-    error_line("the journal's descriptor %d was closed or reused by the program (os.closerange?); reopened %s "
-               "as descriptor %d, nothing was written to the old number" % (old, journal_path, _journal_fd))
+    error_line(
+        "the journal's descriptor %d was closed or reused by the program (os.closerange?); reopened %s "
+        "as descriptor %d, nothing was written to the old number" % (old, journal_path, _journal_fd)
+    )
     return True
 
 
-def write(rec: dict) -> None:
+def write(rec: dict[str, Any]) -> None:
     """Append one record to the journal with a single ``os.write``. Never raises.
 
     Texts lose every value redacted so far in this process (a password from argv quoted in an
@@ -324,7 +348,11 @@ def write(rec: dict) -> None:
     write_line(data)
 
 
-def write_line(data: bytes, _fstat=os.fstat, _write=os.write) -> None:
+def write_line(
+    data: bytes,
+    _fstat: Callable[[int], os.stat_result] = os.fstat,
+    _write: Callable[[int, bytes], int] = os.write,
+) -> None:
     """Append one encoded record (a `dumps_line` result, or the same line built from a template)
     with a single ``os.write``. Never raises."""
     global _journal_failed, _journal_lost
@@ -352,7 +380,9 @@ def write_line(data: bytes, _fstat=os.fstat, _write=os.write) -> None:
         _journal_failed = False
         lost, _journal_lost = _journal_lost, 0
         msg = "journal writes work again; %d record%s could not be written before this" % (
-            lost, "" if lost == 1 else "s")
+            lost,
+            "" if lost == 1 else "s",
+        )
         _stderr(_format_line(msg))
         write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
 
@@ -362,15 +392,19 @@ def _write_failed(e: BaseException) -> None:
     _journal_lost += 1
     if not _journal_failed:
         _journal_failed = True
-        _stderr(_format_line("journal write failed (%s): %s; the program goes on, and writing is "
-                             "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)))
+        _stderr(
+            _format_line(
+                "journal write failed (%s): %s; the program goes on, and writing is "
+                "retried with each record" % (getattr(e, "strerror", None) or e, journal_path)
+            )
+        )
 
 
 def _format_line(msg: str) -> str:
     return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(time.time_ns()), msg)
 
 
-def _same_as_std(dev_ino: tuple) -> bool:
+def _same_as_std(dev_ino: tuple[int, int]) -> bool:
     for fd in (1, 2):
         try:
             st = os.fstat(fd)
@@ -413,8 +447,9 @@ def open_log(path: str) -> None:
         _log_dev, _log_ino = ident
     except OSError as e:
         _log_failed = True
-        _stderr(_format_line("cannot append to log file %s (%s); lines go to the terminal only"
-                             % (path, e.strerror or e)))
+        _stderr(
+            _format_line("cannot append to log file %s (%s); lines go to the terminal only" % (path, e.strerror or e))
+        )
 
 
 def _write_log(data: bytes) -> None:
@@ -427,10 +462,17 @@ def _write_log(data: bytes) -> None:
         open_log(log_path or "")
         if _log_fd < 0:
             return
-        _stderr(_format_line("the --log file's descriptor %d was closed or reused by the program; reopened %s"
-                             % (old, log_path)))
-        os.write(_log_fd, _format_line("the --log file's descriptor %d was closed or reused by the program; "
-                                       "reopened %s" % (old, log_path)).encode("utf-8", "backslashreplace"))
+        _stderr(
+            _format_line(
+                "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
+            )
+        )
+        os.write(
+            _log_fd,
+            _format_line(
+                "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
+            ).encode("utf-8", "backslashreplace"),
+        )
     os.write(_log_fd, data)
 
 
@@ -494,6 +536,7 @@ def error_line(msg: str) -> None:
 
 # --- spans -------------------------------------------------------------------------------------
 
+
 def traceparent(span_id: str) -> str:
     """The W3C ``traceparent`` that makes ``span_id`` the parent of a child process's root span."""
     return "00-%s-%s-%s" % (trace_id, span_id, "01" if sampled else "00")
@@ -505,8 +548,13 @@ def current_span_id() -> str:
     return stack[-1] if stack else root_id
 
 
-def span_start(name: str, attrs: dict | None = None, parent_id: str | None = None,
-               ts: int | None = None, push: bool = True) -> str:
+def span_start(
+    name: str,
+    attrs: Mapping[str, object] | None = None,
+    parent_id: str | None = None,
+    ts: int | None = None,
+    push: bool = True,
+) -> str:
     """Write a span's start record and return its id. The record is on disk when this returns."""
     sid = new_span_id()
     tid = get_ident()
@@ -516,20 +564,38 @@ def span_start(name: str, attrs: dict | None = None, parent_id: str | None = Non
         name = _scrubbed(name)  # type: ignore[assignment]
     if not attrs and type(name) is str and type(parent) is str and type(ts) is int:
         # The same line as the record below, from a template: a third of the encoding time.
-        write_line(('{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
-                    '"attrs":{}}\n' % (FORMAT_VERSION, ts, _quote(trace_id), sid, _quote(parent), _quote(name))
-                    ).encode("utf-8", "backslashreplace"))
+        write_line(
+            (
+                '{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
+                '"attrs":{}}\n' % (FORMAT_VERSION, ts, _quote(trace_id), sid, _quote(parent), _quote(name))
+            ).encode("utf-8", "backslashreplace")
+        )
     else:
-        write({"v": FORMAT_VERSION, "k": "start", "ts": ts, "trace_id": trace_id,
-               "span_id": sid, "parent_id": parent, "name": name, "attrs": attrs or {}})
+        write(
+            {
+                "v": FORMAT_VERSION,
+                "k": "start",
+                "ts": ts,
+                "trace_id": trace_id,
+                "span_id": sid,
+                "parent_id": parent,
+                "name": name,
+                "attrs": attrs or {},
+            }
+        )
     open_spans[sid] = (name, parent, tid, ts)
     if push:
         _stacks.setdefault(tid, []).append(sid)
     return sid
 
 
-def span_end(sid: str, status: str = "ok", message: str | None = None,
-             attrs: dict | None = None, ts: int | None = None) -> None:
+def span_end(
+    sid: str,
+    status: str = "ok",
+    message: str | None = None,
+    attrs: Mapping[str, object] | None = None,
+    ts: int | None = None,
+) -> None:
     """Write a span's end record (once; a second end for the same span is ignored)."""
     global last_ended
     info = open_spans.pop(sid, None)
@@ -539,12 +605,17 @@ def span_end(sid: str, status: str = "ok", message: str | None = None,
     if stack and sid in stack:
         stack.remove(sid)
     ts = ts or time.time_ns()
-    if type(info[0]) is not str or not info[0].startswith("import ") or \
-            ts - info[3] >= import_threshold_ms * 1_000_000:  # an import too short to export is no stage
+    if (
+        type(info[0]) is not str or not info[0].startswith("import ") or ts - info[3] >= import_threshold_ms * 1_000_000
+    ):  # an import too short to export is no stage
         last_ended = (sid, info[0], ts)
     if not message and not attrs and type(sid) is str and type(status) is str and type(ts) is int:
-        write_line(('{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
-                    % (FORMAT_VERSION, ts, _quote(sid), _quote(status))).encode("utf-8", "backslashreplace"))
+        write_line(
+            (
+                '{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
+                % (FORMAT_VERSION, ts, _quote(sid), _quote(status))
+            ).encode("utf-8", "backslashreplace")
+        )
         return
     rec = {"v": FORMAT_VERSION, "k": "end", "ts": ts, "span_id": sid, "status": status}
     if message:
@@ -554,12 +625,11 @@ def span_end(sid: str, status: str = "ok", message: str | None = None,
     write(rec)
 
 
-def span_event(sid: str, name: str, attrs: dict | None = None) -> None:
-    write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name,
-           "attrs": attrs or {}})
+def span_event(sid: str, name: str, attrs: Mapping[str, object] | None = None) -> None:
+    write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name, "attrs": attrs or {}})
 
 
-def span_attrs(sid: str, attrs: dict) -> None:
+def span_attrs(sid: str, attrs: Mapping[str, object]) -> None:
     write({"v": FORMAT_VERSION, "k": "attrs", "ts": time.time_ns(), "span_id": sid, "attrs": attrs})
 
 
@@ -572,9 +642,9 @@ def find_open(name: str) -> str | None:
     return found
 
 
-def training_attrs() -> dict:
+def training_attrs() -> dict[str, object]:
     """The step counters, as attributes for the end of a ``training`` span."""
-    attrs: dict = {"lora_otel.training.steps": steps}
+    attrs: dict[str, object] = {"lora_otel.training.steps": steps}
     if last_step_ns is not None:
         attrs["lora_otel.training.last_step"] = iso_ms(last_step_ns)
     for k, v in metrics.items():
@@ -582,15 +652,14 @@ def training_attrs() -> dict:
     return attrs
 
 
-main_frames: list | None = None
+main_frames: list[Frame] | None = None
 """Where the main thread was at the last beat (``where.sample``), or None."""
 
 
 def beat() -> None:
     """The liveness record: steps, metrics, and where the main thread is (``"main"``)."""
     global main_frames
-    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps,
-           "last_step_ts": last_step_ns}
+    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
     if metrics:
         rec["metrics"] = dict(metrics)
     frames = None

@@ -9,6 +9,9 @@ It runs at interpreter start, so it is held to two rules: it imports nothing but
 it reports on, and it costs a few milliseconds at most. No function here raises: a fact that cannot
 be found, read or parsed is simply missing from the result.
 
+One module on purpose (~700 lines, a tenth of them this docstring): `collect` and `lines` run
+together, once, at start in every traced process; a split would add a file to load there.
+
 Where each fact comes from, and the limits of each source:
 
 * **Python and OS** -- ``sys.version_info``, ``sys.version``, ``sys.implementation``,
@@ -59,23 +62,31 @@ Where each fact comes from, and the limits of each source:
   ``user:password@`` from URLs; it is a safety net, not a replacement for the real redactor.
   Variables are recorded as they are at the time of the call.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Callable, Mapping
+
+    Redactor = Callable[[dict[str, str]], Mapping[str, object]]
+    """Takes the relevant variables, returns the mapping to record (``redact.redact_env``)."""
+
 __all__ = [
     "PACKAGES",
-    "RELEVANT_ENV_PREFIXES",
     "RELEVANT_ENV_NAMES",
-    "package_versions",
-    "package_version",
-    "torch_build",
-    "driver_facts",
-    "relevant_env",
-    "collect",
-    "lines",
+    "RELEVANT_ENV_PREFIXES",
     "clear_cache",
+    "collect",
+    "driver_facts",
+    "lines",
+    "package_version",
+    "package_versions",
+    "relevant_env",
+    "torch_build",
 ]
 
 PACKAGES = [
@@ -194,7 +205,7 @@ def _listing(directory: str) -> frozenset[str]:
         return cached
     try:
         names = frozenset(os.listdir(directory))
-    except Exception:  # not a directory, a zip file, gone, no permission, ...
+    except Exception:  # noqa: BLE001 - not a directory, a zip file, gone, no permission, ...
         names = frozenset()
     if directory != ".":  # the working directory can change; don't cache it
         _LISTINGS[directory] = names
@@ -240,16 +251,12 @@ def _dist_index(directory: str) -> dict[str, tuple[str | None, str]]:
 
 def _version_from_metadata(path: str) -> str | None:
     """The ``Version:`` header of a METADATA/PKG-INFO file (or egg-info file), or None."""
-    candidates = (
-        [os.path.join(path, "METADATA"), os.path.join(path, "PKG-INFO")]
-        if os.path.isdir(path)
-        else [path]
-    )
+    candidates = [os.path.join(path, "METADATA"), os.path.join(path, "PKG-INFO")] if os.path.isdir(path) else [path]
     for candidate in candidates:
         try:
             with open(candidate, "rb") as f:
                 head = f.read(8192)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
             continue
         for raw in head.split(b"\n"):
             line = raw.strip()
@@ -271,7 +278,7 @@ def package_versions(names: list[str]) -> dict[str, str | None]:
             result[name] = None
             try:
                 wanted.setdefault(_normalize(name), []).append(name)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
                 pass
         if not wanted:
             return result
@@ -295,7 +302,7 @@ def package_versions(names: list[str]) -> dict[str, str | None]:
                     result[original] = version
             if not remaining:
                 break
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     return result
 
@@ -348,7 +355,7 @@ def _torch_dir() -> str | None:
     return None
 
 
-def torch_build() -> dict:
+def torch_build() -> dict[str, str | None]:
     """What torch was built for, without importing it.
 
     Keys: ``torch.version``, ``torch.cuda_build`` (None for a CPU build), ``torch.hip_build``,
@@ -371,7 +378,7 @@ def torch_build() -> dict:
             with open(os.path.join(torch_dir, "version.py"), "rb") as f:
                 text = f.read(65536).decode("utf-8", "replace")
             parsed = _parse_assignments(text, ("__version__", "cuda", "hip", "git_version"))
-        except Exception:
+        except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
             pass
         facts["torch.version"] = parsed.get("__version__") or package_version("torch")
         facts["torch.cuda_build"] = parsed.get("cuda")
@@ -390,7 +397,7 @@ def torch_build() -> dict:
             if versions.get(dist):
                 facts["cudnn.version"] = versions[dist]
                 break
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     return facts
 
@@ -399,7 +406,7 @@ def _looks_like_version(token: str) -> bool:
     return "." in token and token.replace(".", "").isdigit()
 
 
-def driver_facts() -> dict:
+def driver_facts() -> dict[str, object]:
     """``nvidia.driver_version`` (str) and ``nvidia.gpu_count`` (int) from /proc; absent keys when
     not found."""
     facts: dict[str, object] = {}
@@ -418,12 +425,12 @@ def driver_facts() -> dict:
                     break
             if "nvidia.driver_version" in facts:
                 break
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         gpus = [e for e in os.listdir(_NVIDIA_GPUS_DIR) if not e.startswith(".")]
         facts["nvidia.gpu_count"] = len(gpus)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     return facts
 
@@ -453,7 +460,7 @@ def _is_relevant(name: str) -> bool:
     return name in RELEVANT_ENV_NAMES or name.startswith(RELEVANT_ENV_PREFIXES)
 
 
-def _apply_redact(redact, subset: dict[str, str]) -> dict[str, str]:
+def _apply_redact(redact: Redactor, subset: dict[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     red = redact(subset)
     for name in subset:  # only names we asked about, in our order; dropped names stay dropped
@@ -464,7 +471,7 @@ def _apply_redact(redact, subset: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def relevant_env(environ=None, redact=None) -> dict[str, str]:
+def relevant_env(environ: Mapping[str, str] | None = None, redact: Redactor | None = None) -> dict[str, str]:
     """The device/distributed/hub variables of ``environ`` (default ``os.environ``), sorted by
     name, after ``redact``.
 
@@ -483,7 +490,7 @@ def relevant_env(environ=None, redact=None) -> dict[str, str]:
         for name in sorted(k for k in list(environ.keys()) if isinstance(k, str) and _is_relevant(k)):
             try:
                 value = environ[name]
-            except Exception:
+            except Exception:  # noqa: BLE001 - fail closed: a variable the redactor fails on is left out
                 continue
             if isinstance(value, str):
                 subset[name] = value
@@ -491,16 +498,16 @@ def relevant_env(environ=None, redact=None) -> dict[str, str]:
             return {}
         try:
             return _apply_redact(redact, subset)
-        except Exception:
+        except Exception:  # noqa: BLE001 - fail closed: a variable the redactor fails on is left out
             pass
         out: dict[str, str] = {}
         for name, value in subset.items():
             try:
                 out.update(_apply_redact(redact, {name: value}))
-            except Exception:
+            except Exception:  # noqa: BLE001 - fail closed: a variable the redactor fails on is left out
                 continue
         return out
-    except Exception:
+    except Exception:  # noqa: BLE001 - fail closed: a variable the redactor fails on is left out
         return {}
 
 
@@ -525,7 +532,7 @@ def _os_type() -> str:
     return p  # "darwin", ...
 
 
-def collect(environ=None, redact=None) -> dict[str, object]:
+def collect(environ: Mapping[str, str] | None = None, redact: Redactor | None = None) -> dict[str, object]:
     """All facts as flat span attributes (values str/int/bool; unknown facts are absent)."""
     facts: dict[str, object] = {}
 
@@ -535,32 +542,32 @@ def collect(environ=None, redact=None) -> dict[str, object]:
 
     try:
         put("process.runtime.name", sys.implementation.name)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         put("process.runtime.version", _runtime_version())
         put("process.runtime.description", " ".join(sys.version.split()))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         put("os.type", _os_type())
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         uname = os.uname()
         put("os.version", uname.release)
         put("host.arch", _OTEL_ARCH.get(uname.machine.lower(), uname.machine))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         put("lora_otel.python.executable", sys.executable)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         for name, version in package_versions(PACKAGES).items():
             if version:
                 put("lora_otel.pkg." + name, version)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         build = torch_build()
@@ -573,17 +580,17 @@ def collect(environ=None, redact=None) -> dict[str, object]:
         ):
             if build.get(src):
                 put(dst, build[src])
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         for key, value in driver_facts().items():
             put("lora_otel." + key, value)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     try:
         for name, value in relevant_env(environ, redact).items():
             put("lora_otel.env." + name, value)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
         pass
     return facts
 
@@ -607,34 +614,34 @@ _ENV_LINE_MAX = 400
 _ENV_VALUE_MAX = 60
 
 
-def lines(facts: dict) -> list[str]:
+def lines(facts: Mapping[str, object]) -> list[str]:
     """2-4 short English lines summarising ``collect()``'s facts."""
     out: list[str] = []
     try:
         out.append(_environment_line(facts))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a summary line that cannot be made is left out
         pass
     try:
         out.append(_env_line(facts))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a summary line that cannot be made is left out
         pass
     try:
         out.append(_cuda_line(facts))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a summary line that cannot be made is left out
         pass
     return out
 
 
-def _environment_line(facts: dict) -> str:
+def _environment_line(facts: Mapping[str, object]) -> str:
     parts = []
     runtime = facts.get("process.runtime.version")
     impl = facts.get("process.runtime.name")
     name = "Python" if impl in (None, "cpython") else "Python (%s)" % impl
     parts.append("%s %s" % (name, runtime) if runtime else "Python (version unknown)")
     arch = facts.get("host.arch")
-    system = " ".join(
-        str(x) for x in (facts.get("os.type"), _ARCH_DISPLAY.get(arch, arch)) if x  # type: ignore[arg-type]
-    )
+    # a fact's value is an object to mypy; get() of one that is not a str finds nothing, as it should
+    display = _ARCH_DISPLAY.get(arch, arch)  # type: ignore[call-overload]
+    system = " ".join(str(x) for x in (facts.get("os.type"), display) if x)
     if system:
         parts.append(system)
     for pkg in PACKAGES:
@@ -657,7 +664,7 @@ def _environment_line(facts: dict) -> str:
     return "environment: " + ", ".join(parts)
 
 
-def _env_line(facts: dict) -> str:
+def _env_line(facts: Mapping[str, object]) -> str:
     prefix = "lora_otel.env."
     env = {k[len(prefix) :]: str(v) for k, v in facts.items() if k.startswith(prefix)}
     if not env:
@@ -678,7 +685,7 @@ def _env_line(facts: dict) -> str:
     return text
 
 
-def _cuda_line(facts: dict) -> str:
+def _cuda_line(facts: Mapping[str, object]) -> str:
     driver = facts.get("lora_otel.nvidia.driver_version")
     gpus = facts.get("lora_otel.nvidia.gpu_count")
     torch = facts.get("lora_otel.pkg.torch")

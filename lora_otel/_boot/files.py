@@ -31,12 +31,12 @@ HIGH_FLOOR_MAX = 4096
 (and ``fork`` copies it), where the soft limit may be a million."""
 
 
-class UnsafeFile(OSError):
+class UnsafeFile(OSError):  # noqa: N818 - named for the condition, as OSError subclasses are (FileExistsError)
     """An existing path lora_otel will not write to: not a regular file, someone else's, or
     writable by others. ``str()`` is one English clause naming why."""
 
 
-def check_own(fd: int, path: str) -> tuple:
+def check_own(fd: int, path: str) -> tuple[int, int]:
     """``(st_dev, st_ino)`` of ``fd`` when it is a regular file owned by this user and not group-
     or world-writable; else :class:`UnsafeFile`."""
     import stat
@@ -97,7 +97,7 @@ def unique_name(path: str, suffix: str = "") -> str:
     return "%s.%s" % (path, token)
 
 
-def open_sibling(path: str) -> tuple:
+def open_sibling(path: str) -> tuple[int, str]:
     """``(fd, path used)`` for a file beside the journal (stacks, sidecar log, children registry):
     ``path`` created new or reused when safely this user's; otherwise a unique variant, created new.
     Raises ``OSError`` when neither can be created."""
@@ -128,8 +128,11 @@ def private_dir(path: str) -> str:
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if (stat.S_ISDIR(st.st_mode) and not (st.st_mode & 0o077)
-            and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid())):
+    if (
+        stat.S_ISDIR(st.st_mode)
+        and not (st.st_mode & 0o077)
+        and (not hasattr(os, "geteuid") or st.st_uid == os.geteuid())
+    ):
         return path
     for _ in range(8):
         other = "%s-%s" % (path, os.urandom(4).hex())
@@ -212,13 +215,13 @@ def move_high(fd: int) -> int:
     return high
 
 
-def identity(fd: int) -> tuple:
+def identity(fd: int) -> tuple[int, int]:
     """``(st_dev, st_ino)`` of an open descriptor (``OSError`` when it is closed)."""
     st = os.fstat(fd)
     return st.st_dev, st.st_ino
 
 
-def same(fd: int, ident: tuple) -> bool:
+def same(fd: int, ident: tuple[int, int]) -> bool:
     """Whether ``fd`` still names the file recorded as ``ident`` (one ``fstat``, ~0.5 µs)."""
     try:
         st = os.fstat(fd)

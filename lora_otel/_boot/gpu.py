@@ -6,11 +6,15 @@ wherever NVML is missing or refuses; never raises.
 
 from __future__ import annotations
 
-_nvml = None
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    import ctypes
+
+_nvml: ctypes.CDLL | None = None
 _nvml_failed = False
 
 
-def _lib():
+def _lib() -> ctypes.CDLL | None:
     global _nvml, _nvml_failed
     if _nvml is not None or _nvml_failed:
         return _nvml

@@ -5,10 +5,9 @@
   it untraced). ``importlib.import_module`` does not go through ``__import__`` and is not traced.
 - **argparse**: ``ArgumentParser.parse_known_args`` (which ``parse_args`` calls) is wrapped as
   soon as the program imports argparse; the first outermost return ends the ``arguments`` span.
-- **torch**: as soon as torch is loaded, a global optimizer step hook (``torch.optim``'s
-  ``register_optimizer_step_pre_hook``/``post_hook``) counts steps and opens ``training`` at the
-  first one; ``torch.cuda._lazy_init`` is wrapped into the ``cuda init`` span and the first
-  ``torch.cuda.is_available()`` into a ``cuda probe`` span.
+- **torch**: as soon as torch is loaded, :mod:`lora_otel._boot.torch_hooks` (loaded then, not
+  before) counts optimizer steps, opens ``training`` at the first one, and makes CUDA's
+  initialisation and first probe spans.
 - **frameworks**: when ``transformers.trainer``, ``lightning.pytorch``/``pytorch_lightning`` or
   ``accelerate`` finishes loading (also lazily, through ``importlib``), the matching module of
   :mod:`lora_otel.integrations` instruments it (a ``sys.meta_path`` entry sees the load).
@@ -25,13 +24,27 @@ from __future__ import annotations
 import builtins
 import os
 import sys
-import time
 from _thread import allocate_lock, get_ident
 
-from lora_otel._boot import core
+from lora_otel._boot import core, stages
+from lora_otel._boot.stages import arguments_done
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
+    from argparse import ArgumentParser
+    from collections.abc import Callable, Mapping, MutableMapping, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any, TypeVar
+
+    from typing_extensions import Concatenate, ParamSpec
+
+    _F = TypeVar("_F", bound=Callable[..., object])
+    _P = ParamSpec("_P")
+    _R = TypeVar("_R")
 
 _orig_import = builtins.__import__
-_importing: dict = {}  # thread id -> True while a traced import runs in that thread
+_importing: dict[int, bool] = {}  # thread id -> True while a traced import runs in that thread
 _argparse_done = False
 _torch_done = False
 _modules = sys.modules
@@ -54,13 +67,24 @@ def _after_import() -> None:
         _check_integrations()
 
 
-def _module_facts(name: str) -> dict:
-    attrs: dict = {}
+def install_torch_hooks(torch: ModuleType) -> None:
+    """Install :mod:`lora_otel._boot.torch_hooks` on ``torch`` (once; loaded only now, so a process
+    that never imports torch never loads it)."""
+    global _torch_done
+    _torch_done = True
+    from lora_otel._boot import torch_hooks
+
+    torch_hooks.install(torch)
+
+
+def _module_facts(name: str) -> dict[str, str]:
+    attrs: dict[str, str] = {}
     mod = _modules.get(name)
     top = name.partition(".")[0]
     version = getattr(_modules.get(top), "__version__", None)
     if not isinstance(version, str):
         from lora_otel._boot import envfacts
+
         version = envfacts.package_version(top)
     if version:
         attrs["lora_otel.package.version"] = str(version)
@@ -70,26 +94,24 @@ def _module_facts(name: str) -> dict:
     return attrs
 
 
-def _program_import(globals) -> bool:
+def _program_import(module_globals: Mapping[str, Any] | None) -> bool:
     """Whether an import statement with these module globals is the program's own."""
-    if not globals:
+    if not module_globals:
         return True
-    modname = globals.get("__name__") or ""
+    modname = module_globals.get("__name__") or ""
     if modname.startswith("lora_otel"):
         return False
-    f = globals.get("__file__")
-    if isinstance(f, str) and f.startswith(_STDLIB_DIR) and "-packages" not in f:
-        return False
-    return True
+    f = module_globals.get("__file__")
+    return not (isinstance(f, str) and f.startswith(_STDLIB_DIR) and "-packages" not in f)
 
 
-def _importer(globals) -> str:
-    return str((globals or {}).get("__name__") or "?")
+def _importer(module_globals: Mapping[str, object] | None) -> str:
+    return str((module_globals or {}).get("__name__") or "?")
 
 
-def _library_import(globals) -> bool:
+def _library_import(module_globals: Mapping[str, object] | None) -> bool:
     """Whether the importing code lives in an installed package (site-packages/dist-packages)."""
-    f = (globals or {}).get("__file__")
+    f = (module_globals or {}).get("__file__")
     return isinstance(f, str) and "-packages" in f
 
 
@@ -102,14 +124,20 @@ def _library_import(globals) -> bool:
 _IMPORT_MACHINERY_FILE = __file__ + " (importlib._bootstrap)"
 
 
-def _as_import_machinery(func):
+def _as_import_machinery(func: _F) -> _F:
     """``func`` with its frames skipped by ``warnings``' stack levels, like importlib's own."""
     func.__code__ = func.__code__.replace(co_filename=_IMPORT_MACHINERY_FILE)
     return func
 
 
 @_as_import_machinery
-def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
+def traced_import(
+    name: str,
+    globals: Mapping[str, object] | None = None,  # noqa: A002 - builtins.__import__'s own parameter names
+    locals: Mapping[str, object] | None = None,  # noqa: A002
+    fromlist: Sequence[str] | None = (),
+    level: int = 0,
+) -> ModuleType:
     """``builtins.__import__`` replacement: a span around each top-level import of a new module."""
     if level or name in _modules or not core.active:
         return _orig_import(name, globals, locals, fromlist, level)
@@ -129,8 +157,9 @@ def traced_import(name, globals=None, locals=None, fromlist=(), level=0):
                     text = "%s: %s" % (type(e).__name__, e)
                     if isinstance(e, ImportError) and _library_import(globals):
                         # A library probing for an optional package: a fact, not the job's error.
-                        core.span_end(sid, "ok", attrs={"lora_otel.import.error": text,
-                                                        "lora_otel.import.by": _importer(globals)})
+                        core.span_end(
+                            sid, "ok", attrs={"lora_otel.import.error": text, "lora_otel.import.by": _importer(globals)}
+                        )
                     else:
                         core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(globals)})
             raise
@@ -159,7 +188,7 @@ def install_import_hook() -> None:
 # Module -> the module of lora_otel.integrations that instruments it, or a hook of this module's
 # (installed by name, see below). An entry leaves once installed, so the checks cost nothing after
 # that (and a dict lookup before).
-_integrations: dict = {
+_integrations: dict[str, str] = {
     "transformers.trainer": "transformers",
     "lightning.pytorch": "lightning",
     "pytorch_lightning": "lightning",
@@ -180,7 +209,9 @@ class _IntegrationFinder:
     code can use the module; for every other module it is one dict lookup and finds nothing.
     """
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if name not in _integrations or not core.active:
             return None
         spec = None
@@ -192,26 +223,31 @@ class _IntegrationFinder:
 _integration_finder = _IntegrationFinder()
 
 
-def _watched_spec(name: str, path, target):
+def _watched_spec(name: str, path: Sequence[str] | None, target: ModuleType | None) -> ModuleSpec | None:
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None) if finder is not _integration_finder else None
-        spec = find(name, path, target) if find is not None else None
+        spec: ModuleSpec | None = find(name, path, target) if find is not None else None
         if spec is not None:
-            break
-    else:
-        return None
-    orig = getattr(spec.loader, "exec_module", None)
-    if orig is None or getattr(orig, "_lora_otel", False):
+            return _watch_loader(name, spec)
+    return None
+
+
+def _watch_loader(name: str, spec: ModuleSpec) -> ModuleSpec:
+    """``spec`` with its loader's ``exec_module`` wrapped to install the integration for ``name``."""
+    loader = spec.loader
+    orig = getattr(loader, "exec_module", None)
+    if loader is None or orig is None or getattr(orig, "_lora_otel", False):
         return spec
 
-    def exec_module(module):
+    def exec_module(module: ModuleType) -> None:
         orig(module)
         if getattr(module, "__name__", None) == name:  # a loader shared by many modules (zipimport)
             _install_integration(name, module)
 
     _as_import_machinery(exec_module)
     exec_module._lora_otel = True  # type: ignore[attr-defined]
-    spec.loader.exec_module = exec_module  # this spec's own loader object, made for this module
+    # This spec's own loader object, made for this module (mypy sees a method of the class).
+    loader.exec_module = exec_module  # type: ignore[method-assign]
     return spec
 
 
@@ -224,7 +260,7 @@ def _check_integrations() -> None:
                 _install_integration(name, mod)
 
 
-def _install_integration(name: str, module) -> None:
+def _install_integration(name: str, module: ModuleType) -> None:
     kind = _integrations.pop(name, None)
     if kind is None or not core.active:
         return
@@ -232,7 +268,7 @@ def _install_integration(name: str, module) -> None:
         if kind.startswith("install_"):
             globals()[kind](module)
             return
-        from lora_otel import integrations
+        from lora_otel._boot import frameworks as integrations
 
         integrations.install(kind, module)
 
@@ -260,7 +296,7 @@ def run_gets_own_trace() -> bool:
     return any(name in _modules for name in UI_MODULES)
 
 
-def child_env_changes() -> dict | None:
+def child_env_changes() -> dict[str, str | None] | None:
     """What a child process started now from this thread needs in its environment, or None (the
     inherited one, naming the root span, is right).
 
@@ -270,8 +306,8 @@ def child_env_changes() -> dict | None:
     if not core.active or os.getpid() != core.pid:
         return None
     sid = core.current_span_id()
-    if sid == core.root_id and _training_id is not None and _training_id in core.open_spans:
-        sid = _training_id
+    if sid == core.root_id and stages.training_id is not None and stages.training_id in core.open_spans:
+        sid = stages.training_id
     if sid and sid != core.root_id:
         return {"TRACEPARENT": core.traceparent(sid)}
     if run_gets_own_trace():
@@ -279,7 +315,7 @@ def child_env_changes() -> dict | None:
     return None
 
 
-def _apply(env: dict, changes: dict) -> None:
+def _apply(env: MutableMapping[str, str], changes: Mapping[str, str | None]) -> None:
     for key, value in changes.items():
         if value is None:
             env.pop(key, None)
@@ -287,16 +323,26 @@ def _apply(env: dict, changes: dict) -> None:
             env[key] = value
 
 
-def install_subprocess_hook(subprocess) -> None:
+def install_subprocess_hook(subprocess: ModuleType) -> None:
     """Wrap ``subprocess.Popen._execute_child`` (every subprocess call, ``os.popen`` too) with
     `child_env_changes`. An ``env`` the caller built keeps its own TRACEPARENT unless that is the
     inherited one (``os.environ.copy()`` and edits)."""
     popen = getattr(subprocess, "Popen", None)
     orig = getattr(popen, "_execute_child", None)
-    if orig is None or getattr(orig, "_lora_otel", False):
+    if popen is None or orig is None or getattr(orig, "_lora_otel", False):
         return
 
-    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest):
+    def _execute_child(
+        self: object,
+        args: object,
+        executable: object,
+        preexec_fn: object,
+        close_fds: object,
+        pass_fds: object,
+        cwd: object,
+        env: Any,
+        *rest: object,
+    ) -> object:
         with core.fail_open("subprocess hook"):
             changes = child_env_changes()
             inherited = core.traceparent(core.root_id)  # now: a forked child has a root of its own
@@ -312,10 +358,11 @@ def install_subprocess_hook(subprocess) -> None:
 _environ_lock = allocate_lock()
 
 
-def _in_child_environ(orig, where: str):
+def _in_child_environ(orig: Callable[_P, _R], where: str) -> Callable[_P, _R]:
     """``orig`` (a call that starts a process inheriting the C environment: multiprocessing's
     spawn, ``os.system``) run with `child_env_changes` made in ``os.environ`` for its duration."""
-    def call(*args, **kwargs):
+
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         changes = None
         with core.fail_open(where):
             changes = child_env_changes()
@@ -334,11 +381,12 @@ def _in_child_environ(orig, where: str):
     return call
 
 
-def install_mp_spawn_hook(util) -> None:
+def install_mp_spawn_hook(util: ModuleType) -> None:
     """Wrap ``multiprocessing.util.spawnv_passfds`` (spawn and forkserver start methods)."""
     orig = getattr(util, "spawnv_passfds", None)
     if orig is not None and not getattr(orig, "_lora_otel", False):
-        util.spawnv_passfds = _in_child_environ(orig, "multiprocessing hook")
+        # multiprocessing.util's own function (mypy sees only a module).
+        util.spawnv_passfds = _in_child_environ(orig, "multiprocessing hook")  # type: ignore[attr-defined]
 
 
 TERMINATED_CHILD = "terminated child"
@@ -347,7 +395,7 @@ TERMINATED_CHILD = "terminated child"
 that child, gone without an exit record, as stopped by its parent, not killed."""
 
 
-def install_mp_terminate_hook(process) -> None:
+def install_mp_terminate_hook(process: ModuleType) -> None:
     """Wrap ``multiprocessing.process.BaseProcess.terminate`` and ``kill``: journal which child is
     about to be stopped, then stop it as asked."""
     cls = getattr(process, "BaseProcess", None)
@@ -357,14 +405,20 @@ def install_mp_terminate_hook(process) -> None:
             setattr(cls, method, _journal_stop(orig, signal_name))
 
 
-def _journal_stop(orig, signal_name: str):
-    def stop(self):
+def _journal_stop(orig: Callable[[Any], _R], signal_name: str) -> Callable[[Any], _R]:
+    def stop(self: Any) -> _R:
         with core.fail_open("multiprocessing terminate hook"):
             popen = getattr(self, "_popen", None)
             if core.active and popen is not None and popen.poll() is None:
-                core.span_event(core.root_id, TERMINATED_CHILD, {
-                    "process.pid": popen.pid, "lora_otel.signal": signal_name,
-                    "lora_otel.process.name": str(getattr(self, "name", ""))})
+                core.span_event(
+                    core.root_id,
+                    TERMINATED_CHILD,
+                    {
+                        "process.pid": popen.pid,
+                        "lora_otel.signal": signal_name,
+                        "lora_otel.process.name": str(getattr(self, "name", "")),
+                    },
+                )
         return orig(self)
 
     stop._lora_otel = True  # type: ignore[attr-defined]
@@ -381,7 +435,7 @@ def install_os_system_hook() -> None:
 
 # --- argparse ------------------------------------------------------------------------------
 
-_parse_depth: dict = {}
+_parse_depth: dict[int, int] = {}
 
 
 def install_argparse_hook() -> None:
@@ -398,8 +452,10 @@ def install_argparse_hook() -> None:
             setattr(cls, attr, _wrap_parser_method(orig))
 
 
-def _wrap_parser_method(orig):
-    def method(self, *args, **kwargs):
+def _wrap_parser_method(
+    orig: Callable[Concatenate[ArgumentParser, _P], _R],
+) -> Callable[Concatenate[ArgumentParser, _P], _R]:
+    def method(self: ArgumentParser, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         tid = get_ident()
         if _parse_depth.get(tid):
             return orig(self, *args, **kwargs)
@@ -410,8 +466,9 @@ def _wrap_parser_method(orig):
             code = e.code
             with core.fail_open("argparse hook"):
                 failed = code not in (0, None)
-                arguments_done("argparse", "error" if failed else "ok",
-                               "argparse exited with status %s" % code if failed else None)
+                arguments_done(
+                    "argparse", "error" if failed else "ok", "argparse exited with status %s" % code if failed else None
+                )
             raise
         finally:
             _parse_depth.pop(tid, None)
@@ -424,219 +481,3 @@ def _wrap_parser_method(orig):
     method.__name__ = orig.__name__
     method.__doc__ = orig.__doc__
     return method
-
-
-def arguments_done(how: str, status: str = "ok", message: str | None = None) -> None:
-    """End the ``arguments`` span (first call only)."""
-    sid = core.find_open("arguments")
-    if sid is not None:
-        core.span_end(sid, status, message, {"lora_otel.arguments.parser": how})
-
-
-# --- torch -----------------------------------------------------------------------------------
-
-_training_id: str | None = None
-
-
-def ensure_training(started_by: str, why: str) -> None:
-    """Open the ``training`` span under ``process`` unless one is open (ends ``arguments`` first)."""
-    global _training_id
-    if _training_id is not None and _training_id in core.open_spans:
-        return
-    if core.find_open("training") is None:
-        arguments_done("none seen before training")
-        _training_id = core.span_start("training", {"lora_otel.training.started_by": started_by},
-                                       parent_id=core.root_id, push=False)
-        core.info_line("training started (%s)" % why)
-
-
-def _step_spans_every() -> int:
-    """``LORA_OTEL_STEP_SPANS=N``: one ``step K`` span every N optimizer steps (default 0: none)."""
-    text = os.environ.get("LORA_OTEL_STEP_SPANS", "").strip()
-    if not text:
-        return 0
-    if text.isdigit():
-        return int(text)
-    core.error_line("LORA_OTEL_STEP_SPANS=%r is not a whole number; no step spans" % text)
-    return 0
-
-
-_step_every = -1  # read on the first step
-_step_span: str | None = None
-
-
-def on_step_pre(*_args) -> None:
-    global _step_every, _step_span
-    if _training_id is None or _training_id not in core.open_spans:
-        with core.fail_open("optimizer step hook"):
-            ensure_training("optimizer step", "first optimizer step")
-    if _step_every:  # -1: not read yet; 0: no step spans (the default)
-        if _step_every < 0:
-            _step_every = _step_spans_every()
-            if not _step_every:
-                return
-        if core.steps % _step_every:
-            return
-        with core.fail_open("step span"):
-            _step_span = core.span_start("step %d" % (core.steps + 1), {"lora_otel.step": core.steps + 1},
-                                         parent_id=_training_id, push=False)
-
-
-def on_step_post(*_args) -> None:
-    global _step_span
-    core.steps += 1
-    core.last_step_ns = time.time_ns()
-    if _step_span is not None:
-        with core.fail_open("step span"):
-            core.span_end(_step_span)
-        _step_span = None
-
-
-def install_torch_hooks(torch) -> None:
-    global _torch_done
-    _torch_done = True
-    # Said on the root span, which every reader keeps (ended import spans may be dropped by a live
-    # tail): a process that imported torch idling with no stage open may be a stuck job.
-    core.span_attrs(core.root_id, {"lora_otel.torch.imported": True})
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-    except ImportError:
-        core.error_line("this torch (%s) has no global optimizer step hooks; use lora_otel.progress()"
-                        % getattr(torch, "__version__", "?"))
-    else:
-        register_optimizer_step_pre_hook(on_step_pre)
-        register_optimizer_step_post_hook(on_step_post)
-    _install_cuda_hooks(torch)
-
-
-def _cuda_absent_reason(torch) -> str:
-    from lora_otel._boot import envfacts
-
-    if getattr(torch.version, "cuda", None) is None:
-        if getattr(torch.version, "hip", None):
-            return "ROCm build of torch (%s); no NVIDIA CUDA" % torch.__version__
-        return "CPU build of torch (%s)" % torch.__version__
-    if not envfacts.driver_facts().get("lora_otel.nvidia.driver_version") and not os.path.exists("/dev/nvidiactl"):
-        return "no NVIDIA driver (/proc/driver/nvidia/version missing)"
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip() in ("", "-1", "none", "NoDevFiles"):
-        return "no visible device (CUDA_VISIBLE_DEVICES=%r)" % cvd
-    return "no visible device"
-
-
-def _cuda_facts(torch) -> dict:
-    from lora_otel._boot import envfacts, gpu
-
-    attrs: dict = {
-        "lora_otel.torch.version": str(torch.__version__),
-        "lora_otel.cuda.version": str(torch.version.cuda),
-    }
-    with core.fail_open("cuda facts"):
-        v = torch.backends.cudnn.version()
-        if v:
-            attrs["lora_otel.cudnn.version"] = str(v)
-    drv = envfacts.driver_facts().get("lora_otel.nvidia.driver_version")
-    if drv:
-        attrs["lora_otel.nvidia.driver_version"] = drv
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    attrs["lora_otel.cuda.visible_devices"] = cvd if cvd is not None else "(unset)"
-    n = torch.cuda.device_count()
-    attrs["lora_otel.cuda.device_count"] = n
-    names, caps, totals, frees = [], [], [], []
-    for i in range(n):
-        p = torch.cuda.get_device_properties(i)
-        names.append(str(p.name))
-        caps.append("%d.%d" % (p.major, p.minor))
-        totals.append(int(p.total_memory))
-        uuid = getattr(p, "uuid", None)
-        free = gpu.free_memory(str(uuid) if uuid is not None else None, i)
-        frees.append(-1 if free is None else int(free))
-    attrs["lora_otel.cuda.device_names"] = names
-    attrs["lora_otel.cuda.capabilities"] = caps
-    attrs["lora_otel.cuda.total_memory_bytes"] = totals
-    attrs["lora_otel.cuda.free_memory_bytes"] = frees
-    return attrs
-
-
-def _install_cuda_hooks(torch) -> None:
-    tc = torch.cuda
-    orig_init = getattr(tc, "_lazy_init", None)
-    if orig_init is not None and not getattr(orig_init, "_lora_otel", False):
-        state = {"done": False}
-
-        def _lazy_init():
-            if state["done"]:
-                return orig_init()
-            try:
-                initialized = tc.is_initialized()
-            except Exception:  # noqa: BLE001
-                initialized = False
-            if initialized:
-                state["done"] = True
-                return orig_init()
-            sid = None
-            with core.fail_open("cuda init hook"):
-                sid = core.span_start("cuda init", {
-                    "lora_otel.cuda.visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")})
-                core.info_line("cuda init: starting")
-            try:
-                result = orig_init()
-            except BaseException as e:
-                state["done"] = True
-                if sid is not None:
-                    with core.fail_open("cuda init hook"):
-                        reason = _cuda_absent_reason(torch)
-                        core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e),
-                                      {"lora_otel.cuda.available": False, "lora_otel.cuda.absent_reason": reason,
-                                       "lora_otel.torch.version": str(torch.__version__)})
-                        core.error_line("cuda init failed: %s: %s (%s)" % (type(e).__name__, e, reason))
-                raise
-            state["done"] = True
-            if sid is not None:
-                with core.fail_open("cuda init hook"):
-                    facts = _cuda_facts(torch)
-                    facts["lora_otel.cuda.available"] = True
-                    core.span_end(sid, "ok", attrs=facts)
-                    core.info_line("cuda init: done, %d device(s): %s" % (
-                        facts["lora_otel.cuda.device_count"], ", ".join(facts["lora_otel.cuda.device_names"])))
-            return result
-
-        _lazy_init._lora_otel = True  # type: ignore[attr-defined]
-        _lazy_init.__wrapped__ = orig_init  # type: ignore[attr-defined]
-        # Modules that did ``from torch.cuda import _lazy_init`` hold their own reference.
-        for modname, mod in list(_modules.items()):
-            if (modname == "torch.cuda" or modname.startswith("torch.cuda.")) and \
-                    getattr(mod, "_lazy_init", None) is orig_init:
-                setattr(mod, "_lazy_init", _lazy_init)
-
-    orig_avail = getattr(tc, "is_available", None)
-    if orig_avail is not None and not getattr(orig_avail, "_lora_otel", False):
-        probed = {"done": False}
-
-        def is_available():
-            if probed["done"]:
-                return orig_avail()
-            probed["done"] = True
-            sid = None
-            with core.fail_open("cuda probe hook"):
-                sid = core.span_start("cuda probe", {})
-            try:
-                result = orig_avail()
-            except BaseException as e:
-                if sid is not None:
-                    with core.fail_open("cuda probe hook"):
-                        core.span_end(sid, "error", "%s: %s" % (type(e).__name__, e))
-                raise
-            if sid is not None:
-                with core.fail_open("cuda probe hook"):
-                    attrs = {"lora_otel.cuda.available": bool(result),
-                             "lora_otel.torch.version": str(torch.__version__)}
-                    if not result:
-                        attrs["lora_otel.cuda.absent_reason"] = _cuda_absent_reason(torch)
-                        core.info_line("CUDA not available: %s" % attrs["lora_otel.cuda.absent_reason"])
-                    core.span_end(sid, "ok", attrs=attrs)
-            return result
-
-        is_available._lora_otel = True  # type: ignore[attr-defined]
-        is_available.__wrapped__ = orig_avail  # type: ignore[attr-defined]
-        tc.is_available = is_available

@@ -11,20 +11,22 @@ is valid UTF-8 JSON. Not for general use: no indentation, no key sorting, no cyc
 
 from __future__ import annotations
 
+__all__ = ["_quote", "dumps_line"]  # _quote: core writes its own small records with it
+
 try:
     from _json import encode_basestring as _quote
 except ImportError:  # pragma: no cover - every CPython build has _json
     _ESC = {i: "\\u%04x" % i for i in range(32)}
     _ESC.update({ord('"'): '\\"', ord("\\"): "\\\\", 8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"})
 
-    def _quote(s: str) -> str:
+    def _quote(s: str, /) -> str:
         return '"' + s.translate(_ESC) + '"'
 
 
-def _enc(obj: object, out: list) -> None:
+def _enc(obj: object, out: list[str]) -> None:
     t = type(obj)
     if t is str:
-        out.append(_quote(obj))
+        out.append(_quote(obj))  # type: ignore[arg-type]  # a str: mypy does not narrow through ``t``
     elif obj is None:
         out.append("null")
     elif obj is True:
@@ -76,7 +78,7 @@ def _enc(obj: object, out: list) -> None:
 
 def dumps_line(obj: object) -> bytes:
     """Encode ``obj`` as one JSON line (with the trailing newline), UTF-8, never raising on strings."""
-    out: list = []
+    out: list[str] = []
     _enc(obj, out)
     out.append("\n")
     # Lone surrogates cannot be UTF-8; backslashreplace turns them into \udcXX, which inside a

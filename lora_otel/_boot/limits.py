@@ -8,7 +8,7 @@ then by kind (``import``), then ``default``. ``between`` is the quiet time with 
 a beat before a live process counts as frozen.
 
 Standard library only, no imports at all: the training process parses these in its preamble, and
-:mod:`lora_otel.export.stall` uses the same parser and defaults.
+:mod:`lora_otel.analysis.stall` uses the same parser and defaults.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ TRAINING_STEP_FACTOR = 20.0
 STALL_AFTER_ENV = "LORA_OTEL_STALL_AFTER"
 FROZEN_AFTER_ENV = "LORA_OTEL_FROZEN_AFTER"
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Mapping
+
 
 class LimitError(ValueError):
     """A bad limit value; the message is one line."""
 
 
-def parse_limits(text):
+def parse_limits(text: str | None) -> dict[str, float]:
     """``"300"`` or ``"import=300,cuda init=60,between=60"`` → limits merged over the defaults.
 
     Raises:
@@ -47,7 +51,7 @@ def parse_limits(text):
         every = None
     if every is not None:
         _check(every, text)
-        return {k: every for k in list(limits) + ["default"]}
+        return dict.fromkeys([*limits, "default"], every)
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
@@ -62,12 +66,12 @@ def parse_limits(text):
     return limits
 
 
-def _check(seconds, given):
+def _check(seconds: float, given: str) -> None:
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
         raise LimitError("stall limit must be a positive number of seconds, got %r" % given.strip())
 
 
-def parse_frozen_after(text):
+def parse_frozen_after(text: str | None) -> float:
     """``LORA_OTEL_FROZEN_AFTER``'s text → seconds (empty: the default). Raises `LimitError`."""
     text = (text or "").strip()
     if not text:
@@ -81,7 +85,7 @@ def parse_frozen_after(text):
     return value
 
 
-def limit_for(name, limits):
+def limit_for(name: str, limits: Mapping[str, float]) -> float | None:
     """The limit of a stage called ``name``: by full name, then kind (``import``), then ``default``."""
     if name in limits:
         return limits[name]

@@ -1,6 +1,6 @@
 """The job narrates a slow stage in its own lines, from the beat thread (docs/narration.md).
 
-At each beat the *subject* is worked out, by the same rules as ``lora_otel.export.stall``:
+At each beat the *subject* is worked out, by the same rules as ``lora_otel.analysis.stall``:
 
 - the deepest open stage (the most recently started open span with no open child), except
   ``process``; for ``training`` — and for a stage with no limit of its own inside ``training``
@@ -36,6 +36,18 @@ from _thread import allocate_lock
 from lora_otel._boot import core
 from lora_otel._boot import limits as _lim
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Mapping
+    from typing import Optional, Union
+
+    from lora_otel._boot.where import Frame
+
+    EpisodeKey = Union[str, tuple[str, int], tuple[str, str, int]]
+    """A stage's span id; ``("between", since)``; ``("training", span id, since)``."""
+    Subject = tuple[str, EpisodeKey, str, int, Optional[float]]
+    """``(kind, key, name, since_ns, limit_s or None)``: what the job is in now."""
+
 CADENCE_S = (10.0, 30.0, 60.0, 120.0)
 """When a stage is narrated, in seconds since it began; then every `REPEAT_S`."""
 REPEAT_S = 300.0
@@ -46,17 +58,17 @@ _UI_MODULES = ("gradio", "uvicorn", "streamlit")
 _configured = False
 _scale = 1.0
 _lines_on = True
-_limits: dict = dict(_lim.DEFAULT_LIMITS_S)
-_episodes: dict = {}  # key -> _Episode
-_samples: list = []  # (beat ts, steps) of the last STEP_SAMPLES beats
+_limits: dict[str, float] = dict(_lim.DEFAULT_LIMITS_S)
+_episodes: dict[EpisodeKey, _Episode] = {}  # key -> _Episode
+_samples: list[tuple[int, int]] = []  # (beat ts, steps) of the last STEP_SAMPLES beats
 
 
 class _Episode:
     """One subject followed from the beat: a stage, a gap between optimizer steps, a quiet time."""
 
-    __slots__ = ("kind", "key", "name", "since_ns", "next_i", "stalled", "said", "steps")
+    __slots__ = ("key", "kind", "name", "next_i", "said", "since_ns", "stalled", "steps")
 
-    def __init__(self, kind: str, key, name: str, since_ns: int) -> None:
+    def __init__(self, kind: str, key: EpisodeKey, name: str, since_ns: int) -> None:
         self.kind, self.key, self.name, self.since_ns = kind, key, name, since_ns
         self.next_i = 0
         self.stalled = False
@@ -80,7 +92,7 @@ def _say_bad(msg: str) -> None:
     (core.info_line if core.quiet else core.error_line)(msg)
 
 
-def configure(env=None) -> None:
+def configure(env: Mapping[str, str] | None = None) -> None:
     """Read ``LORA_OTEL_STALL_AFTER``, ``LORA_OTEL_FROZEN_AFTER`` and ``LORA_OTEL_NARRATE_S``; a bad
     value: one line naming the variable and the default used instead (the job goes on)."""
     global _configured, _scale, _lines_on, _limits
@@ -91,8 +103,10 @@ def configure(env=None) -> None:
         _limits = _lim.parse_limits(raw)
     except _lim.LimitError as e:
         _limits = dict(_lim.DEFAULT_LIMITS_S)
-        _say_bad("%s=%r: %s; using the default limits (%s)" % (
-            _lim.STALL_AFTER_ENV, raw, e, ", ".join("%s %g s" % kv for kv in _limits.items())))
+        _say_bad(
+            "%s=%r: %s; using the default limits (%s)"
+            % (_lim.STALL_AFTER_ENV, raw, e, ", ".join("%s %g s" % kv for kv in _limits.items()))
+        )
     raw = env.get(_lim.FROZEN_AFTER_ENV)
     try:
         _lim.parse_frozen_after(raw)
@@ -105,8 +119,10 @@ def configure(env=None) -> None:
             if not 0 <= value < float("inf"):
                 raise ValueError
         except ValueError:
-            _say_bad("%s=%r is not a number of seconds (0 or more); using the default, %g s"
-                     % (NARRATE_ENV, raw, CADENCE_S[0]))
+            _say_bad(
+                "%s=%r is not a number of seconds (0 or more); using the default, %g s"
+                % (NARRATE_ENV, raw, CADENCE_S[0])
+            )
         else:
             _lines_on = value > 0
             _scale = value / CADENCE_S[0] if value > 0 else 1.0
@@ -128,7 +144,7 @@ def _median_step_s() -> float | None:
     return per_step[n // 2] if n % 2 else (per_step[n // 2 - 1] + per_step[n // 2]) / 2
 
 
-def _subject(now_ns: int):
+def _subject(now_ns: int) -> Subject | None:
     """``(kind, key, name, since_ns, limit_s or None)`` of what the job is in now, or None."""
     items = list(core.open_spans.items())
     if not items:
@@ -143,7 +159,7 @@ def _subject(now_ns: int):
         after = ended[1] if ended is not None else ""
         return "between", ("between", since), after, since, _limits.get("between")
     limit = _lim.limit_for(name, _limits) if isinstance(name, str) else None
-    training = None
+    training: tuple[str, tuple[str, str | None, int, int]] | None = None
     if name == "training":
         training = (sid, info)
     elif limit is None:
@@ -181,28 +197,38 @@ def has_children(pid: object = "self") -> bool:
 
 def _idle_ok() -> bool:
     """Whether a quiet time (or ``arguments`` still open) may mean this job is stuck (docstring)."""
-    return (not core.quiet and "torch" in sys.modules
-            and not any(m in sys.modules for m in _UI_MODULES) and not has_children())
+    return (
+        not core.quiet
+        and "torch" in sys.modules
+        and not any(m in sys.modules for m in _UI_MODULES)
+        and not has_children()
+    )
 
 
-def _where(frames) -> str:
+def _where(frames: list[Frame] | None) -> str:
     from lora_otel._boot.where import text
 
     where = text(frames) if frames else ""
     return " — main thread at %s" % where if where else ""
 
 
-def _still(ep: _Episode, open_s: float, frames) -> str:
+def _still(ep: _Episode, open_s: float, frames: list[Frame] | None) -> str:
     if ep.kind == "training":
         return "no optimizer step for %s in training (%s)%s" % (
-            _secs(open_s), "last was step %d" % core.steps if core.steps else "none yet", _where(frames))
+            _secs(open_s),
+            "last was step %d" % core.steps if core.steps else "none yet",
+            _where(frames),
+        )
     if ep.kind == "between":
         return "no stage open for %s since %s%s" % (
-            _secs(open_s), "%s ended" % ep.name if ep.name else "start", _where(frames))
+            _secs(open_s),
+            "%s ended" % ep.name if ep.name else "start",
+            _where(frames),
+        )
     return "still in %s after %s%s" % (ep.name, _secs(open_s), _where(frames))
 
 
-def _stalled(ep: _Episode, open_s: float, limit: float, frames) -> str:
+def _stalled(ep: _Episode, open_s: float, limit: float, frames: list[Frame] | None) -> str:
     if ep.kind == "training":
         what = "training, no optimizer step for %s" % _secs(open_s)
     elif ep.kind == "between":
@@ -212,7 +238,7 @@ def _stalled(ep: _Episode, open_s: float, limit: float, frames) -> str:
     return "STALLED: %s (limit %g s)%s" % (what, limit, _where(frames))
 
 
-def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
+def _ended(ep: _Episode, now_ns: int, subject: Subject | None) -> str | None:
     """The line for a narrated episode that is over, or None while it goes on."""
     if ep.kind == "stage":
         if ep.key in core.open_spans:
@@ -224,7 +250,9 @@ def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
         tsid = ep.key[1]
         if core.steps > ep.steps and core.last_step_ns:
             return "optimizer step %d came %s after the one before" % (
-                ep.steps + 1, _secs((core.last_step_ns - ep.since_ns) / 1e9))
+                ep.steps + 1,
+                _secs((core.last_step_ns - ep.since_ns) / 1e9),
+            )
         if tsid not in core.open_spans:
             return "training ended %s after its last optimizer step" % _secs((now_ns - ep.since_ns) / 1e9)
         return None
@@ -232,7 +260,10 @@ def _ended(ep: _Episode, now_ns: int, subject) -> str | None:
         return None
     then = ", until %s started" % subject[2] if subject is not None and subject[0] == "stage" else ""
     return "no stage was open for %s after %s%s" % (
-        _secs((now_ns - ep.since_ns) / 1e9), "%s ended" % ep.name if ep.name else "start", then)
+        _secs((now_ns - ep.since_ns) / 1e9),
+        "%s ended" % ep.name if ep.name else "start",
+        then,
+    )
 
 
 _lock = allocate_lock()
@@ -245,7 +276,7 @@ def at_exit(now_ns: int) -> None:
         _say_ended(now_ns, _subject(now_ns))
 
 
-def _say_ended(now_ns: int, subject) -> None:
+def _say_ended(now_ns: int, subject: Subject | None) -> None:
     """Forget the episodes whose stage is over, saying "took N s" for those that were narrated."""
     for key, ep in list(_episodes.items()):
         line = _ended(ep, now_ns, subject)
@@ -255,13 +286,13 @@ def _say_ended(now_ns: int, subject) -> None:
                 core.warn_line(line)
 
 
-def tick(now_ns: int, frames) -> None:
+def tick(now_ns: int, frames: list[Frame] | None) -> None:
     """One beat's narration (called by the beat thread after the beat record)."""
     with _lock:
         _tick(now_ns, frames)
 
 
-def _tick(now_ns: int, frames) -> None:
+def _tick(now_ns: int, frames: list[Frame] | None) -> None:
     if not _configured:
         configure()
     _samples.append((now_ns, core.steps))
@@ -285,7 +316,7 @@ def _tick(now_ns: int, frames) -> None:
     while threshold_s(ep.next_i) <= open_s:
         ep.next_i += 1
     ep.said = True
-    if stall_due:
+    if stall_due and limit is not None:  # (stall_due implies a limit: said again for mypy)
         ep.stalled = True
         core.error_line(_stalled(ep, open_s, limit, frames))
     else:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Mapping, Sequence
+
 JOURNAL_SUFFIX = ".otel.jsonl"
 
 
-def log_path_from_argv(argv: list) -> str | None:
+def log_path_from_argv(argv: Sequence[str]) -> str | None:
     """The value of ``--log PATH`` or ``--log=PATH`` in a program's argv, or None."""
     n = len(argv)
     for i in range(1, n):
@@ -41,7 +45,9 @@ def journal_name(pid: int, now_s: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s)) + "-%d%s" % (pid, JOURNAL_SUFFIX)
 
 
-def choose_journal_path(argv: list, environ, pid: int, now_s: float, cwd: str | None = None) -> str:
+def choose_journal_path(
+    argv: Sequence[str], environ: Mapping[str, str], pid: int, now_s: float, cwd: str | None = None
+) -> str:
     """The journal path for a process, first match wins (see docs/journal.md).
 
     1. ``LORA_OTEL_JOURNAL``; 2. ``--log PATH`` in argv → ``PATH.otel.jsonl``;
@@ -79,5 +85,9 @@ def unique_variant(path: str, pid: int, now_s: float) -> str:
     each still gets a journal of its own. The random part makes the name one nobody can prepare
     in advance (a shared directory).
     """
-    return "%s.%s-%s%s" % (stem(path), journal_name(pid, now_s)[: -len(JOURNAL_SUFFIX)], os.urandom(3).hex(),
-                           JOURNAL_SUFFIX)
+    return "%s.%s-%s%s" % (
+        stem(path),
+        journal_name(pid, now_s)[: -len(JOURNAL_SUFFIX)],
+        os.urandom(3).hex(),
+        JOURNAL_SUFFIX,
+    )

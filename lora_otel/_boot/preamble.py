@@ -12,6 +12,10 @@ Order matters and is the point of this module:
 4. exit, exception, fork and beat machinery.
 
 Imports only what the interpreter has already loaded, plus ``_thread`` and ``atexit``.
+
+One module on purpose (~1,000 lines): `_start` installs all of it — exit, exec, fork, stack-dump
+and beat machinery — in every traced process, so a split would only add files to find and load
+at interpreter start (~0.4 ms each, ``python -X importtime``); its sections are marked ``# ---``.
 """
 
 from __future__ import annotations
@@ -21,24 +25,39 @@ import os
 import sys
 import time
 
-from lora_otel._boot import core, paths
+from lora_otel._boot import core, paths, stages
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Callable, Iterable, Mapping, MutableMapping
+    from os import _ExecEnv, _ExecVArgs
+    from types import CodeType
+    from typing import Any, NoReturn
+
+    from _typeshed import FileDescriptorOrPath, StrOrBytesPath
 
 _started_ns = 0
 _exit_code: object = None
 _fork_parent_span: str | None = None
-_beat_interval = 1.0
 
 
-def parse_traceparent(value: str | None) -> tuple:
+def parse_traceparent(value: str | None) -> tuple[str | None, str | None, bool]:
     """``(trace_id, parent_span_id, sampled)`` from a W3C ``traceparent``, or ``(None, None, True)``."""
     if not value:
         return None, None, True
     parts = value.strip().split("-")
     hexdigits = "0123456789abcdef"
-    if (len(parts) >= 4 and len(parts[0]) == 2 and parts[0] != "ff" and len(parts[1]) == 32
-            and len(parts[2]) == 16 and len(parts[3]) == 2
-            and all(c in hexdigits for c in parts[1] + parts[2] + parts[3] + parts[0])
-            and parts[1] != "0" * 32 and parts[2] != "0" * 16):
+    if (
+        len(parts) >= 4
+        and len(parts[0]) == 2
+        and parts[0] != "ff"
+        and len(parts[1]) == 32
+        and len(parts[2]) == 16
+        and len(parts[3]) == 2
+        and all(c in hexdigits for c in parts[1] + parts[2] + parts[3] + parts[0])
+        and parts[1] != "0" * 32
+        and parts[2] != "0" * 16
+    ):
         return parts[1], parts[2], bool(int(parts[3], 16) & 1)
     return None, None, True
 
@@ -51,7 +70,7 @@ RANK_ENV = "LORA_OTEL_JOB_RANK"
 """The rank (``RANK``, ``SLURM_PROCID``, …) of the nearest process above that speaks on the terminal."""
 
 
-def _new_rank(env) -> str | None:
+def _new_rank(env: Mapping[str, str]) -> str | None:
     """This process's rank when a distributed launcher (torchrun, accelerate, Slurm) started it as
     a rank of its own: the job's workers, whose lines a log panel must show although a traced
     launcher started them. Their own children (DataLoader workers, helpers) inherit the same rank
@@ -62,7 +81,7 @@ def _new_rank(env) -> str | None:
     return str(rank)
 
 
-def is_child(env, trace_id: str | None) -> bool:
+def is_child(env: Mapping[str, str], trace_id: str | None) -> bool:
     """Whether this process was started (directly or not) by a traced process of the same job: it
     continues the trace that the job's top process (`JOB_ENV`) began or continued, and is not that
     process itself (an ``exec`` keeps the pid). A ``TRACEPARENT`` from a launcher that is not
@@ -80,7 +99,7 @@ def _read_proc_self(name: str) -> bytes:
         os.close(fd)
 
 
-def _process_start(now_ns: int) -> tuple:
+def _process_start(now_ns: int) -> tuple[int, int | None]:
     """``(start_ns, start_ticks)``: when this process really started (Linux), else now.
 
     The kernel gives the start in clock ticks (10 ms), rounded down; the end of that tick is used,
@@ -90,7 +109,7 @@ def _process_start(now_ns: int) -> tuple:
     """
     try:
         data = _read_proc_self("stat")
-        ticks = int(data[data.rindex(b")") + 2:].split()[19])
+        ticks = int(data[data.rindex(b")") + 2 :].split()[19])
         hz = os.sysconf("SC_CLK_TCK")
         since_boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         wall_ns = time.time_ns()
@@ -114,7 +133,7 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def _service_name(argv: list) -> str:
+def _service_name(argv: list[str]) -> str:
     name = os.environ.get("OTEL_SERVICE_NAME")
     if name:
         return name
@@ -136,7 +155,7 @@ def _digest(data: bytes) -> int:
     return int.from_bytes(b"\x01" + data, "big") % 2305843009213693951  # 2**61 - 1
 
 
-def image_identity(pid: int | str = "self") -> dict:
+def image_identity(pid: int | str = "self") -> dict[str, object]:
     """What identifies the program image a process runs, for telling later whether it exec'd.
 
     ``exe``: ``[st_dev, st_ino]`` of ``/proc/<pid>/exe``; ``auxv``: a fingerprint of
@@ -144,7 +163,7 @@ def image_identity(pid: int | str = "self") -> dict:
     randomised per exec); ``cmdline``: a fingerprint of ``/proc/<pid>/cmdline`` (set at exec, but a
     program may rewrite it: ``setproctitle``). A fact that cannot be read is left out.
     """
-    out: dict = {}
+    out: dict[str, object] = {}
     try:
         st = os.stat("/proc/%s/exe" % pid)
         out["exe"] = [st.st_dev, st.st_ino]
@@ -169,19 +188,37 @@ def image_identity(pid: int | str = "self") -> dict:
     return out
 
 
-def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list) -> None:
+def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
     env = os.environ
-    rec = {"v": core.FORMAT_VERSION, "k": "start", "ts": start_ns, "trace_id": core.trace_id,
-           "span_id": core.root_id, "parent_id": parent, "name": "process", "pid": core.pid,
-           "ppid": os.getppid(), "start_ticks": ticks, "image": image_identity(), "sampled": core.sampled,
-           "config": {"import_threshold_ms": core.import_threshold_ms, "quiet": core.quiet,
-                      # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
-                      "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
-                      "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER")},
-           "stderr": list(core.stderr_id) if core.stderr_id else None,
-           "attrs": {"service.name": _service_name(argv), "process.pid": core.pid,
-                     "process.parent_pid": os.getppid(), "lora_otel.activation": how}}
+    rec = {
+        "v": core.FORMAT_VERSION,
+        "k": "start",
+        "ts": start_ns,
+        "trace_id": core.trace_id,
+        "span_id": core.root_id,
+        "parent_id": parent,
+        "name": "process",
+        "pid": core.pid,
+        "ppid": os.getppid(),
+        "start_ticks": ticks,
+        "image": image_identity(),
+        "sampled": core.sampled,
+        "config": {
+            "import_threshold_ms": core.import_threshold_ms,
+            "quiet": core.quiet,
+            # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
+            "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
+            "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER"),
+        },
+        "stderr": list(core.stderr_id) if core.stderr_id else None,
+        "attrs": {
+            "service.name": _service_name(argv),
+            "process.pid": core.pid,
+            "process.parent_pid": os.getppid(),
+            "lora_otel.activation": how,
+        },
+    }
     if core.stderr_path:
         rec["stderr_path"] = core.stderr_path
     if core._log_fd >= 0 and core.log_path:
@@ -196,31 +233,34 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
 
 def start(how: str) -> None:
     """Run the preamble once in this process; ``how`` names the activation (pth, run, -m, import)."""
-    if core.active or os.environ.get("LORA_OTEL_SIDECAR") or \
-            os.path.basename(sys.argv[0] if sys.argv else "") == "lora-otel":
+    if (
+        core.active
+        or os.environ.get("LORA_OTEL_SIDECAR")
+        or os.path.basename(sys.argv[0] if sys.argv else "") == "lora-otel"
+    ):
         return  # lora_otel's own processes are not traced
     try:
         _start(how)
-    except Exception as e:  # noqa: BLE001 - never break interpreter start
+    except Exception as e:
         if core._under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
             raise
         core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
 
 
-def _module_argv(argv: list) -> list:
+def _module_argv(argv: list[str]) -> list[str]:
     """``python -m torch.distributed.run ...``: at this point sys.argv is ``['-m', ...]`` with the
     module's name already removed; take it back from /proc/self/cmdline."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
             cmdline = [os.fsdecode(a) for a in f.read().split(b"\0")]
         i = cmdline.index("-m")
-        return [cmdline[i + 1]] + argv[1:]
+        return [cmdline[i + 1], *argv[1:]]
     except (OSError, ValueError, IndexError):
         return argv
 
 
 def _start(how: str) -> None:
-    global _started_ns, _beat_interval
+    global _started_ns
     t0 = time.perf_counter_ns()
     now = time.time_ns()
     _started_ns = now
@@ -256,8 +296,9 @@ def _start(how: str) -> None:
         core.open_log(core.log_path)
     # Each process creates a journal of its own (beside --log the name is shared by every process
     # given that --log: first come keeps it, the others get a unique name beside it).
-    core.open_journal(paths.choose_journal_path(argv, env, core.pid, now / 1e9),
-                      exact=bool(env.get("LORA_OTEL_JOURNAL")))
+    core.open_journal(
+        paths.choose_journal_path(argv, env, core.pid, now / 1e9), exact=bool(env.get("LORA_OTEL_JOURNAL"))
+    )
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     _write_root_start(start_ns, parent, ticks, how, argv)
@@ -280,7 +321,7 @@ def _start(how: str) -> None:
     if "--multiprocessing-fork" in argv or argv[:1] == ["-c"]:
         # A spawned worker (DataLoader, multiprocessing), its resource tracker, `python -c ...`:
         # no script arguments to wait for, so no `arguments` span left open to look stalled.
-        hooks.arguments_done("multiprocessing worker" if "--multiprocessing-fork" in argv else "python -c")
+        stages.arguments_done("multiprocessing worker" if "--multiprocessing-fork" in argv else "python -c")
     if env.get("LORA_OTEL_JOURNAL"):
         # An exact path is for this process only; its children write beside it.
         env.pop("LORA_OTEL_JOURNAL", None)
@@ -294,7 +335,7 @@ def _start(how: str) -> None:
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
-    _beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
+    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
@@ -303,17 +344,22 @@ def _start(how: str) -> None:
     launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
     ui_trace, ui_span, _ = parse_traceparent(launched_by)
     if ui_trace:
-        core.span_attrs(core.root_id, {"lora_otel.launched_by.trace_id": ui_trace,
-                                       "lora_otel.launched_by.span_id": ui_span})
-    core.span_attrs(core.root_id, {
-        "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
-        "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000)})
+        core.span_attrs(
+            core.root_id, {"lora_otel.launched_by.trace_id": ui_trace, "lora_otel.launched_by.span_id": ui_span}
+        )
+    core.span_attrs(
+        core.root_id,
+        {
+            "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
+            "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000),
+        },
+    )
 
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 
-def _without_bad_endpoints(env):
+def _without_bad_endpoints(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     """``env`` without the OTLP endpoint variables that are not an http(s) URL, each said in one
     line at start (stderr and the ``--log`` file): the OTel SDK would only report "backend not
     accepting" in the sidecar's log. The value is not printed (it may hold a token pasted there)."""
@@ -328,12 +374,14 @@ def _without_bad_endpoints(env):
     env = dict(env)
     for name in bad:
         del env[name]
-        core.error_line("%s is not an http(s) URL (such as http://localhost:4318): ignored, no live export; "
-                        "the journal remains for `lora-otel inspect` and `lora-otel replay`" % name)
+        core.error_line(
+            "%s is not an http(s) URL (such as http://localhost:4318): ignored, no live export; "
+            "the journal remains for `lora-otel inspect` and `lora-otel replay`" % name
+        )
     return env
 
 
-def _start_sidecar(env) -> None:
+def _start_sidecar(env: MutableMapping[str, str]) -> None:
     """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
     when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none.
 
@@ -343,6 +391,7 @@ def _start_sidecar(env) -> None:
     global _sidecar_pid, _sidecar_log
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
+    inherited = env  # the process's own environment: its children must find this job's sidecar there
     env = _without_bad_endpoints(env)
     from lora_otel._boot import spawn
 
@@ -353,12 +402,14 @@ def _start_sidecar(env) -> None:
             return
         pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
         if pid is None:
-            core.error_line("%s off: %s; the journal remains for `lora-otel replay %s`"
-                            % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path))
+            core.error_line(
+                "%s off: %s; the journal remains for `lora-otel replay %s`"
+                % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path)
+            )
         else:
             _sidecar_pid, _sidecar_log = pid, spawn.opened_log
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
-            env[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
+            inherited[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
 
 
 def stacks_path(journal_path: str) -> str:
@@ -374,7 +425,7 @@ and far from SIGRTMAX (Valgrind's), and none of systemd's manager commands (+0..
 +20..+26) in case the process is a container's PID 1. ``LORA_OTEL_STACK_SIGNAL`` overrides it."""
 
 _stacks_fd = -1
-_stacks_id: tuple = (0, 0)
+_stacks_id: tuple[int, int] = (0, 0)
 
 
 def _check_stacks_fd() -> None:
@@ -388,8 +439,10 @@ def _check_stacks_fd() -> None:
         return
     old, _stacks_fd = _stacks_fd, -1
     _register_stack_dump()
-    core.error_line("the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
-                    "a reopened stacks file (descriptor %d)" % (old, _stacks_fd))
+    core.error_line(
+        "the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
+        "a reopened stacks file (descriptor %d)" % (old, _stacks_fd)
+    )
 
 
 _stack_signal = 0
@@ -397,11 +450,11 @@ _stack_signal = 0
 _stack_signal_warned = False
 
 
-def stack_signal(env=None) -> int:
+def stack_signal(env: Mapping[str, str] | None = None) -> int:
     """The stack request signal: ``LORA_OTEL_STACK_SIGNAL`` (a number) or ``SIGRTMIN + 10``; 0 where
     the platform has no real-time signals. A bad value: one line, and the default."""
     global _stack_signal_warned
-    import _signal
+    import _signal  # type: ignore[import-not-found]  # no stub: the C half of signal (no enum to build)
 
     rtmin, rtmax = getattr(_signal, "SIGRTMIN", 0), getattr(_signal, "SIGRTMAX", 0)
     default = rtmin + STACK_SIGNAL_OFFSET if rtmin and rtmin + STACK_SIGNAL_OFFSET <= rtmax else 0
@@ -416,8 +469,10 @@ def stack_signal(env=None) -> int:
     except ValueError:
         if not _stack_signal_warned:
             _stack_signal_warned = True
-            core.error_line("LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (1-%d, not SIGKILL, "
-                            "SIGSTOP or the C library's own); using %d" % (raw, rtmax or 64, default))
+            core.error_line(
+                "LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (1-%d, not SIGKILL, "
+                "SIGSTOP or the C library's own); using %d" % (raw, rtmax or 64, default)
+            )
         return default
 
 
@@ -439,8 +494,13 @@ def _register_stack_dump() -> None:
     if not core.journal_path or not signum:
         return
     if _signal.getsignal(signum) is not _signal.SIG_DFL:  # theirs: a handler, SIG_IGN, or set from C (None)
-        core.span_attrs(core.root_id, {"lora_otel.stacks.signal": signum,
-                                       "lora_otel.stacks.off": "the program handles signal %d itself" % signum})
+        core.span_attrs(
+            core.root_id,
+            {
+                "lora_otel.stacks.signal": signum,
+                "lora_otel.stacks.off": "the program handles signal %d itself" % signum,
+            },
+        )
         return
     from lora_otel._boot import files
 
@@ -460,8 +520,15 @@ def _register_stack_dump() -> None:
     _stacks_fd, _stacks_id = fd, ident
     faulthandler.register(signum, file=fd, all_threads=True, chain=False)
     _stack_signal = signum
-    core.span_attrs(core.root_id, {"lora_otel.stacks.path": path, "lora_otel.stacks.signal": signum,
-                                   "lora_otel.stacks.fd": fd, "lora_otel.stacks.file": list(ident)})
+    core.span_attrs(
+        core.root_id,
+        {
+            "lora_otel.stacks.path": path,
+            "lora_otel.stacks.signal": signum,
+            "lora_otel.stacks.fd": fd,
+            "lora_otel.stacks.file": list(ident),
+        },
+    )
 
 
 def _kernel_disposition(signum: int) -> str:
@@ -472,7 +539,7 @@ def _kernel_disposition(signum: int) -> str:
         masks = {}
         for name in (b"SigCgt:", b"SigIgn:"):
             i = data.index(name)
-            masks[name] = int(data[i + 7:data.index(b"\n", i)].strip(), 16) >> (signum - 1) & 1
+            masks[name] = int(data[i + 7 : data.index(b"\n", i)].strip(), 16) >> (signum - 1) & 1
     except (OSError, ValueError):
         return ""
     return "caught" if masks[b"SigCgt:"] else "ignored" if masks[b"SigIgn:"] else "default"
@@ -497,8 +564,9 @@ def _check_stack_signal() -> None:
 
     if _signal.getsignal(signum) is not _signal.SIG_DFL:
         _stack_signal = 0
-        core.span_attrs(core.root_id, {"lora_otel.stacks.off": "the program installed its own handler "
-                                                               "for signal %d" % signum})
+        core.span_attrs(
+            core.root_id, {"lora_otel.stacks.off": "the program installed its own handler for signal %d" % signum}
+        )
     elif _stacks_fd >= 0 and _kernel_disposition(signum) == "default":
         import faulthandler
 
@@ -514,9 +582,9 @@ _RANK_VARIABLES = (
 )
 
 
-def rank_attrs(env) -> dict:
+def rank_attrs(env: Mapping[str, str]) -> dict[str, int]:
     """``rank``, ``local_rank``, ``world_size`` from the launcher's variables, where set and numeric."""
-    out: dict = {}
+    out: dict[str, int] = {}
     for attr, names in _RANK_VARIABLES:
         for name in names:
             value = env.get(name, "").strip()
@@ -530,7 +598,7 @@ _start_cwd = ""
 """The working directory at start: the beat shows paths under it relative to it."""
 
 
-def _describe_process(argv: list, how: str) -> None:
+def _describe_process(argv: list[str], how: str) -> None:
     from lora_otel._boot import envfacts, redact
 
     clean_argv = redact.redact_argv(argv)
@@ -541,11 +609,11 @@ def _describe_process(argv: list, how: str) -> None:
     except OSError:
         cwd = "(deleted)"
     u = os.uname()
-    attrs: dict = {
+    attrs: dict[str, object] = {
         "process.executable.path": exe,
         "process.executable.name": os.path.basename(exe),
         "process.command": clean_argv[0] if clean_argv else "",
-        "process.command_args": [exe] + clean_argv,
+        "process.command_args": [exe, *clean_argv],
         "process.parent_pid": os.getppid(),
         "process.working_directory": redact.redact_value(cwd),
         "host.name": u.nodename,
@@ -571,6 +639,7 @@ def _describe_process(argv: list, how: str) -> None:
 
 # --- exit -----------------------------------------------------------------------------------
 
+
 def _install_exit_hooks() -> None:
     """An atexit handler that writes the exit record, and what lets it know the real outcome.
 
@@ -587,21 +656,22 @@ def _install_exit_hooks() -> None:
     atexit.register(_on_exit)
     orig_exit = sys.exit
 
-    def exit(code=None):  # noqa: A001 - mirrors sys.exit
+    def exit(code: str | int | None = None) -> NoReturn:  # noqa: A001 - mirrors sys.exit
         note_system_exit(code)
         orig_exit(code)
 
     exit.__wrapped__ = orig_exit  # type: ignore[attr-defined]
     sys.exit = exit
     quitter = getattr(sys.modules.get("_sitebuiltins"), "Quitter", None)
-    orig_call = getattr(quitter, "__call__", None)
-    if orig_call is not None and not hasattr(orig_call, "__wrapped__"):
-        def __call__(self, code=None):  # the exit() and quit() builtins raise SystemExit themselves
+    orig_call = getattr(quitter, "__call__", None)  # noqa: B004 - the method, to wrap it
+    if quitter is not None and orig_call is not None and not hasattr(orig_call, "__wrapped__"):
+        # the exit() and quit() builtins raise SystemExit themselves; named as the method it replaces
+        def __call__(self: object, code: object = None) -> object:  # noqa: N807
             note_system_exit(code)
             return orig_call(self, code)
 
         __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
-        quitter.__call__ = __call__  # type: ignore[union-attr]
+        quitter.__call__ = __call__
     _watch_system_exit()
 
 
@@ -618,7 +688,7 @@ def note_system_exit(code: object) -> None:
 _MONITORING_TOOL = 4
 """The ``sys.monitoring`` tool id lora_otel takes on 3.12+ (0-2 and 5 are the debugger's,
 coverage's, the profiler's and the optimizer's); none when it is already in use."""
-_raised_exit: tuple | None = None
+_raised_exit: tuple[int, object] | None = None
 """(id, code) of the last ``SystemExit`` raised in the main thread and not caught since (3.12+)."""
 _watching_exit = False
 
@@ -638,12 +708,12 @@ def _watch_system_exit() -> None:
 
         main = get_ident()
 
-        def raised(code, offset, exc):
+        def raised(code: CodeType, offset: int, exc: BaseException) -> None:
             global _raised_exit
             if isinstance(exc, SystemExit) and get_ident() == main:
                 _raised_exit = (id(exc), exc.code)
 
-        def handled(code, offset, exc):
+        def handled(code: CodeType, offset: int, exc: BaseException) -> None:
             global _raised_exit
             if _raised_exit is not None and id(exc) == _raised_exit[0]:
                 _raised_exit = None
@@ -671,7 +741,7 @@ def _uncaught_exception() -> BaseException | None:
     return exc
 
 
-def exit_outcome() -> tuple:
+def exit_outcome() -> tuple[str, int, str | None]:
     """``(how, status, message)`` of this process's end, read at exit (see _install_exit_hooks)."""
     exc = _uncaught_exception()
     if exc is not None:
@@ -697,13 +767,11 @@ def _on_exit() -> None:
         if not core.active or os.getpid() != core.pid:
             return
         how, status_code, message = exit_outcome()
-        from lora_otel._boot import hooks
-
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
         if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
             with core.fail_open("narration at exit"):
                 at_exit(time.time_ns())
-        hooks.arguments_done("none seen")
+        stages.arguments_done("none seen")
         for sid, info in reversed(list(core.open_spans.items())):
             if sid != core.root_id:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
@@ -713,8 +781,7 @@ def _on_exit() -> None:
         else:
             core.info_line("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
         core.beat()
-        core.span_end(core.root_id, "error" if message else "ok", message,
-                      {"process.exit.code": status_code})
+        core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
         rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
         if message:
             rec["message"] = message
@@ -724,11 +791,20 @@ def _on_exit() -> None:
 
 # --- exec -----------------------------------------------------------------------------------
 
-_real_execv = getattr(os, "execv", None)
-_real_execve = getattr(os, "execve", None)
+# None where os has no exec (not POSIX), and then the wrappers below are never installed: typed as
+# what they are wherever the wrappers run (the ignores say so).
+_real_execv: Callable[[StrOrBytesPath, _ExecVArgs], NoReturn]
+_real_execve: Callable[[FileDescriptorOrPath, _ExecVArgs, _ExecEnv], NoReturn]
+_real_execv = getattr(os, "execv", None)  # type: ignore[assignment]
+_real_execve = getattr(os, "execve", None)  # type: ignore[assignment]
 
 
-def _exec_record(path, argv, via: str | None = None, error: BaseException | None = None) -> None:
+def _exec_record(
+    path: FileDescriptorOrPath,
+    argv: Iterable[StrOrBytesPath],
+    via: str | None = None,
+    error: BaseException | None = None,
+) -> None:
     """Journal an ``exec`` record: this process is about to become ``path`` (or, with ``error``,
     its attempt failed and it goes on as it was). Only the program's own argv, redacted."""
     with core.fail_open("exec hook"):
@@ -737,7 +813,12 @@ def _exec_record(path, argv, via: str | None = None, error: BaseException | None
         from lora_otel._boot import redact
 
         where = "/proc/self/fd/%d" % path if isinstance(path, int) else os.fsdecode(path)
-        rec: dict = {"v": core.FORMAT_VERSION, "k": "exec", "ts": time.time_ns(), "path": redact.redact_value(where)}
+        rec: dict[str, Any] = {
+            "v": core.FORMAT_VERSION,
+            "k": "exec",
+            "ts": time.time_ns(),
+            "path": redact.redact_value(where),
+        }
         if error is not None:
             rec["error"] = redact.redact_text("%s: %s" % (type(error).__name__, error))
         else:
@@ -750,15 +831,16 @@ def _exec_record(path, argv, via: str | None = None, error: BaseException | None
         _write_by_path(rec)
 
 
-def _write_by_path(rec: dict) -> None:
+def _write_by_path(rec: dict[str, Any]) -> None:
     """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
     the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
     ``os.closerange`` in daemonising code). Execs are rare; the extra open costs nothing that matters."""
     from lora_otel._boot.jsonl import dumps_line
 
     try:
-        fd = os.open(core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) |
-                     getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(
+            core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        )
     except (OSError, TypeError, ValueError):
         core.write(rec)
         return
@@ -770,19 +852,19 @@ def _write_by_path(rec: dict) -> None:
         os.close(fd)
 
 
-def _execv(path, argv):
+def _execv(path: StrOrBytesPath, argv: _ExecVArgs) -> NoReturn:
     _exec_record(path, argv)
     try:
-        return _real_execv(path, argv)
+        _real_execv(path, argv)  # never returns: the process becomes another program, or it raises
     except BaseException as e:
         _exec_record(path, argv, error=e)
         raise
 
 
-def _execve(path, argv, env):
+def _execve(path: FileDescriptorOrPath, argv: _ExecVArgs, env: _ExecEnv) -> NoReturn:
     _exec_record(path, argv)
     try:
-        return _real_execve(path, argv, env)
+        _real_execve(path, argv, env)  # never returns (as above)
     except BaseException as e:
         _exec_record(path, argv, error=e)
         raise
@@ -802,7 +884,7 @@ def _install_exec_hooks() -> None:
         os.execve = _execve
 
 
-def _subprocess_exec_target() -> tuple | None:
+def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
     """In a child forked by ``subprocess.Popen`` with ``preexec_fn`` (CPython runs the at-fork
     hooks then, and execs from C right after): ``(executable, args)``; else None."""
     try:
@@ -820,6 +902,7 @@ def _subprocess_exec_target() -> tuple | None:
 
 # --- fork -----------------------------------------------------------------------------------
 
+
 def _before_fork() -> None:
     global _fork_parent_span
     _fork_parent_span = core.current_span_id() if core.active else None
@@ -828,16 +911,17 @@ def _before_fork() -> None:
 _real_os_exit = os._exit
 
 
-def _forked_child_exit(code=0):
+def _forked_child_exit(status: int = 0) -> NoReturn:
     """``os._exit`` in a forked child: write the exit record first (multiprocessing's fork workers
-    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked."""
+    end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
+    ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
     try:
         if core.active and os.getpid() == core.pid:
-            _exit_code, _raised_exit = code, (0, code)
+            _exit_code, _raised_exit = status, (0, status)
             _on_exit()
     finally:
-        _real_os_exit(code)
+        _real_os_exit(status)
 
 
 def _after_fork_child() -> None:
@@ -852,14 +936,17 @@ def _after_fork_child() -> None:
         core.quiet = True  # a fork of a traced process: its lines go to its journal, not the terminal
         from lora_otel._boot import hooks
 
-        hooks._training_id = None
+        stages.training_id = None
         hooks._importing.clear()
         now = time.time_ns()
         core.root_id = core.new_span_id()
         # The parent's directory, only while it exists: never create again one the program removed.
-        core.open_journal(paths.child_journal_path(parent_path, core.pid) if parent_path
-                          else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
-                          make_dir=False)
+        core.open_journal(
+            paths.child_journal_path(parent_path, core.pid)
+            if parent_path
+            else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
+            make_dir=False,
+        )
         _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
@@ -901,23 +988,26 @@ def _check_sidecar() -> None:
     journal) with how to ship the journal later."""
     global _sidecar_pid
     if _sidecar_pid and _sidecar_gone(_sidecar_pid):
-        core.error_line("live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
-                        "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path))
+        core.error_line(
+            "live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
+            "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path)
+        )
         _sidecar_pid = 0
 
 
 def _beat_loop(my_pid: int) -> None:
     from lora_otel._boot import hooks
 
-    narrate = None
+    narrate_loaded = False
     while core.active and os.getpid() == my_pid:
-        time.sleep(_beat_interval)
+        time.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
-            if narrate is None:  # after the first sleep: a short program never pays for it
+            if not narrate_loaded:  # after the first sleep: a short program never pays for it
                 from lora_otel._boot import narrate, where
 
+                narrate_loaded = True
                 where.set_cwd(_start_cwd)
             core.beat()
             narrate.tick(time.time_ns(), core.main_frames)

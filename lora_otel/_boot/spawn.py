@@ -24,6 +24,10 @@ import sys
 
 from lora_otel._boot import paths
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Iterator, Mapping
+
 REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
 """``<sidecar pid>:<registry file>``, set for the children of a process that started a sidecar.
 
@@ -35,12 +39,12 @@ _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
 
 
-def wanted(env) -> bool:
+def wanted(env: Mapping[str, str]) -> bool:
     """Whether this process should start a sidecar: always, unless ``LORA_OTEL_LIVE=0``."""
     return env.get("LORA_OTEL_LIVE", "").strip().lower() not in _OFF
 
 
-def exports(env) -> bool:
+def exports(env: Mapping[str, str]) -> bool:
     """Whether the sidecar exports over OTLP (else it is the local watchdog; see the module docstring)."""
     live = env.get("LORA_OTEL_LIVE", "").strip().lower()
     if live in _OFF:
@@ -51,8 +55,9 @@ def exports(env) -> bool:
         return False
     if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
         return False
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or
-                env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    )
 
 
 def log_path(journal_path: str) -> str:
@@ -65,7 +70,7 @@ def registry_path(journal_path: str) -> str:
     return paths.stem(journal_path) + ".children"
 
 
-def join_parent_sidecar(journal_path: str, env) -> int:
+def join_parent_sidecar(journal_path: str, env: Mapping[str, str]) -> int:
     """Register this journal with the sidecar a parent started; its pid, or 0 when there is none alive."""
     pid_text, _, registry = env.get(REGISTRY_ENV, "").partition(":")
     if not pid_text.isdigit() or not registry:
@@ -104,13 +109,15 @@ def _has_sdk(python: str) -> bool:
     """For this interpreter: is the OpenTelemetry SDK on its path? (a stat per entry, no import)"""
     if python != sys.executable:
         return True  # another environment: trust the user's setting; the sidecar log says otherwise
-    for entry in sys.path:
-        if os.path.isdir(os.path.join(entry or ".", "opentelemetry", "sdk")):
-            return True
-    return False
+    return any(os.path.isdir(os.path.join(entry or ".", "opentelemetry", "sdk")) for entry in sys.path)
 
 
-def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tuple:
+def start(
+    journal_path: str,
+    watched_pid: int,
+    env: Mapping[str, str] | None = None,
+    stderr_id: tuple[int, ...] | None = None,
+) -> tuple[int, None] | tuple[None, str]:
     """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start.
 
     ``stderr_id``: ``(st_dev, st_ino)`` of this process's stderr at start (`core.stderr_id`), so
@@ -118,11 +125,14 @@ def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tupl
     env = os.environ if env is None else env
     python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
     if not python or not os.access(python, os.X_OK):
-        return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if \
-            env.get("LORA_OTEL_SIDECAR_PYTHON") else "no Python executable to run the sidecar"
+        return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if env.get(
+            "LORA_OTEL_SIDECAR_PYTHON"
+        ) else "no Python executable to run the sidecar"
     if exports(env) and not _has_sdk(python):
-        return None, ("the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
-                      "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python)
+        return None, (
+            "the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
+            "dependencies, or set LORA_OTEL_SIDECAR_PYTHON to a Python that has it)" % python
+        )
     global opened_log, opened_registry
     from lora_otel._boot import files
 
@@ -132,8 +142,17 @@ def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tupl
         os.close(reg_fd)
     except OSError as e:
         return None, "cannot create the children registry %s (%s)" % (registry_path(journal_path), e.strerror or e)
-    argv = [python, "-m", "lora_otel.export.sidecar", "--journal", os.path.abspath(journal_path),
-            "--pid", str(watched_pid), "--children", registry]
+    argv = [
+        python,
+        "-m",
+        "lora_otel.export.sidecar",
+        "--journal",
+        os.path.abspath(journal_path),
+        "--pid",
+        str(watched_pid),
+        "--children",
+        registry,
+    ]
     from lora_otel._boot import cgroup
 
     memory = cgroup.memory_cgroup()
@@ -166,6 +185,7 @@ def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tupl
     except OSError:
         log_fd, opened_log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC), os.devnull
     opened_registry = registry
+    open_fds: list[int] | None
     try:
         open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except (OSError, ValueError):
@@ -207,7 +227,15 @@ def start(journal_path: str, watched_pid: int, env=None, stderr_id=None) -> tupl
         return None, "the sidecar's intermediate process failed"
 
 
-def _exec_sidecar(python, argv, env, log_fd, err_fd, keep, open_fds) -> None:
+def _exec_sidecar(
+    python: str,
+    argv: list[str],
+    env: dict[str, str],
+    log_fd: int,
+    err_fd: int,
+    keep: set[int],
+    open_fds: list[int] | None,
+) -> None:
     """In the grandchild: /dev/null and the log file on 0-2, every other descriptor closed, exec."""
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -228,17 +256,19 @@ def _exec_sidecar(python, argv, env, log_fd, err_fd, keep, open_fds) -> None:
         os.execve(python, argv, env)
     except BaseException as e:  # noqa: BLE001 - exec failed: one line on the program's stderr
         if err_fd >= 0:
-            msg = ("[lora-otel] live export off: cannot start the sidecar %s: %s; the journal remains "
-                   "for `lora-otel replay`\n" % (python, getattr(e, "strerror", None) or e))
+            msg = (
+                "[lora-otel] live export off: cannot start the sidecar %s: %s; the journal remains "
+                "for `lora-otel replay`\n" % (python, getattr(e, "strerror", None) or e)
+            )
             try:
                 os.write(err_fd, msg.encode("utf-8", "replace"))
             except OSError:
                 pass
 
 
-def _gaps(keep: list, top: int):
+def _gaps(keep: list[int], top: int) -> Iterator[tuple[int, int]]:
     lo = 0
-    for fd in keep + [top]:
+    for fd in [*keep, top]:
         if fd > lo:
             yield lo, fd
         lo = fd + 1

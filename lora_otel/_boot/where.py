@@ -22,6 +22,15 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Callable, Iterable
+    from types import CodeType, FrameType
+    from typing import Any, Union
+
+    Frame = list[Union[str, int]]
+    """One entry of a sample: ``[file, line, function]`` (``["", 0, callee]`` for a called C function)."""
+
 MAX_FRAMES = 4
 _WALK_LIMIT = 64  # frames looked at, at most (a deep recursion of skipped frames costs no more)
 _WINDOW = 48  # code units before a call searched for the loads that name its callee
@@ -30,9 +39,9 @@ _boot_dir = os.path.dirname(os.path.abspath(__file__))
 _lora_otel_dir = os.path.dirname(_boot_dir) + os.sep
 _stdlib_dir = os.path.dirname(os.__file__) + os.sep
 _cwd = ""
-_short: dict = {}  # co_filename -> shortened path
-_callees: dict = {}  # (code, lasti) -> "time.sleep" or ""
-_last_spot: tuple = (None, -1)  # (code, lasti) of the innermost frame at the last sample
+_short: dict[str, str] = {}  # co_filename -> shortened path
+_callees: dict[tuple[CodeType, int], str] = {}  # (code, lasti) -> "time.sleep" or ""
+_last_spot: tuple[CodeType | None, int] = (None, -1)  # (code, lasti) of the innermost frame at the last sample
 
 
 def set_cwd(path: str) -> None:
@@ -49,13 +58,13 @@ def _shorten(filename: str) -> str:
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         i = filename.rfind(marker)
         if i >= 0:
-            short = filename[i + len(marker):]
+            short = filename[i + len(marker) :]
             break
     else:
         if filename.startswith(_stdlib_dir):
-            short = filename[len(_stdlib_dir):]
+            short = filename[len(_stdlib_dir) :]
         elif _cwd and filename.startswith(_cwd):
-            short = filename[len(_cwd):]
+            short = filename[len(_cwd) :]
     if len(_short) > 4096:
         _short.clear()
     _short[filename] = short
@@ -63,21 +72,21 @@ def _shorten(filename: str) -> str:
 
 
 def _skipped(filename: str) -> bool:
-    return filename.startswith("<frozen importlib") or filename.startswith(_lora_otel_dir)
+    return filename.startswith(("<frozen importlib", _lora_otel_dir))
 
 
-def sample(main_ident: int, _frames=sys._current_frames) -> list | None:
+def sample(main_ident: int, _frames: Callable[[], dict[int, FrameType]] = sys._current_frames) -> list[Frame] | None:
     """The main thread's innermost frames, outermost first (module docstring); None when it has none."""
     global _last_spot
     frame = _frames().get(main_ident)
     if frame is None:
         return None
-    out = []
-    innermost = frame
+    out: list[Frame] = []
+    innermost: FrameType | None = frame
     spot = (frame.f_code, frame.f_lasti)
-    callee = ""
+    callee: str | None = ""
     if spot == _last_spot:
-        callee = _callees.get(spot)  # type: ignore[assignment]
+        callee = _callees.get(spot)
         if callee is None:
             callee = _callee(*spot)
             if len(_callees) > 512:
@@ -101,10 +110,10 @@ def sample(main_ident: int, _frames=sys._current_frames) -> list | None:
 
 
 _CALLS = frozenset(("CALL", "PRECALL", "CALL_KW", "CALL_FUNCTION_EX"))
-_opcodes: tuple | None = None  # (opname list, EXTENDED_ARG, CACHE)
+_opcodes: tuple[list[str], int, int] | None = None  # (opname list, EXTENDED_ARG, CACHE)
 
 
-def _callee(code, lasti: int) -> str:
+def _callee(code: CodeType, lasti: int) -> str:
     """The dotted name a call instruction at ``lasti`` calls (``time.sleep``), or "" (3.11+ only)."""
     global _opcodes
     if sys.version_info < (3, 11) or lasti < 0:
@@ -132,7 +141,7 @@ def _callee(code, lasti: int) -> str:
         for u in range(base, unit):
             p = pos[u - base]
             op = co[2 * u]
-            if p[0] != line or p[2] != col or op == cache_op or op == ext_op or (p[1], p[3]) >= call_end:
+            if p[0] != line or p[2] != col or op in (cache_op, ext_op) or (p[1], p[3]) >= call_end:
                 continue
             arg = co[2 * u + 1]
             if u > 0 and co[2 * u - 2] == ext_op:
@@ -154,7 +163,7 @@ def _callee(code, lasti: int) -> str:
         return ""
 
 
-def _load_name(name: str, arg: int, code) -> str | None:
+def _load_name(name: str, arg: int, code: CodeType) -> str | None:
     if name in ("LOAD_ATTR", "LOAD_METHOD"):
         return code.co_names[arg >> 1 if sys.version_info >= (3, 12) and name == "LOAD_ATTR" else arg]
     if name == "LOAD_GLOBAL":
@@ -167,7 +176,7 @@ def _load_name(name: str, arg: int, code) -> str | None:
     return None
 
 
-def text(frames) -> str:
+def text(frames: Iterable[Any] | None) -> str:
     """``toolkit/job.py:2 in <module> → time.sleep``: frames (outermost first) as one line."""
     parts = []
     for frame in frames or ():

@@ -3,7 +3,7 @@
 The rule that shapes this module (DESIGN.md principle 5): **no span ID reaches a backend twice.**
 
 - A span that ends normally goes out once, when its end record appears.
-- When :func:`~lora_otel.export.stall.detect` declares a stall, the open spans from the root to the
+- When :func:`~lora_otel.analysis.stall.detect` declares a stall, the open spans from the root to the
   stalled one go out once as *incomplete*: status ERROR "stalled: <stage> open for N s",
   ``lora_otel.incomplete=true``, ``lora_otel.stall.kind`` = ``alive``/``frozen``, ending now; the
   stalled span carries the evidence and the diagnosis as an event, and a WARN log record
@@ -24,6 +24,9 @@ queue only when the backend accepted it, so nothing is lost across an outage the
 when the queue overflows the oldest items are dropped and counted.
 
 A `Follower` is polled from one thread.
+
+One module past 600 lines on purpose: the `Outbox`, the `LogSink` and the `Follower` are the one
+rule above (each span ID once, nothing lost that the queue can hold) and are read together.
 """
 
 from __future__ import annotations
@@ -32,29 +35,44 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
+from lora_otel._version import __version__
+from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
+from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
+from lora_otel.analysis.stall import Stall, detect, journal_limits
 from lora_otel.export import otlp
-from lora_otel.export.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
-from lora_otel.export.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
-from lora_otel.export.reader import Journal, JournalTail, Span, format_duration, process_state
-from lora_otel.export.stall import Stall, detect, journal_limits
+from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 
 
-def _amend(rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list, end_ns: int) -> ReadableSpan:
+def _amend(
+    rs: ReadableSpan, *, status: Status, attrs: dict[str, Any], events: list[Event], end_ns: int
+) -> ReadableSpan:
     merged = dict(rs.attributes or {})
     merged.update(otlp.otel_attributes(attrs))  # stage names and exit messages are journal text: valid for OTLP
     if status.description:
         status = Status(status.status_code, otlp.clean_text(status.description))
-    return ReadableSpan(name=rs.name, context=rs.context, parent=rs.parent, resource=rs.resource,
-                        attributes=merged, events=list(rs.events) + events, kind=rs.kind, status=status,
-                        start_time=rs.start_time, end_time=end_ns, instrumentation_scope=rs.instrumentation_scope,
-                        links=rs.links)
+    return ReadableSpan(
+        name=rs.name,
+        context=rs.context,
+        parent=rs.parent,
+        resource=rs.resource,
+        attributes=merged,
+        events=list(rs.events) + events,
+        kind=rs.kind,
+        status=status,
+        start_time=rs.start_time,
+        end_time=end_ns,
+        instrumentation_scope=rs.instrumentation_scope,
+        links=rs.links,
+    )
 
 
 MAX_EVENTS = 128  # per span, as the OpenTelemetry SDK's default span limits
@@ -62,9 +80,11 @@ DEFAULT_QUEUE_SIZE = 20000
 OUTBOX_ITEMS = 2048
 BATCH = 512
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
-_STATUS_HINTS = {401: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
-                 403: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
-                 404: "no OTLP receiver at that path; check OTEL_EXPORTER_OTLP_ENDPOINT"}
+_STATUS_HINTS = {
+    401: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
+    403: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
+    404: "no OTLP receiver at that path; check OTEL_EXPORTER_OTLP_ENDPOINT",
+}
 PEER_STACKS_S = 3.0  # at most this long asking the other ranks for their stacks, at one stall
 MAX_PEER_STACKS = 32
 PEER_STACKS_ATTACHED = 4  # ranks whose stacks go into the stall event, 4000 characters each
@@ -90,8 +110,13 @@ class Outbox:
     counted in ``rejected`` (the journal keeps it), and the rest goes through.
     """
 
-    def __init__(self, exporter: Any, what: str = "spans", max_items: Optional[int] = None,
-                 backoff_s: Sequence[float] = BACKOFF_S) -> None:
+    def __init__(
+        self,
+        exporter: Any,
+        what: str = "spans",
+        max_items: Optional[int] = None,
+        backoff_s: Sequence[float] = BACKOFF_S,
+    ) -> None:
         self.exporter = exporter
         self.what = what
         self.max_items = max_items or _queue_size()
@@ -102,7 +127,7 @@ class Outbox:
         self.failures = 0
         self._limit = BATCH
         self.last_error: Optional[str] = None
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="lora-otel-outbox-" + what, daemon=True)
         self._thread.start()
@@ -140,7 +165,7 @@ class Outbox:
             pass
         return self.unsent == 0
 
-    on_change = None
+    on_change: Optional[Callable[[str], None]] = None
     """Called from the outbox's thread with one line when an outage starts or ends."""
     _in_flight = 0
     _stop = False
@@ -172,8 +197,10 @@ class Outbox:
                     self._items.popleft()
                     self.rejected += 1
                     if self.rejected == 1 and self.on_change is not None:
-                        self.on_change("the backend refused one of the %s (%s); dropped it, the journal keeps it "
-                                       "(lora-otel replay); the rest goes on" % (self.what, self.last_error))
+                        self.on_change(
+                            "the backend refused one of the %s (%s); dropped it, the journal keeps it "
+                            "(lora-otel replay); the rest goes on" % (self.what, self.last_error)
+                        )
                     self._cond.notify_all()
                     continue
                 if ok:
@@ -182,22 +209,25 @@ class Outbox:
                         self._items.popleft()
                     self.sent += len(batch)
                     if self.attempt and self.on_change is not None:
-                        self.on_change("the backend accepts the %s again after %d failed attempts"
-                                       % (self.what, self.attempt))
+                        self.on_change(
+                            "the backend accepts the %s again after %d failed attempts" % (self.what, self.attempt)
+                        )
                     self.attempt = 0
                     self._cond.notify_all()
                     continue
                 self.failures += 1
                 if self.attempt == 0 and self.on_change is not None:
-                    self.on_change("the backend is not accepting the %s (%s); queueing (%d waiting) and retrying"
-                                   % (self.what, self.last_error, len(self._items)))
+                    self.on_change(
+                        "the backend is not accepting the %s (%s); queueing (%d waiting) and retrying"
+                        % (self.what, self.last_error, len(self._items))
+                    )
                 wait = self.backoff_s[min(self.attempt, len(self.backoff_s) - 1)]
                 self.attempt += 1
                 end = time.monotonic() + wait
                 while not self._stop and time.monotonic() < end:
                     self._cond.wait(end - time.monotonic())
 
-    def _export(self, batch: list) -> tuple[bool, bool]:
+    def _export(self, batch: list[Any]) -> tuple[bool, bool]:
         """``(accepted, refused)``: refused when the backend answered that it will not take the data."""
         try:
             result, code = otlp.export_with_status(self.exporter, batch)
@@ -236,37 +266,59 @@ class _QueueingLogExporter:
 class LogSink:
     """OTLP log records for one journal: its human lines, stalls and the end of the process."""
 
-    SEVERITY = {"info": "INFO", "warn": "WARN", "error": "ERROR"}
+    SEVERITY: ClassVar[dict[str, str]] = {"info": "INFO", "warn": "WARN", "error": "ERROR"}
 
     def __init__(self, outbox: Outbox, resource: Any) -> None:
         from opentelemetry.sdk._logs import LoggerProvider
         from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
 
         self.provider = LoggerProvider(resource=resource)
-        self.provider.add_log_record_processor(SimpleLogRecordProcessor(_QueueingLogExporter(outbox)))
-        self.logger = self.provider.get_logger("lora_otel", otlp.__version__)
+        # a LogRecordExporter by its methods: the SDK's logs module is imported only with a log exporter
+        self.provider.add_log_record_processor(SimpleLogRecordProcessor(_QueueingLogExporter(outbox)))  # type: ignore[arg-type]
+        self.logger = self.provider.get_logger("lora_otel", __version__)
 
-    def emit(self, ts_ns: int, level: str, body: str, trace_id: Optional[str], span_id: Optional[str],
-             attrs: Optional[dict[str, Any]] = None) -> None:
+    def emit(
+        self,
+        ts_ns: int,
+        level: str,
+        body: str,
+        trace_id: Optional[str],
+        span_id: Optional[str],
+        attrs: Optional[dict[str, Any]] = None,
+    ) -> None:
         from opentelemetry import trace
         from opentelemetry._logs import LogRecord, SeverityNumber
 
         severity = self.SEVERITY.get(level, "INFO")
         context = None
         if trace_id and span_id:
-            sc = trace.SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False,
-                                   trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+            sc = trace.SpanContext(
+                int(trace_id, 16),
+                int(span_id, 16),
+                is_remote=False,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            )
             context = trace.set_span_in_context(trace.NonRecordingSpan(sc))
-        self.logger.emit(LogRecord(timestamp=ts_ns, observed_timestamp=time.time_ns(), context=context,
-                                   severity_text=severity, severity_number=getattr(SeverityNumber, severity),
-                                   body=otlp.clean_text(body), attributes=otlp.otel_attributes(attrs or {})))
+        self.logger.emit(
+            LogRecord(
+                timestamp=ts_ns,
+                observed_timestamp=time.time_ns(),
+                context=context,
+                severity_text=severity,
+                severity_number=getattr(SeverityNumber, severity),
+                body=otlp.clean_text(body),
+                attributes=otlp.otel_attributes(attrs or {}),
+            )
+        )
 
 
-def outboxes(exporter: Any, log_exporter: Any = None) -> tuple:
+def outboxes(exporter: Any, log_exporter: Any = None) -> tuple[Outbox, Optional[Outbox]]:
     """``(spans_out, logs_out)`` for these exporters (``logs_out`` None without a log exporter)."""
     size = min(_queue_size(), OUTBOX_ITEMS)  # few in flight as ReadableSpans; the rest wait as journal spans
-    return (Outbox(exporter, "spans", max_items=size),
-            Outbox(log_exporter, "log records", max_items=size) if log_exporter is not None else None)
+    return (
+        Outbox(exporter, "spans", max_items=size),
+        Outbox(log_exporter, "log records", max_items=size) if log_exporter is not None else None,
+    )
 
 
 def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
@@ -317,13 +369,20 @@ class Follower:
     the backlog are dropped and counted in ``dropped``. While it accepts, nothing is dropped.
     """
 
-    def __init__(self, path: str, exporter: Optional[SpanExporter] = None, limits: Optional[dict[str, float]] = None,
-                 frozen_after_s: Optional[float] = None,
-                 evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
-                 log_exporter: Any = None, spans_out: Optional[Outbox] = None,
-                 logs_out: Optional[Outbox] = None, peers: Optional[Callable[[], Sequence[Journal]]] = None,
-                 peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None,
-                 watch: Any = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        exporter: Optional[SpanExporter] = None,
+        limits: Optional[dict[str, float]] = None,
+        frozen_after_s: Optional[float] = None,
+        evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
+        log_exporter: Any = None,
+        spans_out: Optional[Outbox] = None,
+        logs_out: Optional[Outbox] = None,
+        peers: Optional[Callable[[], Sequence[Journal]]] = None,
+        peer_stacks: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None,
+        watch: Any = None,
+    ) -> None:
         """``exporter``/``log_exporter`` give this follower its own outboxes; or pass ``spans_out``
         (and ``logs_out``) to share them between the followers of one job (see `outboxes`).
 
@@ -342,8 +401,8 @@ class Follower:
         self.spans_out = spans_out
         self.logs_out = logs_out
         self._logs: Optional[LogSink] = None
-        self._resource = None
-        self._tr = None
+        self._resource: Optional[Resource] = None
+        self._tr: Optional[otlp._Translator] = None
         self.limits = limits  # None: the limits the journal recorded (`stall.journal_limits`)
         self.frozen_after_s = frozen_after_s
         self.watch = watch
@@ -398,8 +457,11 @@ class Follower:
         for span in journal.spans:
             if span.end_ns is not None:
                 continue
-            status = (Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
-                      if failed else Status(StatusCode.OK))
+            status = (
+                Status(StatusCode.ERROR, "process ended (%s) with %s open" % (how, otlp.clean_text(span.name)))
+                if failed
+                else Status(StatusCode.OK)
+            )
             attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.process.end": how}
             if span.span_id in self.incomplete_end:
                 # Sent as a stall, still open at the end: how it ended arrives as its "(continued)"
@@ -414,20 +476,26 @@ class Follower:
         self._send(out)
         self._send_lines(journal, tr)
         if still_open and journal.root is not None:
-            self._log(tr, journal.last_evidence_ns or time.time_ns(), "error" if failed else "info",
-                      "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
-                      journal.root.span_id, {"lora_otel.process.end": how})
+            self._log(
+                tr,
+                journal.last_evidence_ns or time.time_ns(),
+                "error" if failed else "info",
+                "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
+                journal.root.span_id,
+                {"lora_otel.process.end": how},
+            )
         return out
 
     def drain(self, deadline: float) -> None:
         """Move the backlog and the lines into the outboxes as they make room, until ``deadline``
         (``time.monotonic()``); what is still waiting then is counted in ``dropped``."""
-        while (self.backlog or (self.journal is not None and self.journal.lines)) and time.monotonic() < deadline:
-            tr = self._translator(self.journal)
+        journal = self.journal  # None: nothing read, so no backlog either
+        while journal is not None and (self.backlog or journal.lines) and time.monotonic() < deadline:
+            tr = self._translator(journal)
             self._trim()
             self._send(self._take_backlog(tr, self.spans_out.max_items - self.spans_out.pending))
-            self._send_lines(self.journal, tr)
-            if self.backlog or self.journal.lines:
+            self._send_lines(journal, tr)
+            if self.backlog or journal.lines:
                 time.sleep(0.05)
         self.dropped += len(self.backlog)  # the time is up: what never reached the outbox
         self.backlog.clear()
@@ -471,13 +539,12 @@ class Follower:
 
     def _trim(self) -> None:
         """While the backend fails, hold at most ``capacity`` unsent spans: drop the oldest waiting."""
-        while self.backlog and self.spans_out.failing and \
-                len(self.backlog) + self.spans_out.pending > self.capacity:
+        while self.backlog and self.spans_out.failing and len(self.backlog) + self.spans_out.pending > self.capacity:
             sid, _ = self.backlog.popitem(last=False)
             self._forget.add(sid)
             self.dropped += 1
 
-    def _translator(self, journal: Journal):
+    def _translator(self, journal: Journal) -> otlp._Translator:
         if self._tr is None or self._tr.journal is not journal:
             if self._resource is None and journal.root is not None:
                 # Built once: Resource.create runs the resource detectors. The process span's resource
@@ -490,8 +557,8 @@ class Follower:
             self._tr = tr
         return self._tr
 
-    def _take_backlog(self, tr, room: int) -> list[ReadableSpan]:
-        out = []
+    def _take_backlog(self, tr: otlp._Translator, room: int) -> list[ReadableSpan]:
+        out: list[ReadableSpan] = []
         while self.backlog and room > 0:
             sid, span = self.backlog.popitem(last=False)
             if sid in self.incomplete_end:  # sent as a stall earlier: the rest of it
@@ -503,21 +570,28 @@ class Follower:
             room -= 1
         return out
 
-    def _continued(self, tr, span: Span, since_ns: int) -> ReadableSpan:
-        rest = replace(span, name=span.name + " (continued)", span_id=os.urandom(8).hex(), parent_id=span.span_id,
-                       start_ns=min(since_ns, span.end_ns or since_ns), events=[e for e in span.events if e[0] >= since_ns],
-                       attrs={"lora_otel.continues": span.span_id})
+    def _continued(self, tr: otlp._Translator, span: Span, since_ns: int) -> ReadableSpan:
+        rest = replace(
+            span,
+            name=span.name + " (continued)",
+            span_id=os.urandom(8).hex(),
+            parent_id=span.span_id,
+            start_ns=min(since_ns, span.end_ns or since_ns),
+            events=[e for e in span.events if e[0] >= since_ns],
+            attrs={"lora_otel.continues": span.span_id},
+        )
         return tr.readable(rest)
-    def _stall(self, journal: Journal, tr, stall: Stall, now: int) -> list[ReadableSpan]:
+
+    def _stall(self, journal: Journal, tr: otlp._Translator, stall: Stall, now: int) -> list[ReadableSpan]:
         self.stalls.append(stall)
-        chain = []
+        chain: list[Span] = []
         span: Optional[Span] = stall.span
         while span is not None and all(span is not link for link in chain):  # a corrupt journal's parents may cycle
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
         evidence = self._ask(journal)
-        peers: list = []
-        others: dict = {}
+        peers: list[Journal] = []
+        others: dict[str, str] = {}
         if self.peers is not None and collective_in(stacks_text(evidence)) is not None:
             try:  # the other ranks matter only to a process waiting in a collective
                 peers = list(self.peers())
@@ -539,12 +613,22 @@ class Follower:
             if text:
                 evidence[PREFIX + "rank.%d.python.stacks" % rank] = text[-4000:]
         duration_s = (now - stall.span.start_ns) / 1e9
-        self._log(tr, now, "warn", "stall detected: %s open for %s (%s): %s"
-                  % (stall.stage, format_duration(now - stall.span.start_ns), stall.kind, sentence),
-                  stall.span.span_id,
-                  {"lora_otel.stall.stage": stall.stage, "lora_otel.stall.duration_s": round(duration_s, 3),
-                   "lora_otel.stall.kind": stall.kind, "lora_otel.diagnosis": sentence,
-                   "lora_otel.stall.message": stall.status_message, **found.attrs})
+        self._log(
+            tr,
+            now,
+            "warn",
+            "stall detected: %s open for %s (%s): %s"
+            % (stall.stage, format_duration(now - stall.span.start_ns), stall.kind, sentence),
+            stall.span.span_id,
+            {
+                "lora_otel.stall.stage": stall.stage,
+                "lora_otel.stall.duration_s": round(duration_s, 3),
+                "lora_otel.stall.kind": stall.kind,
+                "lora_otel.diagnosis": sentence,
+                "lora_otel.stall.message": stall.status_message,
+                **found.attrs,
+            },
+        )
         out = []
         for span in reversed(chain):  # root to leaf
             if span.span_id in self.exported or span.end_ns is not None:
@@ -555,12 +639,21 @@ class Follower:
                 ev["lora_otel.diagnosis"] = sentence
                 ev.update(found.attrs)
                 events.append(Event("stall detected", otlp.otel_attributes(ev), now))
-            attrs = {otlp.INCOMPLETE_ATTRIBUTE: True, "lora_otel.stall.kind": stall.kind,
-                     "lora_otel.stall.stage": stall.stage, "lora_otel.diagnosis": sentence}
+            attrs = {
+                otlp.INCOMPLETE_ATTRIBUTE: True,
+                "lora_otel.stall.kind": stall.kind,
+                "lora_otel.stall.stage": stall.stage,
+                "lora_otel.diagnosis": sentence,
+            }
             if span is stall.span:
                 attrs.update(found.attrs)
-            rs = _amend(tr.readable(span), status=Status(StatusCode.ERROR, stall.status_message),
-                        attrs=attrs, events=events, end_ns=now)
+            rs = _amend(
+                tr.readable(span),
+                status=Status(StatusCode.ERROR, stall.status_message),
+                attrs=attrs,
+                events=events,
+                end_ns=now,
+            )
             out.append(rs)
             self.exported.add(span.span_id)
             self.incomplete_end[span.span_id] = now
@@ -571,7 +664,7 @@ class Follower:
         traced process's); None when unset, the `BaselineError` when it cannot be used."""
         if not self._baseline_read:
             self._baseline_read = True
-            from lora_otel.export.baseline import BaselineError, configured
+            from lora_otel.analysis.baseline import BaselineError, configured
 
             try:
                 self._baseline = configured(journal)
@@ -582,7 +675,7 @@ class Follower:
     def _send(self, spans: list[ReadableSpan]) -> None:
         self.spans_out.put(spans)
 
-    def _send_lines(self, journal: Journal, tr) -> None:
+    def _send_lines(self, journal: Journal, tr: otlp._Translator) -> None:
         """Human lines → log records, as many as the log outbox has room for; sent lines are forgotten."""
         lines = journal.lines
         if self.logs_out is None:
@@ -590,15 +683,22 @@ class Follower:
             return
         room = self.logs_out.max_items - self.logs_out.pending
         root = journal.root.span_id if journal.root is not None else None
-        for line in lines[:max(room, 0)]:
+        for line in lines[: max(room, 0)]:
             self._log(tr, line.ts, line.level, line.msg, root)
-        del lines[:max(room, 0)]
+        del lines[: max(room, 0)]
         if self.logs_out.failing and len(lines) > self.capacity:
             self.dropped += len(lines) - self.capacity
-            del lines[:len(lines) - self.capacity]
+            del lines[: len(lines) - self.capacity]
 
-    def _log(self, tr, ts: int, level: str, body: str, span_id: Optional[str],
-             attrs: Optional[dict[str, Any]] = None) -> None:
+    def _log(
+        self,
+        tr: otlp._Translator,
+        ts: int,
+        level: str,
+        body: str,
+        span_id: Optional[str],
+        attrs: Optional[dict[str, Any]] = None,
+    ) -> None:
         if self.logs_out is None:
             return
         if self._logs is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -29,9 +29,14 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from lora_otel._boot import redact
+from lora_otel._boot.seam import redact
 from lora_otel._version import __version__
-from lora_otel.export.reader import Journal, Span, format_duration
+from lora_otel.journal.reader import Journal, Span, format_duration
+
+if TYPE_CHECKING:
+    from collections.abc import Container
+
+    from typing_extensions import TypeGuard  # typing.TypeGuard from Python 3.10
 
 INCOMPLETE_ATTRIBUTE = "lora_otel.incomplete"
 DEFAULT_IMPORT_THRESHOLD_MS = 5
@@ -60,8 +65,11 @@ def translate(journal: Journal) -> Translation:
     dropped = {span.span_id: span for span in journal.spans if _is_short_import(span, journal)}
     kept = [span for span in journal.spans if span.span_id not in dropped]
     translator = _Translator(journal, dropped)
-    return Translation([translator.readable(span) for span in kept],
-                       incomplete=sum(span.is_open for span in kept), dropped_imports=len(dropped))
+    return Translation(
+        [translator.readable(span) for span in kept],
+        incomplete=sum(span.is_open for span in kept),
+        dropped_imports=len(dropped),
+    )
 
 
 class _Translator:
@@ -72,7 +80,7 @@ class _Translator:
         self.dropped = dropped
         self.resource = resource if resource is not None else make_resource(journal)
         self.trace_flags = TraceFlags(TraceFlags.SAMPLED if journal.sampled else TraceFlags.DEFAULT)
-        self.known = {span.span_id for span in journal.spans}
+        self.known: Container[str] = {span.span_id for span in journal.spans}  # live: every parent but the root's
 
     def readable(self, span: Span) -> ReadableSpan:
         attributes = otel_attributes(span.attrs)
@@ -82,8 +90,11 @@ class _Translator:
         if end_ns is None:
             end_ns = max(self.journal.last_evidence_ns or span.start_ns, span.start_ns)
             attributes[INCOMPLETE_ATTRIBUTE] = True
-            status = Status(StatusCode.ERROR, f"incomplete: {clean_text(span.name)} open for "
-                                              f"{format_duration(end_ns - span.start_ns)} (no end recorded)")
+            status = Status(
+                StatusCode.ERROR,
+                f"incomplete: {clean_text(span.name)} open for "
+                f"{format_duration(end_ns - span.start_ns)} (no end recorded)",
+            )
         elif span.status == "error":
             status = Status(StatusCode.ERROR, clean_text(span.message or "error"))
         else:
@@ -133,9 +144,13 @@ LAUNCHED_BY_TRACE = "lora_otel.launched_by.trace_id"
 LAUNCHED_BY_SPAN = "lora_otel.launched_by.span_id"
 
 
-def _is_hex(value: Any, length: int) -> bool:
-    return (isinstance(value, str) and len(value) == length and value != "0" * length
-            and all(c in "0123456789abcdef" for c in value))
+def _is_hex(value: Any, length: int) -> TypeGuard[str]:
+    return (
+        isinstance(value, str)
+        and len(value) == length
+        and value != "0" * length
+        and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 def make_resource(journal: Journal) -> Resource:
@@ -160,13 +175,13 @@ def make_exporter(timeout: Optional[float] = None) -> SpanExporter:
     if protocol.lower() == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
 
-        return _with_http_status(HTTPExporter, kwargs, "TRACES")
+        exporter: SpanExporter = _with_http_status(HTTPExporter, kwargs, "TRACES")
+        return exporter
     if protocol.lower() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GRPCExporter
 
         return GRPCExporter(**kwargs)
-    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
-                              "use 'http/protobuf' (the default) or 'grpc'")
+    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: use 'http/protobuf' (the default) or 'grpc'")
 
 
 def make_log_exporter(timeout: Optional[float] = None) -> Any:
@@ -185,8 +200,7 @@ def make_log_exporter(timeout: Optional[float] = None) -> Any:
         from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GRPCLogExporter
 
         return GRPCLogExporter(**kwargs)
-    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: "
-                              "use 'http/protobuf' (the default) or 'grpc'")
+    raise ExporterConfigError(f"{variable}={protocol!r} is not supported: use 'http/protobuf' (the default) or 'grpc'")
 
 
 REFUSED_STATUS = (400, 413)
@@ -211,8 +225,7 @@ def _with_http_status(exporter_class: Any, kwargs: dict[str, Any], signal: str) 
     """``exporter_class(**kwargs)`` with its own ``requests`` session whose answers set the
     exporter's ``lora_otel_http_status`` (an `HTTPStatus`). Left to the SDK when a credential
     provider session is configured (``OTEL_PYTHON_EXPORTER_OTLP_HTTP_*CREDENTIAL_PROVIDER``)."""
-    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{part}CREDENTIAL_PROVIDER")
-           for part in ("", signal + "_")):
+    if any(os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{part}CREDENTIAL_PROVIDER") for part in ("", signal + "_")):
         return exporter_class(**kwargs)
     try:
         import requests
@@ -243,7 +256,7 @@ def export_with_status(exporter: Any, batch: Any) -> tuple[Any, Optional[int]]:
     return result, status.code if status is not None else None
 
 
-def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, float]:
+def _timeout_kwargs(timeout: Optional[float], signal_variable: str) -> dict[str, Any]:
     if timeout is None or os.environ.get(signal_variable) or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
         return {}
     return {"timeout": timeout}
@@ -295,7 +308,7 @@ def learn_secrets(pid: Optional[int], environ: Optional[Any] = None) -> None:
     same rules applied to its command line (``/proc/<pid>/cmdline``) and to the variables its
     self-check records (``environ``: the sidecar's own, inherited from that process). So evidence
     gathered from outside (stacks, errors) cannot carry them to the backend. Never raises."""
-    from lora_otel._boot import envfacts
+    from lora_otel._boot.seam import envfacts
 
     try:
         envfacts.relevant_env(os.environ if environ is None else environ, redact.redact_env)
@@ -340,5 +353,9 @@ def _is_short_import(span: Span, journal: Journal) -> bool:
     threshold_ms = journal.config.get("import_threshold_ms", DEFAULT_IMPORT_THRESHOLD_MS)
     if isinstance(threshold_ms, bool) or not isinstance(threshold_ms, (int, float)):
         threshold_ms = DEFAULT_IMPORT_THRESHOLD_MS
-    return (span.name.startswith("import ") and span.end_ns is not None and span.status == "ok"
-            and span.end_ns - span.start_ns < threshold_ms * 1_000_000)
+    return (
+        span.name.startswith("import ")
+        and span.end_ns is not None
+        and span.status == "ok"
+        and span.end_ns - span.start_ns < threshold_ms * 1_000_000
+    )

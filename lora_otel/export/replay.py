@@ -11,13 +11,15 @@ import argparse
 import contextlib
 import logging
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from lora_otel._boot.redact import redact_text
+from lora_otel._boot.seam import redact_text
 from lora_otel.export.otlp import REFUSED_STATUS, describe_endpoint, export_with_status, make_exporter, translate
-from lora_otel.export.reader import JournalError, read_journal
+from lora_otel.journal.reader import JournalError, read_journal
 
 BATCH = 512
 
@@ -57,24 +59,27 @@ def run_replay(args: argparse.Namespace) -> int:
         reason = ": " + "; ".join(reasons) if reasons else ""
         what = f"{unsent} spans" if unsent == total else f"{unsent} of {total} spans"
         return _fail(f"could not export {what} to {endpoint}{reason}", 1)
-    line = (f"replayed {sent} spans ({translation.incomplete} incomplete, "
-            f"{translation.dropped_imports} short imports dropped) to {endpoint}")
+    line = (
+        f"replayed {sent} spans ({translation.incomplete} incomplete, "
+        f"{translation.dropped_imports} short imports dropped) to {endpoint}"
+    )
     if journal.problems:
         line += f"; {len(journal.problems)} journal problems, see lora-otel inspect"
     print(redact_text(line))
     if refused:
-        return _fail(f"the backend refused {refused} of {total} spans as bad data (HTTP 400/413); "
-                     "they stay in the journal", 1)
+        return _fail(
+            f"the backend refused {refused} of {total} spans as bad data (HTTP 400/413); they stay in the journal", 1
+        )
     return 0
 
 
-def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
+def _export_all(exporter: Any, spans: list[ReadableSpan]) -> tuple[int, int, int]:
     """Send ``spans`` in batches of `BATCH`: ``(sent, refused, unsent)``.
 
     A batch the backend refuses as such (`otlp.REFUSED_STATUS`) is split in halves until the
     refused spans are alone; those are skipped and counted. Any other failure stops the replay
     (the backend is away: trying the next batches would only wait out more timeouts)."""
-    pending = [spans[i:i + BATCH] for i in range(0, len(spans), BATCH)]
+    pending = [spans[i : i + BATCH] for i in range(0, len(spans), BATCH)]
     sent = refused = 0
     while pending:
         batch = pending.pop(0)
@@ -83,7 +88,7 @@ def _export_all(exporter: Any, spans: list) -> tuple[int, int, int]:
             sent += len(batch)
         elif code in REFUSED_STATUS:
             if len(batch) > 1:
-                pending[:0] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
+                pending[:0] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
             else:
                 refused += 1
         else:

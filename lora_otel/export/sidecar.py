@@ -11,11 +11,11 @@ Without an OTLP endpoint it runs in *local mode* (`follow_local`): the watchdog 
 STALLED and death lines the job cannot write itself — and it never imports the OpenTelemetry SDK.
 It exits as soon as every process of the job is gone.
 
-With an endpoint it is the only process that imports the OpenTelemetry SDK. It polls the journal (`lora_otel.export.live.Follower`:
-spans as they end, stalls as incomplete spans with evidence, human lines and stalls as log
-records), and once the watched process is gone it finalises the spans still open with how the
-process ended, sends what is queued (for up to ``LORA_OTEL_DRAIN_S``, default 30 s, while the
-backend is unreachable) and exits.
+With an endpoint it is the only process that imports the OpenTelemetry SDK. It polls the journal
+(`lora_otel.export.live.Follower`: spans as they end, stalls as incomplete spans with evidence,
+human lines and stalls as log records), and once the watched process is gone it finalises the
+spans still open with how the process ended, sends what is queued (for up to
+``LORA_OTEL_DRAIN_S``, default 30 s, while the backend is unreachable) and exits.
 
 It can run from another virtual environment than the training process: set
 ``LORA_OTEL_SIDECAR_PYTHON`` to a Python that has ``lora_otel`` with its dependencies installed.
@@ -28,17 +28,22 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from lora_otel.export.reader import JournalError, exec_phrase, process_state
 from lora_otel.export.watchdog import owned_file_reason
+from lora_otel.journal.reader import JournalError, exec_phrase, process_state
+
+if TYPE_CHECKING:
+    from lora_otel.export.live import Follower
+    from lora_otel.export.watchdog import StderrHint
+    from lora_otel.journal.reader import Journal
 
 POLL_S = 0.5
 DRAIN_S = 30.0
 EXIT_GRACE_S = 0.3  # `lora-otel run` appends the exit record of a child killed by a signal right after reaping it
 
 
-def other_journals(followers: dict, path: str) -> list:
+def other_journals(followers: dict[str, Follower], path: str) -> list[Journal]:
     """The journals of the job's other processes (``followers``: path -> `Follower`, all but
     ``path``'s), read up to now: the peers of a stall in a collective."""
     out = []
@@ -56,7 +61,7 @@ def other_journals(followers: dict, path: str) -> list:
 def _say(msg: str) -> None:
     """One line in the sidecar's log, redacted: an endpoint URL with credentials or an API key in
     its query, quoted by an exporter error, and every value the traced process redacted."""
-    from lora_otel._boot.redact import redact_text
+    from lora_otel._boot.seam import redact_text
 
     msg = redact_text(" ".join(msg.splitlines()))  # one line per message, whatever the journal's exit message holds
     sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
@@ -70,7 +75,7 @@ def _float_env(name: str, default: float) -> float:
         return default
 
 
-def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None) -> str:
+def describe_end(journal: Journal, oom: Optional[str] = None, state: Optional[str] = None) -> str:
     """How the process ended, from its exit record; that it exec'd another program (its exec
     record, or ``state`` "exec'd"); or that it vanished without either.
 
@@ -84,7 +89,8 @@ def describe_end(journal, oom: Optional[str] = None, state: Optional[str] = None
             return "killed by %s: SIGKILL, exit status 137" % oom
         return "vanished without an exit record: killed by a signal (SIGKILL, SIGTERM, ...) or os._exit"
     if exit_.get("message"):
-        return exit_["message"]
+        message: str = exit_["message"]
+        return message
     code = exit_.get("code")
     return "exit code %s" % code if code is not None else "exited"
 
@@ -101,14 +107,14 @@ class _Registry:
         self.path = path
         self.offset = 0
         self.pending = b""
-        self.refused: set = set()
+        self.refused: set[str] = set()
 
     def _refuse(self, what: str, why: str) -> None:
         if why not in self.refused:
             self.refused.add(why)
             _say("ignoring %s: %s" % (what, why))
 
-    def new_paths(self) -> list:
+    def new_paths(self) -> list[str]:
         if not self.path:
             return []
         why = owned_file_reason(self.path)
@@ -139,32 +145,40 @@ class _Registry:
         return out
 
 
-def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, cgroup: Optional[str] = None,
-                 oom_kills: Optional[int] = None, children: Optional[str] = None,
-                 stderr_hint: Optional[tuple] = None) -> int:
+def follow_local(
+    journal_path: str,
+    pid: Optional[int],
+    poll_s: float = POLL_S,
+    cgroup: Optional[str] = None,
+    oom_kills: Optional[int] = None,
+    children: Optional[str] = None,
+    stderr_hint: Optional[StderrHint] = None,
+) -> int:
     """Local mode: watch the job until every process of it is gone (no OpenTelemetry imported).
 
     Each journal gets a `watchdog.Watch`: stalls under the recorded (and learned) limits, a
     ``stall`` record in the journal, the STALLED line where the job cannot write it; a process that
     vanished without an exit record gets a ``died`` record and its death line. Returns 0."""
-    from lora_otel.export.evidence import OomWatch
+    from lora_otel.analysis.evidence import OomWatch
     from lora_otel.export.watchdog import JobLines, Watch
 
-    _say("following %s (pid %s) in local mode: stalls go into the journal and the job's lines; no OTLP endpoint"
-         % (journal_path, pid))
+    _say(
+        "following %s (pid %s) in local mode: stalls go into the journal and the job's lines; no OTLP endpoint"
+        % (journal_path, pid)
+    )
     oom = OomWatch(cgroup, oom_kills)
     if pid is not None:
         oom.see(pid)
     registry = _Registry(children)
 
-    def peers_of(path: str):
+    def peers_of(path: str) -> Callable[[], list[Journal]]:
         return lambda: [w.journal for p, w in list(watches.items()) if p != path and w.journal is not None]
 
-    def watch(path: str, hint: Optional[tuple] = None) -> Watch:
+    def watch(path: str, hint: Optional[StderrHint] = None) -> Watch:
         return Watch(path, lines=JobLines(hint), by="watchdog", peers=peers_of(path), say=_say)
 
     watches = {journal_path: watch(journal_path, stderr_hint)}
-    ended: dict = {}
+    ended: dict[str, str] = {}
     while True:
         for path in registry.new_paths():
             if path not in watches:
@@ -189,8 +203,11 @@ def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, 
                     time.sleep(EXIT_GRACE_S)  # `lora-otel run` may be appending the exit record
                 final = w.read()
                 execd = final.exit is None and (final.exec is not None or state == "exec'd")
-                struck = None if execd or final.exit is not None else (
-                    oom.struck() if path == journal_path else w.oom.struck())
+                struck = (
+                    None
+                    if execd or final.exit is not None
+                    else (oom.struck() if path == journal_path else w.oom.struck())
+                )
                 told = None if execd else w.ended(struck or "")
                 how = describe_end(final, struck, state)
                 ended[path] = how
@@ -208,23 +225,35 @@ def follow_local(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, 
     return 0
 
 
-def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_s: float = DRAIN_S,
-           cgroup: Optional[str] = None, oom_kills: Optional[int] = None, children: Optional[str] = None,
-           stderr_hint: Optional[tuple] = None) -> int:
+def follow(
+    journal_path: str,
+    pid: Optional[int],
+    poll_s: float = POLL_S,
+    drain_s: float = DRAIN_S,
+    cgroup: Optional[str] = None,
+    oom_kills: Optional[int] = None,
+    children: Optional[str] = None,
+    stderr_hint: Optional[StderrHint] = None,
+) -> int:
     """Follow the job until every process of it is gone, finalise, drain.
 
     The job is the process that started this sidecar (``journal_path``) and every process that
     registered its journal in ``children`` (forked and spawned workers, ranks, anything below it).
     Without an OTLP endpoint: `follow_local`. Returns 0 when everything was delivered.
     """
-    from lora_otel._boot.spawn import exports
+    from lora_otel._boot.seam import starts_sidecar as exports
 
     if not exports(os.environ):
         return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
     from lora_otel.export.live import Follower, outboxes
+    from lora_otel.export.otlp import (
+        ExporterConfigError,
+        describe_endpoint,
+        learn_secrets,
+        make_exporter,
+        make_log_exporter,
+    )
     from lora_otel.export.watchdog import JobLines, Watch
-    from lora_otel.export.otlp import (ExporterConfigError, describe_endpoint, learn_secrets, make_exporter,
-                                       make_log_exporter)
 
     learn_secrets(pid)  # before anything is said or sent
 
@@ -239,7 +268,7 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
             log_exporter = make_log_exporter(timeout=5)
         except Exception as e:  # noqa: BLE001 - log records are extra; spans go on
             _say("log records off: %s" % e)
-    from lora_otel.export.stall import StallConfigError, frozen_after_from_env, parse_limits
+    from lora_otel.analysis.stall import StallConfigError, frozen_after_from_env, parse_limits
 
     try:
         parse_limits(os.environ.get("LORA_OTEL_STALL_AFTER")), frozen_after_from_env()
@@ -252,20 +281,27 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     if logs_out is not None:
         logs_out.on_change = _say
 
-    def follower(path: str, hint: Optional[tuple] = None) -> Follower:
+    def follower(path: str, hint: Optional[StderrHint] = None) -> Follower:
         # The same watchdog as in local mode writes the stall record and the lines the job cannot.
         watch = Watch(path, limits, frozen_after, lines=JobLines(hint), by="sidecar", say=_say)
-        return Follower(path, limits=limits, frozen_after_s=frozen_after, spans_out=spans_out, logs_out=logs_out,
-                        peers=lambda: other_journals(followers, path), watch=watch)
+        return Follower(
+            path,
+            limits=limits,
+            frozen_after_s=frozen_after,
+            spans_out=spans_out,
+            logs_out=logs_out,
+            peers=lambda: other_journals(followers, path),
+            watch=watch,
+        )
 
-    from lora_otel.export.evidence import OomWatch
+    from lora_otel.analysis.evidence import OomWatch
 
     oom = OomWatch(cgroup, oom_kills)  # to tell a death by the OOM killer from other SIGKILLs
     if pid is not None:
         oom.see(pid)
     registry = _Registry(children)
     followers = {journal_path: follower(journal_path, stderr_hint)}
-    ended: dict = {}  # path -> how its process ended
+    ended: dict[str, str] = {}  # path -> how its process ended
     while True:
         for path in registry.new_paths():
             if path not in followers:
@@ -317,39 +353,60 @@ def follow(journal_path: str, pid: Optional[int], poll_s: float = POLL_S, drain_
     unsent = spans_out.unsent + (logs_out.unsent if logs_out else 0)
     dropped = sum(f.dropped for f in followers.values()) + spans_out.dropped + (logs_out.dropped if logs_out else 0)
     refused = spans_out.rejected + (logs_out.rejected if logs_out else 0)
-    _say("process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, "
-         "%d refused by the backend, %d unsent"
-         % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, refused, unsent))
+    _say(
+        "process ended (%s); %d journal(s); sent %d spans and %d log records; %d dropped by a full queue, "
+        "%d refused by the backend, %d unsent"
+        % (ended[journal_path], len(followers), spans_out.sent, sent_logs, dropped, refused, unsent)
+    )
     if not delivered:
-        _say("not everything reached the backend (%s); the journals remain for `lora-otel replay`"
-             % (spans_out.last_error or (logs_out.last_error if logs_out else None)))
+        _say(
+            "not everything reached the backend (%s); the journals remain for `lora-otel replay`"
+            % (spans_out.last_error or (logs_out.last_error if logs_out else None))
+        )
     return 0 if delivered else 1
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lora_otel.export.sidecar",
-                                     description="Follow a traced process's journal: the local watchdog, and live "
-                                                 "export over OTLP when an endpoint is configured.")
+    parser = argparse.ArgumentParser(
+        prog="python -m lora_otel.export.sidecar",
+        description="Follow a traced process's journal: the local watchdog, and live "
+        "export over OTLP when an endpoint is configured.",
+    )
     parser.add_argument("--journal", required=True, help="the journal to follow (*.otel.jsonl)")
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
-    parser.add_argument("--poll", type=float, default=_float_env("LORA_OTEL_POLL_S", POLL_S),
-                        help="seconds between reads of the journal (default 0.5)")
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=_float_env("LORA_OTEL_POLL_S", POLL_S),
+        help="seconds between reads of the journal (default 0.5)",
+    )
     parser.add_argument("--children", help="the file where the job's other processes register their journals")
     parser.add_argument("--cgroup", help="the process's memory cgroup when it started")
     parser.add_argument("--oom-kills", type=int, help="that cgroup's oom_kill count when the process started")
-    parser.add_argument("--stderr", help="DEV:INO of the process's stderr at start, for a journal that does not record it")
+    parser.add_argument(
+        "--stderr", help="DEV:INO of the process's stderr at start, for a journal that does not record it"
+    )
     parser.add_argument("--stderr-path", help="that stderr's path, when it was a regular file")
     args = parser.parse_args(argv)
-    hint = None
+    hint: Optional[StderrHint] = None
     if args.stderr and args.stderr.count(":") == 1 and all(p.isdigit() for p in args.stderr.split(":")):
-        hint = (tuple(int(p) for p in args.stderr.split(":")), args.stderr_path or None)
+        dev, ino = args.stderr.split(":")
+        hint = ((int(dev), int(ino)), args.stderr_path or None)
     # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
     # sidecar reports the outage once itself.
     logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     try:
-        return follow(args.journal, args.pid, args.poll, _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
-                      args.cgroup, args.oom_kills, args.children, hint)
+        return follow(
+            args.journal,
+            args.pid,
+            args.poll,
+            _float_env("LORA_OTEL_DRAIN_S", DRAIN_S),
+            args.cgroup,
+            args.oom_kills,
+            args.children,
+            hint,
+        )
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - say it in the log file, once

@@ -4,7 +4,7 @@ The sidecar (`lora_otel.export.sidecar`) runs this for every job (``LORA_OTEL=1`
 endpoint is configured. It never imports the OpenTelemetry SDK. For each journal of the job it:
 
 - detects stalls with `stall.detect` under the limits the job recorded (and the limits it learned
-  from earlier runs, `lora_otel.export.learned`), gathers the evidence (`evidence.gather`: the
+  from earlier runs, `lora_otel.analysis.learned`), gathers the evidence (`evidence.gather`: the
   verified stack request, /proc, NVML) and diagnoses it (`diagnose.explain`);
 - appends one ``stall`` record to the job's journal (the same record the live follower appends,
   so ``inspect``, ``watch``, ``replay`` and a later export see the same stall);
@@ -22,12 +22,13 @@ import json
 import os
 import stat
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
-from lora_otel.export.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
-from lora_otel.export.learned import Learned, learn
-from lora_otel.export.reader import Journal, JournalTail, process_state
-from lora_otel.export.stall import Stall, detect, journal_limits
+from lora_otel.analysis.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
+from lora_otel.analysis.learned import Learned, learn
+from lora_otel.analysis.stall import Stall, detect, journal_limits
+from lora_otel.journal.reader import Journal, JournalTail, process_state
 
 EVIDENCE_TEXT_MAX = 200  # a value longer than this stays out of the stall record's summary
 
@@ -56,36 +57,44 @@ def owned_file_reason(path: str) -> str:
 
 # --- the stall record ----------------------------------------------------------------------------
 
+
 def evidence_summary(evidence: dict[str, Any]) -> dict[str, Any]:
     """The evidence, flat and short: scalar facts without the ``lora_otel.evidence.`` prefix; stacks
     and other long texts stay out (the stacks file has them)."""
     out: dict[str, Any] = {}
     for key, value in evidence.items():
-        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        name = key[len(PREFIX) :] if key.startswith(PREFIX) else key
         if name.endswith("python.stacks") or name.startswith("rank."):
             continue
-        if isinstance(value, bool) or isinstance(value, (int, float)):
-            out[name] = value
-        elif isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX:
+        if isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= EVIDENCE_TEXT_MAX):
             out[name] = value
         elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
             text = ", ".join(value[:4])
-            out[name] = text if len(text) <= EVIDENCE_TEXT_MAX else text[:EVIDENCE_TEXT_MAX - 1] + "\u2026"
+            out[name] = text if len(text) <= EVIDENCE_TEXT_MAX else text[: EVIDENCE_TEXT_MAX - 1] + "\u2026"
     return out
 
 
 def stall_record(stall: Stall, diagnosis: str, evidence: dict[str, Any], by: str, now_ns: int) -> dict[str, Any]:
     """The journal's ``stall`` record for ``stall`` (see docs/journal.md)."""
-    no_stage = stall.kind == "between" or stall.span.parent_id is None and stall.span.name == "process"
+    no_stage = stall.kind == "between" or (stall.span.parent_id is None and stall.span.name == "process")
     evidence = evidence_summary(evidence)
     if stall.kind == "between" and stall.after:
         evidence["last_stage"] = stall.after
     learned = stall.learned
-    return {"v": 1, "k": "stall", "ts": now_ns, "span_id": None if no_stage else stall.span.span_id,
-            "stage": stall.stage, "kind": stall.kind, "limit_s": round(float(stall.limit_s), 3),
-            "open_s": round(float(stall.open_for_s), 3),
-            "learned": learned.to_json() if isinstance(learned, Learned) else None,
-            "evidence": evidence, "diagnosis": diagnosis, "by": by}
+    return {
+        "v": 1,
+        "k": "stall",
+        "ts": now_ns,
+        "span_id": None if no_stage else stall.span.span_id,
+        "stage": stall.stage,
+        "kind": stall.kind,
+        "limit_s": round(float(stall.limit_s), 3),
+        "open_s": round(float(stall.open_for_s), 3),
+        "learned": learned.to_json() if isinstance(learned, Learned) else None,
+        "evidence": evidence,
+        "diagnosis": diagnosis,
+        "by": by,
+    }
 
 
 def append_record(journal_path: str, record: dict[str, Any]) -> str:
@@ -95,7 +104,8 @@ def append_record(journal_path: str, record: dict[str, Any]) -> str:
     if why:
         return why
     data = (json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode(
-        "utf-8", "backslashreplace")
+        "utf-8", "backslashreplace"
+    )
     try:
         fd = os.open(journal_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
@@ -114,6 +124,7 @@ def append_record(journal_path: str, record: dict[str, Any]) -> str:
 
 # --- lines for the job ---------------------------------------------------------------------------
 
+
 def _iso_ms(ns: int) -> str:
     s, rem = divmod(ns, 1_000_000_000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + ".%03dZ" % (rem // 1_000_000)
@@ -121,7 +132,7 @@ def _iso_ms(ns: int) -> str:
 
 def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
     """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid."""
-    from lora_otel._boot.redact import redact_text
+    from lora_otel._boot.seam import redact_text
 
     msg = redact_text(" ".join(str(msg).splitlines()))
     return "[lora-otel][%d][%s] %s\n" % (pid, _iso_ms(time.time_ns() if now_ns is None else now_ns), msg)
@@ -136,7 +147,9 @@ def log_path(journal: Journal) -> Optional[str]:
     return journal.log_path if journal.log_id is not None else None
 
 
-def _write_checked(path: str, data: bytes, *, follow: bool, ident: Optional[tuple] = None) -> Optional[tuple]:
+def _write_checked(
+    path: str, data: bytes, *, follow: bool, ident: Optional[tuple[int, int]] = None
+) -> Optional[tuple[int, int]]:
     """Open ``path`` for appending, check it, write once, close. ``follow``: ``path`` is a
     /proc/<pid>/fd link (followed on purpose; ``ident`` must match), else ``O_NOFOLLOW`` and only
     a regular file of this user's. Returns the file's ``(st_dev, st_ino)`` when written."""
@@ -162,6 +175,10 @@ def _write_checked(path: str, data: bytes, *, follow: bool, ident: Optional[tupl
         os.close(fd)
 
 
+StderrHint = tuple[Optional[tuple[int, int]], Optional[str]]
+"""``((st_dev, st_ino), path or None)``: what the job's stderr was, when its journal does not say."""
+
+
 class JobLines:
     """Lines written for a job that cannot write them itself: to its ``--log`` file (by path) and
     its stderr (``/proc/<pid>/fd/2`` while it lives and is still the stderr the journal recorded,
@@ -171,10 +188,10 @@ class JobLines:
     ``stderr_hint``: ``((st_dev, st_ino), path or None)`` the sidecar was told at start, for a
     journal that does not record its stderr itself."""
 
-    def __init__(self, stderr_hint: Optional[tuple] = None) -> None:
+    def __init__(self, stderr_hint: Optional[StderrHint] = None) -> None:
         self.stderr_hint = stderr_hint
 
-    def _stderr(self, journal: Journal) -> tuple:
+    def _stderr(self, journal: Journal) -> StderrHint:
         if journal.stderr_id is not None:
             return journal.stderr_id, journal.stderr_path
         if self.stderr_hint is not None:
@@ -187,7 +204,7 @@ class JobLines:
             return []
         data = format_line(journal.pid, msg).encode("utf-8", "backslashreplace")
         went: list[str] = []
-        written: set = set()
+        written: set[tuple[int, int]] = set()
         ident, path = self._stderr(journal)
         if ident:
             got = None
@@ -217,8 +234,10 @@ def seconds(s: float) -> str:
 def stalled_line(stall: Stall, diagnosis: str) -> str:
     """``STALLED: import x open for 12 s, frozen (no beat for 10 s): <diagnosis>``."""
     if stall.kind == "between":
-        what = "no stage open for %s%s" % (seconds(stall.open_for_s),
-                                           " since %s ended" % stall.after if stall.after else "")
+        what = "no stage open for %s%s" % (
+            seconds(stall.open_for_s),
+            " since %s ended" % stall.after if stall.after else "",
+        )
     else:
         what = "%s open for %s" % (stall.stage, seconds(stall.open_for_s))
     if stall.kind == "frozen":
@@ -232,7 +251,7 @@ def stalled_line(stall: Stall, diagnosis: str) -> str:
 
 def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
     """``process 1234 was killed by the OOM killer in load model after 45 s``."""
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
@@ -252,20 +271,29 @@ def speaks_for_job(stall: Stall) -> bool:
 
 
 def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     no_stage = span is None or span is journal.root
     start = journal.root.start_ns if no_stage and journal.root is not None else (span.start_ns if span else now_ns)
-    return {"v": 1, "k": "stall", "ts": now_ns, "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]
-            "stage": "between stages" if no_stage else span.name, "kind": "died",  # type: ignore[union-attr]
-            "limit_s": None, "open_s": round((now_ns - start) / 1e9, 3), "learned": None,
-            "evidence": {"oom": oom} if oom else {},
-            "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
-            "by": by}
+    return {
+        "v": 1,
+        "k": "stall",
+        "ts": now_ns,
+        "span_id": None if no_stage else span.span_id,  # type: ignore[union-attr]  # no_stage: span is None
+        "stage": "between stages" if no_stage else span.name,  # type: ignore[union-attr]  # the same
+        "kind": "died",
+        "limit_s": None,
+        "open_s": round((now_ns - start) / 1e9, 3),
+        "learned": None,
+        "evidence": {"oom": oom} if oom else {},
+        "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
+        "by": by,
+    }
 
 
 # --- following ------------------------------------------------------------------------------------
+
 
 class Watch:
     """The local watchdog for one journal. `poll` often; `ended` once its process is gone.
@@ -273,11 +301,17 @@ class Watch:
     ``limits``/``frozen_after_s``: a command line's (None: what the journal recorded).
     ``say``: one line for the sidecar's log."""
 
-    def __init__(self, path: str, limits: Optional[dict[str, float]] = None, frozen_after_s: Optional[float] = None,
-                 lines: Optional[JobLines] = None, by: str = "watchdog",
-                 evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
-                 peers: Optional[Callable[[], Sequence[Journal]]] = None,
-                 say: Callable[[str], None] = lambda _msg: None) -> None:
+    def __init__(
+        self,
+        path: str,
+        limits: Optional[dict[str, float]] = None,
+        frozen_after_s: Optional[float] = None,
+        lines: Optional[JobLines] = None,
+        by: str = "watchdog",
+        evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
+        peers: Optional[Callable[[], Sequence[Journal]]] = None,
+        say: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
         self.path = path
         self.tail = JournalTail(path)
         self.limits, self.frozen_after_s = limits, frozen_after_s
@@ -289,8 +323,8 @@ class Watch:
         self.journal: Optional[Journal] = None
         self.learned: Optional[dict[str, Learned]] = None
         self.records: list[dict[str, Any]] = []
-        self.stalled: set = set()  # (kind, span id or the quiet period's start)
-        self.slow_told: set = set()
+        self.stalled: set[tuple[str, int | str | None]] = set()  # (kind, span id or the quiet period's start)
+        self.slow_told: set[str] = set()
         self._ask = StackAsker(evidence)  # a stack request that got no dump: this process is asked no more
         self.oom = OomWatch()
 
@@ -326,7 +360,7 @@ class Watch:
     def _slow(self, journal: Journal, now: int) -> None:
         if not self.learned:
             return
-        from lora_otel.export.inspect import deepest_open_span
+        from lora_otel.journal.tree import deepest_open_span
 
         span = deepest_open_span(journal)
         if span is None or span is journal.root or span.span_id in self.slow_told:
@@ -340,10 +374,10 @@ class Watch:
 
     def report(self, journal: Journal, stall: Stall, now: int) -> dict[str, Any]:
         """Gather, diagnose, append the record, speak for the job where it cannot."""
-        from lora_otel.export.diagnose import explain
+        from lora_otel.analysis.diagnose import explain
 
         evidence = self._ask(journal)
-        peers: list = []
+        peers: list[Journal] = []
         if self.peers is not None:
             try:
                 peers = list(self.peers())
@@ -354,7 +388,9 @@ class Watch:
         sentence = found.sentence
         return self.write(journal, stall, sentence, evidence, now)
 
-    def write(self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int) -> dict[str, Any]:
+    def write(
+        self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int
+    ) -> dict[str, Any]:
         record = stall_record(stall, sentence, evidence, self.by, now)
         return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records)
 
@@ -362,15 +398,29 @@ class Watch:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
         ``died`` stall record and the line for its --log and stderr). Returns the line, or None."""
         journal = self.read()
-        return report_death(self.path, journal, oom if oom is not None else self.oom.struck(),
-                            time.time_ns() if now_ns is None else now_ns, self.by, self.lines, self.say)
+        return report_death(
+            self.path,
+            journal,
+            oom if oom is not None else self.oom.struck(),
+            time.time_ns() if now_ns is None else now_ns,
+            self.by,
+            self.lines,
+            self.say,
+        )
 
     def close(self) -> None:
         self.tail.close()
 
 
-def write_stall(path: str, journal: Journal, stall: Stall, record: dict[str, Any], lines: JobLines,
-                say: Callable[[str], None], records: Optional[list] = None) -> dict[str, Any]:
+def write_stall(
+    path: str,
+    journal: Journal,
+    stall: Stall,
+    record: dict[str, Any],
+    lines: JobLines,
+    say: Callable[[str], None],
+    records: Optional[list[dict[str, Any]]] = None,
+) -> dict[str, Any]:
     """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot."""
     why = append_record(path, record)
     if why:
@@ -383,8 +433,9 @@ def write_stall(path: str, journal: Journal, stall: Stall, record: dict[str, Any
     return record
 
 
-def report_death(path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines,
-                 say: Callable[[str], None]) -> Optional[str]:
+def report_death(
+    path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines, say: Callable[[str], None]
+) -> Optional[str]:
     """For a process gone without an exit record (nor an exec): the ``died`` record and its line."""
     if journal.exit is not None or journal.exec is not None or journal.root is None:
         return None

@@ -1,51 +1,31 @@
-"""``lora-otel inspect``: where a process is or was stuck, and its span tree, from its journal.
+"""The span-tree model every view of a journal shares: `View` (a journal as seen at a moment by a
+process in a given state: its first sentence, its tree lines, its JSON), the deepest open span, the
+tree order, the time and text formats. `lora-otel inspect` and `watch` render it; the job model
+(`lora_otel.analysis.job`) and the stall rules use its pieces.
 
-The first line of the text output is one sentence about the *deepest open span* (the most recently
-started open span with no open child), or about how the process ended:
-
-- ``stuck in import bitsandbytes for 312 s (process gone)``: open for last evidence − start when
-  the process is gone, now − start while it runs (``no beat for N s`` when it froze);
-- ``still in training for 20 s (process running, 1200 steps, last step 400 ms ago)`` while steps
-  advance; ``died in training after 3600 s (process gone, …)`` when they did until the end;
-- ``ended with spans open: process (process gone)`` when it died between stages;
-- ``finished normally in 12.3 s (exit code 0)``, ``failed: <message> (exit code 1)``,
-  ``failed with exit code 3``, ``ended with spans open: a, b (exit code 1)``;
-- ``empty journal: no records``.
-
-Then come the journal line, the span tree, and the journal's problems as ``note:`` lines. With
-``LORA_OTEL_BASELINE`` naming a baseline file (`lora_otel.export.baseline`), the drift from it that
-bears on the stuck stage comes right after the first line, then the rest of the drift in brief.
-``--json`` prints the schema documented in docs/journal.md.
-
-A directory is shown job by job (journals grouped by trace id, ranks in order, the process to look at
-called out; `lora_otel.export.job`); ``--summary`` gives one line per job and exits by outcome.
+The lead sentence of a stall (`View.verdict`) comes from the analysis layer; this module knows it
+only by the `Lead` protocol, so the journal layer imports nothing above it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
-if TYPE_CHECKING:
-    from lora_otel.export import verdict as verdict_mod
+from lora_otel.journal.reader import Journal, ProcessState, Span, exec_phrase, format_duration, where_text
 
-from lora_otel.export.reader import (
-    Journal,
-    JournalError,
-    ProcessState,
-    Span,
-    exec_phrase,
-    format_duration,
-    process_state,
-    read_journal,
-    where_text,
-)
+
+class Lead(Protocol):
+    """What a view needs of a stall's verdict (`lora_otel.analysis.verdict.Verdict`)."""
+
+    def line(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def stacks_lines(self, journal: Journal) -> list[str]: ...
+
 
 STEP_STALE_S = 60
 """Steps count as advancing while the last one is at most this many seconds old (at the end of the
@@ -57,209 +37,18 @@ into training is not stuck)."""
 
 KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "import": ("lora_otel.package.version",),
-    "cuda init": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason", "lora_otel.cuda.device_count",
-                  "lora_otel.cuda.device_names", "lora_otel.cuda.version", "lora_otel.nvidia.driver_version"),
+    "cuda init": (
+        "lora_otel.cuda.available",
+        "lora_otel.cuda.absent_reason",
+        "lora_otel.cuda.device_count",
+        "lora_otel.cuda.device_names",
+        "lora_otel.cuda.version",
+        "lora_otel.nvidia.driver_version",
+    ),
     "cuda probe": ("lora_otel.cuda.available", "lora_otel.cuda.absent_reason"),
     "training": ("lora_otel.training.steps",),
 }
 """Attributes shown on a span's tree line, by span kind (``import`` stands for every ``import X``)."""
-
-
-def run_inspect(args: argparse.Namespace) -> int:
-    """Print the journal ``args.journal`` as text, or as JSON when ``args.json``.
-
-    A directory is shown job by job (`run_inspect_dir`); so is a single journal with ``--summary``.
-
-    Returns:
-        0, or 2 when the journal cannot be read (one line on stderr); ``--summary``: the outcome
-        (`run_inspect_dir`).
-    """
-    resolved = resolve_path(args.journal)
-    if resolved != args.journal:
-        print(f"lora-otel inspect: reading {resolved}", file=sys.stderr)
-        args.journal = resolved
-    if os.path.isdir(args.journal) or getattr(args, "summary", False):
-        return run_inspect_dir(args)
-    try:
-        journal = read_journal(args.journal)
-    except JournalError as e:
-        print(f"lora-otel inspect: {e}", file=sys.stderr)
-        return 2
-    if not_a_journal(journal):
-        print(f"lora-otel inspect: {args.journal}: not a journal ({journal.problems[0]})", file=sys.stderr)
-        return 2
-    from lora_otel.export import baseline
-    from lora_otel.export.stall import StallConfigError, detect, frozen_after_from_env, parse_limits
-
-    stall_after = getattr(args, "stall_after", None)
-    given = "--stall-after" if stall_after is not None else "LORA_OTEL_STALL_AFTER"
-    try:
-        parse_limits(stall_after if stall_after is not None else os.environ.get(given))
-        frozen_after_from_env()
-    except StallConfigError as e:
-        print(f"lora-otel inspect: {given}: {e}", file=sys.stderr)
-        return 2
-    # One set of limits: the journal's recorded ones (`stall.journal_limits`) unless --stall-after.
-    from lora_otel.export import verdict as verdict_mod
-    from lora_otel.export.stall import journal_limits
-
-    limits, frozen_after = journal_limits(journal, parse_limits(stall_after) if stall_after is not None else None)
-    now_ns = time.time_ns()
-    state = process_state(journal)
-    stall = detect(journal, now_ns, state == "running", limits, frozen_after)
-    verdict = verdict_mod.current(journal, stall, now_ns, same_trace(journal), frozen_after)
-    drift = baseline.inspect_report(journal, now_ns)  # None unless LORA_OTEL_BASELINE is set
-    if drift is not None and drift["error"]:
-        print(f"lora-otel inspect: {drift['error']}; shown without it", file=sys.stderr)
-    stalled = stall is not None or verdict is not None if state == "running" else (verdict is not None or None)
-    view = View(journal, state, now_ns, verdict=verdict, stalled=stalled)
-    if args.json:
-        doc = view.to_json()
-        if drift is not None:
-            doc["baseline"] = baseline.report_json(drift)
-        text = json.dumps(doc, indent=2) + "\n"  # ensure_ascii keeps lone surrogates as \udcXX
-    else:
-        text = "\n".join(view.text_lines()) + "\n"
-        if drift is not None:  # the drift that bears on the stuck stage, right after the first line
-            first, _, rest = text.partition("\n")
-            text = "\n".join([first, *(_display(line) for line in baseline.report_lines(drift)), rest])
-    _write(text)
-    return 0
-
-
-def run_inspect_dir(args: argparse.Namespace) -> int:
-    """``lora-otel inspect DIR``: every journal in the directory, grouped into jobs (by trace id).
-
-    Text: per job a heading, its processes in rank order, the process to look at called out, and
-    its tree (every tree with ``--all``). ``--summary``: one line per job. ``--json``: the directory
-    document of docs/journal.md (spans only with ``--all``).
-
-    Returns:
-        2 (one line on stderr) when the directory holds no journal, a journal cannot be read, or
-        ``--stall-after`` is bad. Else 0; with ``--summary``, the outcome: 0 every job finished
-        normally or runs, 1 some job failed, 3 some job was killed or is stalled (wins over 1).
-    """
-    from lora_otel.export import baseline
-    from lora_otel.export import job as jobs_mod
-    from lora_otel.export.stall import StallConfigError, frozen_after_from_env, parse_limits
-
-    def usage(message: object) -> int:
-        print(f"lora-otel inspect: {message}", file=sys.stderr)
-        return 2
-
-    path = args.journal
-    stall_after = getattr(args, "stall_after", None)
-    given = "--stall-after" if stall_after is not None else "LORA_OTEL_STALL_AFTER"
-    try:
-        limits = parse_limits(stall_after if stall_after is not None else os.environ.get(given))
-    except StallConfigError as e:
-        return usage(f"{given}: {e}")
-    try:
-        frozen_after_from_env()
-    except StallConfigError as e:
-        return usage(e)
-    # One set of limits: each journal's recorded ones (`stall.journal_limits`) unless --stall-after.
-    limits_given = limits if stall_after is not None else None
-    limits, frozen_after = limits_given, None
-    now_ns = time.time_ns()
-    if os.path.isdir(path):
-        if not jobs_mod.journal_paths(path):
-            return usage(f"{path}: no journals (*.otel.jsonl) in this directory")
-        jobs, unreadable = jobs_mod.read_dir(path, now_ns, limits, frozen_after)
-    else:
-        try:
-            journal = read_journal(path)
-        except JournalError as e:
-            return usage(e)
-        reason = jobs_mod.unreadable_reason(journal)
-        if reason is not None:
-            jobs, unreadable = [], [jobs_mod.Unreadable(path, reason)]
-        else:
-            proc = jobs_mod.make_proc(journal, process_state(journal), now_ns, limits, frozen_after)
-            jobs, unreadable = jobs_mod.group_jobs([proc]), []
-    show_all = getattr(args, "all", False)
-    summary = getattr(args, "summary", False)
-    if not summary:
-        jobs_mod.attach_verdicts(jobs, now_ns, frozen_after)
-    drift = {} if summary else _drift_by_proc(jobs, now_ns)  # LORA_OTEL_BASELINE: the focus processes' drift
-    if args.json:
-        doc = jobs_mod.render_json(path, jobs, unreadable, with_spans=show_all)
-        for job, job_doc in zip(jobs, doc["jobs"]):
-            first = jobs_mod.focus(job)
-            if first is not None and id(first) in drift:
-                job_doc["baseline"] = baseline.report_json(drift[id(first)])
-        text = jobs_mod.dumps(doc)
-    elif summary:
-        text = jobs_mod.render_summary(jobs, unreadable)
-    else:
-        text = jobs_mod.render_text(jobs, unreadable, show_all=show_all,
-                                    notes={key: baseline.report_lines(report) for key, report in drift.items()})
-    _write(text)
-    return jobs_mod.exit_status(jobs) if summary else 0
-
-
-def _drift_by_proc(jobs: list, now_ns: int) -> dict[int, dict[str, Any]]:
-    """With ``LORA_OTEL_BASELINE`` set: each job's focus process's drift report, by ``id`` of its
-    `Proc` (a baseline that cannot be used: one line on stderr, and no reports)."""
-    from lora_otel.export import baseline
-    from lora_otel.export import job as jobs_mod
-
-    reports: dict[int, dict[str, Any]] = {}
-    for job in jobs:
-        first = jobs_mod.focus(job)
-        if first is None:
-            continue
-        report = baseline.inspect_report(first.journal, now_ns)
-        if report is None:
-            return {}
-        if report["error"]:
-            print(f"lora-otel inspect: {report['error']}; shown without it", file=sys.stderr)
-            return {}
-        reports[id(first)] = report
-    return reports
-
-
-def resolve_path(path: str) -> str:
-    """``runs/demo.log`` (a ``--log`` file, not a journal) → the journal of its newest run:
-    ``runs/demo.log.otel.jsonl`` or a re-run's ``runs/demo.log.<UTC>-<pid>-<hex>.otel.jsonl``,
-    whichever started last. Anything else is returned as it is."""
-    from lora_otel._boot.paths import JOURNAL_SUFFIX
-
-    if path.endswith(JOURNAL_SUFFIX) or os.path.isdir(path):
-        return path
-    runs = [p for p in [path + JOURNAL_SUFFIX] if os.path.isfile(p)]
-    import glob
-    import re
-
-    rerun = re.compile(re.escape(os.path.basename(path)) + r"\.\d{8}T\d{6}Z-\d+(?:-[0-9a-f]+)?" + re.escape(JOURNAL_SUFFIX))
-    runs += [p for p in glob.glob(glob.escape(path) + ".*" + JOURNAL_SUFFIX)
-             if rerun.fullmatch(os.path.basename(p)) and os.path.isfile(p)]
-    if not runs:
-        return path
-    return max(runs, key=lambda p: (_first_ts(p), p))
-
-
-def _first_ts(path: str) -> int:
-    try:
-        with open(path, "rb") as f:
-            ts = json.loads(f.readline() or b"{}").get("ts")
-        return ts if isinstance(ts, int) else 0
-    except (OSError, ValueError, AttributeError):
-        return 0
-
-
-def not_a_journal(journal: Journal) -> bool:
-    """Nothing in the file was a journal record (a plain log, a binary file)."""
-    return journal.last_evidence_ns is None and not journal.stalls and bool(journal.problems)
-
-
-def same_trace(journal: Journal) -> list[Journal]:
-    """The journals next to ``journal`` of the same trace (its job's other ranks and processes)."""
-    from lora_otel.export.job import sibling_journals
-
-    if journal.trace_id is None:
-        return []
-    return [other for other in sibling_journals(journal) if other.trace_id == journal.trace_id]
 
 
 MAX_NOTES = 5
@@ -273,23 +62,11 @@ def problem_notes(problems: list[str]) -> list[str]:
     notes = [f"note: {_display(problem)}" for problem in problems[:MAX_NOTES]]
     if len(problems) > MAX_NOTES:
         numbers = [m.group(1) for problem in problems if (m := re.match(r"line (\d+):", problem))]
-        notes.append(f"note: {len(problems)} lines could not be read in all"
-                     + (f" (lines {', '.join(numbers[:10])}{', ...' if len(numbers) > 10 else ''})" if numbers else ""))
+        notes.append(
+            f"note: {len(problems)} lines could not be read in all"
+            + (f" (lines {', '.join(numbers[:10])}{', ...' if len(numbers) > 10 else ''})" if numbers else "")
+        )
     return notes
-
-
-def render_text(journal: Journal, now_ns: Optional[int] = None) -> str:
-    """The text report (first line, journal line, span tree, notes), ending with a newline."""
-    return "\n".join(_view(journal, now_ns).text_lines()) + "\n"
-
-
-def render_json(journal: Journal, now_ns: Optional[int] = None) -> dict[str, Any]:
-    """The ``--json`` document (docs/journal.md) as a dict."""
-    return _view(journal, now_ns).to_json()
-
-
-def _view(journal: Journal, now_ns: Optional[int]) -> View:
-    return View(journal, process_state(journal), time.time_ns() if now_ns is None else now_ns)
 
 
 @dataclass
@@ -299,8 +76,8 @@ class View:
     journal: Journal
     state: ProcessState
     now_ns: int
-    verdict: Optional[verdict_mod.Verdict] = None
-    """The stall and its diagnosis to lead with (`lora_otel.export.verdict`)."""
+    verdict: Optional[Lead] = None
+    """The stall and its diagnosis to lead with (`lora_otel.analysis.verdict`)."""
     stalled: Optional[bool] = None
     """Whether a stall limit says it is stuck; None: not known (then "stuck" past `STUCK_AFTER_S`)."""
     alive_until_ns: Optional[int] = None
@@ -314,8 +91,11 @@ class View:
             return self.now_ns
         seen = [ts for ts in (self.journal.last_evidence_ns, self.alive_until_ns) if ts]
         if self.journal.exit is None and self.journal.exec is None:
-            seen += [s["ts"] for s in self.journal.stalls
-                     if s.get("kind") in ("alive", "frozen", "between") and isinstance(s.get("ts"), int)]
+            seen += [
+                s["ts"]
+                for s in self.journal.stalls
+                if s.get("kind") in ("alive", "frozen", "between") and isinstance(s.get("ts"), int)
+            ]
         return max(seen, default=0)
 
     def open_for_ns(self, span: Span) -> Optional[int]:
@@ -360,7 +140,6 @@ class View:
 
     def _between(self) -> str:
         """``no stage open for 25 s since import torch ended``: a running process between stages."""
-        from lora_otel.export.stall import last_stage_end  # the same rule as the stall and the job's lines
 
         name, since = last_stage_end(self.journal)
         text = f"no stage open for {format_duration(self.reference_ns - since)}"
@@ -389,8 +168,11 @@ class View:
         message = exit_["message"]
         if message and message != f"exit code {exit_['code']}":
             return str(message)
-        failed = [span for span in self.journal.spans
-                  if span.status == "error" and span.message and span is not self.journal.root]
+        failed = [
+            span
+            for span in self.journal.spans
+            if span.status == "error" and span.message and span is not self.journal.root
+        ]
         return f"{failed[-1].name}: {failed[-1].message}" if failed else None
 
     def _lifetime(self) -> str:
@@ -411,8 +193,9 @@ class View:
             parts.append(f"{journal.steps} steps")
             if journal.last_step_ns is not None:
                 age = format_duration(self.reference_ns - journal.last_step_ns)
-                parts.append(f"last step {age} ago" if self.state == "running"
-                             else f"last step {age} before the journal ends")
+                parts.append(
+                    f"last step {age} ago" if self.state == "running" else f"last step {age} before the journal ends"
+                )
         return ", ".join(parts)
 
     def _steps_advancing(self) -> bool:
@@ -436,9 +219,7 @@ class View:
         if journal.beats:
             lines.append(f"beats: {journal.beats}, steps: {journal.steps}")
         if self.verdict is not None:
-            from lora_otel.export import verdict as verdict_mod
-
-            lines.extend(_display(line) for line in verdict_mod.stacks_lines(journal, self.verdict))
+            lines.extend(_display(line) for line in self.verdict.stacks_lines(journal))
         lines.extend(problem_notes(journal.problems))
         return lines
 
@@ -457,8 +238,11 @@ class View:
         journal = self.journal
         if not self.main_thread_line() or journal.main_frames_ts is None:
             return None
-        return {"where": where_text(journal.main_frames), "frames": journal.main_frames,
-                "time": iso_time(journal.main_frames_ts)}
+        return {
+            "where": where_text(journal.main_frames),
+            "frames": journal.main_frames,
+            "time": iso_time(journal.main_frames_ts),
+        }
 
     def _identity(self) -> str:
         journal = self.journal
@@ -510,10 +294,33 @@ class View:
             "status": "open" if span.is_open else span.status,
             "message": span.message,
             "attributes": span.attrs,
-            "events": [{"name": name, "time": iso_time(ts), "attributes": attrs}
-                       for ts, name, attrs in span.events],
+            "events": [{"name": name, "time": iso_time(ts), "attributes": attrs} for ts, name, attrs in span.events],
             "open_for_s": round(open_for / 1e9, 3) if open_for is not None else None,
         }
+
+
+def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
+    """The stage that ended last and when (``(None, the process's start)`` when none has).
+
+    As the job itself counts (`lora_otel._boot.narrate`): an import shorter than the journal's
+    ``import_threshold_ms`` is not a stage here, so a library's lazy ``import encodings.idna``
+    inside a download does not reset the quiet time."""
+    root = journal.root
+    threshold = journal.config.get("import_threshold_ms", 5.0) if isinstance(journal.config, dict) else 5.0
+    try:  # a journal's value may be anything (a hostile or broken one: 10**400, NaN)
+        threshold_ns = min(float(threshold), 1e12) * 1e6 if not isinstance(threshold, bool) else 5e6
+    except (TypeError, ValueError, OverflowError):
+        threshold_ns = 5e6
+    if not threshold_ns >= 0:
+        threshold_ns = 5e6
+    best: tuple[Optional[str], int] = (None, root.start_ns if root is not None else 0)
+    for span in journal.spans:
+        if span is root or span.end_ns is None or span.end_ns < best[1]:
+            continue
+        if span.name.startswith("import ") and span.end_ns - span.start_ns < threshold_ns:
+            continue
+        best = (span.name, span.end_ns)
+    return best
 
 
 def deepest_open_span(journal: Journal) -> Optional[Span]:
@@ -556,7 +363,7 @@ def key_attributes(span: Span) -> list[tuple[str, Any]]:
     """The few attributes worth a place on the span's tree line, ``lora_otel.`` left off."""
     kind = "import" if span.name.startswith("import ") else span.name
     keys = [key for key in KEY_ATTRIBUTES.get(kind, ()) if key in span.attrs]
-    return [(key[len("lora_otel."):] if key.startswith("lora_otel.") else key, span.attrs[key]) for key in keys]
+    return [(key[len("lora_otel.") :] if key.startswith("lora_otel.") else key, span.attrs[key]) for key in keys]
 
 
 def iso_time(ns: int) -> str:
@@ -575,9 +382,3 @@ def _display(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _write(text: str) -> None:
-    """Write to stdout whatever its encoding; unencodable characters become escapes."""
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-    sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))

@@ -10,19 +10,23 @@ as one sidecar follows every process of a job), `explain` names them and says wh
 those journals and the peers' own stacks show: the rank exited or vanished, is frozen, has made a
 different number of optimizer steps, is in another stage, or its stack is not in that collective.
 When nothing of that tells, it says it cannot tell which rank.
+
+One module (over 600 lines) because the rules are one ordered list: `diagnose` tries them most
+specific first, and they share one reading of the stacks (`Frame`, the threads, the main thread).
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
-from lora_otel.export.evidence import PREFIX
-from lora_otel.export.inspect import deepest_open_span, iso_time
-from lora_otel.export.reader import Journal, exec_phrase, format_duration, process_state
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
+from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
+from lora_otel.journal.tree import deepest_open_span, iso_time
 
 _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "httpx/", "selectors.py")
 # Kernel wait channels of a task blocked on a socket.
@@ -30,19 +34,30 @@ _NET_WCHAN = ("sk_wait", "tcp_", "inet_", "sock_", "unix_stream", "udp_")
 
 # A Python function of torch.distributed that performs or waits for a collective (with its
 # variants: all_gather_object, reduce_scatter_tensor, _reduce_scatter_base, broadcast_object_list...).
-_OP = re.compile(r"^_?(?:all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|monitored_barrier|"
-                 r"store_based_barrier|reduce|gather|scatter|send|recv|isend|irecv|batch_isend_irecv|"
-                 r"wait|wait_tensor|allreduce|allgather|alltoall)(?:_[a-z]+)*$")
+_OP = re.compile(
+    r"^_?(?:all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|monitored_barrier|"
+    r"store_based_barrier|reduce|gather|scatter|send|recv|isend|irecv|batch_isend_irecv|"
+    r"wait|wait_tensor|allreduce|allgather|alltoall)(?:_[a-z]+)*$"
+)
 # DistributedDataParallel's own collectives (buffer broadcasts, the unused-parameter all_reduce).
 _DDP_OP = re.compile(r"broadcast|all_?reduce|all_?gather|sync_buffers|sync_params")
 # torch.distributed modules that are not collectives: torchrun's agent, the launcher.
 _NOT_COLLECTIVE = ("torch/distributed/elastic/", "torch/distributed/launcher/", "torch/distributed/run.py")
 # Native frames (py-spy --native) of a process group or its backends, and the op they name.
 _NATIVE = re.compile(r"ProcessGroup(?:Gloo|NCCL|MPI|UCC)|gloo::|nccl|c10d::", re.IGNORECASE)
-_NATIVE_OPS = (("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("allgather", "all_gather"),
-               ("all_gather", "all_gather"), ("reducescatter", "reduce_scatter"),
-               ("reduce_scatter", "reduce_scatter"), ("alltoall", "all_to_all"), ("broadcast", "broadcast"),
-               ("barrier", "barrier"), ("send", "send"), ("recv", "recv"))
+_NATIVE_OPS = (
+    ("allreduce", "all_reduce"),
+    ("all_reduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("all_gather", "all_gather"),
+    ("reducescatter", "reduce_scatter"),
+    ("reduce_scatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+    ("send", "send"),
+    ("recv", "recv"),
+)
 MAX_NAMED = 4
 """Ranks described one by one in a sentence; beyond that they are counted."""
 
@@ -69,16 +84,28 @@ class Diagnosis:
     """Extra attributes for the stall's event and log record (``lora_otel.collective.*``)."""
 
 
-def diagnose(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] = None,
-             peers: Iterable[Journal] = (), peer_stacks: Optional[Mapping[str, str]] = None,
-             now_ns: Optional[int] = None, frozen_after_s: float = FROZEN_AFTER_S) -> str:
+def diagnose(
+    stall: Stall,
+    evidence: dict[str, Any],
+    journal: Optional[Journal] = None,
+    peers: Iterable[Journal] = (),
+    peer_stacks: Optional[Mapping[str, str]] = None,
+    now_ns: Optional[int] = None,
+    frozen_after_s: float = FROZEN_AFTER_S,
+) -> str:
     """The sentence of `explain`."""
     return explain(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s).sentence
 
 
-def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] = None,
-            peers: Iterable[Journal] = (), peer_stacks: Optional[Mapping[str, str]] = None,
-            now_ns: Optional[int] = None, frozen_after_s: float = FROZEN_AFTER_S) -> Diagnosis:
+def explain(
+    stall: Stall,
+    evidence: dict[str, Any],
+    journal: Optional[Journal] = None,
+    peers: Iterable[Journal] = (),
+    peer_stacks: Optional[Mapping[str, str]] = None,
+    now_ns: Optional[int] = None,
+    frozen_after_s: float = FROZEN_AFTER_S,
+) -> Diagnosis:
     """The diagnosis of ``stall`` in ``journal``'s process from ``evidence`` (`evidence.gather`).
 
     ``peers``: the journals of the job's other processes; ``peer_stacks``: the Python stacks of some
@@ -99,16 +126,39 @@ def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] =
         return Diagnosis("The process is in uninterruptible disk I/O (kernel wait channel %s)." % (wchan or "unknown"))
     conns = [c for c in evidence.get(PREFIX + "net.tcp_connections") or () if c.endswith("ESTABLISHED")]
     # Blocked (not on CPU) with an open TCP connection, or a socket call on the stack.
-    on_network = any(m in stacks for m in _NET_MARKERS) or wchan.startswith(_NET_WCHAN) or (
-        bool(conns) and state.startswith("S") and wchan in ("wait_woken", "sk_wait_data", "do_poll", "do_select",
-                                                            "do_sys_poll", "ep_poll", "__skb_wait_for_more_packets"))
+    on_network = (
+        any(m in stacks for m in _NET_MARKERS)
+        or wchan.startswith(_NET_WCHAN)
+        or (
+            bool(conns)
+            and state.startswith("S")
+            and wchan
+            in (
+                "wait_woken",
+                "sk_wait_data",
+                "do_poll",
+                "do_select",
+                "do_sys_poll",
+                "ep_poll",
+                "__skb_wait_for_more_packets",
+            )
+        )
+    )
     if "huggingface_hub" in stacks and on_network:
-        return Diagnosis("Waiting on the network inside huggingface_hub (a hub download or API call)%s." % (
-            "; connection %s" % conns[0] if conns else ""))
+        return Diagnosis(
+            "Waiting on the network inside huggingface_hub (a hub download or API call)%s."
+            % ("; connection %s" % conns[0] if conns else "")
+        )
     collective = collective_in(stacks)
     if collective is not None:
-        return _collective(collective, journal, list(peers), peer_stacks or {},
-                           time.time_ns() if now_ns is None else now_ns, frozen_after_s)
+        return _collective(
+            collective,
+            journal,
+            list(peers),
+            peer_stacks or {},
+            time.time_ns() if now_ns is None else now_ns,
+            frozen_after_s,
+        )
     loader = dataloader_wait(stacks, evidence, stall)
     if loader is not None:
         return Diagnosis(loader)
@@ -125,18 +175,23 @@ def explain(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal] =
     if stall.kind == "frozen":
         cpu = evidence.get(PREFIX + "process.cpu_percent")
         if isinstance(cpu, (int, float)) and cpu > 50:
-            return Diagnosis("Holding the GIL in native code and busy on the CPU (%.0f %%)%s." % (
-                cpu, "; last Python frame: %s" % innermost if innermost else ""))
-        return Diagnosis("Holding the GIL in native code while blocked (wait channel %s)%s." % (
-            wchan or "unknown", "; last Python frame: %s" % innermost if innermost else ""))
+            return Diagnosis(
+                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s."
+                % (cpu, "; last Python frame: %s" % innermost if innermost else "")
+            )
+        return Diagnosis(
+            "Holding the GIL in native code while blocked (wait channel %s)%s."
+            % (wchan or "unknown", "; last Python frame: %s" % innermost if innermost else "")
+        )
     if innermost:
         return Diagnosis("Cannot tell why; the innermost Python frame is %s." % innermost)
     return Diagnosis("Cannot tell from the evidence.")
 
 
-def with_baseline(found: Diagnosis, stall: Stall, journal: Optional[Journal], baseline: Any,
-                  now_ns: Optional[int] = None) -> Diagnosis:
-    """``found`` with the drift from the baseline (`lora_otel.export.baseline`) that bears on the
+def with_baseline(
+    found: Diagnosis, stall: Stall, journal: Optional[Journal], baseline: Any, now_ns: Optional[int] = None
+) -> Diagnosis:
+    """``found`` with the drift from the baseline (`lora_otel.analysis.baseline`) that bears on the
     stalled stage put first in the sentence and in ``lora_otel.baseline.drift`` (the rest in
     ``lora_otel.baseline.other_drift``).
 
@@ -145,7 +200,7 @@ def with_baseline(found: Diagnosis, stall: Stall, journal: Optional[Journal], ba
     """
     if baseline is None or journal is None:
         return found
-    from lora_otel.export import baseline as bl
+    from lora_otel.analysis import baseline as bl
 
     attrs = dict(found.attrs)
     if isinstance(baseline, BaseException):
@@ -169,6 +224,7 @@ def stacks_text(evidence: Mapping[str, Any]) -> str:
 
 
 # --- collectives --------------------------------------------------------------------------------
+
 
 def collective_in(stacks: str) -> Optional[Collective]:
     """The collective a thread of this faulthandler or py-spy dump waits in, or None.
@@ -223,7 +279,7 @@ def _collective_of(frames: list[Frame]) -> Optional[Collective]:
                 return None  # the thread runs the program's own code, not inside torch
             continue
         called_at = ""
-        for outer in frames[i + 1:]:
+        for outer in frames[i + 1 :]:
             if not _is_torch(outer):
                 called_at = _short(outer)
                 break
@@ -285,8 +341,8 @@ def world_peers(journal: Optional[Journal], peers: Iterable[Journal]) -> dict[in
     out = {}
     for rank, found in by_rank.items():
         pids = {j.pid for j in found}
-        top = [j for j in found if j.root.attrs.get("process.parent_pid") not in pids] or found
-        out[rank] = max(top, key=lambda j: j.root.start_ns)
+        top = [j for j in found if j.root is not None and j.root.attrs.get("process.parent_pid") not in pids] or found
+        out[rank] = max(top, key=lambda j: j.root.start_ns if j.root is not None else 0)  # every root is set (above)
     return out
 
 
@@ -316,11 +372,13 @@ def _ended(peer: Journal, state: str) -> str:
         return "exited (%s)%s" % (how, " at %s" % iso_time(ts) if isinstance(ts, int) else "")
     last = peer.last_evidence_ns
     return "vanished without an exit record (killed by a signal: SIGKILL, SIGTERM, ...; or os._exit)%s" % (
-        ", last heard of at %s" % iso_time(last) if last else "")
+        ", last heard of at %s" % iso_time(last) if last else ""
+    )
 
 
-def _peer_facts(journal: Journal, me: int, peer: Journal, stacks: str, collective: Collective,
-                now_ns: int, frozen_after_s: float) -> tuple[str, list[str]]:
+def _peer_facts(
+    journal: Journal, me: int, peer: Journal, stacks: str, collective: Collective, now_ns: int, frozen_after_s: float
+) -> tuple[str, list[str]]:
     """``("missing" | "arrived" | "unknown", clauses)`` for one peer rank."""
     state = process_state(peer)
     if state != "running":
@@ -333,15 +391,18 @@ def _peer_facts(journal: Journal, me: int, peer: Journal, stacks: str, collectiv
         clauses.append("has made %s (rank %d: %d)" % (_steps(peer.steps), me, journal.steps))
     stage, mine = _stage(peer), _stage(journal)
     if stage != mine:
-        clauses.append("is in %s (rank %d: %s)" % ("'%s'" % stage if stage else "no stage", me,
-                                                   "'%s'" % mine if mine else "no stage"))
+        clauses.append(
+            "is in %s (rank %d: %s)"
+            % ("'%s'" % stage if stage else "no stage", me, "'%s'" % mine if mine else "no stage")
+        )
     theirs = collective_in(stacks) if stacks else None
     if stacks and theirs is None:
         where = _innermost_frame(stacks)
         clauses.append("is not in a collective%s" % (" (at %s)" % where if where else ""))
     elif theirs is not None and theirs.op != collective.op:
-        clauses.append("waits in another collective (%s%s)" % (
-            theirs.op, " at %s" % theirs.called_at if theirs.called_at else ""))
+        clauses.append(
+            "waits in another collective (%s%s)" % (theirs.op, " at %s" % theirs.called_at if theirs.called_at else "")
+        )
     elif theirs is not None and clauses:
         clauses.append("waits in %s%s" % (theirs.op, " at %s" % theirs.called_at if theirs.called_at else ""))
     if clauses:
@@ -365,10 +426,18 @@ def _ranks(ranks: list[int]) -> str:
     return "ranks %s and %s" % (head, last) if head else "ranks " + text
 
 
-def _collective(collective: Collective, journal: Optional[Journal], peers: list[Journal],
-                peer_stacks: Mapping[str, str], now_ns: int, frozen_after_s: float) -> Diagnosis:
+def _collective(
+    collective: Collective,
+    journal: Optional[Journal],
+    peers: list[Journal],
+    peer_stacks: Mapping[str, str],
+    now_ns: int,
+    frozen_after_s: float,
+) -> Diagnosis:
     head = "Waiting inside a collective (%s%s)" % (
-        collective.op, ", called at %s" % collective.called_at if collective.called_at else "")
+        collective.op,
+        ", called at %s" % collective.called_at if collective.called_at else "",
+    )
     attrs: dict[str, Any] = {"lora_otel.collective.op": collective.op}
     if collective.called_at:
         attrs["lora_otel.collective.called_at"] = collective.called_at
@@ -381,8 +450,9 @@ def _collective(collective: Collective, journal: Optional[Journal], peers: list[
     missing: dict[int, list[str]] = {}
     arrived, unknown = [], []
     for rank, peer in sorted(others.items()):
-        verdict, clauses = _peer_facts(journal, me, peer, peer_stacks.get(peer.path, ""), collective,
-                                       now_ns, frozen_after_s)
+        verdict, clauses = _peer_facts(
+            journal, me, peer, peer_stacks.get(peer.path, ""), collective, now_ns, frozen_after_s
+        )
         if verdict == "missing":
             missing[rank] = clauses
         elif verdict == "arrived":
@@ -402,8 +472,10 @@ def _collective(collective: Collective, journal: Optional[Journal], peers: list[
     else:
         parts = []
         if unknown:
-            parts.append("%s %s at the same step and stage as rank %d, with no stack to tell"
-                         % (_ranks(unknown), "is" if len(unknown) == 1 else "are", me))
+            parts.append(
+                "%s %s at the same step and stage as rank %d, with no stack to tell"
+                % (_ranks(unknown), "is" if len(unknown) == 1 else "are", me)
+            )
         if arrived:
             parts.append("%s %s in it too" % (_ranks(arrived), "is" if len(arrived) == 1 else "are"))
         if unseen:
@@ -417,7 +489,7 @@ def _innermost_frame(stacks: str) -> str:
 
     Threads whose innermost frame is lora_otel's own (the beat) are skipped.
     """
-    threads: list = []
+    threads: list[list[str]] = []
     for line in stacks.splitlines():
         if line.startswith(("Current thread", "Thread ")):
             threads.append([])
@@ -457,22 +529,32 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
     takes major faults, the machine swaps in, or the kernel reports memory pressure; else None."""
     faults = evidence.get(PREFIX + "memory.major_faults_per_s")
     swap = evidence.get(PREFIX + "memory.swap_in_pages_per_s")
-    pressure = max((v for k, v in evidence.items() if k.startswith(PREFIX + "memory.") and k.endswith("_some_avg10")
-                    and isinstance(v, (int, float))), default=None)
+    pressure = max(
+        (
+            v
+            for k, v in evidence.items()
+            if k.startswith(PREFIX + "memory.") and k.endswith("_some_avg10") and isinstance(v, (int, float))
+        ),
+        default=None,
+    )
     # The kernel's pressure figure may be the whole machine's: it names this process only while the
     # process itself takes major faults (another job thrashing is not this one's stall).
     own_faults = isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S / 10
-    heavy = ((isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S)
-             or (isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S)
-             or (pressure is not None and pressure >= PRESSURE_AVG10 and own_faults))
+    heavy = (
+        (isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S)
+        or (isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S)
+        or (pressure is not None and pressure >= PRESSURE_AVG10 and own_faults)
+    )
     if not heavy:
         return None
     facts = []
     rss, limit = evidence.get(PREFIX + "process.rss_bytes"), evidence.get(PREFIX + "memory.limit_bytes")
     usage = evidence.get(PREFIX + "memory.cgroup_usage_bytes")
     if isinstance(rss, int) and isinstance(limit, int):
-        facts.append("RSS %s%s against a memory limit of %s" % (
-            _mb(rss), " (its cgroup %s)" % _mb(usage) if isinstance(usage, int) else "", _mb(limit)))
+        facts.append(
+            "RSS %s%s against a memory limit of %s"
+            % (_mb(rss), " (its cgroup %s)" % _mb(usage) if isinstance(usage, int) else "", _mb(limit))
+        )
     elif isinstance(rss, int):
         facts.append("RSS %s" % _mb(rss))
     if isinstance(faults, (int, float)):
@@ -483,7 +565,9 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
         facts.append("memory pressure %.0f %% (some avg10)" % pressure)
     swapping = isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S
     return "Loading is slowed by %s: %s." % (
-        "swapping" if swapping else "memory reclaim (pages evicted and read back from disk)", ", ".join(facts))
+        "swapping" if swapping else "memory reclaim (pages evicted and read back from disk)",
+        ", ".join(facts),
+    )
 
 
 _IDLE_WORKER_WCHAN = ("poll", "select", "pipe_read", "futex", "ep_poll", "unix_stream", "wait_woken")
@@ -495,32 +579,65 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
     main = _main_thread(stacks)
     if main is None or not any(_in(f.file.replace("\\", "/"), "torch/utils/data/") for f in main[:12]):
         return None
-    called = next((_short(f) for f in main if f.python and not _in(f.file.replace("\\", "/"), "torch/")
-                   and "/multiprocessing/" not in f.file and "/queue" not in f.file and "/threading" not in f.file
-                   and "/selectors" not in f.file), "")
+    called = next(
+        (
+            _short(f)
+            for f in main
+            if f.python
+            and not _in(f.file.replace("\\", "/"), "torch/")
+            and "/multiprocessing/" not in f.file
+            and "/queue" not in f.file
+            and "/threading" not in f.file
+            and "/selectors" not in f.file
+        ),
+        "",
+    )
     head = "The main thread waits for a DataLoader batch%s" % (" (at %s)" % called if called else "")
     kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict)]
-    workers = [k for k in kids if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k
-               or str(k.get("cmdline", "")) == ""] or kids
+    workers = [
+        k
+        for k in kids
+        if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k or str(k.get("cmdline", "")) == ""
+    ] or kids
     if PREFIX + "process.children" not in evidence:
         return "%s for %s; its workers were not looked at." % (head, format_duration(round(stall.open_for_s * 1e9)))
     if not workers:
         return "%s; no worker process is left (they may have died)." % head
-    stuck = [k for k in workers if k.get("where") or k.get("state") in ("R", "D")
-             or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)]
-    busy = [k for k in stuck if not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN) or k.get("state") in ("R", "D")]
+    stuck = [
+        k
+        for k in workers
+        if k.get("where") or k.get("state") in ("R", "D") or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)
+    ]
+    busy = [
+        k for k in stuck if not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN) or k.get("state") in ("R", "D")
+    ]
     shown = busy or stuck
     if not shown:
         return "%s; its %d worker%s all wait for work (%s)." % (
-            head, len(workers), "" if len(workers) == 1 else "s", ", ".join("pid %s" % k["pid"] for k in workers))
+            head,
+            len(workers),
+            "" if len(workers) == 1 else "s",
+            ", ".join("pid %s" % k["pid"] for k in workers),
+        )
 
-    def describe(k: dict) -> str:
+    def describe(k: dict[str, Any]) -> str:
         where = k.get("where") or ""
-        how = {"R": "running", "D": "in disk I/O", "S": "sleeping", "T": "stopped"}.get(str(k.get("state")), str(k.get("state")))
-        text = "worker pid %s is %s%s, %s %% CPU" % (k["pid"], how, " in %s" % k["wchan"] if k.get("wchan") not in (None, "-") else "",
-                                                k.get("cpu_percent", "?"))
+        how = {"R": "running", "D": "in disk I/O", "S": "sleeping", "T": "stopped"}.get(
+            str(k.get("state")), str(k.get("state"))
+        )
+        text = "worker pid %s is %s%s, %s %% CPU" % (
+            k["pid"],
+            how,
+            " in %s" % k["wchan"] if k.get("wchan") not in (None, "-") else "",
+            k.get("cpu_percent", "?"),
+        )
         return text + ("; its journal: %s" % where if where else "")
-    return "%s for %s; %s." % (head, format_duration(round(stall.open_for_s * 1e9)), "; ".join(describe(k) for k in shown[:MAX_NAMED]))
+
+    return "%s for %s; %s." % (
+        head,
+        format_duration(round(stall.open_for_s * 1e9)),
+        "; ".join(describe(k) for k in shown[:MAX_NAMED]),
+    )
 
 
 def _main_thread(stacks: str) -> Optional[list[Frame]]:
@@ -569,8 +686,11 @@ def _holds(frames: list[Frame]) -> list[str]:
             continue
         line = int(frame.line)
         for node in ast.walk(tree):
-            if isinstance(node, (ast.With, ast.AsyncWith)) and node.body and \
-                    node.body[0].lineno <= line <= (node.end_lineno or line):
+            if (
+                isinstance(node, (ast.With, ast.AsyncWith))
+                and node.body
+                and node.body[0].lineno <= line <= (node.end_lineno or line)
+            ):
                 held += [ast.unparse(item.context_expr) for item in node.items]
     return held
 
@@ -610,8 +730,11 @@ def lock_waits(stacks: str) -> Optional[str]:
         parts.append(text)
     if len(cycle) >= 2:
         return "Deadlock: %s." % "; ".join(parts)
-    return "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts) \
-        if not any(w[1] in holder for w in waits) else "Waiting for a lock: %s." % "; ".join(parts)
+    return (
+        "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts)
+        if not any(w[1] in holder for w in waits)
+        else "Waiting for a lock: %s." % "; ".join(parts)
+    )
 
 
 def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
@@ -624,9 +747,16 @@ def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
         return None
     remotes = [str(c).split(" -> ", 1)[1].rsplit(" ", 1)[0] for c in conns if " -> " in str(c)]
     remote = ", ".join(sorted(set(remotes))[:3])
-    return ("Waiting on the network: %s has gone quiet (the process read %s/s in all over the %s sampled) and "
-            "it has waited on it for %s." % (remote, _bytes(rate), format_duration(round((sampled or 0) * 1e9)),
-                                            format_duration(round(stall.open_for_s * 1e9))))
+    return (
+        "Waiting on the network: %s has gone quiet (the process read %s/s in all over the %s sampled) and "
+        "it has waited on it for %s."
+        % (
+            remote,
+            _bytes(rate),
+            format_duration(round((sampled or 0) * 1e9)),
+            format_duration(round(stall.open_for_s * 1e9)),
+        )
+    )
 
 
 QUIET_BYTES_PER_S = 64 * 1024

@@ -16,14 +16,15 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
-from lora_otel.export import evidence as ev
-from lora_otel.export.diagnose import explain
-from lora_otel.export.evidence import PREFIX
-from lora_otel.export.reader import Journal, Span, format_duration, process_state
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall
+from lora_otel.analysis import evidence as ev
+from lora_otel.analysis.diagnose import explain
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
+from lora_otel.journal.reader import Journal, Span, format_duration, process_state
 
 STACK_LINES = 12
 """Lines of the stacks file a view shows (the relevant thread first)."""
@@ -74,10 +75,21 @@ class Verdict:
             learned = f" (limit learned from {self.learned['from']})"
         return f"STALLED: {self.what}{learned} — {self.diagnosis or 'Cannot tell from the evidence.'}"
 
+    def stacks_lines(self, journal: Journal) -> list[str]:
+        """The stacks to show under the tree (`stacks_lines`), relevant thread first."""
+        return stacks_lines(journal, self)
+
     def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "kind": self.kind, "open_s": None if self.open_s is None else round(self.open_s, 3),
-                "limit_s": self.limit_s, "diagnosis": self.diagnosis, "by": self.by, "learned": self.learned,
-                "line": self.line()}
+        return {
+            "stage": self.stage,
+            "kind": self.kind,
+            "open_s": None if self.open_s is None else round(self.open_s, 3),
+            "limit_s": self.limit_s,
+            "diagnosis": self.diagnosis,
+            "by": self.by,
+            "learned": self.learned,
+            "line": self.line(),
+        }
 
 
 def from_record(journal: Journal) -> Optional[Verdict]:
@@ -92,13 +104,26 @@ def from_record(journal: Journal) -> Optional[Verdict]:
     span = journal.span(span_id) if isinstance(span_id, str) else None
     if span is not None and not span.is_open and record.get("kind") != "died":
         return None  # the stage ended after all
-    return Verdict(record.get("stage") or (span.name if span is not None else None), str(record.get("kind")),
-                   record.get("open_s"), record.get("limit_s"), record.get("diagnosis") or "",
-                   record.get("by") or "watchdog", record.get("learned"), record.get("evidence") or {})
+    return Verdict(
+        record.get("stage") or (span.name if span is not None else None),
+        str(record.get("kind")),
+        record.get("open_s"),
+        record.get("limit_s"),
+        record.get("diagnosis") or "",
+        record.get("by") or "watchdog",
+        record.get("learned"),
+        record.get("evidence") or {},
+    )
 
 
-def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterable[Journal] = (),
-            frozen_after_s: Optional[float] = FROZEN_AFTER_S, by: str = "inspect") -> Optional[Verdict]:
+def current(
+    journal: Journal,
+    stall: Optional[Stall],
+    now_ns: int,
+    peers: Iterable[Journal] = (),
+    frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+    by: str = "inspect",
+) -> Optional[Verdict]:
     """The stall to lead with: the journal's stall record, else (``stall`` detected now in a live
     process) the diagnosis computed now, as the sidecar computes it but without signalling.
     ``frozen_after_s`` None: the one the journal recorded (`stall.journal_limits`)."""
@@ -106,7 +131,7 @@ def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterab
     if found is not None or stall is None or journal.pid is None or process_state(journal) != "running":
         return found
     if frozen_after_s is None:
-        from lora_otel.export.stall import journal_limits
+        from lora_otel.analysis.stall import journal_limits
 
         frozen_after_s = journal_limits(journal)[1]
     evidence = quiet_evidence(journal, stall.span, sample_s())
@@ -119,11 +144,20 @@ def current(journal: Journal, stall: Optional[Stall], now_ns: int, peers: Iterab
         open_s = (now_ns - last) / 1e9 if last else stall.open_for_s
     else:
         open_s = stall.open_for_s
-    return Verdict(stall.span.name if stall.span is not journal.root else None, kind, open_s, stall.limit_s,
-                   diagnosis.sentence, by, None, evidence)
+    return Verdict(
+        stall.span.name if stall.span is not journal.root else None,
+        kind,
+        open_s,
+        stall.limit_s,
+        diagnosis.sentence,
+        by,
+        None,
+        evidence,
+    )
 
 
 # --- evidence without signalling ----------------------------------------------------------------
+
 
 def sample_s() -> float:
     """How long inspect/watch sample a live stalled process's /proc facts (CPU, bytes read, memory):
@@ -162,10 +196,13 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
 
 def _journals_by_pid(journal: Journal) -> dict[int, Journal]:
     """The journals next to ``journal`` (its DataLoader workers write theirs there), by pid."""
-    from lora_otel.export.job import sibling_journals
+    from lora_otel.journal.reader import sibling_journals
 
-    return {other.pid: other for other in sibling_journals(journal)
-            if other.pid is not None and process_state(other) == "running"}
+    return {
+        other.pid: other
+        for other in sibling_journals(journal)
+        if other.pid is not None and process_state(other) == "running"
+    }
 
 
 # --- the stacks file ------------------------------------------------------------------------------
@@ -195,7 +232,7 @@ def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256
     except OSError:
         return ""
     lines = text.splitlines()
-    start, seen = 0, set()
+    start, seen = 0, set[str]()
     for i, line in enumerate(lines):  # a dump names each thread once: a thread seen again starts the next one
         m = _HEADER.match(line)
         if m:
@@ -208,7 +245,7 @@ def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256
 def stacks_lines(journal: Journal, verdict: Optional[Verdict], max_lines: int = STACK_LINES) -> list[str]:
     """``stacks (from run.stacks.txt, the last request):`` and the last dump, the relevant thread
     first (the one the diagnosis names, else the main thread), secrets redacted; [] when none."""
-    from lora_otel._boot.redact import redact_text
+    from lora_otel._boot.seam import redact_text
 
     text = str(verdict.evidence.get(PREFIX + "python.stacks") or "") if verdict is not None else ""
     text = text or last_dump(journal)
@@ -223,8 +260,9 @@ def stacks_lines(journal: Journal, verdict: Optional[Verdict], max_lines: int = 
             blocks[-1].append(line)
     blocks = [b for b in blocks if not any("lora_otel/_boot/" in line for line in b[1:2])]  # the beat
     focus = _focus_words(verdict)
-    blocks.sort(key=lambda b: (not any(w in line for w in focus for line in b[1:]) if focus else False,
-                               not _is_main(b)))
+    blocks.sort(
+        key=lambda b: (not any(w in line for w in focus for line in b[1:]) if focus else False, not _is_main(b))
+    )
     shown: list[str] = []
     for block in blocks:
         label = "main thread" if _is_main(block) else "thread %s" % _HEADER.match(block[0]).group(2)  # type: ignore[union-attr]

@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lora_otel.export.baseline import STARTUP, journal_phases
-from lora_otel.export.reader import Journal, JournalError, read_journal
+from lora_otel.analysis.baseline import STARTUP, journal_phases
+from lora_otel.journal.reader import Journal, JournalError, read_journal
 
 RUNS = 5
 SLOW_FACTOR = 3.0
@@ -119,7 +119,9 @@ def earlier_journals(journal: Journal, runs: int = RUNS) -> list[Journal]:
         first = _first_record(path)
         if first is None or first.get("trace_id") == root.trace_id:
             continue
-        attrs = first.get("attrs") if isinstance(first.get("attrs"), dict) else {}
+        attrs = first.get("attrs")
+        if not isinstance(attrs, dict):
+            attrs = {}
         ts = first.get("ts")
         if attrs.get("service.name") != service or not isinstance(ts, int) or ts >= root.start_ns:
             continue
@@ -143,11 +145,13 @@ def learn(journal: Journal, environ: Optional[dict[str, str]] = None) -> dict[st
         for name, (seconds, _) in journal_phases(other).items():
             if name != STARTUP:
                 seen.setdefault(name, []).append(seconds)
-    out = {name: Learned(name, statistics.median(values), max(values), len(values), "%d earlier runs" % len(values))
-           for name, values in seen.items()}
+    out = {
+        name: Learned(name, statistics.median(values), max(values), len(values), "%d earlier runs" % len(values))
+        for name, values in seen.items()
+    }
     env = os.environ if environ is None else environ
     if env.get("LORA_OTEL_BASELINE"):
-        from lora_otel.export.baseline import configured
+        from lora_otel.analysis.baseline import configured
 
         try:
             base = configured(journal, env)

@@ -14,7 +14,7 @@ new ones picked up as they appear. Every ``--interval`` s each journal's new byt
 
 In a directory, the journals that share a trace id (a launcher and its ranks or workers) are shown
 together as one job, ranks in order, with the process to look at called out (the one stuck, the one
-that failed first, or the slowest; see `lora_otel.export.job`): a job of several processes gets a
+that failed first, or the slowest; see `lora_otel.analysis.job`): a job of several processes gets a
 heading with its outcome, one line per process, the call-out, and the tree of that one process only.
 In line mode a ranked process is named ``4243 (rank 1)`` and a call-out is one line, e.g.
 ``[watch] job 4bf92f35: rank 1 (pid 4243) is the one stuck: in import x for 121 s``.
@@ -34,6 +34,9 @@ job as ``inspect --summary`` judges them (the process that failed or stuck first
 outcome; the others it took down with it do not): 0 all finished normally (or still running), 1
 some failed, 3 some killed, gone without an exit record, or (``--once``) stalled now (wins over 1), 4 a
 stall seen with ``--exit-on-stall`` (with ``--once``: a process stalled now), 2 usage, 130 Ctrl-C.
+
+One module past 600 lines on purpose: the follow loop, its two renderings (terminal, log panel)
+and the alerts all work on the same `Followed` state, and are one command.
 """
 
 from __future__ import annotations
@@ -52,16 +55,33 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lora_otel._boot.paths import JOURNAL_SUFFIX
-from lora_otel.export import job as jobs_mod
-from lora_otel.export.inspect import View, _display, _write
-from lora_otel.export.reader import (Journal, JournalError, JournalTail, ProcessState, Span, format_duration,
-                                     process_state)
-from lora_otel.export.stall import (FROZEN_AFTER_S, Stall, StallConfigError, detect, frozen_after_from_env,
-                                    parse_limits)
+from lora_otel._boot.seam import JOURNAL_SUFFIX
+from lora_otel.analysis import job as jobs_mod
+from lora_otel.analysis.stall import (
+    FROZEN_AFTER_S,
+    Stall,
+    StallConfigError,
+    detect,
+    frozen_after_from_env,
+    parse_limits,
+)
+from lora_otel.cli import jobs as jobs_view
+from lora_otel.cli.inspect import report_command
+from lora_otel.cli.jobs import write as _write
+from lora_otel.journal.reader import (
+    Journal,
+    JournalError,
+    JournalTail,
+    ProcessState,
+    Span,
+    format_duration,
+    process_state,
+)
+from lora_otel.journal.tree import View, _display
 
 CLEAR = "\x1b[H\x1b[2J"
 RED_BOLD, YELLOW, BOLD, RESET = "\x1b[1;31m", "\x1b[33m", "\x1b[1m", "\x1b[0m"
@@ -89,9 +109,10 @@ def _watch(args: argparse.Namespace) -> int:
     def usage(message: object) -> int:
         print(f"lora-otel watch: {message}", file=sys.stderr)
         return 2
+
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
-    from lora_otel.export.inspect import resolve_path
+    from lora_otel.cli.inspect import resolve_path
 
     resolved = resolve_path(args.path)  # a --log file: its newest run's journal
     if resolved != args.path:
@@ -167,15 +188,18 @@ class Alerter:
     def enabled(self) -> bool:
         return self.command is not None or self.webhook is not None
 
-    def send(self, payload: dict) -> None:
+    def send(self, payload: dict[str, Any]) -> None:
         """Run the command and/or post to the webhook with ``payload``, in the background."""
         body = (json.dumps(payload, sort_keys=True) + "\n").encode()
-        jobs = [(self._run_command, (self.command, payload, body))] if self.command is not None else []
+        jobs: list[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            [(self._run_command, (self.command, payload, body))] if self.command is not None else []
+        )
         if self.webhook is not None:
             jobs.append((self._post, (self.webhook, body)))
         for target, target_args in jobs:
-            thread = threading.Thread(target=self._guarded, args=(target, target_args), daemon=True,
-                                      name="lora-otel-alert")
+            thread = threading.Thread(
+                target=self._guarded, args=(target, target_args), daemon=True, name="lora-otel-alert"
+            )
             thread.start()
             self.threads.append(thread)
 
@@ -197,21 +221,25 @@ class Alerter:
         except (OSError, ValueError):
             pass
 
-    def _guarded(self, target, target_args) -> None:
+    def _guarded(self, target: Callable[..., None], target_args: tuple[Any, ...]) -> None:
         try:
             target(*target_args)
         except Exception as e:  # noqa: BLE001 - an alert never takes watch down
             self._note(f"alert failed: {type(e).__name__}: {e}")
 
-    def _run_command(self, command: str, payload: dict, body: bytes) -> None:
-        env = dict(os.environ, LORA_OTEL_ALERT_STAGE=str(payload.get("stage", "")),
-                   LORA_OTEL_ALERT_KIND=str(payload.get("kind", "")),
-                   LORA_OTEL_ALERT_PID="" if payload.get("pid") is None else str(payload["pid"]),
-                   LORA_OTEL_ALERT_JOURNAL=str(payload.get("journal", "")))
+    def _run_command(self, command: str, payload: dict[str, Any], body: bytes) -> None:
+        env = dict(
+            os.environ,
+            LORA_OTEL_ALERT_STAGE=str(payload.get("stage", "")),
+            LORA_OTEL_ALERT_KIND=str(payload.get("kind", "")),
+            LORA_OTEL_ALERT_PID="" if payload.get("pid") is None else str(payload["pid"]),
+            LORA_OTEL_ALERT_JOURNAL=str(payload.get("journal", "")),
+        )
         shown = _short(command)
         try:
-            proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=2, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["sh", "-c", command], stdin=subprocess.PIPE, stdout=2, env=env, start_new_session=True
+            )
         except OSError as e:
             self._note(f"alert command could not start ({e.strerror or e}): {shown}")
             return
@@ -226,14 +254,13 @@ class Alerter:
             self._note(f"alert command killed after {ALERT_COMMAND_TIMEOUT_S:g} s: {shown}")
             return
         if proc.returncode != 0:
-            how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
-                   else f"exit status {proc.returncode}")
+            how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
             self._note(f"alert command failed ({how}): {shown}")
 
     def _post(self, url: str, body: bytes) -> None:
-        request = urllib.request.Request(url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json",
-                                                  "User-Agent": "lora-otel-watch"})
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "lora-otel-watch"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=ALERT_WEBHOOK_TIMEOUT_S) as response:
                 response.read(65536)
@@ -244,7 +271,7 @@ class Alerter:
             self._note(f"alert webhook failed ({reason}): {_short(url)}")
 
 
-def alert_payload(f: "Followed", stall: Stall, now_ns: int) -> dict:
+def alert_payload(f: Followed, stall: Stall, now_ns: int) -> dict[str, Any]:
     """The JSON object an alert carries: where the stall is, what it is, and when it was seen."""
     journal = f.journal
     root = journal.root if journal is not None else None
@@ -274,13 +301,12 @@ def alert_payload(f: "Followed", stall: Stall, now_ns: int) -> dict:
 
 def _iso(ns: int) -> str:
     """``2024-05-01T12:00:00.123Z`` (UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + \
-        ".%03dZ" % (ns // 1_000_000 % 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + ".%03dZ" % (ns // 1_000_000 % 1000)
 
 
 def _short(text: str, limit: int = 120) -> str:
     text = _display(" ".join(text.split()))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass
@@ -293,7 +319,7 @@ class Followed:
     state: ProcessState = "running"
     starting: bool = True  # no records yet, for at most STARTING_GRACE_S
     stall: Optional[Stall] = None
-    verdict: Optional[Any] = None  # the stall and its diagnosis (`lora_otel.export.verdict.Verdict`)
+    verdict: Optional[Any] = None  # the stall and its diagnosis (`lora_otel.analysis.verdict.Verdict`)
     verdict_key: str = ""
     alive_until_ns: Optional[int] = None  # the last poll that found the process there
     was_stalled: bool = False  # stalled at the last poll that found it there
@@ -333,7 +359,9 @@ class Followed:
 class Watcher:
     """The journals under a path, polled together."""
 
-    def __init__(self, path: str, limits: Optional[dict[str, float]], frozen_after_s: Optional[float] = FROZEN_AFTER_S) -> None:
+    def __init__(
+        self, path: str, limits: Optional[dict[str, float]], frozen_after_s: Optional[float] = FROZEN_AFTER_S
+    ) -> None:
         """``limits``/``frozen_after_s`` None: each journal's recorded limits (`stall.journal_limits`)."""
         self.path, self.is_dir, self.limits, self.frozen_after_s = path, os.path.isdir(path), limits, frozen_after_s
         self.followed: dict[str, Followed] = {}
@@ -341,8 +369,11 @@ class Watcher:
 
     def poll(self, now_ns: int) -> None:
         """Pick up new journals (directory), read what each gained, and check for stalls."""
-        paths = sorted(glob.glob(os.path.join(glob.escape(self.path), "*" + JOURNAL_SUFFIX))) if self.is_dir \
+        paths = (
+            sorted(glob.glob(os.path.join(glob.escape(self.path), "*" + JOURNAL_SUFFIX)))
+            if self.is_dir
             else [self.path]
+        )
         for path in paths:
             if path not in self.followed and os.path.isfile(path):
                 self.followed[path] = Followed(JournalTail(path), now_ns)
@@ -363,9 +394,11 @@ class Watcher:
                 return
             journal, state = f.journal, process_state(f.journal)
         if state != "running":
-            f.tail.close()  # a running process's journal stays open (followed through a rename); not thousands of old ones
-        f.starting = (journal.last_evidence_ns is None and state == "gone"
-                      and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9)
+            # a running process's journal stays open (followed through a rename); not thousands of old ones
+            f.tail.close()
+        f.starting = (
+            journal.last_evidence_ns is None and state == "gone" and now_ns - f.first_seen_ns < STARTING_GRACE_S * 1e9
+        )
         f.journal, f.state = journal, state
         f.stall = detect(journal, now_ns, state == "running", self.limits, self.frozen_after_s)
         if f.stall is None and state == "running":
@@ -376,20 +409,28 @@ class Watcher:
 
     def _verdict(self, f: Followed, journal: Journal, state: ProcessState, now_ns: int) -> Optional[Any]:
         """The stall record, or the diagnosis computed once per stall (it samples /proc for a second)."""
-        from lora_otel.export import verdict as verdict_mod
+        from lora_otel.analysis import verdict as verdict_mod
 
         found = verdict_mod.from_record(journal)
         if found is not None or state != "running" or f.stall is None:
             return found if found is not None else (f.verdict if state != "running" and f.was_stalled else None)
         key = f"{f.stall.span.span_id}:{f.stall.kind}"
         if key != f.verdict_key or f.verdict is None:
-            peers = [other.journal for other in self.followed.values() if other is not f and other.journal is not None
-                     and other.journal.trace_id == journal.trace_id]
-            f.verdict, f.verdict_key = verdict_mod.current(journal, f.stall, now_ns, peers, self.frozen_after_s,
-                                                           "watch"), key
+            peers = [
+                other.journal
+                for other in self.followed.values()
+                if other is not f and other.journal is not None and other.journal.trace_id == journal.trace_id
+            ]
+            f.verdict, f.verdict_key = (
+                verdict_mod.current(journal, f.stall, now_ns, peers, self.frozen_after_s, "watch"),
+                key,
+            )
         else:  # the same stall, longer now
-            f.verdict.open_s = (f.stall.open_for_s if f.stall.kind != "frozen"
-                                else (now_ns - max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)) / 1e9)
+            f.verdict.open_s = (
+                f.stall.open_for_s
+                if f.stall.kind != "frozen"
+                else (now_ns - max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)) / 1e9
+            )
         return f.verdict
 
     def jobs(self, now_ns: int) -> tuple[list[jobs_mod.Job], dict[int, Followed], list[Followed]]:
@@ -401,8 +442,9 @@ class Watcher:
                 f.label = None
                 rest.append(f)
                 continue
-            proc = jobs_mod.make_proc(f.journal, f.state, now_ns, self.limits, self.frozen_after_s,
-                                      stall=f.stall, stall_known=True)
+            proc = jobs_mod.make_proc(
+                f.journal, f.state, now_ns, self.limits, self.frozen_after_s, stall=f.stall, stall_known=True
+            )
             procs.append(proc)
             which[id(proc)] = f
         jobs = jobs_mod.group_jobs(procs)
@@ -424,7 +466,7 @@ class Watcher:
         """Some followed process is stalled now."""
         return any(f.stall is not None for f in self.followed.values())
 
-    def alert(self, alerter: "Alerter", now_ns: int) -> int:
+    def alert(self, alerter: Alerter, now_ns: int) -> int:
         """Send an alert for each stall not alerted yet (once per stalled span of a process); how many."""
         sent = 0
         if not alerter.enabled:
@@ -455,8 +497,8 @@ class Watcher:
                 continue
             if lines:
                 lines.append("")
-            lines.append(_paint(jobs_mod.job_heading(job), BOLD, color))
-            lines.extend("  " + line for line in jobs_mod.process_lines(job))
+            lines.append(_paint(jobs_view.job_heading(job), BOLD, color))
+            lines.extend("  " + line for line in jobs_view.process_lines(job))
             shown = self._shown(job)
             if job.callout is not None:
                 stuck = job.callout.kind in ("stuck", "failed", "killed")
@@ -464,10 +506,15 @@ class Watcher:
             if shown is not None:
                 self._process(lines, which[id(shown)], now_ns, color)
             hidden = len(job.procs) - (shown is not None)
-            lines.append(f"({jobs_mod.others_trees(hidden, shown is not None)}: "
-                         f"lora-otel inspect {_display(self.path)} --all)")
+            lines.append(
+                f"({jobs_view.others_trees(hidden, shown is not None)}: lora-otel inspect {_display(self.path)} --all)"
+            )
         for f in rest:
             self._process(lines, f, now_ns, color)
+        if any(job.callout is not None and job.callout.kind == "stuck" for job in jobs) or any(
+            f.verdict is not None for f in self.followed.values()
+        ):
+            lines.append(report_command(self.path))  # a stalled job: the command that writes its picture
         return "\n".join(lines) + "\n"
 
     @staticmethod
@@ -490,8 +537,16 @@ class Watcher:
 
     def _report(self, f: Followed, journal: Journal, now_ns: int, color: bool) -> list[str]:
         """inspect's text report, its notes replaced by their count, the stall under it."""
-        view = _WatchView(journal, f.state, now_ns, verdict=f.verdict, stalled=self._stalled(f),
-                          alive_until_ns=f.alive_until_ns, stall=f.stall, color=color)
+        view = _WatchView(
+            journal,
+            f.state,
+            now_ns,
+            verdict=f.verdict,
+            stalled=self._stalled(f),
+            alive_until_ns=f.alive_until_ns,
+            stall=f.stall,
+            color=color,
+        )
         lines = view.text_lines()
         if journal.problems:
             lines = [line for line in lines if not line.startswith("note: ")]
@@ -529,8 +584,11 @@ class Watcher:
         if f.once("following"):
             out.append(f"following {_display(f.tail.path)} ({'starting' if f.starting else f.state})")
             if journal is not None:  # what ended before watch started, or before the file was found, is history
-                f.said.update(f"{'s' if span.is_open else 'e'}:{span.span_id}" for span in journal.spans
-                              if not span.is_open or not f.running)
+                f.said.update(
+                    f"{'s' if span.is_open else 'e'}:{span.span_id}"
+                    for span in journal.spans
+                    if not span.is_open or not f.running
+                )
         if journal is not None:
             timed: list[tuple[int, str]] = []
             for span in journal.spans:
@@ -548,18 +606,27 @@ class Watcher:
             if f.verdict is not None:
                 out.append(_display(f.verdict.line()))
             else:
-                from lora_otel.export.verdict import what_phrase
+                from lora_otel.analysis.verdict import what_phrase
 
                 stage = None if stall.span is journal.root else stall.span.name  # type: ignore[union-attr]
                 out.append(f"STALLED: {_display(what_phrase(stage, stall.kind, stall.open_for_s, stall.limit_s))}")
         if f.error and f.once(f"!{f.error}"):
             out.append(f"note: {_display(f.error)}")
         if not f.running and f.once("end"):
-            stuck = (View(journal, f.state, now_ns, stalled=self._stalled(f) or None,
-                          alive_until_ns=f.alive_until_ns).stuck() if journal is not None else "journal unreadable")
-            out.append(f"process exited: {stuck}" if f.state == "exited"
-                       else f"process {stuck}" if f.state == "exec'd"
-                       else f"process gone without an exit record (killed or vanished): {stuck}")
+            stuck = (
+                View(
+                    journal, f.state, now_ns, stalled=self._stalled(f) or None, alive_until_ns=f.alive_until_ns
+                ).stuck()
+                if journal is not None
+                else "journal unreadable"
+            )
+            out.append(
+                f"process exited: {stuck}"
+                if f.state == "exited"
+                else f"process {stuck}"
+                if f.state == "exec'd"
+                else f"process gone without an exit record (killed or vanished): {stuck}"
+            )
         return out
 
 
@@ -604,7 +671,7 @@ def _fit(screen: str) -> str:
     head = min(4, rows // 3)
     tail = max(rows - 2 - head, 0)
     hidden = f"... {len(lines) - head - tail} lines hidden (a taller window shows them)"
-    return "\n".join(lines[:head] + [hidden] + lines[len(lines) - tail:]) + "\n"
+    return "\n".join([*lines[:head], hidden, *lines[len(lines) - tail :]]) + "\n"
 
 
 def _paint(text: str, code: str, color: bool) -> str:

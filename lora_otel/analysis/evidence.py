@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
-from lora_otel.export.reader import Journal, exec_phrase, image_changed, process_state
+from lora_otel._boot.seam import memory_cgroup, oom_kill_count
+from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
 
@@ -38,7 +38,7 @@ def _read(path: str) -> str:
 
 def _stat_fields(pid: int) -> list[str]:
     raw = _read("/proc/%d/stat" % pid)
-    return raw[raw.rindex(")") + 2:].split()  # fields from 3 (state) on
+    return raw[raw.rindex(")") + 2 :].split()  # fields from 3 (state) on
 
 
 def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
@@ -52,8 +52,15 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
         dt = time.monotonic() - t0
         cpu0 = (int(f0[11]) + int(f0[12])) / hz  # utime + stime
         cpu1 = (int(f1[11]) + int(f1[12])) / hz
-        states = {"R": "running", "S": "sleeping", "D": "uninterruptible (disk) sleep", "T": "stopped",
-                  "t": "stopped by tracer", "Z": "zombie", "I": "idle"}
+        states = {
+            "R": "running",
+            "S": "sleeping",
+            "D": "uninterruptible (disk) sleep",
+            "T": "stopped",
+            "t": "stopped by tracer",
+            "Z": "zombie",
+            "I": "idle",
+        }
         out[PREFIX + "process.state"] = "%s (%s)" % (f1[0], states.get(f1[0], "?"))
         out[PREFIX + "process.cpu_seconds"] = round(cpu1, 2)
         out[PREFIX + "process.cpu_percent"] = round(100.0 * (cpu1 - cpu0) / dt, 1) if dt > 0 else 0.0
@@ -98,7 +105,6 @@ def network_facts(pid: int) -> dict[str, Any]:
     return out
 
 
-
 def memory_facts(pid: int, sample_s: float = 0.5) -> dict[str, Any]:
     """Memory pressure on the process, over ``sample_s``: RSS against its memory cgroup's limit
     (cgroup v2 ``memory.max``/``memory.high``, v1 ``memory.limit_in_bytes``), its major faults and
@@ -132,8 +138,10 @@ def memory_facts(pid: int, sample_s: float = 0.5) -> dict[str, Any]:
                 break
             except (OSError, ValueError):
                 continue
-    for key, path in (("memory.pressure", "/proc/pressure/memory"),
-                      ("memory.cgroup_pressure", os.path.join(cgroup or "/nonexistent", "memory.pressure"))):
+    for key, path in (
+        ("memory.pressure", "/proc/pressure/memory"),
+        ("memory.cgroup_pressure", os.path.join(cgroup or "/nonexistent", "memory.pressure")),
+    ):
         try:
             for line in _read(path).splitlines():
                 if line.startswith("some "):
@@ -155,7 +163,7 @@ def _vmstat(key: str) -> Optional[int]:
     return None
 
 
-def children_facts(pid: int, journals: Optional[dict] = None) -> dict[str, Any]:
+def children_facts(pid: int, journals: Optional[dict[int, Journal]] = None) -> dict[str, Any]:
     """The process's child processes (DataLoader workers among them): each as ``"pid state wchan
     cpu% [where its journal says it is]"`` under ``process.children``, from ``/proc`` (sampled 0.2 s)
     and ``journals`` (by pid) when one of them is its."""
@@ -188,8 +196,13 @@ def children_facts(pid: int, journals: Optional[dict] = None) -> dict[str, Any]:
             cmd = _read("/proc/%d/cmdline" % kid).replace("\0", " ").strip()
         except (OSError, ValueError, IndexError):
             continue
-        row = {"pid": kid, "state": f[0], "wchan": wchan if wchan != "0" else "-", "cpu_percent": round(cpu),
-               "cmdline": cmd[:200]}
+        row = {
+            "pid": kid,
+            "state": f[0],
+            "wchan": wchan if wchan != "0" else "-",
+            "cpu_percent": round(cpu),
+            "cmdline": cmd[:200],
+        }
         other = (journals or {}).get(kid)
         if other is not None:
             row["journal"] = other.path
@@ -204,31 +217,39 @@ def _where(journal: Journal) -> str:
     frames = getattr(journal, "main_frames", None)
     if frames:
         try:
-            from lora_otel.export import reader
+            from lora_otel.journal import reader
 
-            return reader.where_text(frames)  # type: ignore[attr-defined]
+            return reader.where_text(frames)
         except Exception:  # noqa: BLE001 - the BEAT formatter may not be here yet
             pass
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     return "in %s" % span.name if span is not None and span is not journal.root else ""
 
-_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
-               "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
-               "0B": "CLOSING"}
+
+_TCP_STATES = {
+    "01": "ESTABLISHED",
+    "02": "SYN_SENT",
+    "03": "SYN_RECV",
+    "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2",
+    "06": "TIME_WAIT",
+    "07": "CLOSE",
+    "08": "CLOSE_WAIT",
+    "09": "LAST_ACK",
+    "0A": "LISTEN",
+    "0B": "CLOSING",
+}
 
 
 def _addr(hexaddr: str) -> str:
     ip, _, port = hexaddr.partition(":")
-    if len(ip) == 8:
-        host = ".".join(str(int(ip[i:i + 2], 16)) for i in (6, 4, 2, 0))
-    else:
-        host = "[ipv6]"
+    host = ".".join(str(int(ip[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(ip) == 8 else "[ipv6]"
     return "%s:%d" % (host, int(port, 16))
 
 
-def tcp_connections(pid: int) -> list:
+def tcp_connections(pid: int) -> list[str]:
     """The process's own TCP sockets as ``"local -> remote STATE"`` (from its fds and /proc/net/tcp*)."""
     try:
         inodes = set()
@@ -290,7 +311,7 @@ def stack_request(journal: Journal) -> Optional[StackRequest]:
     return StackRequest(signum, path, _refusal(journal, attrs, signum))
 
 
-def _refusal(journal: Journal, attrs: dict, signum: int) -> Optional[str]:
+def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[str]:
     pid = journal.pid
     state = process_state(journal)
     if state == "exec'd":
@@ -320,8 +341,10 @@ def _refusal(journal: Journal, attrs: dict, signum: int) -> Optional[str]:
     except OSError:
         return "not requested: descriptor %d of the process is closed (the stack dump would go nowhere)" % fd
     if [st.st_dev, st.st_ino] != list(file_id):
-        return ("not requested: descriptor %d of the process is no longer the stacks file (a dump would "
-                "land in another file)" % fd)
+        return (
+            "not requested: descriptor %d of the process is no longer the stacks file (a dump would "
+            "land in another file)" % fd
+        )
     return None
 
 
@@ -349,7 +372,9 @@ def signal_taker(pid: int, signum: int) -> Optional[str]:
         for line in status.splitlines():
             if line.startswith("SigBlk:") and int(line.split(":", 1)[1].strip(), 16) & bit:
                 return "thread %s of the process blocks signal %d (to take it with sigwait or a signalfd)" % (
-                    tid, signum)
+                    tid,
+                    signum,
+                )
     try:
         fds = os.listdir("/proc/%d/fd" % pid)
     except OSError:
@@ -377,8 +402,9 @@ def caught_signals(pid: int) -> Optional[int]:
     return None
 
 
-def python_stacks(pid: int, request: Optional[StackRequest], wait_s: float = 1.5,
-                  py_spy: bool = True) -> dict[str, Any]:
+def python_stacks(
+    pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True
+) -> dict[str, Any]:
     """Ask the process for its stacks (the request's signal) and read what its faulthandler
     wrote; py-spy too (unless ``py_spy`` is False).
 
@@ -400,8 +426,9 @@ def python_stacks(pid: int, request: Optional[StackRequest], wait_s: float = 1.5
             os.kill(pid, request.signal)
         except OSError:
             pass
-        out[PREFIX + "python.stacks.error"] = ("the process is stopped; its stacks will be written to %s "
-                                              "when it continues" % request.path)
+        out[PREFIX + "python.stacks.error"] = (
+            "the process is stopped; its stacks will be written to %s when it continues" % request.path
+        )
         request = None
     if request is not None:
         stacks_path = request.path
@@ -427,8 +454,7 @@ def python_stacks(pid: int, request: Optional[StackRequest], wait_s: float = 1.5
     spy = shutil.which("py-spy") if py_spy else None
     if spy:
         try:
-            r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
-                               timeout=10)
+            r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
             if r.returncode == 0:
                 out[PREFIX + "py_spy.dump"] = r.stdout[-16000:]
             else:
@@ -446,8 +472,9 @@ def refuse_after_silence(request: Optional[StackRequest]) -> Optional[StackReque
     """``request`` refused, once an earlier one to the same process got no dump."""
     if request is None or request.refusal:
         return request
-    return replace(request, refusal="not requested: an earlier request got no dump (the signal may be "
-                                    "handled by the program in C)")
+    return replace(
+        request, refusal="not requested: an earlier request got no dump (the signal may be handled by the program in C)"
+    )
 
 
 class StackAsker:
@@ -472,7 +499,7 @@ class StackAsker:
 def gpu_facts(pid: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
-        import pynvml  # nvidia-ml-py, optional
+        import pynvml  # type: ignore[import-not-found, import-untyped, unused-ignore]  # nvidia-ml-py: optional, untyped
     except ImportError:
         out[PREFIX + "gpu.error"] = "nvidia-ml-py not installed"
         return out

@@ -1,18 +1,16 @@
 """Baselines: what a good run's environment and start-up looked like, and the drift from it.
 
-``lora-otel baseline save FILE [--from-journal J] [JOURNAL ...]`` writes a baseline file (JSON,
-docs/baselines.md): the environment (of this interpreter, from the same self-check the training
-process runs at start, ``lora_otel._boot.envfacts``; or, with ``--from-journal``, the one recorded
-in a journal's root span) and, from the journals of good runs given, the median duration of each
-start-up phase.
+A baseline file (JSON, docs/baselines.md; `make_baseline`, `write_baseline`, `load_baseline`) holds
+the environment (of an interpreter, from the same self-check the training process runs at start,
+``lora_otel._boot.envfacts``; or the one recorded in a journal's root span) and, from the journals
+of good runs, the median duration of each start-up phase.
 
-``lora-otel baseline diff FILE [JOURNAL|FILE]`` lists the drift of a journal, of another baseline,
-or of this interpreter (the default) from the baseline: packages added, removed or of another
-version; Python; torch's CUDA/ROCm build, cuDNN, the NVIDIA driver; the GPUs; the relevant
-environment variables (values as the self-check recorded them, already redacted); and the phases
-much slower than in the baseline: more than ``--slower-factor`` (2) times and more than
-``--slower-by`` (1 s) longer, e.g. ``import torch took 48 s; baseline 2.1 s``. Exit status 0 no
-drift, 1 drift, 2 usage error (one line on stderr).
+The drift (`compare`, `compare_journal`) of a journal, of another baseline, or of an interpreter
+from a baseline: packages added, removed or of another version; Python; torch's CUDA/ROCm build,
+cuDNN, the NVIDIA driver; the GPUs; the relevant environment variables (values as the self-check
+recorded them, already redacted); and the phases much slower than in the baseline: more than
+``SLOWER_FACTOR`` (2) times and more than ``SLOWER_BY_S`` (1 s) longer, e.g. ``import torch took
+48 s; baseline 2.1 s``.
 
 With ``LORA_OTEL_BASELINE`` naming a baseline file, ``lora-otel inspect`` and the live stall
 diagnosis put first the drift that bears on the stage the process is stuck in (`split`), e.g. for
@@ -24,21 +22,25 @@ Start-up phases, per journal: ``arguments``, every ``import X``, ``cuda probe``,
 (durations of one name added up), and ``start-up``: from the process's start to the start of
 ``training``.
 
-Standard library only (plus lora_otel's own reader and self-check).
+The ``lora-otel baseline save|diff`` command and the lines ``inspect`` prints are
+`lora_otel.cli.baseline`'s. Standard library only (plus lora_otel's own reader and self-check).
+
+One module (over 600 lines) because the file, the drift and the relevance rules are one model: the
+file carries exactly the facts the drift compares, and `split` ranks the drift kinds and keys
+that `diff_environment` and `diff_phases` produce.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Optional
 
-from lora_otel.export.reader import Journal, JournalError, Span, format_duration, process_state, read_journal
+from lora_otel.journal.reader import Journal, Span, format_duration, process_state
 
 FORMAT = "lora-otel baseline"
 VERSION = 1
@@ -51,10 +53,21 @@ baseline's median and more than SLOWER_BY_S seconds longer."""
 STARTUP = "start-up"
 """The phase from the process's start to the start of ``training``."""
 
-VOLATILE_ENV = frozenset({
-    "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID",
-    "SLURM_LOCALID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-})
+VOLATILE_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "MASTER_PORT",
+        "SLURM_JOB_ID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_ERROR_FILE",
+    }
+)
 """Variables that name the run or the process, not the environment: never counted as drift."""
 
 MAX_FILE_BYTES = 16 << 20
@@ -75,8 +88,13 @@ _SCALARS = (
     ("gpu_count", "GPUs", False),
     ("gpu_models", "GPU models", True),
 )
-_NONE_TEXT = {"torch_cuda": "none (CPU build)", "torch_hip": "none", "cudnn": "none found",
-              "driver": "none found", "gpu_count": "none"}
+_NONE_TEXT = {
+    "torch_cuda": "none (CPU build)",
+    "torch_hip": "none",
+    "cudnn": "none found",
+    "driver": "none found",
+    "gpu_count": "none",
+}
 
 
 class BaselineError(Exception):
@@ -84,6 +102,7 @@ class BaselineError(Exception):
 
 
 # --- the environment -------------------------------------------------------------------------
+
 
 def environment_from_attrs(attrs: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """The environment recorded by the self-check (``envfacts.collect``'s attributes), or None when
@@ -102,16 +121,22 @@ def environment_from_attrs(attrs: Mapping[str, Any]) -> Optional[dict[str, Any]]
         "os": text("os.type"),
         "kernel": text("os.version"),
         "arch": text("host.arch"),
-        "packages": {key[len("lora_otel.pkg."):]: str(value) for key, value in attrs.items()
-                     if key.startswith("lora_otel.pkg.") and value not in (None, "")},
+        "packages": {
+            key[len("lora_otel.pkg.") :]: str(value)
+            for key, value in attrs.items()
+            if key.startswith("lora_otel.pkg.") and value not in (None, "")
+        },
         "torch_cuda": text("lora_otel.torch.cuda_build"),
         "torch_hip": text("lora_otel.torch.hip_build"),
         "cudnn": text("lora_otel.cudnn.version"),
         "driver": text("lora_otel.nvidia.driver_version"),
         "gpu_count": count if isinstance(count, int) and not isinstance(count, bool) else None,
         "gpu_models": None,
-        "env": {key[len("lora_otel.env."):]: str(value) for key, value in sorted(attrs.items())
-                if key.startswith("lora_otel.env.")},
+        "env": {
+            key[len("lora_otel.env.") :]: str(value)
+            for key, value in sorted(attrs.items())
+            if key.startswith("lora_otel.env.")
+        },
     }
 
 
@@ -140,7 +165,7 @@ def driver_gpu_models(directory: str = _NVIDIA_GPUS_DIR) -> Optional[list[str]]:
 def interpreter_environment() -> dict[str, Any]:
     """This interpreter's environment, by the self-check a traced process runs at start (the same
     redaction of the variables), plus the GPU models the driver lists."""
-    from lora_otel._boot import envfacts, redact
+    from lora_otel._boot.seam import envfacts, redact
 
     env = environment_from_attrs(envfacts.collect(os.environ, redact.redact_env)) or {}
     env["gpu_models"] = driver_gpu_models()
@@ -164,6 +189,7 @@ def journal_environment(journal: Journal) -> Optional[dict[str, Any]]:
 
 
 # --- phases ----------------------------------------------------------------------------------
+
 
 def _training(journal: Journal) -> Optional[Span]:
     return min((s for s in journal.spans if s.name == "training"), key=lambda s: s.start_ns, default=None)
@@ -220,11 +246,13 @@ def median_phases(journals: Iterable[Journal]) -> dict[str, dict[str, Any]]:
     for journal in journals:
         for name, (seconds, _) in journal_phases(journal).items():
             seen.setdefault(name, []).append(seconds)
-    return {name: {"median_s": round(statistics.median(values), 3), "runs": len(values)}
-            for name, values in seen.items()}
+    return {
+        name: {"median_s": round(statistics.median(values), 3), "runs": len(values)} for name, values in seen.items()
+    }
 
 
 # --- the file --------------------------------------------------------------------------------
+
 
 @dataclass
 class Baseline:
@@ -257,13 +285,21 @@ class Baseline:
         return ", ".join(parts)
 
 
-def make_baseline(environment: Optional[dict[str, Any]], phases: dict[str, dict[str, Any]],
-                  source: dict[str, Any]) -> dict[str, Any]:
+def make_baseline(
+    environment: Optional[dict[str, Any]], phases: dict[str, dict[str, Any]], source: dict[str, Any]
+) -> dict[str, Any]:
     from lora_otel._version import __version__
-    from lora_otel.export.inspect import iso_time
+    from lora_otel.journal.tree import iso_time
 
-    return {"format": FORMAT, "version": VERSION, "created_at": iso_time(time.time_ns()),
-            "lora_otel_version": __version__, "source": source, "environment": environment, "phases": phases}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created_at": iso_time(time.time_ns()),
+        "lora_otel_version": __version__,
+        "source": source,
+        "environment": environment,
+        "phases": phases,
+    }
 
 
 def write_baseline(path: str, doc: dict[str, Any]) -> None:
@@ -316,16 +352,18 @@ def load_baseline(path: str) -> Baseline:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise BaselineError("%s: bad baseline version %r" % (path, version))
     if version > VERSION:
-        raise BaselineError("%s: baseline version %d is newer than this lora-otel reads (%d)"
-                            % (path, version, VERSION))
+        raise BaselineError(
+            "%s: baseline version %d is newer than this lora-otel reads (%d)" % (path, version, VERSION)
+        )
     env = doc.get("environment")
     if env is not None:
         if not isinstance(env, dict):
             raise BaselineError("%s: 'environment' is not an object" % path)
         for key in ("packages", "env"):
             value = env.get(key)
-            if value is not None and (not isinstance(value, dict) or
-                                      not all(isinstance(v, str) for v in value.values())):
+            if value is not None and (
+                not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
+            ):
                 raise BaselineError("%s: 'environment.%s' is not an object of strings" % (path, key))
         models = env.get("gpu_models")
         if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):
@@ -367,6 +405,7 @@ def configured(journal: Optional[Journal] = None, environ: Optional[Mapping[str,
 
 # --- drift -----------------------------------------------------------------------------------
 
+
 @dataclass
 class Drift:
     """One difference from the baseline. ``kind``: ``package``, ``env``, ``phase``, or a scalar
@@ -382,8 +421,14 @@ class Drift:
     open: bool = False  # a phase still open (stuck) in the journal
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "name": self.name, "change": self.change, "baseline": self.baseline,
-               "current": self.current, "text": self.text}
+        out = {
+            "kind": self.kind,
+            "name": self.name,
+            "change": self.change,
+            "baseline": self.baseline,
+            "current": self.current,
+            "text": self.text,
+        }
         if self.kind == "phase":
             out["open"] = self.open
         return out
@@ -402,12 +447,17 @@ def _value(value: Any) -> str:
     if text == "":
         return '""'
     if len(text) > _VALUE_MAX:
-        text = text[:_VALUE_MAX - 1] + "…"
+        text = text[: _VALUE_MAX - 1] + "…"
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _package_order(name: str) -> tuple:
-    from lora_otel._boot.envfacts import PACKAGES
+def _fact_text(key: str, value: Any) -> str:
+    """A scalar fact as a drift line says it; None in the words of `_NONE_TEXT` (default ``none``)."""
+    return _NONE_TEXT.get(key, "none") if value is None else _value(value)
+
+
+def _package_order(name: str) -> tuple[int, str]:
+    from lora_otel._boot.seam import PACKAGES
 
     return (PACKAGES.index(name), "") if name in PACKAGES else (len(PACKAGES), name)
 
@@ -425,16 +475,27 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
             if was == now:
                 continue
             if was is None:
-                out.append(Drift("package", name, "added", None, now, "%s %s (not installed in the baseline)"
-                                 % (name, _value(now))))
+                out.append(
+                    Drift(
+                        "package",
+                        name,
+                        "added",
+                        None,
+                        now,
+                        "%s %s (not installed in the baseline)" % (name, _value(now)),
+                    )
+                )
             elif now is None:
-                out.append(Drift("package", name, "removed", was, None, "%s not installed (baseline: %s)"
-                                 % (name, _value(was))))
+                out.append(
+                    Drift(
+                        "package", name, "removed", was, None, "%s not installed (baseline: %s)" % (name, _value(was))
+                    )
+                )
             else:
-                out.append(Drift("package", name, "changed", was, now,
-                                 "%s %s → %s" % (name, _value(was), _value(now))))
-    torch_on_both = isinstance(base_pkgs, dict) and isinstance(cur_pkgs, dict) and \
-        "torch" in base_pkgs and "torch" in cur_pkgs
+                out.append(Drift("package", name, "changed", was, now, "%s %s → %s" % (name, _value(was), _value(now))))
+    torch_on_both = (
+        isinstance(base_pkgs, dict) and isinstance(cur_pkgs, dict) and "torch" in base_pkgs and "torch" in cur_pkgs
+    )
     for key, label, none_is_unknown in _SCALARS:
         if key not in base or key not in current:
             continue  # an older or hand-edited file: unknown
@@ -443,9 +504,9 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
             continue
         if key in ("torch_cuda", "torch_hip") and not torch_on_both:
             continue  # torch itself added or removed says it
-        show = (lambda v: _NONE_TEXT.get(key, "none") if v is None else _value(v))
         change = "added" if was is None else "removed" if now is None else "changed"
-        out.append(Drift(key, label, change, was, now, "%s %s → %s" % (label, show(was), show(now))))
+        text = "%s %s → %s" % (label, _fact_text(key, was), _fact_text(key, now))
+        out.append(Drift(key, label, change, was, now, text))
     base_env, cur_env = base.get("env"), current.get("env")
     if isinstance(base_env, dict) and isinstance(cur_env, dict):
         for name in sorted(set(base_env) | set(cur_env)):
@@ -455,8 +516,9 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
             if was == now:
                 continue
             if was is None:
-                out.append(Drift("env", name, "added", None, now,
-                                 "%s=%s (not set in the baseline)" % (name, _value(now))))
+                out.append(
+                    Drift("env", name, "added", None, now, "%s=%s (not set in the baseline)" % (name, _value(now)))
+                )
             elif now is None:
                 out.append(Drift("env", name, "removed", was, None, "%s not set (baseline: %s)" % (name, _value(was))))
             else:
@@ -468,8 +530,12 @@ def _seconds(s: float) -> str:
     return format_duration(round(s * 1e9))
 
 
-def diff_phases(base: Mapping[str, float], current: Mapping[str, tuple[float, bool]],
-                factor: float = SLOWER_FACTOR, by_s: float = SLOWER_BY_S) -> list[Drift]:
+def diff_phases(
+    base: Mapping[str, float],
+    current: Mapping[str, tuple[float, bool]],
+    factor: float = SLOWER_FACTOR,
+    by_s: float = SLOWER_BY_S,
+) -> list[Drift]:
     """The phases of ``current`` much slower than in ``base``: more than ``factor`` times and more
     than ``by_s`` seconds longer. An open phase counts with how long it has been open so far."""
     out = []
@@ -487,16 +553,22 @@ def diff_phases(base: Mapping[str, float], current: Mapping[str, tuple[float, bo
     return out
 
 
-def compare(baseline: Baseline, environment: Optional[Mapping[str, Any]],
-            phases: Optional[Mapping[str, tuple[float, bool]]] = None, what: str = "the journal",
-            factor: float = SLOWER_FACTOR, by_s: float = SLOWER_BY_S) -> Comparison:
+def compare(
+    baseline: Baseline,
+    environment: Optional[Mapping[str, Any]],
+    phases: Optional[Mapping[str, tuple[float, bool]]] = None,
+    what: str = "the journal",
+    factor: float = SLOWER_FACTOR,
+    by_s: float = SLOWER_BY_S,
+) -> Comparison:
     """The drift of ``environment`` and ``phases`` (None: not compared) from ``baseline``."""
     result = Comparison()
     if baseline.environment is None:
         result.notes.append("the baseline has no environment")
     elif environment is None:
-        result.notes.append("%s has no environment self-check (the process ended before it ran); "
-                            "only the phases are compared" % what)
+        result.notes.append(
+            "%s has no environment self-check (the process ended before it ran); only the phases are compared" % what
+        )
     result.drift += diff_environment(baseline.environment, environment)
     if phases:
         if not baseline.phases:
@@ -505,36 +577,104 @@ def compare(baseline: Baseline, environment: Optional[Mapping[str, Any]],
     return result
 
 
-def compare_journal(baseline: Baseline, journal: Journal, now_ns: Optional[int] = None,
-                    factor: float = SLOWER_FACTOR, by_s: float = SLOWER_BY_S) -> Comparison:
+def compare_journal(
+    baseline: Baseline,
+    journal: Journal,
+    now_ns: Optional[int] = None,
+    factor: float = SLOWER_FACTOR,
+    by_s: float = SLOWER_BY_S,
+) -> Comparison:
     """The drift of a journal (its environment, its phases with the open ones so far)."""
-    return compare(baseline, journal_environment(journal), journal_phases(journal, reference_ns(journal, now_ns)),
-                   "the journal", factor, by_s)
+    return compare(
+        baseline,
+        journal_environment(journal),
+        journal_phases(journal, reference_ns(journal, now_ns)),
+        "the journal",
+        factor,
+        by_s,
+    )
 
 
 # --- what bears on a stage -------------------------------------------------------------------
 
-_GPU_MODULES = frozenset({"torch", "bitsandbytes", "xformers", "triton", "deepspeed", "flash_attn", "apex", "vllm",
-                          "unsloth", "torchvision", "torchaudio", "cupy", "nvidia", "auto_gptq", "awq", "liger_kernel"})
-_HUB_MODULES = frozenset({"transformers", "diffusers", "peft", "huggingface_hub", "accelerate", "tokenizers",
-                          "datasets", "safetensors", "trl", "sentence_transformers", "evaluate", "timm"})
+_GPU_MODULES = frozenset(
+    {
+        "torch",
+        "bitsandbytes",
+        "xformers",
+        "triton",
+        "deepspeed",
+        "flash_attn",
+        "apex",
+        "vllm",
+        "unsloth",
+        "torchvision",
+        "torchaudio",
+        "cupy",
+        "nvidia",
+        "auto_gptq",
+        "awq",
+        "liger_kernel",
+    }
+)
+_HUB_MODULES = frozenset(
+    {
+        "transformers",
+        "diffusers",
+        "peft",
+        "huggingface_hub",
+        "accelerate",
+        "tokenizers",
+        "datasets",
+        "safetensors",
+        "trl",
+        "sentence_transformers",
+        "evaluate",
+        "timm",
+    }
+)
 _TORCH_USERS = _GPU_MODULES | _HUB_MODULES | {"lightning", "pytorch_lightning", "torchmetrics"}
 _GPU_FACTS = ("torch_cuda", "torch_hip", "cudnn", "driver")
 _IMPORT_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX")
 _GPU_ENV_PREFIXES = ("CUDA_", "NVIDIA_")
 _HUB_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")
 _TRAINING_ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "PYTORCH_", "CUDA_", "NVIDIA_", "ACCELERATE_")
-_TRAINING_ENV = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                 "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-_TRAINING_PACKAGES = ("torch", "accelerate", "deepspeed", "lightning", "pytorch_lightning", "transformers", "peft",
-                      "bitsandbytes", "xformers", "triton", "diffusers")
+_TRAINING_ENV = (
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+)
+_TRAINING_PACKAGES = (
+    "torch",
+    "accelerate",
+    "deepspeed",
+    "lightning",
+    "pytorch_lightning",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+    "xformers",
+    "triton",
+    "diffusers",
+)
 _CUDA_FACTS = ("torch_cuda", "torch_hip", "cudnn", "driver", "gpu_count", "gpu_models", "kernel")
-_CUDA_ENV = ("LD_LIBRARY_PATH", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
-             "PYTORCH_NVML_BASED_CUDA_CHECK")
+_CUDA_ENV = (
+    "LD_LIBRARY_PATH",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+)
 
 
 def _norm(name: str) -> str:
-    from lora_otel._boot.envfacts import _normalize
+    from lora_otel._boot.seam import normalize_package as _normalize
 
     return _normalize(name)
 
@@ -546,19 +686,22 @@ def _bears_on(d: Drift, stage: str, in_training: bool) -> int:
             return 0
         return 1 if d.name == STARTUP and stage and not in_training and stage != "training" else 2
     if stage.startswith("import "):
-        module = _norm(stage[len("import "):].strip().partition(".")[0])
+        module = _norm(stage[len("import ") :].strip().partition(".")[0])
         if d.kind == "package" and _norm(d.name) == module:
             return 0
         if d.kind in ("python", "python_executable", "arch") or (d.kind == "env" and d.name in _IMPORT_ENV):
             return 1
-        if module in _GPU_MODULES and (d.kind in _GPU_FACTS or (d.kind == "env" and (
-                d.name == "LD_LIBRARY_PATH" or d.name.startswith(_GPU_ENV_PREFIXES)))):
+        if module in _GPU_MODULES and (
+            d.kind in _GPU_FACTS
+            or (d.kind == "env" and (d.name == "LD_LIBRARY_PATH" or d.name.startswith(_GPU_ENV_PREFIXES)))
+        ):
             return 1
-        if module in _HUB_MODULES and (d.kind == "env" and (d.name.startswith(_HUB_ENV_PREFIXES) or
-                                                             d.name == "TOKENIZERS_PARALLELISM")
-                                       or d.kind == "package" and d.name == "huggingface_hub"):
+        if module in _HUB_MODULES and (
+            (d.kind == "env" and (d.name.startswith(_HUB_ENV_PREFIXES) or d.name == "TOKENIZERS_PARALLELISM"))
+            or (d.kind == "package" and d.name == "huggingface_hub")
+        ):
             return 1
-        if module in _TORCH_USERS and (d.kind == "package" and d.name == "torch" or d.kind == "torch_cuda"):
+        if module in _TORCH_USERS and ((d.kind == "package" and d.name == "torch") or d.kind == "torch_cuda"):
             return 1
         return 2
     if stage in ("cuda init", "cuda probe"):
@@ -580,8 +723,14 @@ def _bears_on(d: Drift, stage: str, in_training: bool) -> int:
     if stage:  # a user stage before training: loading a model or data, often from the hub
         if d.kind == "env" and d.name.startswith(_HUB_ENV_PREFIXES):
             return 1
-        if d.kind == "package" and d.name in ("huggingface_hub", "transformers", "diffusers", "peft", "safetensors",
-                                              "accelerate"):
+        if d.kind == "package" and d.name in (
+            "huggingface_hub",
+            "transformers",
+            "diffusers",
+            "peft",
+            "safetensors",
+            "accelerate",
+        ):
             return 1
     return 2
 
@@ -601,7 +750,7 @@ def split(drift: list[Drift], stage: Optional[str], in_training: bool = False) -
 def focus(journal: Journal) -> tuple[Optional[str], bool]:
     """``(stage, in_training)``: the stage a journal's process is stuck in (its deepest open span
     but the root), else the last that failed; ``(None, False)`` when there is none."""
-    from lora_otel.export.inspect import deepest_open_span
+    from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     if span is None or span is journal.root:
@@ -622,15 +771,17 @@ def _inside_training(journal: Journal, span: Optional[Span]) -> bool:
     return False
 
 
-def _brief(items: list[Drift], limit: int = 4) -> str:
+def brief(items: list[Drift], limit: int = 4) -> str:
     text = "; ".join(d.text for d in items[:limit])
     return text + (" (+%d more)" % (len(items) - limit) if len(items) > limit else "")
 
 
 # --- inspect and the live diagnosis ----------------------------------------------------------
 
-def inspect_report(journal: Journal, now_ns: Optional[int] = None,
-                   environ: Optional[Mapping[str, str]] = None) -> Optional[dict[str, Any]]:
+
+def inspect_report(
+    journal: Journal, now_ns: Optional[int] = None, environ: Optional[Mapping[str, str]] = None
+) -> Optional[dict[str, Any]]:
     """For ``lora-otel inspect``: None when ``LORA_OTEL_BASELINE`` is unset; else
     ``{"path", "error", "stage", "relevant", "other", "notes"}`` (drift as `Drift.to_json`).
     Never raises: a baseline that cannot be used gives ``error``, one line."""
@@ -652,37 +803,12 @@ def inspect_report(journal: Journal, now_ns: Optional[int] = None,
     return report
 
 
-def report_json(report: dict[str, Any]) -> dict[str, Any]:
-    return {**report, "relevant": [d.to_json() for d in report["relevant"]],
-            "other": [d.to_json() for d in report["other"]]}
-
-
-def report_lines(report: dict[str, Any]) -> list[str]:
-    """The lines ``inspect`` prints after its first line (none when the report is an error)."""
-    if report["error"]:
-        return []
-    path, stage = report["path"], report["stage"]
-    relevant, other = report["relevant"], report["other"]
-    lines: list[str] = []
-    if relevant:
-        lines.append("drift from baseline %s%s:" % (path, " bearing on %s" % stage if stage else ""))
-        lines.extend("  %s" % d.text for d in relevant)
-        if other:
-            lines.append("other drift: %s" % _brief(other))
-    elif other:
-        lines.append("baseline %s: %sother drift: %s" % (
-            path, "nothing that bears on %s differs; " % stage if stage else "", _brief(other)))
-    else:
-        lines.append("baseline %s: no drift" % path)
-    lines.extend("baseline note: %s" % note for note in report["notes"])
-    return lines
-
-
 MAX_IN_SENTENCE = 4
 
 
-def stall_drift(baseline: Baseline, stall_span: Span, journal: Journal,
-                now_ns: Optional[int] = None) -> tuple[list[Drift], list[Drift]]:
+def stall_drift(
+    baseline: Baseline, stall_span: Span, journal: Journal, now_ns: Optional[int] = None
+) -> tuple[list[Drift], list[Drift]]:
     """``(bearing on the stalled stage, the rest)`` for the live stall diagnosis."""
     result = compare_journal(baseline, journal, now_ns)
     return split(result.drift, stall_span.name, _inside_training(journal, stall_span))
@@ -692,174 +818,4 @@ def sentence_prefix(relevant: list[Drift]) -> str:
     """``Drift from the baseline: bitsandbytes 0.43.1 → 0.45.0; .... `` (empty without drift)."""
     if not relevant:
         return ""
-    return "Drift from the baseline: %s. " % _brief(relevant, MAX_IN_SENTENCE)
-
-
-# --- the command -----------------------------------------------------------------------------
-
-class _Intermixed(argparse.ArgumentParser):
-    """Options anywhere among the positionals: ``save FILE --from-journal J J1 J2``."""
-
-    _inside = False
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        if self._inside:
-            return super().parse_known_args(args, namespace)
-        self._inside = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._inside = False
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``save`` and ``diff`` actions of ``lora-otel baseline``."""
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Intermixed)
-    actions.required = True
-    save = actions.add_parser(
-        "save", help="record the environment, and the start-up phases of good runs, in FILE",
-        description="Record in FILE the environment (of this interpreter, or with --from-journal the one a "
-                    "journal's self-check recorded) and, from the journals of good runs given, the median "
-                    "duration of each start-up phase (arguments, import X, cuda probe, cuda init, stages before "
-                    "training, and start-up: process start to training).")
-    save.add_argument("file", metavar="FILE", help="the baseline file to write (JSON)")
-    save.add_argument("journals", nargs="*", metavar="JOURNAL", help="journals of good runs: their start-up phases")
-    save.add_argument("--from-journal", metavar="JOURNAL",
-                      help="take the environment from this journal's self-check, not from this interpreter")
-    diff = actions.add_parser(
-        "diff", help="list the drift from the baseline FILE",
-        description="List the drift of a journal, of another baseline file, or of this interpreter (the default) "
-                    "from the baseline FILE: packages, Python, torch's CUDA build, cuDNN, the NVIDIA driver, the "
-                    "GPUs, the relevant environment variables, and the phases much slower than the baseline's "
-                    "(\"import torch took 48 s; baseline 2.1 s\"). Exit status: 0 no drift, 1 drift, 2 usage error.")
-    diff.add_argument("file", metavar="FILE", help="the baseline file")
-    diff.add_argument("against", nargs="?", metavar="JOURNAL|FILE",
-                      help="a journal, or another baseline file (default: this interpreter)")
-    diff.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    diff.add_argument("--slower-factor", type=float, default=SLOWER_FACTOR, metavar="X",
-                      help="a phase is slower when it took more than X times the baseline (default %g)" % SLOWER_FACTOR)
-    diff.add_argument("--slower-by", type=float, default=SLOWER_BY_S, metavar="S",
-                      help="... and more than S seconds longer (default %g)" % SLOWER_BY_S)
-
-
-def run_baseline(args: argparse.Namespace) -> int:
-    """``lora-otel baseline save|diff``; 2 with one line on stderr when something cannot be used."""
-    try:
-        if args.action == "save":
-            return _save(args)
-        return _diff(args)
-    except BaselineError as e:
-        print("lora-otel baseline: %s" % e, file=sys.stderr)
-        return 2
-
-
-def _journal(path: str) -> Journal:
-    try:
-        journal = read_journal(path)
-    except JournalError as e:
-        raise BaselineError(str(e)) from None
-    if journal.root is None:
-        raise BaselineError("%s: not a journal (no 'process' span)" % path)
-    return journal
-
-
-def _save(args: argparse.Namespace) -> int:
-    journals = [_journal(path) for path in args.journals]
-    for journal in journals:
-        exit_ = journal.exit
-        if exit_ is None or exit_["how"] != "normal" or exit_["code"] not in (0, None):
-            print("lora-otel baseline: note: %s did not finish normally; its finished start-up phases are used"
-                  % journal.path, file=sys.stderr)
-    source: dict[str, Any] = {"journals": [os.path.abspath(j.path) for j in journals]}
-    if args.from_journal:
-        journal = _journal(args.from_journal)
-        environment = journal_environment(journal)
-        if environment is None:
-            raise BaselineError("%s: has no environment self-check (the process ended before it ran)"
-                                % args.from_journal)
-        source.update(environment="journal", journal=os.path.abspath(args.from_journal))
-    else:
-        environment = interpreter_environment()
-        source.update(environment="interpreter", interpreter=sys.executable)
-    phases = median_phases(journals)
-    write_baseline(args.file, make_baseline(environment, phases, source))
-    _write("saved baseline %s: %s; %d start-up phase%s%s\n" % (  # the environment may be a journal's: any text
-        args.file, _summary(environment), len(phases), "" if len(phases) == 1 else "s",
-        " (medians of %d journal%s)" % (len(journals), "" if len(journals) == 1 else "s") if journals else ""))
-    return 0
-
-
-def _summary(env: dict[str, Any]) -> str:
-    """``Python 3.11.7, torch 2.3.1 (CUDA 12.1), driver 535.104.05, 8 GPUs, 9 packages, 4 variables``."""
-    parts = ["Python %s" % (env.get("python") or "?")]
-    torch = (env.get("packages") or {}).get("torch")
-    if torch:
-        parts.append("torch %s (%s)" % (torch, "CUDA %s" % env["torch_cuda"] if env.get("torch_cuda") else "CPU build"))
-    if env.get("driver"):
-        parts.append("driver %s" % env["driver"])
-    if env.get("gpu_count") is not None:
-        parts.append("%d GPU%s" % (env["gpu_count"], "" if env["gpu_count"] == 1 else "s"))
-    parts.append("%d packages" % len(env.get("packages") or {}))
-    n = len(env.get("env") or {})
-    parts.append("%d variable%s" % (n, "" if n == 1 else "s"))
-    return ", ".join(parts)
-
-
-def _is_journal(path: str) -> bool:
-    """Whether the file's first line is a journal record (a baseline file starts with ``{`` alone)."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(1 << 20)
-    except OSError:
-        return True  # read_journal says why
-    try:
-        record = json.loads(first)
-    except (ValueError, RecursionError):
-        return not first.strip().startswith(b"{")
-    return isinstance(record, dict) and "k" in record and "v" in record
-
-
-def _diff(args: argparse.Namespace) -> int:
-    if not args.slower_factor > 0 or args.slower_factor != args.slower_factor:
-        raise BaselineError("--slower-factor must be a number more than 0, got %g" % args.slower_factor)
-    if not args.slower_by >= 0:
-        raise BaselineError("--slower-by must be 0 seconds or more, got %g" % args.slower_by)
-    baseline = load_baseline(args.file)
-    factor, by_s = args.slower_factor, args.slower_by
-    if args.against is None:
-        against = {"kind": "interpreter", "path": sys.executable}
-        result = compare(baseline, interpreter_environment(), None, "this interpreter", factor, by_s)
-        where = "this interpreter (%s)" % sys.executable
-    elif _is_journal(args.against):
-        journal = _journal(args.against)
-        against = {"kind": "journal", "path": args.against}
-        result = compare_journal(baseline, journal, None, factor, by_s)
-        where = args.against
-    else:
-        other = load_baseline(args.against)
-        against = {"kind": "baseline", "path": args.against}
-        phases = {name: (seconds, False) for name, seconds in other.phases.items()}
-        result = compare(baseline, other.environment, phases, "the other baseline", factor, by_s)
-        if other.environment is None:
-            result.notes.append("the other baseline has no environment")
-        where = args.against
-    if args.json:
-        doc = {"baseline": args.file, "created_at": baseline.doc.get("created_at"), "against": against,
-               "rule": {"slower_factor": factor, "slower_by_s": by_s},
-               "drift": [d.to_json() for d in result.drift], "notes": result.notes}
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    else:
-        described = baseline.describe()
-        head = "baseline %s%s" % (args.file, " (%s)" % described if described else "")
-        n = len(result.drift)
-        lines = ["%s vs %s: %s" % (head, where, "no drift" if not n else
-                                   "%d difference%s" % (n, "" if n == 1 else "s"))]
-        lines += ["  %s" % d.text for d in result.drift]
-        lines += ["note: %s" % note for note in result.notes]
-        _write("\n".join(lines) + "\n")
-    return 1 if result.drift else 0
-
-
-def _write(text: str) -> None:
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-    sys.stdout.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+    return "Drift from the baseline: %s. " % brief(relevant, MAX_IN_SENTENCE)

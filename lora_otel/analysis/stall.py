@@ -25,26 +25,27 @@ One set of limits: the job records the raw texts of ``LORA_OTEL_STALL_AFTER`` an
 ``inspect``, ``watch`` and the sidecar agree with the job. A journal from before that record falls
 back to this process's environment; a command-line ``--stall-after`` wins over both.
 
-Learned limits (``learned``: `lora_otel.export.learned`): a stage that earlier runs say takes at
+Learned limits (``learned``: `lora_otel.analysis.learned`): a stage that earlier runs say takes at
 most L s is called stalled at max(30 s, 5 × L) when that is shorter than its limit (or it has none).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from lora_otel._boot import limits as _limits  # one definition, shared with the job itself
-from lora_otel.export.inspect import deepest_open_span
-from lora_otel.export.reader import Journal, Span
+from lora_otel._boot.seam import limits as _limits  # one definition, shared with the job itself
+from lora_otel.journal.reader import Journal, Span
+from lora_otel.journal.tree import deepest_open_span, last_stage_end
 
 DEFAULT_LIMITS_S: dict[str, float] = _limits.DEFAULT_LIMITS_S
 FROZEN_AFTER_S = _limits.FROZEN_AFTER_S
 TRAINING_STEP_FACTOR = _limits.TRAINING_STEP_FACTOR
 
 
-def frozen_after_from_env(environ=None) -> float:
+def frozen_after_from_env(environ: Optional[Mapping[str, str]] = None) -> float:
     """``LORA_OTEL_FROZEN_AFTER`` (seconds without a beat before a live process counts as frozen), default 10."""
     import os
 
@@ -62,7 +63,9 @@ class StallConfigError(ValueError):
 class Stall:
     kind: str  # "alive", "frozen" or "between"
     span: Span  # the stalled stage; for "between" the root ``process`` span
-    open_for_s: float  # how long the stage has been open (training: since the last step; between: since the last stage ended)
+    open_for_s: (
+        float  # how long the stage has been open (training: since the last step; between: since the last stage ended)
+    )
     limit_s: float
     reason: str  # one English sentence
     learned: Any = None  # the `learned.Learned` whose limit applied, or None
@@ -72,14 +75,19 @@ class Stall:
     @property
     def stage(self) -> str:
         """The stage's name; "between stages" when none is open."""
-        return "between stages" if self.kind == "between" or self.span.parent_id is None and \
-            self.span.name == "process" else self.span.name
+        return (
+            "between stages"
+            if self.kind == "between" or (self.span.parent_id is None and self.span.name == "process")
+            else self.span.name
+        )
 
     @property
     def status_message(self) -> str:
         if self.kind == "between":
-            return "stalled: no stage open for %d s%s" % (self.open_for_s, " since %s ended" % self.after
-                                                          if self.after else "")
+            return "stalled: no stage open for %d s%s" % (
+                self.open_for_s,
+                " since %s ended" % self.after if self.after else "",
+            )
         return "stalled: %s open for %d s" % (self.span.name, self.open_for_s)
 
 
@@ -91,9 +99,12 @@ def parse_limits(text: Optional[str]) -> dict[str, float]:
         raise StallConfigError(str(e)) from None
 
 
-def journal_limits(journal: Journal, limits: Optional[dict[str, float]] = None,
-                   frozen_after_s: Optional[float] = None, environ: Optional[Mapping[str, str]] = None
-                   ) -> tuple[dict[str, float], float]:
+def journal_limits(
+    journal: Journal,
+    limits: Optional[dict[str, float]] = None,
+    frozen_after_s: Optional[float] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> tuple[dict[str, float], float]:
     """The limits ``journal``'s process ran with: ``limits``/``frozen_after_s`` when given (a command
     line's), else the raw texts its start record holds (``config.stall_after``/``frozen_after``;
     null there means the defaults), else — a journal from before those were recorded — this
@@ -136,8 +147,14 @@ def median_step_s(journal: Journal) -> Optional[float]:
     return statistics.median(per_step) if per_step else None
 
 
-def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str, float]] = None,
-           frozen_after_s: Optional[float] = None, learned: Optional[Mapping[str, Any]] = None) -> Optional[Stall]:
+def detect(
+    journal: Journal,
+    now_ns: int,
+    alive: bool,
+    limits: Optional[dict[str, float]] = None,
+    frozen_after_s: Optional[float] = None,
+    learned: Optional[Mapping[str, Any]] = None,
+) -> Optional[Stall]:
     """The stall in ``journal`` at ``now_ns``, or None. ``alive``: the process still exists.
 
     ``limits``/``frozen_after_s`` None: the ones the journal recorded (`journal_limits`).
@@ -151,9 +168,14 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
     last_beat = journal.last_beat_ns or (journal.root.start_ns if journal.root else span.start_ns)
     silent_s = (now_ns - max(last_beat, journal.last_evidence_ns or 0)) / 1e9
     if silent_s >= frozen_after_s:
-        return Stall("frozen", span, (now_ns - span.start_ns) / 1e9, frozen_after_s,
-                     "the process exists but has not beaten for %d s (frozen: GIL held in native code, "
-                     "stopped, or in uninterruptible I/O)" % silent_s)
+        return Stall(
+            "frozen",
+            span,
+            (now_ns - span.start_ns) / 1e9,
+            frozen_after_s,
+            "the process exists but has not beaten for %d s (frozen: GIL held in native code, "
+            "stopped, or in uninterruptible I/O)" % silent_s,
+        )
     if (span is journal.root or span.name == "arguments") and not idle_may_be_stuck(journal):
         return None
     if span is journal.root:
@@ -173,12 +195,18 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
     if span.name == "training":
         floor = limit_for(span, limits) or DEFAULT_LIMITS_S["training"]
         med = median_step_s(journal)
-        limit = max(floor, TRAINING_STEP_FACTOR * med) if med else floor
+        step_limit = max(floor, TRAINING_STEP_FACTOR * med) if med else floor
         since = journal.last_step_ns if journal.last_step_ns and journal.last_step_ns > span.start_ns else span.start_ns
         gap = (now_ns - since) / 1e9
-        if gap >= limit:
-            return Stall("alive", span, gap, limit, "no optimizer step for %d s (limit %d s%s)" % (
-                gap, limit, ", 20x the median step of %.2f s" % med if med and limit > floor else ""))
+        if gap >= step_limit:
+            return Stall(
+                "alive",
+                span,
+                gap,
+                step_limit,
+                "no optimizer step for %d s (limit %d s%s)"
+                % (gap, step_limit, ", 20x the median step of %.2f s" % med if med and step_limit > floor else ""),
+            )
         return None
     limit = limit_for(span, limits)
     used = None
@@ -186,8 +214,15 @@ def detect(journal: Journal, now_ns: int, alive: bool, limits: Optional[dict[str
         limit, used = learned_limit, rule
     open_for = (now_ns - span.start_ns) / 1e9
     if limit is not None and open_for >= limit:
-        return Stall("alive", span, open_for, limit, "%s open for %d s, limit %d s%s" % (
-            span.name, open_for, limit, " (learned: %s)" % used.describe() if used is not None else ""), learned=used)
+        return Stall(
+            "alive",
+            span,
+            open_for,
+            limit,
+            "%s open for %d s, limit %d s%s"
+            % (span.name, open_for, limit, " (learned: %s)" % used.describe() if used is not None else ""),
+            learned=used,
+        )
     return None
 
 
@@ -205,37 +240,17 @@ def idle_may_be_stuck(journal: Journal) -> bool:
         return False
     names = {span.name for span in journal.spans}
     root_attrs = journal.root.attrs if journal.root is not None else {}
-    if "import torch" not in names and "training" not in names and root_attrs.get("lora_otel.torch.imported") is not True:
+    if (
+        "import torch" not in names
+        and "training" not in names
+        and root_attrs.get("lora_otel.torch.imported") is not True
+    ):
         return False
     if any(name in names for name in _UI_IMPORTS):
         return False
-    from lora_otel._boot.narrate import has_children  # the job's own rule, read from outside
+    from lora_otel._boot.seam import has_children  # the job's own rule, read from outside
 
     return not (journal.pid and has_children(journal.pid))
-
-
-def last_stage_end(journal: Journal) -> tuple[Optional[str], int]:
-    """The stage that ended last and when (``(None, the process's start)`` when none has).
-
-    As the job itself counts (`lora_otel._boot.narrate`): an import shorter than the journal's
-    ``import_threshold_ms`` is not a stage here, so a library's lazy ``import encodings.idna``
-    inside a download does not reset the quiet time."""
-    root = journal.root
-    threshold = journal.config.get("import_threshold_ms", 5.0) if isinstance(journal.config, dict) else 5.0
-    try:  # a journal's value may be anything (a hostile or broken one: 10**400, NaN)
-        threshold_ns = min(float(threshold), 1e12) * 1e6 if not isinstance(threshold, bool) else 5e6
-    except (TypeError, ValueError, OverflowError):
-        threshold_ns = 5e6
-    if not threshold_ns >= 0:
-        threshold_ns = 5e6
-    best: tuple[Optional[str], int] = (None, root.start_ns if root is not None else 0)
-    for span in journal.spans:
-        if span is root or span.end_ns is None or span.end_ns < best[1]:
-            continue
-        if span.name.startswith("import ") and span.end_ns - span.start_ns < threshold_ns:
-            continue
-        best = (span.name, span.end_ns)
-    return best
 
 
 def _between(journal: Journal, root: Span, now_ns: int, limits: dict[str, float]) -> Optional[Stall]:
@@ -245,5 +260,12 @@ def _between(journal: Journal, root: Span, now_ns: int, limits: dict[str, float]
     quiet_s = (now_ns - since) / 1e9
     if quiet_s < limit:
         return None
-    return Stall("between", root, quiet_s, limit, "no stage open for %d s%s, limit %d s" % (
-        quiet_s, " since %s ended" % after if after else "", limit), after=after, since_ns=since)
+    return Stall(
+        "between",
+        root,
+        quiet_s,
+        limit,
+        "no stage open for %d s%s, limit %d s" % (quiet_s, " since %s ended" % after if after else "", limit),
+        after=after,
+        since_ns=since,
+    )

@@ -22,11 +22,16 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from lora_otel._boot import paths
+from lora_otel._boot.seam import paths
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
 
 
-def die_with_parent():
+def die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies, even by
     SIGKILL (Linux ``PR_SET_PDEATHSIG``); None elsewhere. libc is loaded here, before the fork, so
     what runs in the child is one foreign call and a ``getppid``: a parent that died between the
@@ -54,7 +59,7 @@ def die_with_parent():
     return set_pdeathsig
 
 
-def _child_env(cmd: list, args: argparse.Namespace) -> tuple:
+def _child_env(cmd: list[str], args: argparse.Namespace) -> tuple[dict[str, str], str]:
     env = dict(os.environ)
     env["LORA_OTEL"] = "1"
     env.pop("LORA_OTEL_SIDECAR", None)
@@ -79,7 +84,7 @@ def _create_journal(journal: str) -> str:
     other owns it: a unique name beside it when the name is taken (a re-run, or a name someone
     prepared in a shared directory). The child appends to it after checking it is this user's.
     When it cannot be created, the name is passed on and the child falls back as without `run`."""
-    from lora_otel._boot import files
+    from lora_otel._boot.seam import files
 
     d = os.path.dirname(journal)
     try:
@@ -110,9 +115,26 @@ def _drop_if_unused(journal: str) -> None:
         pass
 
 
-FORWARDED = tuple(getattr(signal, name) for name in (
-    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
-    "SIGXCPU", "SIGXFSZ", "SIGPWR", "SIGSTKFLT", "SIGPOLL") if hasattr(signal, name))
+FORWARDED = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGPWR",
+        "SIGSTKFLT",
+        "SIGPOLL",
+    )
+    if hasattr(signal, name)
+)
 """The signals ``lora-otel run`` passes to its command (all that would otherwise end it)."""
 
 
@@ -121,11 +143,10 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print("lora-otel run: no command given; usage: lora-otel run [options] -- python train.py ...",
-              file=sys.stderr)
+        print("lora-otel run: no command given; usage: lora-otel run [options] -- python train.py ...", file=sys.stderr)
         return 2
     if getattr(args, "stall_after", None) is not None:
-        from lora_otel.export.stall import StallConfigError, parse_limits
+        from lora_otel.analysis.stall import StallConfigError, parse_limits
 
         try:
             parse_limits(args.stall_after)
@@ -133,7 +154,7 @@ def run_command(args: argparse.Namespace) -> int:
             print("lora-otel run: --stall-after: %s" % e, file=sys.stderr)
             return 2
     env, journal = _child_env(cmd, args)
-    from lora_otel.export.evidence import OomWatch
+    from lora_otel.analysis.evidence import OomWatch
 
     oom = OomWatch()
     oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup
@@ -145,7 +166,7 @@ def run_command(args: argparse.Namespace) -> int:
         print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
         return 127 if isinstance(e, FileNotFoundError) else 126
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         try:
             child.send_signal(signum)
         except OSError:
@@ -185,11 +206,14 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _print_tree(journal: str) -> None:
     if not os.path.exists(journal):
-        print("lora-otel run: no journal was written at %s; is lora_otel installed in the Python that "
-              "ran the command?" % journal, file=sys.stderr)
+        print(
+            "lora-otel run: no journal was written at %s; is lora_otel installed in the Python that "
+            "ran the command?" % journal,
+            file=sys.stderr,
+        )
         return
-    from lora_otel.export.inspect import render_text
-    from lora_otel.export.reader import read_journal
+    from lora_otel.cli.inspect import render_text
+    from lora_otel.journal.reader import read_journal
 
     try:
         sys.stderr.write(render_text(read_journal(journal)))
@@ -208,8 +232,9 @@ def describe_status(rc: int) -> str:
     return "exit code %d" % rc
 
 
-def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by: str = "lora-otel run",
-                hint: str = " (os._exit?)") -> bool:
+def record_exit(
+    journal: str | None, rc: int, killer: str | None = None, by: str = "lora-otel run", hint: str = " (os._exit?)"
+) -> bool:
     """Append the ``exit`` record the child could not write (killed by a signal, or ``os._exit``),
     or one that corrects the child's own when the status it exited with is not the one it recorded
     (``raise SystemExit(n)`` before Python 3.12 leaves no trace an exit handler can read).
@@ -241,8 +266,9 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
         elif rc < 0:
             rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:
-            rec.update(code=rc, how="no exit record",
-                       message="exit code %d without running exit handlers%s" % (rc, hint))
+            rec.update(
+                code=rc, how="no exit record", message="exit code %d without running exit handlers%s" % (rc, hint)
+            )
         import json
 
         os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
@@ -253,7 +279,7 @@ def record_exit(journal: "str | None", rc: int, killer: "str | None" = None, by:
         os.close(fd)
 
 
-def _last_exit_code(tail: bytes) -> "int | None":
+def _last_exit_code(tail: bytes) -> int | None:
     """The code of the last exit record in the journal's tail, or None."""
     import json
 

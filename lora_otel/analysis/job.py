@@ -26,23 +26,30 @@ A job's *callout* names the one process to look at, first match wins:
 4. none (every process finished normally, or they all advance together).
 
 The job's outcome is its callout's (``running`` for the slowest), else ``running`` while any
-process runs, else ``finished``. Standard library only.
+process runs, else ``finished``. This module is the model and its phrases; how ``inspect`` and
+``watch`` lay jobs out is `lora_otel.cli.jobs`. Standard library only. One module (a little over 600 lines): the outcome
+rules, the callout and the phrases read the same `Proc` fields, in the order the rules above give.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
-from lora_otel._boot.paths import JOURNAL_SUFFIX
-from lora_otel.export.inspect import View, _display, deepest_open_span, iso_time
-from lora_otel.export.reader import (Journal, JournalError, ProcessState, format_duration, process_state,
-                                     read_journal)
-from lora_otel.export.stall import FROZEN_AFTER_S, Stall, detect
+from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall, detect
+from lora_otel.journal.reader import (
+    Journal,
+    JournalError,
+    ProcessState,
+    format_duration,
+    journal_paths,
+    process_state,
+    read_journal,
+)
+from lora_otel.journal.tree import View, _display, deepest_open_span
 
 OUTCOME_STATUS = {"finished": 0, "stopped": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
 """A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
@@ -73,8 +80,8 @@ class Proc:
     rank: Optional[int] = None
     local_rank: Optional[int] = None
     world_size: Optional[int] = None
-    parent: Optional["Proc"] = None
-    children: list["Proc"] = field(default_factory=list)
+    parent: Optional[Proc] = None
+    children: list[Proc] = field(default_factory=list)
     effective_rank: Optional[int] = None
     depth: int = 0
     stopped_by: Optional[str] = None
@@ -89,9 +96,11 @@ class Proc:
     def end_ns(self) -> int:
         """When it ended (exit record, else the last evidence), or now while it runs."""
         if self.journal.exit is not None:
-            return self.journal.exit["ts"]
+            exit_ts: int = self.journal.exit["ts"]  # the reader checked it is an int
+            return exit_ts
         if self.journal.exec is not None:
-            return self.journal.exec["ts"]
+            exec_ts: int = self.journal.exec["ts"]
+            return exec_ts
         return self.view.reference_ns
 
     @property
@@ -129,8 +138,9 @@ class Proc:
     @property
     def who(self) -> str:
         """``rank 1 (pid 4243)``; ``pid 4243`` for a lone process; the file name without a pid."""
-        pid = f"pid {self.journal.pid}" if self.journal.pid is not None else _display(
-            os.path.basename(self.journal.path))
+        pid = (
+            f"pid {self.journal.pid}" if self.journal.pid is not None else _display(os.path.basename(self.journal.path))
+        )
         return pid if self.role == "process" else f"{self.label} ({pid})"
 
     @property
@@ -208,6 +218,7 @@ class Unreadable:
 
 # --- building ------------------------------------------------------------------------------------
 
+
 def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[Stall]) -> str:
     """finished / failed / killed / stalled / running (module docstring); the rules of watch's exit status."""
     if state == "running":
@@ -220,9 +231,15 @@ def outcome_of(journal: Journal, state: ProcessState, running_stall: Optional[St
     return "failed" if exit_["how"] == "exception" or exit_["code"] not in (0, None) else "finished"
 
 
-def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Optional[dict[str, float]] = None,
-              frozen_after_s: Optional[float] = FROZEN_AFTER_S, stall: Optional[Stall] = None,
-              stall_known: bool = False) -> Proc:
+def make_proc(
+    journal: Journal,
+    state: ProcessState,
+    now_ns: int,
+    limits: Optional[dict[str, float]] = None,
+    frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+    stall: Optional[Stall] = None,
+    stall_known: bool = False,
+) -> Proc:
     """A process from its journal. ``stall``/``stall_known``: the stall a follower already detected."""
     view = View(journal, state, now_ns)
     if state == "running" and not stall_known:
@@ -233,18 +250,27 @@ def make_proc(journal: Journal, state: ProcessState, now_ns: int, limits: Option
         stall = stall_from_record(journal, now_ns)
     outcome = outcome_of(journal, state, stall)
     if outcome in ("failed", "killed"):  # was it already stuck when the journal ends?
-        stall = (detect(dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s)
-                 or stall_from_record(journal, view.reference_ns))
+        stall = detect(
+            dataclasses.replace(journal, exit=None), view.reference_ns, True, limits, frozen_after_s
+        ) or stall_from_record(journal, view.reference_ns)
     view.stalled = stall is not None
     root = journal.root
     attrs = root.attrs if root is not None else {}
-    return Proc(journal, state, view, outcome, stall, rank=_int_attr(attrs, "rank"),
-                local_rank=_int_attr(attrs, "local_rank"), world_size=_int_attr(attrs, "world_size"))
+    return Proc(
+        journal,
+        state,
+        view,
+        outcome,
+        stall,
+        rank=_int_attr(attrs, "rank"),
+        local_rank=_int_attr(attrs, "local_rank"),
+        world_size=_int_attr(attrs, "world_size"),
+    )
 
 
 def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
     """The journal's last ``stall`` record (watchdog or sidecar) as a `Stall`, while it still holds."""
-    from lora_otel.export.verdict import from_record
+    from lora_otel.analysis.verdict import from_record
 
     found = from_record(journal)
     if found is None or journal.root is None or found.kind == "died":
@@ -253,23 +279,31 @@ def stall_from_record(journal: Journal, now_ns: int) -> Optional[Stall]:
     span = journal.span(record["span_id"]) if isinstance(record.get("span_id"), str) else None
     span = span or journal.root
     since = record["ts"] - round((found.open_s or 0) * 1e9)
-    return Stall("frozen" if found.kind == "frozen" else "alive", span, max(now_ns - since, 0) / 1e9,
-                 found.limit_s or 0.0, found.diagnosis)
+    return Stall(
+        "frozen" if found.kind == "frozen" else "alive",
+        span,
+        max(now_ns - since, 0) / 1e9,
+        found.limit_s or 0.0,
+        found.diagnosis,
+    )
 
 
-def attach_verdicts(jobs: Iterable[Job], now_ns: int, frozen_after_s: float = FROZEN_AFTER_S,
-                    by: str = "inspect") -> None:
-    """Give each job's focus process its verdict (`lora_otel.export.verdict`): the stall record,
-    or the diagnosis computed now for a live stalled process, its job's other journals as peers."""
-    from lora_otel.export.verdict import current
+def attach_verdicts(
+    jobs: Iterable[Job], now_ns: int, frozen_after_s: Optional[float] = FROZEN_AFTER_S, by: str = "inspect"
+) -> None:
+    """Give each job's focus process its verdict (`lora_otel.analysis.verdict`): the stall record,
+    or the diagnosis computed now for a live stalled process, its job's other journals as peers.
+    ``frozen_after_s`` None: each journal's recorded one."""
+    from lora_otel.analysis.verdict import current
 
     for job in jobs:
         proc = focus(job)
-        if proc is None or proc.stall is None and not proc.journal.stalls:
+        if proc is None or (proc.stall is None and not proc.journal.stalls):
             continue
         peers = [other.journal for other in job.procs if other is not proc]
-        proc.view.verdict = current(proc.journal, proc.stall if proc.state == "running" else None, now_ns, peers,
-                                    frozen_after_s, by)
+        proc.view.verdict = current(
+            proc.journal, proc.stall if proc.state == "running" else None, now_ns, peers, frozen_after_s, by
+        )
 
 
 def group_jobs(procs: Iterable[Proc]) -> list[Job]:
@@ -330,8 +364,9 @@ def _mark_stopped(procs: list[Proc]) -> None:
 def _link(procs: list[Proc]) -> None:
     """Find each process's parent process (the one whose span its root names as parent), its
     depth, and its effective rank. Span ids that two journals share are ignored."""
-    wanted = {proc.journal.root.parent_id for proc in procs
-              if proc.journal.root is not None and proc.journal.root.parent_id}
+    wanted = {
+        proc.journal.root.parent_id for proc in procs if proc.journal.root is not None and proc.journal.root.parent_id
+    }
     owner: dict[str, Optional[Proc]] = {}
     for proc in procs:
         proc.parent, proc.children, proc.depth = None, [], 0
@@ -365,7 +400,7 @@ def _link(procs: list[Proc]) -> None:
         proc.depth, proc.effective_rank = depth, rank
 
 
-def _order_key(proc: Proc) -> tuple:
+def _order_key(proc: Proc) -> tuple[int, int, int, int, str]:
     if proc.effective_rank is None:
         return (0, 0, 0, proc.start_ns, proc.journal.path)
     return (1, proc.effective_rank, proc.depth, proc.start_ns, proc.journal.path)
@@ -375,9 +410,16 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
     order = {id(proc): index for index, proc in enumerate(procs)}
     # an "alive" stall of the root span is a launcher waiting for its children; quiet time with no
     # stage open ("between") is a stall of a process that has no child in the job
-    stuck = [proc for proc in procs if proc.stall is not None
-             and (proc.stall.kind == "frozen" or proc.stall.span is not proc.journal.root
-                  or proc.stall.kind == "between" and not proc.children)]
+    stuck = [
+        proc
+        for proc in procs
+        if proc.stall is not None
+        and (
+            proc.stall.kind == "frozen"
+            or proc.stall.span is not proc.journal.root
+            or (proc.stall.kind == "between" and not proc.children)
+        )
+    ]
     if stuck:
         proc = min(stuck, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
         text = f"{proc.who} is the one stuck: {_stuck_phrase(proc)}"
@@ -399,8 +441,12 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
         else:
             text = f"{who} died{first}: {_killed_phrase(proc)}"
         return Callout(proc.outcome, proc, text)
-    training = [proc for proc in procs if proc.outcome == "running"
-                and (proc.journal.steps > 0 or any(span.name == "training" for span in proc.journal.spans))]
+    training = [
+        proc
+        for proc in procs
+        if proc.outcome == "running"
+        and (proc.journal.steps > 0 or any(span.name == "training" for span in proc.journal.spans))
+    ]
     if len(training) >= 2:
         slow = min(training, key=lambda p: (p.journal.steps, order[id(p)]))
         others = sorted(p.journal.steps for p in training if p is not slow)
@@ -409,12 +455,12 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
         if behind >= SLOWEST_MIN_STEPS and behind >= SLOWEST_MIN_FRACTION * lead:
             at = str(lead) if others[0] == lead else f"{others[0]}-{lead}"
             word = "the other is" if len(others) == 1 else "the others are"
-            return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} "
-                                            f"while {word} at {at}")
+            return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} while {word} at {at}")
     return None
 
 
 # --- phrases -------------------------------------------------------------------------------------
+
 
 def _stuck_phrase(proc: Proc) -> str:
     """``in import bitsandbytes for 312 s``, ``in training, no optimizer step for 300 s (at step 40)``,
@@ -448,10 +494,12 @@ def _end_phrase(proc: Proc) -> str:
     return f"failed with exit code {code}" if code is not None else "failed"
 
 
-def _stopped_phrase(proc: Proc) -> str:
+def stopped_phrase(proc: Proc) -> str:
     """``stopped by its parent with SIGTERM (multiprocessing terminate(), as a Pool shutting down) after 2.1 s``."""
-    return (f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
-            f"down) after {format_duration(proc.end_ns - proc.start_ns)}")
+    return (
+        f"stopped by its parent with {proc.stopped_by} (multiprocessing terminate(), as a Pool shutting "
+        f"down) after {format_duration(proc.end_ns - proc.start_ns)}"
+    )
 
 
 def _gone_supervisor(proc: Proc) -> Optional[int]:
@@ -475,8 +523,8 @@ def _failure(proc: Proc) -> str:
     """What follows ``failed``: ``: OSError: EIO (exit code 1)`` or `` with exit code 3``, from
     inspect's first line."""
     sentence = proc.view.stuck()
-    if sentence.startswith("failed: ") or sentence.startswith("failed with "):
-        return sentence[len("failed"):]
+    if sentence.startswith(("failed: ", "failed with ")):
+        return sentence[len("failed") :]
     return ": " + sentence
 
 
@@ -506,10 +554,13 @@ def _phrase(job: Job) -> str:
     if callout is not None and callout.kind == "stuck":
         proc = callout.proc
         stuck = _stuck_phrase(proc)
-        stuck = stuck[len("in "):] if stuck.startswith("in ") else stuck
+        stuck = stuck[len("in ") :] if stuck.startswith("in ") else stuck
         if proc.outcome == "stalled":
-            text = (f"stalled: {stuck}" if proc.stall and proc.stall.kind in ("frozen", "between")
-                    else f"stalled at {stuck}")
+            text = (
+                f"stalled: {stuck}"
+                if proc.stall and proc.stall.kind in ("frozen", "between")
+                else f"stalled at {stuck}"
+            )
         else:
             text = f"{_end_phrase(proc)} after stalling {'' if stuck.startswith('with ') else 'at '}{stuck}"
         return _with_tag(text, job, proc)
@@ -542,25 +593,6 @@ def _running_phrase(proc: Proc) -> str:
 
 # --- reading a directory -------------------------------------------------------------------------
 
-def journal_paths(directory: str) -> list[str]:
-    """The ``*.otel.jsonl`` files directly in ``directory`` (not recursive), sorted."""
-    pattern = os.path.join(glob.escape(directory), "*" + JOURNAL_SUFFIX)
-    return sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
-
-
-def sibling_journals(journal: Journal) -> list[Journal]:
-    """The readable journals beside ``journal`` (its directory), itself left out."""
-    own = os.path.abspath(journal.path)
-    out = []
-    for path in journal_paths(os.path.dirname(own)):
-        if os.path.abspath(path) == own:
-            continue
-        try:
-            out.append(read_journal(path))
-        except JournalError:
-            continue
-    return out
-
 
 def unreadable_reason(journal: Journal) -> Optional[str]:
     """Why a journal gives no process (no span at all), or None when it has spans."""
@@ -573,8 +605,12 @@ def unreadable_reason(journal: Journal) -> Optional[str]:
     return "no spans (its first record is missing)"
 
 
-def read_dir(directory: str, now_ns: int, limits: Optional[dict[str, float]] = None,
-             frozen_after_s: Optional[float] = FROZEN_AFTER_S) -> tuple[list[Job], list[Unreadable]]:
+def read_dir(
+    directory: str,
+    now_ns: int,
+    limits: Optional[dict[str, float]] = None,
+    frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+) -> tuple[list[Job], list[Unreadable]]:
     """Every journal in ``directory`` read in full, grouped into jobs; the files that gave no process."""
     procs: list[Proc] = []
     unreadable: list[Unreadable] = []
@@ -603,173 +639,8 @@ def exit_status(jobs: Iterable[Job]) -> int:
     return worst(job.status for job in jobs)
 
 
-# --- rendering -----------------------------------------------------------------------------------
-
-def process_line(proc: Proc, label_width: int, pid_width: int, steps_width: int) -> str:
-    """``rank 1  pid 4243  running  0 steps  stuck in import bitsandbytes for 312 s (process running)``."""
-    journal = proc.journal
-    pid = str(journal.pid) if journal.pid is not None else "?"
-    how = _stopped_phrase(proc) if proc.outcome == "stopped" else proc.view.stuck()
-    line = (f"{proc.label:<{label_width}}  pid {pid:<{pid_width}}  {proc.state:<7}  "
-            f"{journal.steps:>{steps_width}} steps  {_display(how)}")
-    if journal.problems:
-        line += f"  [{len(journal.problems)} journal problem{'s' if len(journal.problems) != 1 else ''}]"
-    return line
-
-
-def process_lines(job: Job) -> list[str]:
-    """One aligned line per process, in order; then the ranks of the world size with no journal here."""
-    label_width = max(len(proc.label) for proc in job.procs)
-    pid_width = max(len(str(proc.journal.pid)) for proc in job.procs)
-    steps_width = max(len(str(proc.journal.steps)) for proc in job.procs)
-    lines = [process_line(proc, label_width, pid_width, steps_width) for proc in job.procs]
-    missing = job.missing_ranks()
-    if missing and len(missing) < (job.world_size or 0):
-        lines.append(f"no journal here for rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} "
-                     f"of world size {job.world_size}")
-    return lines
-
-
-def job_heading(job: Job) -> str:
-    """``job 4bf92f35…  train  3 processes  stalled at import bitsandbytes for 312 s (rank 1)``."""
-    count = len(job.procs)
-    return (f"job {job.trace_id}  {_display(job.name)}  {count} process{'es' if count != 1 else ''}  "
-            f"{_display(job.phrase)}")
-
-
-def _indent(lines: Iterable[str], by: str = "    ") -> list[str]:
-    return [by + line for line in lines]
-
-
 def focus(job: Job) -> Optional[Proc]:
     """The process to look at first: the called-out one, or the job's only process."""
     if job.callout is not None:
         return job.callout.proc
     return job.procs[0] if len(job.procs) == 1 else None
-
-
-def render_text(jobs: list[Job], unreadable: list[Unreadable], show_all: bool = False,
-                notes: Optional[dict[int, list[str]]] = None) -> str:
-    """``lora-otel inspect DIR``: per job its heading, its processes, the callout and its process's
-    tree. ``notes``: lines to print right after a process's callout (by ``id`` of the `Proc`; the
-    baseline drift of the focus process)."""
-    out: list[str] = []
-    for job in jobs:
-        if out:
-            out.append("")
-        out.append(job_heading(job))
-        out.extend(_indent(process_lines(job), "  "))
-        callout = job.callout
-        if callout is not None and len(job.procs) > 1:  # a lone process's heading says it already
-            out.append(_display(callout.text))
-        first = focus(job)
-        if first is not None and first.view.verdict is not None:
-            out.append(_display(first.view.verdict.line()))
-        if notes and first is not None:
-            out.extend(_display(line) for line in notes.get(id(first), []))
-        shown = job.procs if show_all else [callout.proc] if callout is not None else []
-        for proc in shown:
-            lines = proc.view.text_lines()
-            if show_all:
-                out.append(f"  {proc.who}: {_display(lines[0])}")
-            if proc.view.verdict is not None:  # said above, under the job's lines
-                del lines[1]
-            out.extend(_indent(lines[1:]))
-        hidden = len(job.procs) - len(shown)
-        if hidden and len(job.procs) > 1:
-            out.append(f"  ({others_trees(hidden, bool(shown))}: --all)")
-    for bad in unreadable:
-        if out:
-            out.append("")
-        out.append(f"not read: {_display(bad.path)}: {_display(bad.reason)}")
-    return "\n".join(out) + "\n"
-
-
-def others_trees(hidden: int, one_shown: bool) -> str:
-    """``the other process's tree``, ``the other 7 processes' trees``, ``the processes' trees``."""
-    if not one_shown:
-        return "the processes' trees"
-    return "the other process's tree" if hidden == 1 else f"the other {hidden} processes' trees"
-
-
-def _ranges(numbers: list[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``0-2, 5``."""
-    parts: list[str] = []
-    start = prev = numbers[0]
-    for n in numbers[1:] + [None]:  # type: ignore[list-item]
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(parts)
-
-
-def render_summary(jobs: list[Job], unreadable: list[Unreadable]) -> str:
-    """``lora-otel inspect DIR --summary``: one line per job by start time, then one per unreadable file."""
-    names = [_display(job.name) for job in jobs]
-    width = min(max((len(name) for name in names), default=0), 24)
-    lines = [f"{job.trace_id[:8]}  {name:<{width}}  {_display(job.phrase)}" for job, name in zip(jobs, names)]
-    lines += [f"{'?' * 8}  {_display(os.path.basename(bad.path))}  not read: {_display(bad.reason)}"
-              for bad in unreadable]
-    return "\n".join(lines) + "\n"
-
-
-def _stall_json(proc: Proc) -> Optional[dict[str, Any]]:
-    stall = proc.stall
-    if stall is None:
-        return None
-    return {"kind": stall.kind, "span": stall.span.name, "span_id": stall.span.span_id,
-            "open_for_s": round(stall.open_for_s, 3), "limit_s": stall.limit_s, "reason": stall.reason}
-
-
-def process_json(proc: Proc, with_spans: bool) -> dict[str, Any]:
-    """inspect FILE's ``--json`` object (``spans`` only when asked), plus rank, role and outcome."""
-    doc = proc.view.to_json()
-    if not with_spans:
-        del doc["spans"]
-    doc.update({
-        "rank": proc.rank,
-        "local_rank": proc.local_rank,
-        "world_size": proc.world_size,
-        "role": proc.role,
-        "label": proc.label,
-        "parent_pid": proc.parent.journal.pid if proc.parent is not None else None,
-        "start": iso_time(proc.start_ns),
-        "outcome": proc.outcome,
-        "stall": _stall_json(proc),
-    })
-    return doc
-
-
-def render_json(directory: str, jobs: list[Job], unreadable: list[Unreadable],
-                with_spans: bool = False) -> dict[str, Any]:
-    """The ``--json`` document for a directory (docs/journal.md)."""
-    return {
-        "directory": directory,
-        "jobs": [{
-            "trace_id": job.trace_id,
-            "name": job.name,
-            "start": iso_time(job.start_ns),
-            "outcome": job.outcome,
-            "summary": job.phrase,
-            "status": job.status,
-            "world_size": job.world_size,
-            "missing_ranks": job.missing_ranks(),
-            "callout": None if job.callout is None else {
-                "kind": job.callout.kind,
-                "journal": job.callout.proc.journal.path,
-                "pid": job.callout.proc.journal.pid,
-                "rank": job.callout.proc.effective_rank,
-                "text": job.callout.text,
-            },
-            "processes": [process_json(proc, with_spans) for proc in job.procs],
-        } for job in jobs],
-        "unreadable": [{"journal": bad.path, "reason": bad.reason} for bad in unreadable],
-        "exit_status": exit_status(jobs),
-    }
-
-
-def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2) + "\n"
