@@ -174,3 +174,24 @@ def test_stage_attributes_from_tensors_and_numpy(tmp_path: Path) -> None:
     attrs = span_named(only_journal(tmp_path / "lora-otel"), "eval").attrs
     assert (attrs["loss"], attrs["n"], attrs["d"], attrs["pair"], attrs["ok"]) == (0.5, 3, 2.5, [0.5, 2], 1)
     assert attrs["big"] == "Tensor of shape (2, 2) on cpu"
+
+
+def test_a_command_line_as_an_attribute_has_its_secrets_removed(tmp_path: Path) -> None:
+    """``stage(name, cmd=[..., "--password", "x"])``: a list of strings shaped like a command line
+    loses a secret-named option's value, as the process's own argv does (issue 16's hostile trial:
+    it reached the journal, and from there the HTML report people attach to bug reports)."""
+    script = textwrap.dedent("""
+        import lora_otel
+        with lora_otel.stage("launch", cmd=["train", "--password", "hunter2hunter2", "--api-key=k3yk3yk3y",
+                                            "--epochs", "3"], names=["a", "b"]):
+            pass
+    """)
+    r = run_job(tmp_path, script, LORA_OTEL="1")
+    assert r.returncode == 0, r.stderr
+    journal = only_journal(tmp_path / "lora-otel")
+    attrs = span_named(journal, "launch").attrs
+    assert "hunter2hunter2" not in str(attrs["cmd"]) and "k3yk3yk3y" not in str(attrs["cmd"]), attrs["cmd"]
+    assert attrs["cmd"][0] == "train" and "--epochs" in attrs["cmd"] and "3" in attrs["cmd"]
+    assert attrs["names"] == ["a", "b"]
+    raw = Path(journal.path).read_text()
+    assert "hunter2hunter2" not in raw and "k3yk3yk3y" not in raw

@@ -121,6 +121,10 @@ def _attr_value(k: str, v: object) -> object:
     if isinstance(v, float):
         return float(v)
     if isinstance(v, (list, tuple)):
+        if v and all(type(x) is str for x in v):
+            # a command line's shape (["train", "--password", "x"]): a secret-named option's value
+            # is the next item, which redact_value alone cannot know
+            v = redact.redact_argv(list(v))
         items = [_attr_value(k, x) for x in v]
         if all(type(x) in (str, int, float, bool) for x in items):
             return items
