@@ -429,3 +429,21 @@ def test_tail_follows_a_file_renamed_by_rotation(journal, tmp_path) -> None:
     j = tail.read()
     assert sorted(s.name for s in tail.take_ended()) == ["after", "process"] and j.problems == []
     tail.close()
+
+
+def test_a_fifo_or_device_named_like_a_journal_is_refused_not_read(tmp_path) -> None:
+    """A FIFO or ``/dev/zero`` behind a ``*.otel.jsonl`` name: one clear error at once (inspect
+    and report hung on the FIFO and filled memory from /dev/zero; issue 16's hostile trial)."""
+    import os
+
+    import pytest
+
+    from lora_otel.journal.reader import JournalError, read_journal
+
+    fifo = tmp_path / "fifo.otel.jsonl"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.otel.jsonl"
+    zero.symlink_to("/dev/zero")
+    for path in (fifo, zero):
+        with pytest.raises(JournalError, match="not a regular file"):
+            read_journal(path)

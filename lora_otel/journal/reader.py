@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from typing import Any, Literal, Optional
 
 from lora_otel._boot.seam import JOURNAL_SUFFIX
@@ -77,7 +78,12 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     """
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO named like a journal must not block the open; then only a regular
+        # file is read (a FIFO, /dev/zero or a device would hang or fill memory).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise JournalError(f"{path}: not a regular file")
             data = f.read()
     except OSError as e:
         raise _read_error(path, e) from None
