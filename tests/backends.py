@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
+
+from collector import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OTELCOL_CONFIG = REPO / "collector" / "otelcol.yaml"
@@ -70,12 +71,6 @@ def debian_tool(name: str) -> Path:
             "(apt-get install prometheus), which has both prometheus and promtool"
         )
     return Path(found)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 5) -> Any:

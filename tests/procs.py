@@ -72,3 +72,33 @@ def lora_otel_cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess
     return subprocess.run(
         [PYTHON, "-m", "lora_otel", *args], cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=120
     )
+
+
+def torchrun_argv(script: str = "train.py", nproc: int = 2) -> list[str]:
+    """``python -m torch.distributed.run --nproc-per-node N --master-port <free> SCRIPT``."""
+    from collector import free_port
+
+    return [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(free_port()),
+        script,
+    ]
+
+
+def start_torchrun(cwd: Path, env: dict, output: Path, script: str = "train.py") -> subprocess.Popen:
+    """A 2-rank torchrun of ``script`` in ``cwd``, in its own session (so the test can end the
+    whole group), stdout and stderr to ``output``."""
+    with open(output, "wb") as out:
+        return subprocess.Popen(
+            torchrun_argv(script),
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from backends import AGENT_CONFIG, GATEWAY_CONFIG, Jaeger, OtelCol, free_port, http_get, otlp_spans, wait_until
-from procs import PYTHON, REPO, clean_env, journals, run_traced
+from procs import PYTHON, REPO, clean_env, journals, run_traced, torchrun_argv
 from test_hangs import kill_and_reap, make_module, start_traced
 from test_sidecar import sidecar_pid, wait_gone
 
@@ -348,16 +348,7 @@ def test_two_rank_job_is_one_trace_in_jaeger(tmp_path: Path, stack: Stack) -> No
     reaper = Reaper()
     try:
         r = reaper.run_torch_job(
-            lambda: [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                "train.py",
-            ],
+            torchrun_argv,
             tmp_path,
             env,
             [where],

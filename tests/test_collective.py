@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 from conftest import JournalBuilder
-from procs import PYTHON, clean_env, journals, wait_for
+from procs import clean_env, journals, start_torchrun, wait_for
 from test_sidecar import assert_unique, sidecar_pid, wait_gone
 
-from collector import free_port
 from lora_otel.analysis.diagnose import collective_in, explain, world_peers
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import Stall
@@ -108,24 +107,7 @@ def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, co
         OMP_NUM_THREADS="1",
     )
     started = time.monotonic()
-    with open(tmp_path / "torchrun.out", "wb") as out:
-        proc = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                "train.py",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_torchrun(tmp_path, env, tmp_path / "torchrun.out")
     ranks: dict = {}
     try:
         ranks = wait_for(lambda: len(_ranks(where)) == 2 and _ranks(where), what="both ranks' journals", timeout=30)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import JournalBuilder
-from procs import PYTHON, clean_env, journals, lora_otel_cli, wait_for
+from procs import PYTHON, clean_env, journals, lora_otel_cli, start_torchrun, wait_for
 
 from lora_otel.analysis.evidence import python_stacks, stack_request
 from lora_otel.journal.reader import read_journal
@@ -258,29 +258,10 @@ def test_gloo_rank_that_never_reaches_all_reduce_is_named_by_inspect_dir(tmp_pat
     pytest.importorskip("torch.distributed")
     from test_collective import TRAIN
 
-    from collector import free_port
-
     (tmp_path / "train.py").write_text(TRAIN)
     where = tmp_path / "j"
     env = clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(where), OMP_NUM_THREADS="1")
-    with open(tmp_path / "log.txt", "wb") as out:
-        proc = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                "train.py",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_torchrun(tmp_path, env, tmp_path / "log.txt")
     ranks: dict = {}
     try:
 

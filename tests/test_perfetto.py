@@ -18,7 +18,6 @@ import http.server
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -27,11 +26,10 @@ from typing import Any
 
 import pytest
 from conftest import JournalBuilder
-from procs import PYTHON, clean_env, journals, wait_for
+from procs import clean_env, journals, start_torchrun, wait_for
 from test_collective import ALL_REDUCE_LINE, TRAIN, _kill_job, _ranks
 from test_hangs import kill_and_reap, make_module, start_traced
 
-from collector import free_port
 from lora_otel.export.perfetto import OPEN_SUFFIX, STALLED_SUFFIX, dumps, trace_events
 from lora_otel.journal.reader import Journal, read_journal
 
@@ -453,24 +451,7 @@ def gloo_job(tmp_path_factory: pytest.TempPathFactory) -> list[Journal]:
         OMP_NUM_THREADS="1",
         HF_TOKEN=SECRET,
     )
-    with open(tmp_path / "torchrun.out", "wb") as out:
-        proc = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "torch.distributed.run",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                "train.py",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_torchrun(tmp_path, env, tmp_path / "torchrun.out")
     ranks: dict = {}
     try:
         ranks = wait_for(lambda: len(_ranks(where)) == 2 and _ranks(where), what="both ranks' journals", timeout=60)
