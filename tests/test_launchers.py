@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, REPO, clean_env, journals
 
+from collector import free_port
 from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -80,12 +80,6 @@ def job_env(**extra: str) -> dict:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def console_script(name: str, module: str) -> list:
