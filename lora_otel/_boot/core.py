@@ -70,6 +70,11 @@ the beat samples where it is."""
 # thread id -> list of open span ids (innermost last)
 _stacks: dict[int, list[str]] = {}
 
+promoted = ""
+"""Why this process counts as a job (a process worth watching), or "" while it does not yet: set
+once, by the preamble, when it first lives to a beat, imports something heavy or opens a stage (and
+then starts the sidecar). A process that ends before that, normally, leaves nothing behind."""
+
 steps = 0
 last_step_ns: int | None = None
 metrics: dict[str, object] = {}
