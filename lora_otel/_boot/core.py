@@ -715,10 +715,11 @@ def beat() -> None:
 def reset_for_child(new_pid: int) -> None:
     """After ``fork``: forget the parent's open spans; let go of the parent's journal descriptor
     (closed only while it is still the journal: the number may be the program's file by now)."""
-    global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames
+    global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames, promoted
     from lora_otel._boot import files
 
     pid = new_pid
+    promoted = ""  # a forked worker becomes a job on its own merits: one that exits at once leaves nothing
     last_ended, main_ident, main_frames = None, get_ident(), None
     if _journal_fd >= 0 and files.same(_journal_fd, (_journal_dev, _journal_ino)):
         try:
