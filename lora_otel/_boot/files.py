@@ -9,7 +9,8 @@ registry:
   ``fstat`` on the opened descriptor says it is a regular file owned by this user and not
   group- or world-writable (:func:`open_append`). A directory lora_otel falls back to is created
   0700 and kept only when it is this user's, not a symlink, with no access for others
-  (:func:`private_dir`).
+  (:func:`private_dir`); the per-user state directory is created 0700 component by component and
+  used only while nobody else can steer it (:func:`state_dir_reason`).
 - **No descriptor number the program may reuse.** A descriptor is moved to a high number, below
   the soft ``RLIMIT_NOFILE`` (never changed), where programs that allocate the lowest free number do
   not reach (:func:`move_high`), and its identity (device, inode) is compared with the one recorded
@@ -181,8 +182,9 @@ def unsafe_dir_reason(path: str) -> str:
 def steered_dir_reason(path: str, default: bool) -> str:
     """Why another local user could decide what happens in the journal directory ``path`` ("" when
     nobody can): a symlink (the last component) that someone else made; a directory writable by
-    everyone without the sticky bit; and, for the default ``./lora-otel`` (not a place the user
-    chose), a directory or link that is not this user's. Root's are trusted, as the system's."""
+    everyone without the sticky bit; and, with ``default`` (a component of the state directory that
+    lora_otel creates: not a place the user chose), a directory or link that is not this user's.
+    Root's are trusted, as the system's."""
     import stat
 
     try:
