@@ -72,13 +72,16 @@ def state_dir_parts(environ: Mapping[str, str]) -> tuple[str, tuple[str, ...], b
 
 
 def dir_journal_path(environ: Mapping[str, str], pid: int, now_s: float, cwd: str | None = None) -> str:
-    """``LORA_OTEL_DIR``/<name>, else the `state_dir`/<name> ("" when neither exists): a journal
-    named by lora_otel (`journal_name`), in a directory of journals; not one a user named."""
+    """``LORA_OTEL_DIR``/<name>, else `state_dir`/<name>, else `fallback_dir`/<name>: a journal named
+    by lora_otel (`journal_name`) in a directory of journals, not one a user named."""
     base = environ.get("LORA_OTEL_DIR") or ""
     if base and not os.path.isabs(base):
-        base = os.path.join(cwd or os.getcwd(), base)
-    base = base or state_dir(environ)
-    return os.path.join(os.path.normpath(base), journal_name(pid, now_s)) if base else ""
+        try:
+            base = os.path.join(cwd or os.getcwd(), base)
+        except OSError:  # the working directory is gone: nothing to be relative to
+            base = ""
+    base = base or state_dir(environ) or fallback_dir(environ)
+    return os.path.join(os.path.normpath(base), journal_name(pid, now_s))
 
 
 def choose_journal_path(
@@ -97,7 +100,7 @@ def choose_journal_path(
     log = log_path_from_argv(argv)
     if log and is_log_file(log):
         return os.path.abspath(log) + JOURNAL_SUFFIX
-    return dir_journal_path(environ, pid, now_s, cwd) or os.path.join(fallback_dir(environ), journal_name(pid, now_s))
+    return dir_journal_path(environ, pid, now_s, cwd)
 
 
 def fallback_dir(environ: Mapping[str, str]) -> str:
