@@ -210,6 +210,16 @@ class TestWhatIsKept:
         assert r.returncode == 3, r.stderr
         assert len(journals(state)) == 2
 
+    def test_a_run_that_lived_past_its_first_beat(self, work: Path, state: Path) -> None:
+        """A normal run that lived past its first beat (``LORA_OTEL_BEAT_S=0.2``, 0.5 s) is a job:
+        its journal stays; the worker it forked then, which exits at once, leaves nothing (it is
+        judged from its own fork, not its parent's start)."""
+        code = "import os, time\ntime.sleep(0.5)\npid = os.fork()\npid or os._exit(0)\nos.waitpid(pid, 0)\n"
+        r = run([PYTHON, "-c", code], work, env_for(state, LORA_OTEL_LIVE="0", LORA_OTEL_BEAT_S="0.2"))
+        assert r.returncode == 0, r.stderr
+        [journal] = journals(state)
+        assert read_journal(journal).pid == int(r.stderr.split("started pid ")[1].split()[0])
+
     def test_a_failed_forked_child_keeps_its_parents_journal(self, work: Path, state: Path) -> None:
         """A forked child that fails keeps its journal, and the parent, though it ends normally,
         keeps its own: the child's journal refers to it."""

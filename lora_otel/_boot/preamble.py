@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
     from _typeshed import FileDescriptorOrPath, StrOrBytesPath
 
 _started_ns = 0
+_born_ns = 0
+"""When this process began to be traced: the preamble's start, or the fork (a forked child)."""
 _exit_code: object = None
 _fork_parent_span: str | None = None
 
@@ -271,10 +273,10 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 
 def _start(how: str) -> None:
-    global _started_ns
+    global _started_ns, _born_ns
     t0 = time.perf_counter_ns()
     now = time.time_ns()
-    _started_ns = now
+    _started_ns = _born_ns = now
     core.active = True
     core.pid = os.getpid()
     core.main_ident = _thread.get_ident()
@@ -826,12 +828,14 @@ def _discard_short_run() -> None:
     stacks file, and the directories it created for them when empty, so that ``python -c pass`` or
     ``pip --version`` leaves nothing behind.
 
-    Kept: ``LORA_OTEL_KEEP_SHORT=1``; a journal a user named or one beside a ``--log``
+    Kept: ``LORA_OTEL_KEEP_SHORT=1``; a process that lived a beat interval (a job, whether or not
+    its beat has said so yet); a journal a user named or one beside a ``--log``
     (`_disposable`); while a sidecar started by this process follows it; while a traced child
     refers to it (`_has_children`). Only the files this process created, each checked by identity
     (device, inode) right before it is unlinked: never a file someone put under that name."""
     if (
         core.promoted
+        or time.time_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
         or not _disposable
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _OFF
@@ -884,7 +888,7 @@ def _has_children(path: str) -> bool:
     one (forked children) or created since this process started are read, their first 8 KiB."""
     d, name = os.path.split(path)
     own_stem = paths.stem(name) + "."
-    since = paths.journal_name(core.pid, _started_ns / 1e9)[:16]  # "<UTC second>": names sort by time
+    since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
     trace = ('"trace_id":"%s"' % core.trace_id).encode()
     ppid = (',"ppid":%d,' % core.pid).encode()
     try:
@@ -1047,7 +1051,7 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
 
 
 def _after_fork_child() -> None:
-    global _sidecar_pid
+    global _sidecar_pid, _born_ns
     _sidecar_pid = 0  # the parent watches the sidecar it started
     with core.fail_open("fork hook"):
         if not core.active:
@@ -1060,7 +1064,7 @@ def _after_fork_child() -> None:
 
         stages.training_id = None
         hooks._importing.clear()
-        now = time.time_ns()
+        now = _born_ns = time.time_ns()
         core.root_id = core.new_span_id()
         # The parent's directory, only while it exists: never create again one the program removed.
         core.open_journal(
