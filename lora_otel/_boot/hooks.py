@@ -456,6 +456,9 @@ def _wrap_parser_method(
     orig: Callable[Concatenate[ArgumentParser, _P], _R],
 ) -> Callable[Concatenate[ArgumentParser, _P], _R]:
     def method(self: ArgumentParser, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if core.log_option:
+            with core.fail_open("argparse hook"):
+                _check_log_option(self, args[0] if args else kwargs.get("args"))
         tid = get_ident()
         if _parse_depth.get(tid):
             return orig(self, *args, **kwargs)
@@ -481,3 +484,49 @@ def _wrap_parser_method(
     method.__name__ = orig.__name__
     method.__doc__ = orig.__doc__
     return method
+
+
+def _check_log_option(parser: ArgumentParser, args: object) -> None:
+    """Before a parser reads the option the log file was taken from (``core.log_option``): when
+    its action says the value is no file path the program writes (`_not_a_path`), the copy stops
+    (`core.drop_log`); when it takes a value as given, it is confirmed and no parser is asked
+    again. A parser that does not know the option, or is not given it, decides nothing."""
+    option = core.log_option
+    given = sys.argv[1:] if args is None else args
+    if not isinstance(given, (list, tuple)):  # an iterator would be used up here
+        return
+    if not any(type(a) is str and (a == option or a.startswith(option + "=")) for a in given):
+        return
+    actions = getattr(parser, "_option_string_actions", None)
+    if not isinstance(actions, dict):
+        return
+    action = actions.get(option)
+    if action is None and getattr(parser, "allow_abbrev", True):
+        found = {id(a): a for name, a in actions.items() if name.startswith(option)}
+        if len(found) == 1:  # argparse takes a unique prefix for the whole option name
+            action = next(iter(found.values()))
+    if action is None:
+        return
+    why = _not_a_path(action)
+    if why:
+        core.drop_log("%s is %s to this program (argparse)" % (option, why))
+    else:
+        core.log_option = ""
+
+
+def _not_a_path(action: object) -> str:
+    """What an argparse action makes of its value when that is not a file path the program writes
+    ("" otherwise): a flag (no value: ``store_true``, ``count``, ``nargs=0``), a choice, a number,
+    or a file it reads (``FileType('r')``)."""
+    if getattr(action, "nargs", None) == 0:
+        return "a flag"
+    choices = getattr(action, "choices", None)
+    if choices is not None:
+        return "one of %s" % ", ".join(str(c) for c in list(choices)[:6])
+    kind = getattr(action, "type", None)
+    if kind in (int, float, complex) or (isinstance(kind, type) and issubclass(kind, (int, float))):
+        return "a number (type=%s)" % kind.__name__
+    mode = getattr(kind, "_mode", None)  # argparse.FileType
+    if isinstance(mode, str) and mode.startswith("r") and "+" not in mode:
+        return "a file it reads (FileType(%r))" % mode
+    return ""
