@@ -47,13 +47,15 @@ def run(
         capture_output=True,
         text=True,
         timeout=60,
-        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,  # noqa: PLW0108 - umask returns a value
+        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
     )
 
 
 def files_in(d: Path) -> set[str]:
     """Every path under ``d`` (relative), but the script and the journal directory ``j/``."""
-    return {str(p.relative_to(d)) for p in d.rglob("*") if p.name != "job.py" and not str(p.relative_to(d)).startswith("j")}
+    return {
+        str(p.relative_to(d)) for p in d.rglob("*") if p.name != "job.py" and not str(p.relative_to(d)).startswith("j")
+    }
 
 
 def sha(p: Path) -> str:
@@ -130,6 +132,33 @@ class TestTheProgramsFilesAreLeftAlone:
         assert r.stdout.strip() == before
         assert sha(notes) == before
         assert any("taken back" in ln for ln in lora_lines(r.stderr)), r.stderr
+
+    def test_flag_given_a_value_exits_and_leaves_the_file(self, tmp_path: Path) -> None:
+        """``count.py --log=notes.txt`` (a flag given a value: argparse exits with status 2): the
+        lines lora_otel appended at start are taken back as the program exits."""
+        notes = tmp_path / "notes.txt"
+        notes.write_text("alpha\n")
+        before = sha(notes)
+        script = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log', action='store_true')\n"
+        r = run(tmp_path, script + "p.parse_args()\n", "--log=notes.txt")
+        assert r.returncode == 2 and "ignored explicit argument" in r.stderr, r.stderr
+        assert sha(notes) == before
+
+    def test_a_launchers_remainder_is_not_its_option(self, tmp_path: Path) -> None:
+        """A launcher whose own ``--logdir`` flag ``--log`` would abbreviate, given ``train.py --log
+        runs/a.log`` after the script (argparse ``REMAINDER``): the launcher's parse does not take
+        the script's ``--log``, so its lines stay in runs/a.log."""
+        (tmp_path / "runs").mkdir()
+        script = (
+            "import argparse\np = argparse.ArgumentParser()\np.add_argument('--logdir', action='store_true')\n"
+            "p.add_argument('script')\np.add_argument('rest', nargs=argparse.REMAINDER)\na = p.parse_args()\n"
+            "print(a.script, a.rest)\n"
+        )
+        r = run(tmp_path, script, "train.py", "--log", "runs/a.log")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "train.py ['--log', 'runs/a.log']"
+        text = (tmp_path / "runs" / "a.log").read_text()
+        assert "started pid" in text and "exiting normally" in text
 
     def test_log_read_as_input_by_filetype(self, tmp_path: Path) -> None:
         """``analyze.py --log train.log`` where ``--log`` is ``argparse.FileType('r')``, a log the
@@ -210,7 +239,12 @@ class TestTheProgramsFilesAreLeftAlone:
         f = tmp_path / name
         f.write_text(content)
         before = sha(f)
-        r = run(tmp_path, "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log')\np.parse_args()\n", "--log", name)
+        r = run(
+            tmp_path,
+            "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log')\np.parse_args()\n",
+            "--log",
+            name,
+        )
         assert r.returncode == 0, r.stderr
         assert sha(f) == before
         assert any(why in ln for ln in lora_lines(r.stderr)), r.stderr
@@ -240,8 +274,9 @@ class TestTheProgramsFilesAreLeftAlone:
         reach stderr)."""
         (tmp_path / "runs").mkdir()
         script = (
-            "import argparse, os, sys\np = argparse.ArgumentParser()\np.add_argument('--out')\np.add_argument('--log')\n"
-            "a = p.parse_args()\nif os.path.exists(a.out) and os.listdir(a.out):\n"
+            "import argparse, os, sys\np = argparse.ArgumentParser()\n"
+            "p.add_argument('--out')\np.add_argument('--log')\na = p.parse_args()\n"
+            "if os.path.exists(a.out) and os.listdir(a.out):\n"
             "    sys.exit('refusing: %s is not empty' % a.out)\nos.makedirs(a.out, exist_ok=True)\n"
             "open(a.log, 'w').write('program line\\n')\n"
         )
@@ -274,9 +309,7 @@ class TestTheSeedCase:
         holds lora_otel's lines, and its journal lies beside it; when the job goes on, its own lines
         follow in the same file."""
         (tmp_path / "runs" / "x").mkdir(parents=True)
-        (tmp_path / "slowmod.py").write_text(
-            "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n"
-        )
+        (tmp_path / "slowmod.py").write_text("import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\n")
         script = (
             "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log')\na = p.parse_args()\n"
             "import slowmod\nimport logging\nlogging.basicConfig(filename=a.log, level=logging.INFO)\n"
@@ -391,7 +424,11 @@ SHORT_OPTIONS = [
     ("plugin module path", ["x.py", "-p", "myproj.plugins.db"], ["x.py", "-p", "myproj.plugins.db"]),
     ("pytest -k expression elsewhere", ["x.py", "-k", "slow and not gpu"], ["x.py", "-k", "slow and not gpu"]),
     ("ssh port", ["ssh", "-p", "2222", "host"], ["ssh", "-p", "2222", "host"]),
-    ("docker port mapping", ["docker", "run", "-p", "127.0.0.1:8080:80/tcp"], ["docker", "run", "-p", "127.0.0.1:8080:80/tcp"]),
+    (
+        "docker port mapping",
+        ["docker", "run", "-p", "127.0.0.1:8080:80/tcp"],
+        ["docker", "run", "-p", "127.0.0.1:8080:80/tcp"],
+    ),
     ("mkdir -p path", ["mkdir", "-p", "/data/run 1"], ["mkdir", "-p", "/data/run 1"]),
     ("-p then an option", ["x.py", "-p", "-v", "y"], ["x.py", "-p", "-v", "y"]),
     ("equals form plugin", ["x.py", "-p=no:warnings"], ["x.py", "-p=no:warnings"]),

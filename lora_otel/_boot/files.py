@@ -5,7 +5,8 @@ sidecar writes — the journal, the ``--log`` copy, the stacks file, the sidecar
 registry:
 
 - **No path another user could have prepared.** A file is created new (``O_CREAT | O_EXCL |
-  O_NOFOLLOW``, mode 0600; the program's log file 0666 minus the umask, :func:`open_program_log`); one that already exists is opened with ``O_NOFOLLOW`` and kept only when
+  O_NOFOLLOW``, mode 0600; the program's log file 0666 minus the umask, :func:`open_program_log`);
+  one that already exists is opened with ``O_NOFOLLOW`` and kept only when
   ``fstat`` on the opened descriptor says it is a regular file owned by this user and not
   group- or world-writable (:func:`open_append`). A directory lora_otel falls back to is created
   0700 and kept only when it is this user's, not a symlink, with no access for others

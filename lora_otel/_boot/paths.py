@@ -226,7 +226,7 @@ def choose_journal_path(
     pid: int,
     now_s: float,
     cwd: str | None = None,
-    log: str | None | bool = True,
+    log: str | bool | None = True,
 ) -> str:
     """The journal path for a process, first match wins (see docs/journal.md).
 

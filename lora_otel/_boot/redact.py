@@ -133,7 +133,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 __all__ = [
     "MAX_VALUE_CHARS",
@@ -1093,13 +1093,10 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _is_pytest(items: list[object]) -> bool:
+def _is_pytest(items: Sequence[object]) -> bool:
     """Whether argv is pytest's (``pytest ...``, ``python -m pytest ...``): its ``-p`` loads a
     plugin and its ``-k`` selects tests by expression; neither is a secret there."""
-    for a in items[:3]:
-        if type(a) is str and a.rpartition("/")[2] in _PYTESTS:
-            return True
-    return False
+    return any(type(a) is str and a.rpartition("/")[2] in _PYTESTS for a in items[:3])
 
 
 def _plain_short_value(value: str) -> bool:
