@@ -31,8 +31,10 @@ DEFAULTS = {"LORA_OTEL_DIR": "", "LORA_OTEL_KEEP_SHORT": ""}
 
 
 def env_for(state: Path, **extra: str) -> dict:
-    """A traced process's environment as a user's: journals by default, in ``state`` (XDG_STATE_HOME)."""
-    return clean_env(LORA_OTEL="1", XDG_STATE_HOME=str(state), **{**DEFAULTS, **extra})
+    """A traced process's environment as a user's: journals by default, in ``state`` (XDG_STATE_HOME).
+    One beat every 30 s: a short run stays short on a loaded machine (a run that lives to its first
+    beat is a job)."""
+    return clean_env(LORA_OTEL="1", XDG_STATE_HOME=str(state), **{**DEFAULTS, "LORA_OTEL_BEAT_S": "30", **extra})
 
 
 def run(cmd: list[str], cwd: Path, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -109,7 +111,7 @@ class TestShortRunsLeaveNothing:
         component created 0700; the short run leaves the directory empty."""
         home = tmp_path / "home"
         home.mkdir()
-        env = clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", HOME=str(home), **DEFAULTS)
+        env = clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_BEAT_S="30", HOME=str(home), **DEFAULTS)
         env.pop("XDG_STATE_HOME", None)
         r = run([PYTHON, "-c", "pass"], work, env)
         assert r.returncode == 0, r.stderr
@@ -132,7 +134,9 @@ class TestShortRunsLeaveNothing:
         directories it created for it, so no empty ``runs/7`` is left; one that existed stays."""
 
         def short_run(d: str) -> subprocess.CompletedProcess:
-            env = clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=d, LORA_OTEL_KEEP_SHORT="")
+            env = clean_env(
+                LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_BEAT_S="30", LORA_OTEL_DIR=d, LORA_OTEL_KEEP_SHORT=""
+            )
             r = run([PYTHON, "-c", "pass"], work, env)
             assert r.returncode == 0, r.stderr
             return r
@@ -277,6 +281,19 @@ class TestWhatIsKept:
         assert r.returncode == 0, r.stderr
         assert read_journal(exact).exit["code"] == 0
         assert files_under(state) == []
+
+    def test_beside_a_log_the_program_showed_is_none(self, work: Path, state: Path) -> None:
+        """``--log run.log`` that the program's argparse takes as a choice, not a file: lora_otel
+        stops copying there (and takes back the file it made), and the journal it had put beside
+        it goes at the short run's normal exit like any other: the directory is as before."""
+        (work / "prog.py").write_text(
+            "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log', choices=['run.log', 'x'])\n"
+            "p.parse_args()\n"
+        )
+        r = run([PYTHON, "prog.py", "--log", "run.log"], work, env_for(state, LORA_OTEL_LIVE="0"))
+        assert r.returncode == 0, r.stderr
+        assert "lora_otel's lines are no longer copied to run.log" in r.stderr
+        assert files_under(work) == ["prog.py"] and files_under(state) == []
 
 
 class TestWhereJournalsGo:

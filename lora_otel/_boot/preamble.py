@@ -305,17 +305,23 @@ def _start(how: str) -> None:
             env[RANK_ENV] = rank
     core.sampled = sampled
     core.root_id = core.new_span_id()
-    core.log_path = paths.log_path_from_argv(argv)
+    # The program's log file, only when it surely is one (README.md, "Your program's --log").
+    core.log_path, log_source, log_value, log_problem = paths.choose_log(argv, env)
     if core.log_path:
-        core.open_log(core.log_path)
+        core.open_log(core.log_path, explicit=log_source == "LORA_OTEL_LOG")
+        if core._log_fd >= 0 and log_source.startswith("-"):
+            core.log_option = log_source  # until the program's argparse shows what it is
     # Each process creates a journal of its own (beside --log the name is shared by every process
     # given that --log: first come keeps it, the others get a unique name beside it).
-    global _disposable
+    global _disposable, _beside_log
     exact = bool(env.get("LORA_OTEL_JOURNAL"))
-    chosen = paths.choose_journal_path(argv, env, core.pid, now / 1e9)
+    chosen = paths.choose_journal_path(argv, env, core.pid, now / 1e9, log=core.log_path)
     # Only a journal lora_otel named in a directory of journals may go at a short run's exit: not
     # one a user named (LORA_OTEL_JOURNAL, `lora-otel run`'s), nor the one beside a --log.
     _disposable = not exact and chosen == paths.dir_journal_path(env, core.pid, now / 1e9)
+    _beside_log = (
+        not exact and bool(core.log_path) and chosen == os.path.abspath(core.log_path or "") + paths.JOURNAL_SUFFIX
+    )
     core.open_journal(chosen, exact=exact)
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
@@ -324,6 +330,11 @@ def _start(how: str) -> None:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
+    if log_problem and not core.names_std_stream(log_value):
+        core.info_line("%s: lora_otel's lines are not copied there (LORA_OTEL_LOG=PATH chooses a file)" % log_problem)
+    bad_log_arg = paths.log_options(env)[1] if "LORA_OTEL_LOG_ARG" in env else ""
+    if bad_log_arg:
+        core.error_line(bad_log_arg)
     first_evidence_us = (time.perf_counter_ns() - t0) // 1000
 
     # 2. The program's first import is traced from here on.
@@ -818,6 +829,9 @@ def _on_exit() -> None:
 _disposable = False
 """Whether this process's journal is one lora_otel named in a directory of journals (``LORA_OTEL_DIR``,
 the state directory): only such a journal is removed at a short run's exit (`_discard_short_run`)."""
+_beside_log = False
+"""Whether the journal was put beside the program's log file: it is the user's while that file is a
+log (kept), and may go like a named one once the program showed it is not (``core.drop_log``)."""
 
 _OFF = ("", "0", "false", "no", "off")
 
@@ -829,14 +843,14 @@ def _discard_short_run() -> None:
     ``pip --version`` leaves nothing behind.
 
     Kept: ``LORA_OTEL_KEEP_SHORT=1``; a process that lived a beat interval (a job, whether or not
-    its beat has said so yet); a journal a user named or one beside a ``--log``
-    (`_disposable`); while a sidecar started by this process follows it; while a traced child
+    its beat has said so yet); a journal a user named or one beside a ``--log`` that is one
+    (`_disposable`, `_beside_log`); while a sidecar started by this process follows it; while a traced child
     refers to it (`_has_children`). Only the files this process created, each checked by identity
     (device, inode) right before it is unlinked: never a file someone put under that name."""
     if (
         core.promoted
         or time.time_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
-        or not _disposable
+        or not (_disposable or (_beside_log and not core.log_path))
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _OFF
     ):
@@ -884,8 +898,9 @@ def _unlink_own(path: str, ident: tuple[int, int]) -> bool:
 def _has_children(path: str) -> bool:
     """Whether a traced child of this process refers to its journal: a journal beside it whose
     root record names this trace and this pid as its parent (a forked child, ``<stem>.<pid>``, or a
-    spawned one) — still running, or kept because it failed. Only the journals named after this
-    one (forked children) or created since this process started are read, their first 8 KiB."""
+    spawned one) — still running, or kept because it failed; or an empty journal (just created,
+    its first record not written yet). Only the journals named after this one (forked children) or
+    created since this process started are read, their first 8 KiB."""
     d, name = os.path.split(path)
     own_stem = paths.stem(name) + "."
     since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
@@ -910,8 +925,8 @@ def _has_children(path: str) -> bool:
             continue
         finally:
             os.close(fd)
-        if trace in head and ppid in head:
-            return True
+        if not head or (trace in head and ppid in head):
+            return True  # (empty: a process that has just created its journal; its first record may be ours)
     return False
 
 
