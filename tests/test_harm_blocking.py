@@ -193,7 +193,9 @@ def writes_now(tty: int) -> bool:
 
 
 READER_GONE_JOB = textwrap.dedent("""
-    import sys, lora_otel
+    import signal, sys, lora_otel
+    if %r:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as CLI tools do, to end quietly under `| head`
     sys.stdin.read()  # the launcher has closed its end of our stderr by now
     lora_otel.mark("nobody reads this")
     print("JOB ran", flush=True)
@@ -201,12 +203,15 @@ READER_GONE_JOB = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("code", [0, 3])
-def test_a_stderr_reader_gone_keeps_the_exit_status(tmp_path: Path, code: int) -> None:
+@pytest.mark.parametrize(
+    ("code", "sigpipe_default"), [(0, False), (3, False), (0, True)], ids=["exit-0", "exit-3", "SIGPIPE-default"]
+)
+def test_a_stderr_reader_gone_keeps_the_exit_status(tmp_path: Path, code: int, sigpipe_default: bool) -> None:
     """The launcher closes its end of the job's stderr pipe early (a log panel closed, ``| head``):
     the job's exit status is its own (0 stays 0, 3 stays 3, never the interpreter's 120 for an
-    ``EPIPE`` left in ``sys.stderr``'s buffer), and its stdout is untouched."""
-    (tmp_path / "job.py").write_text(READER_GONE_JOB % code)
+    ``EPIPE`` left in ``sys.stderr``'s buffer; a program that set ``SIGPIPE`` back to its default is
+    not killed by a line of lora_otel's), and its stdout is untouched."""
+    (tmp_path / "job.py").write_text(READER_GONE_JOB % (sigpipe_default, code))
     proc = subprocess.Popen(
         [PYTHON, "job.py"],
         cwd=tmp_path,

@@ -261,8 +261,8 @@ def _put_stderr(data: bytes) -> bool:
     try:
         fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
-        if e.errno in (2, 5, 6):  # ENOENT; EIO: the terminal hung up; ENXIO: a FIFO with no reader
-            return False
+        if e.errno in (5, 6) or (e.errno == 2 and os.path.isdir("/proc/self/fd")):
+            return False  # EIO: the terminal hung up; ENXIO: a FIFO with no reader; descriptor 2 gone
         # No /proc, or not allowed to open it (a pipe a container runtime made as another user):
         # a free pipe slot takes a line of PIPE_BUF bytes without blocking.
         if not _room_on_stderr():
