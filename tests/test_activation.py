@@ -132,9 +132,11 @@ class TestActivation:
         assert "arguments" in r.stderr and "import json" in r.stderr
 
     def test_log_flag_gets_lines_and_journal(self, tmp_path: Path) -> None:
-        """`--log PATH` in the program's argv: lines appended there, journal at PATH.otel.jsonl."""
+        """`--log PATH` in the program's argv (its directory exists, as a launcher makes it): lines
+        appended there, journal at PATH.otel.jsonl."""
         script = write_script(tmp_path)
         log = tmp_path / "logs" / "run.log"
+        log.parent.mkdir()
         r = run_traced([str(script), "--log", str(log)], cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         text = log.read_text(encoding="utf-8")

@@ -91,15 +91,16 @@ def test_nowhere_to_write_a_journal(tmp_path: Path) -> None:
 
 
 def test_log_file_that_cannot_be_opened(tmp_path: Path) -> None:
-    """`--log` pointing under a regular file: lines go to the terminal (stderr), one line says why."""
+    """`--log` pointing under a regular file: lines go to the terminal (stderr), one line says why
+    (its directory does not exist: lora_otel creates none), and the journal goes to LORA_OTEL_DIR."""
     blocker = tmp_path / "blocked"
     blocker.write_text("x")
     r = run(tmp_path, "--log", str(blocker / "run.log"), LORA_OTEL_DIR=str(tmp_path / "j"))
     assert r.returncode == 0 and "PROGRAM done" in r.stdout
     assert "Traceback" not in r.stderr
-    assert [ln for ln in lora_errors(r.stderr) if "cannot append to log file" in ln]
-    # the journal falls back (the --log directory is unusable) but is still written
+    assert [ln for ln in lora_errors(r.stderr) if "does not exist" in ln and "not copied there" in ln]
     assert "started pid" in r.stderr
+    assert len(journals(tmp_path / "j")) == 1
 
 
 def test_log_file_on_a_full_disk(tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ def test_chinese_argv_and_secrets(tmp_path: Path) -> None:
     """Chinese text survives intact in journal and log; no secret from argv or env reaches disk."""
     make_module(tmp_path, "slowmod", "import time\ntime.sleep(600)\n")
     log = tmp_path / "logs" / "训练.log"
+    log.parent.mkdir()  # the launcher's directory: lora_otel creates none for a --log
     args = [
         "--prompt",
         "一只戴着帽子的猫",

@@ -301,7 +301,7 @@ def test_fallback_dir_prepared_by_another_user_is_not_used(tmp_path: Path, share
     as_attacker(attacker, "import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)", str(fallback))
     (tmp_path / "job.py").write_text("pass\n")
     r = subprocess.run(
-        [PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"],
+        [PYTHON, str(tmp_path / "job.py"), "--log", "/sys/run.log"],
         cwd=tmp_path,
         env=clean_env(LORA_OTEL="1", TMPDIR=str(shared)),
         capture_output=True,
@@ -328,7 +328,7 @@ def test_fallback_journal_is_never_shared_between_runs(tmp_path: Path) -> None:
     tmp.mkdir()
     for _ in range(2):
         subprocess.run(
-            [PYTHON, str(tmp_path / "job.py"), "--log", "/sys/lora-otel-test/run.log"],
+            [PYTHON, str(tmp_path / "job.py"), "--log", "/sys/run.log"],
             cwd=tmp_path,
             env=clean_env(LORA_OTEL="1", TMPDIR=str(tmp)),
             check=True,

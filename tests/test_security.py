@@ -55,6 +55,7 @@ def _run_job(tmp_path: Path):
     """Run the job to the end; returns (stdout, stderr, sidecar pid, sidecar cmdline while alive)."""
     (tmp_path / "job.py").write_text(JOB)
     log = tmp_path / "logs" / "train.log"
+    log.parent.mkdir()  # the launcher's directory: lora_otel creates none for a --log
     env = clean_env(
         LORA_OTEL="1",
         OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
@@ -124,8 +125,10 @@ def test_no_secret_in_any_file_or_output_and_owner_only_modes(tmp_path: Path) ->
             mode = stat.S_IMODE(os.stat(f).st_mode)
             assert mode == 0o600, "%s has mode %o, not 600" % (f, mode)
     # 3. the --log file is the program's own: lora_otel only appends; when it creates it, it is
-    #    created 0644 minus the umask (like any file the program writes), never group/world writable
-    assert stat.S_IMODE(os.stat(log).st_mode) & 0o022 == 0
+    #    created 0666 minus the umask, like any file the program writes (tests/test_harm_log_arg.py)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(log).st_mode) == 0o666 & ~umask
     # 4. the sidecar's environment (it holds the headers: the exporter needs them) is owner-only
     assert environ_mode & 0o077 == 0
 

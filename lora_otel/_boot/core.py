@@ -51,6 +51,11 @@ _journal_fd = -1  # moved to a high number; written only while its identity is s
 _journal_dev = _journal_ino = 0
 _log_fd = -1
 _log_dev = _log_ino = 0
+_log_created = False  # the --log copy: created by lora_otel, its size at open, bytes written since
+_log_size0 = _log_written = 0
+log_option = ""
+"""The argv option (``--log``) the log file was taken from, while the program may still show it is
+no path (the argparse hook looks, then calls :func:`drop_log` or clears this); else ""."""
 _journal_failed = False
 _journal_lost = 0  # records not written since the journal failed
 _log_failed = False
@@ -573,36 +578,32 @@ def _same_as_std(dev_ino: tuple[int, int]) -> bool:
     return False
 
 
-def open_log(path: str) -> None:
-    """Also append human lines to ``path`` (the program's ``--log`` file).
+def open_log(path: str, explicit: bool = False) -> None:
+    """Also append human lines to ``path``: the program's log file as `paths.choose_log` chose it.
 
-    Only to a regular file of this user's (created new 0600, or an existing one that is not a
-    symlink nor writable by others), and not when it is the stream the lines already go to
-    (``--log /dev/stdout``, or stdout redirected to the same file): then each line would be there twice.
+    Created new with the mode the program would give it (0666 minus the umask), in a directory that
+    exists (created only for an ``explicit`` ``LORA_OTEL_LOG``); or an existing regular file of
+    this user's, not a symlink, that nobody outside its group can write (`files.open_program_log`).
+    Not when it is the stream the lines already go to (stdout redirected to the same file): then
+    each line would be there twice.
     """
-    global _log_fd, _log_failed, _log_dev, _log_ino
-    from lora_otel._boot import files, paths
+    global _log_fd, _log_failed, _log_dev, _log_ino, _log_created, _log_size0, _log_written
+    from lora_otel._boot import files
 
     try:
-        if not paths.is_log_file(path):
-            try:
-                st = os.stat(path)
-                same = _same_as_std((st.st_dev, st.st_ino))
-            except OSError:
-                same = False
-            if not same:
-                _stderr(_format_line("--log %s is not a regular file; lora_otel's lines are not copied there" % path))
-            return
-        d = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(d):
-            os.makedirs(d, exist_ok=True)
-        fd = files.open_append(path)
-        ident = files.identity(fd)
+        if explicit:
+            d = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(d):
+                os.makedirs(d, exist_ok=True)
+        fd, created = files.open_program_log(path)
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
         if _same_as_std(ident):  # `prog --log run.log > run.log`: the lines reach it already
             os.close(fd)
             return
         _log_fd = files.move_high(fd)
         _log_dev, _log_ino = ident
+        _log_created, _log_size0, _log_written = created, st.st_size, 0
     except OSError as e:
         _log_failed = True
         _stderr(
@@ -610,28 +611,73 @@ def open_log(path: str) -> None:
         )
 
 
-def _write_log(data: bytes) -> None:
-    """Append to the ``--log`` copy, after the same identity check as the journal's."""
-    global _log_fd, _log_failed
+def names_std_stream(path: str | None) -> bool:
+    """Whether ``path`` is the file stdout or stderr is (``--log /dev/stdout``): lines reach it already."""
+    if not path:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _same_as_std((st.st_dev, st.st_ino))
+
+
+def drop_log(reason: str) -> None:
+    """The program has shown that its ``--log`` is no file path (``reason``, e.g. argparse's
+    ``store_true``): never write to that file again, and take back what lora_otel wrote there —
+    the file removed when lora_otel created it and it holds only lora_otel's bytes; cut back to its
+    size at open when it existed and nothing else has been written since. One line says so, and a
+    root ``attrs`` record (``lora_otel.log.copied`` false) tells the watchdog not to write there."""
+    global _log_fd, log_path, log_option
     from lora_otel._boot import files
 
-    if not files.same(_log_fd, (_log_dev, _log_ino)):
-        old, _log_fd = _log_fd, -1  # never touch that number again: it may be the program's now
+    fd, path, created, size0, written = _log_fd, log_path, _log_created, _log_size0, _log_written
+    _log_fd, log_path, log_option = -1, None, ""  # first: no line goes there from now on
+    undone = ""
+    if fd >= 0 and files.same(fd, (_log_dev, _log_ino)):
+        try:
+            size = os.fstat(fd).st_size
+            here = os.stat(path or "", follow_symlinks=False) if path else None
+            ours = here is not None and (here.st_dev, here.st_ino) == (_log_dev, _log_ino)
+            if created and ours and size == written:
+                os.unlink(path or "")
+                undone = "; removed %s, which lora_otel had created" % path
+            elif not created and written and size == size0 + written:
+                os.ftruncate(fd, size0)
+                undone = "; the %d bytes lora_otel appended to %s are taken back" % (written, path)
+            elif written:
+                undone = "; the %d bytes lora_otel wrote to %s stay (the file has changed since)" % (written, path)
+        except OSError as e:
+            undone = "; what lora_otel wrote to %s stays (%s)" % (path, e.strerror or e)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    span_attrs(root_id, {"lora_otel.log.copied": False, "lora_otel.log.refused": reason})
+    info_line(
+        "%s: lora_otel's lines are no longer copied to %s%s; the journal stays at %s"
+        % (reason, path, undone, journal_path or "(none)")
+    )
+
+
+def _write_log(data: bytes) -> None:
+    """Append to the ``--log`` copy, after the same identity check as the journal's."""
+    global _log_fd, _log_failed, _log_written
+    from lora_otel._boot import files
+
+    fd = _log_fd
+    if not files.same(fd, (_log_dev, _log_ino)):
+        old, _log_fd = fd, -1  # never touch that number again: it may be the program's now
         open_log(log_path or "")
-        if _log_fd < 0:
+        fd = _log_fd
+        if fd < 0:
             return
-        _stderr(
-            _format_line(
-                "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
-            )
+        msg = _format_line(
+            "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
         )
-        os.write(
-            _log_fd,
-            _format_line(
-                "the --log file's descriptor %d was closed or reused by the program; reopened %s" % (old, log_path)
-            ).encode("utf-8", "backslashreplace"),
-        )
-    os.write(_log_fd, data)
+        _stderr(msg)
+        _log_written += os.write(fd, msg.encode("utf-8", "backslashreplace"))
+    _log_written += os.write(fd, data)
 
 
 def _emit(msg: str, level: str) -> None:

@@ -5,7 +5,8 @@ sidecar writes — the journal, the ``--log`` copy, the stacks file, the sidecar
 registry:
 
 - **No path another user could have prepared.** A file is created new (``O_CREAT | O_EXCL |
-  O_NOFOLLOW``, mode 0600); one that already exists is opened with ``O_NOFOLLOW`` and kept only when
+  O_NOFOLLOW``, mode 0600; the program's log file 0666 minus the umask, :func:`open_program_log`);
+  one that already exists is opened with ``O_NOFOLLOW`` and kept only when
   ``fstat`` on the opened descriptor says it is a regular file owned by this user and not
   group- or world-writable (:func:`open_append`). A directory lora_otel falls back to is created
   0700 and kept only when it is this user's, not a symlink, with no access for others
@@ -36,9 +37,9 @@ class UnsafeFile(OSError):  # noqa: N818 - named for the condition, as OSError s
     writable by others. ``str()`` is one English clause naming why."""
 
 
-def check_own(fd: int, path: str) -> tuple[int, int]:
+def check_own(fd: int, path: str, group_ok: bool = False) -> tuple[int, int]:
     """``(st_dev, st_ino)`` of ``fd`` when it is a regular file owned by this user and not group-
-    or world-writable; else :class:`UnsafeFile`."""
+    (unless ``group_ok``) or world-writable; else :class:`UnsafeFile`."""
     import stat
 
     st = os.fstat(fd)
@@ -46,7 +47,7 @@ def check_own(fd: int, path: str) -> tuple[int, int]:
         raise UnsafeFile("%s is not a regular file" % path)
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
         raise UnsafeFile("%s belongs to uid %d, not to this user (uid %d)" % (path, st.st_uid, os.geteuid()))
-    if st.st_mode & 0o022:
+    if st.st_mode & (0o002 if group_ok else 0o022):
         raise UnsafeFile("%s is writable by other users (mode %o)" % (path, st.st_mode & 0o777))
     return st.st_dev, st.st_ino
 
@@ -84,6 +85,30 @@ def open_append(path: str, create: bool = True) -> int:
         if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
             raise UnsafeFile("%s is a symlink" % path) from None
         raise
+
+
+def open_program_log(path: str) -> tuple[int, bool]:
+    """``(fd, created)`` for appending lora_otel's lines to the program's own log file: created new
+    (``O_EXCL|O_NOFOLLOW``) with the mode the program would give it, 0666 minus the umask; or the
+    existing file, not through a symlink, when it is a regular file of this user's that only this
+    user and its group can write (``umask 002`` makes a program's log group-writable). Raises
+    ``OSError`` as :func:`open_append` does."""
+    try:
+        return os.open(path, APPEND | os.O_CREAT | os.O_EXCL, 0o666), True
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, APPEND)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
+            raise UnsafeFile("%s is a symlink" % path) from None
+        raise
+    try:
+        check_own(fd, path, group_ok=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, False
 
 
 def unique_name(path: str, suffix: str = "") -> str:

@@ -5,6 +5,8 @@
   it untraced). ``importlib.import_module`` does not go through ``__import__`` and is not traced.
 - **argparse**: ``ArgumentParser.parse_known_args`` (which ``parse_args`` calls) is wrapped as
   soon as the program imports argparse; the first outermost return ends the ``arguments`` span.
+  A parse that takes the option lora_otel's log file came from (``--log``) as a flag, a choice, a
+  number or a file the program reads stops the copy there (`core.drop_log`) before it returns.
 - **torch**: as soon as torch is loaded, :mod:`lora_otel._boot.torch_hooks` (loaded then, not
   before) counts optimizer steps, opens ``training`` at the first one, and makes CUDA's
   initialisation and first probe spans.
@@ -540,24 +542,34 @@ def _wrap_parser_method(
     orig: Callable[Concatenate[ArgumentParser, _P], _R],
 ) -> Callable[Concatenate[ArgumentParser, _P], _R]:
     def method(self: ArgumentParser, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        action = _log_action(self, args[0] if args else kwargs.get("args")) if core.log_option else None
         tid = get_ident()
-        if _parse_depth.get(tid):
-            return orig(self, *args, **kwargs)
-        _parse_depth[tid] = 1
+        outer = not _parse_depth.get(tid)
+        if outer:
+            _parse_depth[tid] = 1
         try:
             result = orig(self, *args, **kwargs)
         except SystemExit as e:
-            code = e.code
-            with core.fail_open("argparse hook"):
-                failed = code not in (0, None)
-                arguments_done(
-                    "argparse", "error" if failed else "ok", "argparse exited with status %s" % code if failed else None
-                )
+            if action is not None:
+                _judge_log_option(action, None)
+            if outer:
+                code = e.code
+                with core.fail_open("argparse hook"):
+                    failed = code not in (0, None)
+                    arguments_done(
+                        "argparse",
+                        "error" if failed else "ok",
+                        "argparse exited with status %s" % code if failed else None,
+                    )
             raise
         finally:
-            _parse_depth.pop(tid, None)
-        with core.fail_open("argparse hook"):
-            arguments_done("argparse")
+            if outer:
+                _parse_depth.pop(tid, None)
+        if action is not None:
+            _judge_log_option(action, result)
+        if outer:
+            with core.fail_open("argparse hook"):
+                arguments_done("argparse")
         return result
 
     method._lora_otel = True  # type: ignore[attr-defined]
@@ -565,3 +577,68 @@ def _wrap_parser_method(
     method.__name__ = orig.__name__
     method.__doc__ = orig.__doc__
     return method
+
+
+def _log_action(parser: ArgumentParser, args: object) -> object:
+    """The parser's action for the option the log file was taken from (``core.log_option``), when
+    this parse is given that option (``--log`` itself, or a prefix argparse would expand to one
+    action); None otherwise, or on any error."""
+    with core.fail_open("argparse hook"):
+        option = core.log_option
+        given = sys.argv[1:] if args is None else args
+        if not isinstance(given, (list, tuple)):  # an iterator would be used up here
+            return None
+        if not any(type(a) is str and (a == option or a.startswith(option + "=")) for a in given):
+            return None
+        actions = getattr(parser, "_option_string_actions", None)
+        if not isinstance(actions, dict):
+            return None
+        action = actions.get(option)
+        if action is None and getattr(parser, "allow_abbrev", True):
+            found = {id(a): a for name, a in actions.items() if name.startswith(option)}
+            if len(found) == 1:  # argparse takes a unique prefix for the whole option name
+                action = next(iter(found.values()))
+        return action
+    return None
+
+
+def _judge_log_option(action: object, result: object) -> None:
+    """After a parse that was given the log file's option, returning ``result`` (None: it exited):
+    when the parser took that option (its value in the namespace is not the default) as no file
+    path the program writes (`_not_a_path`), the copy stops (`core.drop_log`) before the program
+    reads its arguments; taken as a plain value, the log file is confirmed and no parser is asked
+    again. Exiting (an error, ``--help``) with a flag there stops the copy too."""
+    with core.fail_open("argparse hook"):
+        option = core.log_option
+        if not option:
+            return
+        why = _not_a_path(action)
+        if result is not None:
+            ns = result[0] if type(result) is tuple else result
+            dest = getattr(action, "dest", None)
+            default = getattr(action, "default", None)
+            value = getattr(ns, dest, default) if type(dest) is str else default
+            if value is default or value == default:
+                return  # not this parse's option (a launcher's REMAINDER holds the script's --log)
+        if why:
+            core.drop_log("%s is %s to this program (argparse)" % (option, why))
+        elif result is not None:
+            core.log_option = ""
+
+
+def _not_a_path(action: object) -> str:
+    """What an argparse action makes of its value when that is not a file path the program writes
+    ("" otherwise): a flag (no value: ``store_true``, ``count``, ``nargs=0``), a choice, a number,
+    or a file it reads (``FileType('r')``)."""
+    if getattr(action, "nargs", None) == 0:
+        return "a flag"
+    choices = getattr(action, "choices", None)
+    if choices is not None:
+        return "one of %s" % ", ".join(str(c) for c in list(choices)[:6])
+    kind = getattr(action, "type", None)
+    if kind in (int, float, complex) or (isinstance(kind, type) and issubclass(kind, (int, float))):
+        return "a number (type=%s)" % kind.__name__
+    mode = getattr(kind, "_mode", None)  # argparse.FileType
+    if isinstance(mode, str) and mode.startswith("r") and "+" not in mode:
+        return "a file it reads (FileType(%r))" % mode
+    return ""

@@ -12,23 +12,198 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
 JOURNAL_SUFFIX = ".otel.jsonl"
 
 
-def log_path_from_argv(argv: Sequence[str]) -> str | None:
-    """The value of ``--log PATH`` or ``--log=PATH`` in a program's argv, or None."""
+LOG_OPTIONS = ("--log", "--log-file", "--log_file")
+"""The argv options read as the program's log file unless ``LORA_OTEL_LOG_ARG`` says otherwise."""
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
+"""A value from argv is taken for a log file only with one of these endings (see README.md, "Your
+program's --log"): a value without one is as likely a level, a directory or a run name."""
+_LEVELS = frozenset(("debug", "info", "warning", "warn", "error", "critical", "fatal", "notset", "trace"))
+_SNIFF = 4096
+"""Bytes read from each end of an existing log file to judge its content."""
+
+
+def log_options(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
+    """``(option names, problem)``: the argv options that may name the log (``LORA_OTEL_LOG_ARG``:
+    ``none``, or names such as ``--log,--log_file``); problem is one English sentence when the
+    value is unusable (the default is used then), else ""."""
+    raw = (environ.get("LORA_OTEL_LOG_ARG") or "").strip()
+    if not raw:
+        return LOG_OPTIONS, ""
+    if raw.lower() == "none":
+        return (), ""
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    if names and all(n.startswith("-") and n.strip("-") and "=" not in n and " " not in n for n in names):
+        return names, ""
+    return LOG_OPTIONS, "LORA_OTEL_LOG_ARG=%r is not 'none' nor option names such as --log,--log_file; using %s" % (
+        raw,
+        ",".join(LOG_OPTIONS),
+    )
+
+
+def log_arg(argv: Sequence[str], options: Sequence[str] = LOG_OPTIONS) -> tuple[str, str | None]:
+    """``(option, value)`` of the first of ``options`` in a program's argv (``--log PATH`` or
+    ``--log=PATH``; value None when nothing follows), or ``("", None)``. Not a decision: see
+    :func:`choose_log`."""
     n = len(argv)
     for i in range(1, n):
         a = argv[i]
         if a == "--":
             break
-        if a == "--log" and i + 1 < n:
-            return argv[i + 1] or None
-        if a.startswith("--log="):
-            return a[6:] or None
-    return None
+        if a in options:
+            return a, argv[i + 1] if i + 1 < n else None
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            if eq and name in options:
+                return name, value
+    return "", None
+
+
+def log_path_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str | None:
+    """The raw value of the program's log option (``--log PATH``, ``--log=PATH``), or None: what the
+    program was given, not whether lora_otel writes there (:func:`choose_log` decides)."""
+    return log_arg(argv, log_options(environ or {})[0])[1] or None
+
+
+def name_problem(value: str | None) -> str:
+    """Why an argv value does not look like a log file's path ("" when it does): not empty, not
+    another option, not a level, ending in one of `LOG_SUFFIXES`, not under ``/dev`` or ``/proc``,
+    in a directory that exists (lora_otel creates none)."""
+    if not value:
+        return "is given no value (a flag?)"
+    if value[0] == "-":
+        return "is followed by the option %s, not a path (a flag?)" % value
+    if value.lower() in _LEVELS:
+        return "is given %s, a log level" % value
+    path = os.path.abspath(value)
+    if path.startswith(("/dev/", "/proc/")):
+        return "names %s, not a regular file" % value
+    base = os.path.basename(path)
+    if not base.lower().endswith(LOG_SUFFIXES) or base.lower() in LOG_SUFFIXES:
+        return "is given %s, which does not end in %s (a directory, a data file, a name?)" % (
+            value,
+            "/".join(LOG_SUFFIXES),
+        )
+    d = os.path.dirname(path)
+    if not os.path.isdir(d):
+        return "is given %s, whose directory %s does not exist (lora_otel creates none)" % (value, d)
+    return ""
+
+
+def content_problem(fd: int) -> str:
+    """Why the file open on ``fd`` is not plain text lines lora_otel may append to ("" when it is):
+    empty, or text ending in a newline whose first and last 4 KiB hold no NUL or other control
+    byte, no JSON line and no CSV rows (the same count, at least one, of ``,`` ``;`` or a tab on
+    each line the program wrote). Lines of lora_otel's own (``[lora-otel]...``) are not judged."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return ""
+    head = os.pread(fd, _SNIFF, 0)
+    tail = head if size <= _SNIFF else os.pread(fd, _SNIFF, size - _SNIFF)
+    if not tail.endswith(b"\n"):
+        return "does not end with a newline"
+    for chunk in (head, tail):
+        for b in chunk:
+            if b < 32 and b not in (9, 10, 12, 13, 27):
+                return "holds binary data"
+    lines = head.split(b"\n")[:-1] if size <= _SNIFF else head.split(b"\n")[:-1][:20]
+    if size > _SNIFF:
+        lines += tail.split(b"\n")[1:-1][-20:]
+    theirs = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(b"[lora-otel]")]
+    for ln in theirs:
+        if _json_line(ln):
+            return "holds JSON lines"
+    if theirs:
+        for sep in (b",", b";", b"\t"):
+            counts = {_count_separators(ln, sep) for ln in theirs}
+            if len(counts) == 1 and 0 not in counts:
+                return "holds CSV rows"
+    return ""
+
+
+def _json_line(line: bytes) -> bool:
+    if line[:1] == b"{" and line[-1:] == b"}":
+        return True
+    if line[:1] == b"[" and line[-1:] == b"]":
+        import json  # only for a line that may be a JSON array ("[INFO] done [ok]" is not)
+
+        try:
+            json.loads(line)
+        except ValueError:
+            return False
+        return True
+    return False
+
+
+def _count_separators(line: bytes, sep: bytes) -> int:
+    """Occurrences of ``sep`` in ``line``, not counting the comma of a time's milliseconds
+    (``12:00:00,123``, Python logging's default ``asctime``)."""
+    n = line.count(sep)
+    if sep == b"," and n:
+        i = line.find(b",")
+        while i >= 0:
+            if line[i - 3 : i - 2] == b":" and line[i - 2 : i].isdigit() and line[i + 1 : i + 4].isdigit():
+                n -= 1
+            i = line.find(b",", i + 1)
+    return n
+
+
+def file_problem(path: str) -> str:
+    """Why the existing ``path`` is not a file lora_otel may append to ("" when it is, or when
+    nothing is there): not a regular file, or not plain text lines (:func:`content_problem`)."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""  # not there yet: it will be a new file
+    if not stat.S_ISREG(st.st_mode):
+        return "names %s, not a regular file" % path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return ""  # unreadable: opening it for appending says why
+    try:
+        why = content_problem(fd)
+    except OSError:
+        why = ""
+    finally:
+        os.close(fd)
+    return "names %s, which %s" % (path, why) if why else ""
+
+
+def choose_log(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str | None, str, str | None, str]:
+    """``(path, source, value, problem)``: the file lora_otel copies its lines to and puts the journal
+    beside, first match wins (README.md, "Your program's --log"):
+
+    1. ``LORA_OTEL_LOG=PATH`` (source ``"LORA_OTEL_LOG"``): taken as given, unless it is not a
+       regular file (``/dev/stderr``, a FIFO);
+    2. the first of ``LORA_OTEL_LOG_ARG``'s options (default `LOG_OPTIONS`; ``none``: argv is not
+       read) in argv, when its value passes :func:`name_problem` and :func:`file_problem`
+       (source: the option, e.g. ``"--log"``).
+
+    value is what the source gave. path is None when there is none; problem then says why the
+    source was not taken, as ``"--log is given DEBUG, a log level"`` ("" when nothing names a log).
+    Never raises ``OSError``.
+    """
+    explicit = environ.get("LORA_OTEL_LOG")
+    if explicit:
+        if not is_log_file(explicit):
+            return None, "LORA_OTEL_LOG", explicit, "LORA_OTEL_LOG names %s, not a regular file" % explicit
+        return os.path.abspath(explicit), "LORA_OTEL_LOG", explicit, ""
+    options, _ = log_options(environ)
+    if not options:
+        return None, "", None, ""
+    option, value = log_arg(argv, options)
+    if not option:
+        return None, "", None, ""
+    why = name_problem(value) or file_problem(value or "")
+    if why:
+        return None, option, value, "%s %s" % (option, why)
+    return value, option, value, ""
 
 
 def is_log_file(log: str) -> bool:
-    """Whether ``--log`` names a regular file (or nothing yet) outside ``/dev`` and ``/proc``: the
-    only kind lora_otel copies lines to and puts a journal beside."""
+    """Whether ``log`` names a regular file (or nothing yet) outside ``/dev`` and ``/proc``."""
     import stat
 
     path = os.path.abspath(log)
@@ -46,20 +221,26 @@ def journal_name(pid: int, now_s: float) -> str:
 
 
 def choose_journal_path(
-    argv: Sequence[str], environ: Mapping[str, str], pid: int, now_s: float, cwd: str | None = None
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    pid: int,
+    now_s: float,
+    cwd: str | None = None,
+    log: str | bool | None = True,
 ) -> str:
     """The journal path for a process, first match wins (see docs/journal.md).
 
-    1. ``LORA_OTEL_JOURNAL``; 2. ``--log PATH`` in argv → ``PATH.otel.jsonl``;
+    1. ``LORA_OTEL_JOURNAL``; 2. the program's log file → ``PATH.otel.jsonl``;
     3. ``LORA_OTEL_DIR``/<name>; 4. ``./lora-otel/``/<name>.
-    A ``--log`` that is not a regular file (``/dev/stdout``, a FIFO, a device) gets no journal
-    beside it: 3 or 4 apply.
+    ``log``: the log file already chosen (:func:`choose_log`; None: there is none); by default it is
+    chosen here from ``argv`` and ``environ``.
     """
     exact = environ.get("LORA_OTEL_JOURNAL")
     if exact:
         return os.path.abspath(exact)
-    log = log_path_from_argv(argv)
-    if log and is_log_file(log):
+    if log is True:
+        log = choose_log(argv, environ)[0]
+    if isinstance(log, str) and log:
         return os.path.abspath(log) + JOURNAL_SUFFIX
     base = environ.get("LORA_OTEL_DIR") or os.path.join(cwd or os.getcwd(), "lora-otel")
     return os.path.join(os.path.abspath(base), journal_name(pid, now_s))

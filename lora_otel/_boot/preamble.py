@@ -291,13 +291,17 @@ def _start(how: str) -> None:
             env[RANK_ENV] = rank
     core.sampled = sampled
     core.root_id = core.new_span_id()
-    core.log_path = paths.log_path_from_argv(argv)
+    # The program's log file, only when it surely is one (README.md, "Your program's --log").
+    core.log_path, log_source, log_value, log_problem = paths.choose_log(argv, env)
     if core.log_path:
-        core.open_log(core.log_path)
+        core.open_log(core.log_path, explicit=log_source == "LORA_OTEL_LOG")
+        if core._log_fd >= 0 and log_source.startswith("-"):
+            core.log_option = log_source  # until the program's argparse shows what it is
     # Each process creates a journal of its own (beside --log the name is shared by every process
     # given that --log: first come keeps it, the others get a unique name beside it).
     core.open_journal(
-        paths.choose_journal_path(argv, env, core.pid, now / 1e9), exact=bool(env.get("LORA_OTEL_JOURNAL"))
+        paths.choose_journal_path(argv, env, core.pid, now / 1e9, log=core.log_path),
+        exact=bool(env.get("LORA_OTEL_JOURNAL")),
     )
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
@@ -306,6 +310,11 @@ def _start(how: str) -> None:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
+    if log_problem and not core.names_std_stream(log_value):
+        core.info_line("%s: lora_otel's lines are not copied there (LORA_OTEL_LOG=PATH chooses a file)" % log_problem)
+    bad_log_arg = paths.log_options(env)[1] if "LORA_OTEL_LOG_ARG" in env else ""
+    if bad_log_arg:
+        core.error_line(bad_log_arg)
     first_evidence_us = (time.perf_counter_ns() - t0) // 1000
 
     # 2. The program's first import is traced from here on.

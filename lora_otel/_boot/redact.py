@@ -133,7 +133,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 __all__ = [
     "MAX_VALUE_CHARS",
@@ -232,8 +232,11 @@ _ABBREVIATIONS = {
     "secr": "secret",
     "secre": "secret",
 }
-# Short options that mean a password or a key in nearly every program (``mysql -p``, ``-k KEY``).
+# Short options that mean a password or a key in nearly every program (``mysql -p``, ``-k KEY``),
+# unless their value has a shape no secret has (`_plain_short_value`) or the program is pytest.
 _SHORT_SECRET_OPTIONS = frozenset(("p", "k"))
+_PORT_CHARS = frozenset("0123456789.:/")
+_PYTESTS = frozenset(("pytest", "py.test", "pytest-3"))
 # A secret word followed by one of these describes something else (a path to the secret,
 # its type, its length ...).
 _NEUTRAL_AFTER = frozenset(
@@ -1073,11 +1076,12 @@ def redact_argv(argv: list[str]) -> list[str]:
         return out
     n = len(items)
     i = 0
+    pytest = _is_pytest(items)
     while i < n:
         try:
             item = _coerce(items[i])
             nxt = _coerce(items[i + 1]) if i + 1 < n else None
-            text, takes_value = _redact_arg(item, nxt)
+            text, takes_value = _redact_arg(item, nxt, pytest)
             out.append(text)
             if takes_value:
                 out.append(REDACTED if nxt else "")
@@ -1089,16 +1093,40 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _redact_arg(item: str, nxt: str | None) -> tuple[str, bool]:
+def _is_pytest(items: Sequence[object]) -> bool:
+    """Whether argv is pytest's (``pytest ...``, ``python -m pytest ...``): its ``-p`` loads a
+    plugin and its ``-k`` selects tests by expression; neither is a secret there."""
+    return any(type(a) is str and a.rpartition("/")[2] in _PYTESTS for a in items[:3])
+
+
+def _plain_short_value(value: str) -> bool:
+    """A value of ``-p``/``-k`` shaped as no password is: a port or a port mapping (``2222``,
+    ``8080:80``, ``127.0.0.1:80/tcp``), a plugin (``no:cacheprovider``, ``pytest_cov.plugin``), a
+    path (``/x/y``, ``./d``, ``~/d``), or an expression with spaces (``-k "slow and not gpu"``)."""
+    if not value:
+        return True
+    port = value[: -len(value.rpartition("/")[2]) - 1] if value.endswith(("/tcp", "/udp", "/sctp")) else value
+    if port and all(c in _PORT_CHARS for c in port) and any(c.isdigit() for c in port):
+        return True
+    if value.startswith(("no:", "/", "./", "../", "~/")) or " " in value:
+        return True
+    parts = value.split(".")
+    return len(parts) > 1 and all(p.isidentifier() for p in parts)
+
+
+def _redact_arg(item: str, nxt: str | None, pytest: bool = False) -> tuple[str, bool]:
     """Redact one argv item; the flag says whether it consumes *nxt* as its secret value."""
     if len(item) > 1 and item[0] == "-":
         name, eq, val = item.partition("=")
         bare = name.lstrip("-")
         dashes = len(name) - len(bare)
+        short = dashes == 1 and bare in _SHORT_SECRET_OPTIONS
+        if short and (pytest or _plain_short_value(val if eq else nxt or "") or (not eq and nxt and nxt[0] == "-")):
+            return redact_text(item), False  # `-p no:cacheprovider`, `-p 2222`, `-p -v`: no password
         # long options (--x), single-dash words of 2+ characters (-password, Go style), and the
         # short options that mean a password or a key nearly everywhere (-p, -k)
-        if dashes <= 2 and _is_option_name(bare) and (dashes == 2 or len(bare) > 1 or bare in _SHORT_SECRET_OPTIONS):
-            if is_secret_name(bare) or (dashes == 1 and bare in _SHORT_SECRET_OPTIONS):
+        if dashes <= 2 and _is_option_name(bare) and (dashes == 2 or len(bare) > 1 or short):
+            if is_secret_name(bare) or short:
                 if eq:
                     _remember(val)
                     return redact_value(name) + "=" + (REDACTED if val else ""), False

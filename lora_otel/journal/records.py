@@ -99,7 +99,8 @@ class Journal:
     record is the watchdog's, not the process's: it does not count).
     ``stalls``: the ``stall`` records the watchdog or sidecar appended, as dicts, in file order.
     ``log_id``/``log_path``: the ``--log`` file the process opened at start (identity, absolute
-    path), from the ``process`` start record, or None.
+    path), from the ``process`` start record, or None (also once a root ``attrs`` record says
+    ``lora_otel.log.copied`` false).
     ``stderr_id``/``stderr_path``: what descriptor 2 was when the process started (``[st_dev,
     st_ino]``; its path when it was a regular file), from the ``process`` start record, or None.
     ``main_frames`` is where the main thread was at the last beat (its ``main``: ``[file, line,
@@ -356,7 +357,12 @@ class JournalBuilder:
 
     def _on_attrs(self, number: int, ts: int, record: dict[str, Any]) -> None:
         span = self._known_span(record, "attrs")
-        span.attrs.update(self._attrs(number, record))
+        attrs = self._attrs(number, record)
+        span.attrs.update(attrs)
+        if span is self.journal.root and attrs.get("lora_otel.log.copied") is False:
+            # The process stopped copying lines to its --log (the program showed it is no path):
+            # the watchdog must not write there either. Only ever taken away, never given.
+            self.journal.log_id = self.journal.log_path = None
 
     def _on_beat(self, number: int, ts: int, record: dict[str, Any]) -> None:
         journal = self.journal
