@@ -269,6 +269,39 @@ def test_a_stderr_reader_gone_keeps_the_exit_status(tmp_path: Path, code: int, s
     assert (proc.returncode, out) == (code, b"JOB ran\n")
 
 
+NOTEBOOK_CELL = "import lora_otel; lora_otel.mark('hello from a cell'); print('CELL ran')"
+
+
+def test_lines_stay_out_of_a_notebook_cell(tmp_path: Path) -> None:
+    """A real ipykernel, driven by jupyter_client, started with ``LORA_OTEL=1``: a cell that makes
+    lora_otel say a line shows only the cell's own output (ipykernel's ``sys.stderr`` is the cell's
+    stream: lora_otel never writes there); the journal has the line."""
+    pytest.importorskip("ipykernel")
+    manager_module = pytest.importorskip("jupyter_client.manager")
+    manager = manager_module.KernelManager(kernel_name="python3")
+    with open(tmp_path / "kernel.err", "wb") as err:
+        manager.start_kernel(env=job_env(tmp_path), cwd=str(tmp_path), stderr=err)
+    client = manager.client()
+    try:
+        client.start_channels()
+        client.wait_for_ready(timeout=90)
+        msg_id = client.execute(NOTEBOOK_CELL)
+        streams = []
+        while True:
+            msg = client.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                streams.append((msg["content"]["name"], msg["content"]["text"]))
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert streams == [("stdout", "CELL ran\n")], streams
+    assert "mark: hello from a cell" in [line.msg for line in top_journal(tmp_path).lines]
+
+
 # --- locks, fork and signals -----------------------------------------------------------------
 
 SIGNAL_JOB = textwrap.dedent("""
