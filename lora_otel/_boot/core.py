@@ -883,9 +883,10 @@ def reset_for_child(new_pid: int) -> None:
 
 def _after_fork_in_child() -> None:
     """In a forked child: a new `_swap_lock` (a thread of the parent may have held the old one at
-    the fork; it does not exist here to release it)."""
-    global _swap_lock
+    the fork; it does not exist here to release it), and no lines of the parent's counted as not shown."""
+    global _swap_lock, _stderr_dropped
     _swap_lock = RLock()
+    _stderr_dropped = 0
 
 
 if hasattr(os, "register_at_fork"):
