@@ -15,6 +15,11 @@ from hypothesis import strategies as st
 from collector import Collector, rotel_agent_path
 from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 
+# lora_otel's internal errors fail this suite's tests instead of being reported and swallowed
+# (`lora_otel._boot.core.strict`); only here: a user's own pytest run must pass as without lora_otel.
+# The traced subprocesses the tests start fail open as a user's do (`procs.clean_env` drops it).
+os.environ["LORA_OTEL_STRICT_INTERNAL"] = "1"
+
 T0 = 1_795_990_428_000_000_000
 """The default start of a hand-written journal, Unix ns (2026-11-29T22:13:48Z)."""
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

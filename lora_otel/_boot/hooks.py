@@ -26,7 +26,7 @@ from __future__ import annotations
 import builtins
 import os
 import sys
-from _thread import allocate_lock, get_ident
+from _thread import RLock, get_ident
 
 from lora_otel._boot import core, stages
 from lora_otel._boot.stages import arguments_done
@@ -166,10 +166,14 @@ def traced_import(
                         core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(globals)})
             raise
         if sid is not None:
-            with core.fail_open("import hook"):
-                facts = _module_facts(name)
-                facts["lora_otel.import.by"] = _importer(globals)
-                core.span_end(sid, "ok", attrs=facts)
+            facts: dict[str, str] = {}
+            try:
+                with core.fail_open("import hook"):
+                    facts = _module_facts(name)  # runs the module's __getattr__, if it has one
+            finally:  # (also when a Ctrl-C lands there: it is the program's, the span still ends)
+                with core.fail_open("import hook"):
+                    facts["lora_otel.import.by"] = _importer(globals)
+                    core.span_end(sid, "ok", attrs=facts)
     finally:
         _importing.pop(tid, None)
     _after_import()
@@ -348,6 +352,8 @@ def install_subprocess_hook(subprocess: ModuleType) -> None:
         with core.fail_open("subprocess hook"):
             changes = child_env_changes()
             inherited = core.traceparent(core.root_id)  # now: a forked child has a root of its own
+            if env is None and _overrides:  # another thread's os.system has set its span's variables
+                env = _environ_as_before()
             if changes is not None and (env is None or (hasattr(env, "get") and env.get("TRACEPARENT") == inherited)):
                 env = dict(os.environ if env is None else env)
                 _apply(env, changes)
@@ -357,7 +363,65 @@ def install_subprocess_hook(subprocess: ModuleType) -> None:
     popen._execute_child = _execute_child
 
 
-_environ_lock = allocate_lock()
+# A call that starts a process inheriting the C environment (``os.system``, multiprocessing's
+# spawn) gets its TRACEPARENT from ``os.environ``. The variables are set for the duration of the
+# call, with no lock held across it: concurrent calls of the program's threads run concurrently
+# (a child started by one thread in the moment another thread's call sets its own variables may
+# name that other span: the same trace). The first call to begin notes what the variables were;
+# the last to end puts that back.
+
+_environ_lock = RLock()
+"""Held while `_override_environ` and `_restore_environ` do their bookkeeping (a few dict operations,
+never the call itself). Reentrant: a signal handler that starts a process while its thread holds
+it goes on. Renewed in a forked child (`_after_fork_in_child`)."""
+_overrides: list[object] = []
+"""One token per call now running with its `child_env_changes` made in ``os.environ``."""
+_environ_before: dict[str, str | None] = {}
+"""What the overridden variables were before the first of those calls (None: unset)."""
+_environ_set: dict[str, str | None] = {}
+"""The last value a call gave each variable: it is put back only while it still holds that value
+(else the program has set it since, and its value stays)."""
+
+
+def _override_environ(token: object, changes: Mapping[str, str | None]) -> None:
+    with _environ_lock:
+        if not _overrides:
+            _environ_before.clear()
+            _environ_set.clear()
+        _overrides.append(token)
+        for key in changes:
+            if key not in _environ_before:
+                _environ_before[key] = os.environ.get(key)
+        _apply(os.environ, changes)
+        _environ_set.update(changes)
+
+
+def _restore_environ(token: object) -> None:
+    with _environ_lock:
+        if token not in _overrides:
+            return
+        _overrides.remove(token)
+        if _overrides:
+            return
+        before, ours = dict(_environ_before), dict(_environ_set)
+        _environ_before.clear()
+        _environ_set.clear()
+        _put_back(os.environ, before, ours)
+
+
+def _put_back(env: MutableMapping[str, str], before: Mapping[str, str | None], ours: Mapping[str, str | None]) -> None:
+    """``env``'s variables set to ``before`` where they still hold what an override set (``ours``)."""
+    _apply(env, {key: value for key, value in before.items() if env.get(key) == ours.get(key)})
+
+
+def _environ_as_before() -> dict[str, str]:
+    """``os.environ`` as it is without the variables calls running now have set (for a child that
+    does not inherit from those calls' spans)."""
+    with _environ_lock:
+        env = dict(os.environ)
+        before, ours = dict(_environ_before), dict(_environ_set)
+    _put_back(env, before, ours)
+    return env
 
 
 def _in_child_environ(orig: Callable[_P, _R], where: str) -> Callable[_P, _R]:
@@ -368,19 +432,39 @@ def _in_child_environ(orig: Callable[_P, _R], where: str) -> Callable[_P, _R]:
         changes = None
         with core.fail_open(where):
             changes = child_env_changes()
+            if changes is None and _overrides:  # another thread's call has set its span's variables
+                changes = dict(_environ_before)
         if not changes:
             return orig(*args, **kwargs)
-        with _environ_lock:
-            before = {key: os.environ.get(key) for key in changes}
-            _apply(os.environ, changes)
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                _apply(os.environ, before)
+        token = object()
+        try:
+            with core.fail_open(where):
+                _override_environ(token, changes)
+            return orig(*args, **kwargs)
+        finally:
+            with core.fail_open(where):
+                _restore_environ(token)
 
     call._lora_otel = True  # type: ignore[attr-defined]
     call.__wrapped__ = orig  # type: ignore[attr-defined]
     return call
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: a new `_environ_lock` (another thread may have held the old one at the
+    fork), and the variables of calls still running in the parent put back as they were (the
+    threads that would have put them back do not exist here)."""
+    global _environ_lock
+    _environ_lock = RLock()
+    if _overrides:
+        del _overrides[:]
+        _put_back(os.environ, _environ_before, _environ_set)
+        _environ_before.clear()
+        _environ_set.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def install_mp_spawn_hook(util: ModuleType) -> None:

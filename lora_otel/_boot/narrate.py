@@ -66,7 +66,7 @@ _samples: list[tuple[int, int]] = []  # (beat ts, steps) of the last STEP_SAMPLE
 class _Episode:
     """One subject followed from the beat: a stage, a gap between optimizer steps, a quiet time."""
 
-    __slots__ = ("key", "kind", "name", "next_i", "said", "since_ns", "stalled", "steps")
+    __slots__ = ("key", "kind", "limit", "name", "next_i", "said", "since_ns", "stalled", "steps")
 
     def __init__(self, kind: str, key: EpisodeKey, name: str, since_ns: int) -> None:
         self.kind, self.key, self.name, self.since_ns = kind, key, name, since_ns
@@ -74,12 +74,7 @@ class _Episode:
         self.stalled = False
         self.said = False
         self.steps = core.steps
-
-
-def reset() -> None:
-    """Forget every episode (a forked child starts with its own stages)."""
-    _episodes.clear()
-    del _samples[:]
+        self.limit: float | None = None
 
 
 def threshold_s(i: int) -> float:
@@ -267,57 +262,98 @@ def _ended(ep: _Episode, now_ns: int, subject: Subject | None) -> str | None:
 
 
 _lock = allocate_lock()
+"""Taken by the beat's `tick` and by `at_exit` (the exiting thread) around their bookkeeping of
+`_episodes`: pure Python, never held across a call into the OS or the program, nor while a line is
+written. `at_exit` waits for it a bounded time. Renewed in a forked child (`reset`)."""
+_EXIT_WAIT_S = 1.0
 
 
 def at_exit(now_ns: int) -> None:
     """At exit, before the spans still open are ended: the "took" lines of narrated stages that
     ended since the last beat (a job often exits right after its slow stage)."""
-    with _lock:
-        _say_ended(now_ns, _subject(now_ns))
+    lock = _lock
+    if not lock.acquire(True, _EXIT_WAIT_S):  # the beat holds it a moment; a signal handler's exit
+        return  # inside this very call would wait for itself
+    try:
+        lines = _ended_lines(now_ns, _subject(now_ns))
+    finally:
+        lock.release()
+    _say(lines)
 
 
-def _say_ended(now_ns: int, subject: Subject | None) -> None:
-    """Forget the episodes whose stage is over, saying "took N s" for those that were narrated."""
+def _say(lines: list[tuple[str, str]]) -> None:
+    for level, line in lines:
+        (core.error_line if level == "error" else core.warn_line)(line)
+
+
+def _ended_lines(now_ns: int, subject: Subject | None) -> list[tuple[str, str]]:
+    """Forget the episodes whose stage is over; the "took N s" lines of those that were narrated."""
+    lines = []
     for key, ep in list(_episodes.items()):
         line = _ended(ep, now_ns, subject)
         if line is not None:
-            del _episodes[key]
+            _episodes.pop(key, None)
             if ep.said and _lines_on:
-                core.warn_line(line)
+                lines.append(("warn", line))
+    return lines
 
 
 def tick(now_ns: int, frames: list[Frame] | None) -> None:
     """One beat's narration (called by the beat thread after the beat record)."""
-    with _lock:
-        _tick(now_ns, frames)
-
-
-def _tick(now_ns: int, frames: list[Frame] | None) -> None:
     if not _configured:
-        configure()
+        configure()  # (may say a line: before the lock)
+    with _lock:
+        lines, due = _tick(now_ns)
+    if due is not None and (due.kind == "between" or due.name == "arguments") and not _idle_ok():
+        due = None  # (reads /proc: not under the lock)
+    if due is not None:
+        with _lock:
+            lines.append(_say_due(due, now_ns, frames))
+    _say(lines)
+
+
+def _tick(now_ns: int) -> tuple[list[tuple[str, str]], _Episode | None]:
+    """The beat's bookkeeping: the lines of episodes that ended, and the episode now followed when
+    a line about it is due (else None)."""
     _samples.append((now_ns, core.steps))
     if len(_samples) > STEP_SAMPLES:
         del _samples[0]
     subject = _subject(now_ns)
-    _say_ended(now_ns, subject)
+    lines = _ended_lines(now_ns, subject)
     if subject is None:
-        return
+        return lines, None
     kind, key, name, since_ns, limit = subject
     ep = _episodes.get(key)
     if ep is None:
         ep = _episodes[key] = _Episode(kind, key, name, since_ns)
+    ep.limit = limit
     open_s = (now_ns - since_ns) / 1e9
     stall_due = limit is not None and not ep.stalled and open_s >= limit
     line_due = _lines_on and open_s >= threshold_s(ep.next_i)
-    if not (stall_due or line_due):
-        return
-    if (kind == "between" or name == "arguments") and not _idle_ok():
-        return
+    return lines, ep if stall_due or line_due else None
+
+
+def _say_due(ep: _Episode, now_ns: int, frames: list[Frame] | None) -> tuple[str, str]:
+    """The line due about ``ep`` (`_tick` found one due), its cadence moved on."""
+    open_s = (now_ns - ep.since_ns) / 1e9
     while threshold_s(ep.next_i) <= open_s:
         ep.next_i += 1
     ep.said = True
-    if stall_due and limit is not None:  # (stall_due implies a limit: said again for mypy)
+    limit = ep.limit
+    if limit is not None and not ep.stalled and open_s >= limit:
         ep.stalled = True
-        core.error_line(_stalled(ep, open_s, limit, frames))
-    else:
-        core.warn_line(_still(ep, open_s, frames))
+        return "error", _stalled(ep, open_s, limit, frames)
+    return "warn", _still(ep, open_s, frames)
+
+
+def reset() -> None:
+    """Forget every episode, with a new `_lock` (a forked child starts with its own stages; the
+    beat thread that may have held the lock at the fork does not exist there)."""
+    global _lock
+    _lock = allocate_lock()
+    _episodes.clear()
+    del _samples[:]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=reset)

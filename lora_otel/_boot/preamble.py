@@ -244,7 +244,7 @@ def start(how: str) -> None:
     try:
         _start(how)
     except Exception as e:
-        if core._under_pytest() and not os.environ.get("LORA_OTEL_TEST_FAIL_OPEN"):
+        if core.strict():
             raise
         core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
 
@@ -1102,7 +1102,7 @@ def _after_fork_child() -> None:
         os.environ["TRACEPARENT"] = _traceparent()
         reset = getattr(sys.modules.get("lora_otel._boot.narrate"), "reset", None)
         if reset is not None:
-            reset()  # the parent's stages are not this process's
+            reset()  # the parent's stages are not this process's (and a new lock, before the new beat)
         _start_beat()
 
 
