@@ -72,7 +72,7 @@ def import_start(workdir: Path, timeout: float = 30.0) -> float:
 def one(jaeger: Jaeger, collector: OtelCol, workdir: Path, service: str, limit: float) -> dict:
     (workdir / "slowmod.py").write_text("import time\ntime.sleep(600)\n")
     (workdir / "job.py").write_text("import slowmod\n")
-    env = env_for(collector.grpc_endpoint, service, limit)
+    env = dict(env_for(collector.grpc_endpoint, service, limit), LORA_OTEL_DIR=str(workdir / "lora-otel"))
     proc = subprocess.Popen(
         [sys.executable, "job.py"], cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

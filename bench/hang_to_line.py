@@ -90,7 +90,7 @@ def one(case: str, needle: str, env: dict, timeout: float = 60.0) -> float:
         proc = subprocess.Popen(
             [PY, "job.py", *args],
             cwd=d,
-            env=env,
+            env=dict(env, LORA_OTEL_DIR=os.path.join(d, "lora-otel")),  # not the user's state directory
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """Helpers for testing code that uses lora_otel: read a journal, find spans.
 
     from lora_otel.testing import read_journal, find_span
-    j = read_journal("lora-otel/20261130T221348Z-4242.otel.jsonl")
+    j = read_journal("runs/train.log.otel.jsonl")
     assert find_span(j, "training").attrs["lora_otel.training.steps"] == 40
 
 These run on the exporting side (they are not for use inside the traced process's hot path).

@@ -274,6 +274,22 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         running.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``XDG_STATE_HOME`` points into a directory of this session, for the test process and every
+    process it starts: no test writes to the real ``~/.local/state`` (where journals go by default)."""
+    old = os.environ.get("XDG_STATE_HOME")
+    state = tmp_path_factory.mktemp("state-home")
+    os.environ["XDG_STATE_HOME"] = str(state)
+    try:
+        yield state
+    finally:
+        if old is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = old
+
+
 @pytest.fixture(autouse=True)
 def _forget_redacted_values() -> Iterator[None]:
     """Each test starts with no remembered secrets: `redact` scrubs every value it has redacted in

@@ -17,14 +17,27 @@ REPO = Path(__file__).resolve().parent.parent
 LINE_RE = r"^\[lora-otel\]\[(\d+)\]\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)\] (.*)$"
 
 
+TEST_DEFAULTS = {"LORA_OTEL_DIR": "lora-otel", "LORA_OTEL_KEEP_SHORT": "1"}
+"""What `clean_env` sets unless told otherwise: journals in ``./lora-otel/`` of the process's
+working directory (a relative ``LORA_OTEL_DIR``, taken from the working directory at start, and
+given absolute to its children), and every short run's journal kept. Most tests read a traced
+process's journal there; those about the defaults themselves pass ``LORA_OTEL_DIR=""`` or
+``LORA_OTEL_KEEP_SHORT=""``, which leaves the variable unset."""
+
+
 def clean_env(**extra: str) -> dict:
-    """The test process's environment without lora_otel or tracing variables, plus ``extra``."""
+    """The test process's environment without lora_otel or tracing variables, plus `TEST_DEFAULTS`,
+    plus ``extra``. For the names in `TEST_DEFAULTS`, an empty string in ``extra`` means unset."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("LORA_OTEL", "OTEL_", "PYTEST_")) and k != "TRACEPARENT"
     }
+    env.update(TEST_DEFAULTS)
     env.update(extra)
+    for name in TEST_DEFAULTS:
+        if env[name] == "":
+            del env[name]
     return env
 
 

@@ -347,11 +347,13 @@ def test_fallback_journal_is_never_shared_between_runs(tmp_path: Path) -> None:
 def test_default_journal_dir_planted_by_another_user_is_not_used(
     tmp_path: Path, shared: Path, attacker, planted: str
 ) -> None:
-    """A job started in a shared directory (mode 1777) where another user planted ``lora-otel``:
-    a symlink to a directory of the attacker's choosing, or a directory
-    of the attacker's, mode 777 (they could delete the journals and stack dumps there). lora_otel
-    does not put the journal there: it uses a private directory of its own and one line says why.
-    (Found by the hostile trial: the journal and the stacks file went where the symlink pointed.)"""
+    """A job started in a shared directory (mode 1777) with ``LORA_OTEL_DIR=lora-otel`` (relative,
+    as `clean_env` gives it; once the default) where another user planted ``lora-otel``: a symlink
+    to a directory of the attacker's choosing, or a directory of the attacker's, mode 777 (they
+    could delete the journals and stack dumps there). lora_otel does not put the journal there: it
+    uses a private directory of its own and one line says why. (Found by the hostile trial: the
+    journal and the stacks file went where the symlink pointed.) The default state directory
+    planted the same way: test_no_clutter.py."""
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
     if planted == "symlink":

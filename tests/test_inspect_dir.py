@@ -482,5 +482,5 @@ class TestWatch:
 def test_help_documents_the_directory_and_exit_statuses() -> None:
     r = lora_otel_cli("inspect", "--help")
     assert r.returncode == 0
-    assert "lora-otel inspect lora-otel/ --summary" in r.stdout
+    assert "lora-otel inspect runs/ --summary" in r.stdout
     assert "3 some killed or stalled" in r.stdout and "--all" in r.stdout

@@ -326,18 +326,40 @@ def _send_stderr(data: bytes) -> bool:
         sock.close()
 
 
-def _default_dir() -> str:
-    """``./lora-otel``: where journals go when nobody chose a place (see ``paths``)."""
-    try:
-        return os.path.join(os.getcwd(), "lora-otel")
-    except OSError:
-        return ""
+created_dirs: list[tuple[str, int, int]] = []
+"""``(path, st_dev, st_ino)`` of each directory `open_journal` created for this process's journal
+(not the state directory, which stays): a short run that removes its journal removes these too,
+deepest first, when they are empty."""
 
 
-def _fallback_dir() -> str:
-    return os.path.join(
-        os.environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel"
-    )
+def _dir_reason(d: str, created: list[tuple[str, int, int]]) -> str:
+    """Why the journal directory ``d`` is not used ("" when it is), creating it (0700) when missing.
+
+    The per-user state directory (`paths.state_dir`) is checked component by component
+    (`files.state_dir_reason`); any other directory (``LORA_OTEL_DIR``, beside ``--log``) was
+    chosen by the user: only what would let another user steer it counts. Directories created for
+    it are added to ``created``. Raises ``OSError`` when it cannot be created."""
+    from lora_otel._boot import files, paths
+
+    base, parts, make_base = paths.state_dir_parts(os.environ)
+    if base and d == os.path.join(base, *parts):
+        return files.state_dir_reason(base, parts, make_base)
+    reason = files.steered_dir_reason(d, default=False)
+    if reason or os.path.isdir(d):
+        return reason
+    missing = []
+    p = d
+    while p and not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    for m in missing:  # deepest first
+        try:
+            st = os.lstat(m)
+            created.append((m, st.st_dev, st.st_ino))
+        except OSError:
+            pass
+    return ""
 
 
 def _create_journal(path: str, exact: bool) -> tuple[int, str]:
@@ -384,26 +406,35 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
         )
         journal_path = ""
         return ""
+    created: list[tuple[str, int, int]] = []
     for fallback in (False, True):
         cand = path
         try:
             if fallback:
-                base = _fallback_dir()
+                from lora_otel._boot import paths
+
+                base = paths.fallback_dir(os.environ)
                 cand_dir = files.private_dir(base)
                 if cand_dir != base:
                     tried.append("%s (%s)" % (base, files.unsafe_dir_reason(base)))
                 cand = os.path.join(cand_dir, os.path.basename(path))
-            else:
-                reason = files.steered_dir_reason(d, default=d == _default_dir()) if d else ""
+            elif d:
+                reason = _dir_reason(d, created) if make_dir else files.steered_dir_reason(d, default=False)
                 if reason:
                     tried.append("%s (%s)" % (cand, reason))
                     continue
-                if d and not os.path.isdir(d):
-                    os.makedirs(d, mode=0o700, exist_ok=True)
-            fd, cand = _create_journal(cand, exact and not fallback)
+            try:
+                fd, cand = _create_journal(cand, exact and not fallback)
+            except FileNotFoundError:
+                if fallback or not make_dir or not d:
+                    raise
+                # Another process's short run removed the (empty) directory it had created, just now.
+                _dir_reason(d, created)
+                fd, cand = _create_journal(cand, exact)
         except OSError as e:
             tried.append("%s (%s)" % (cand, e.strerror or e))
             continue
+        created_dirs[:] = created if not fallback else []
         _set_journal(fd, cand)
         if tried:
             error_line("cannot write journal at %s; using %s instead" % ("; not in ".join(tried), cand))
@@ -863,10 +894,11 @@ def beat() -> None:
 def reset_for_child(new_pid: int) -> None:
     """After ``fork``: forget the parent's open spans; let go of the parent's journal descriptor
     (closed only while it is still the journal: the number may be the program's file by now)."""
-    global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames
+    global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames, promoted
     from lora_otel._boot import files
 
     pid = new_pid
+    promoted = ""  # a forked worker becomes a job on its own merits: one that exits at once leaves nothing
     last_ended, main_ident, main_frames = None, get_ident(), None
     if _journal_fd >= 0 and files.same(_journal_fd, (_journal_dev, _journal_ino)):
         try:

@@ -10,7 +10,8 @@ registry:
   ``fstat`` on the opened descriptor says it is a regular file owned by this user and not
   group- or world-writable (:func:`open_append`). A directory lora_otel falls back to is created
   0700 and kept only when it is this user's, not a symlink, with no access for others
-  (:func:`private_dir`).
+  (:func:`private_dir`); the per-user state directory is created 0700 component by component and
+  used only while nobody else can steer it (:func:`state_dir_reason`).
 - **No descriptor number the program may reuse.** A descriptor is moved to a high number, below
   the soft ``RLIMIT_NOFILE`` (never changed), where programs that allocate the lowest free number do
   not reach (:func:`move_high`), and its identity (device, inode) is compared with the one recorded
@@ -23,6 +24,10 @@ Standard library only; ``fcntl`` is imported on the first :func:`move_high` (~0.
 from __future__ import annotations
 
 import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never true at runtime: no typing import
+    from collections.abc import Sequence
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -126,8 +131,19 @@ def open_sibling(path: str) -> tuple[int, str]:
     """``(fd, path used)`` for a file beside the journal (stacks, sidecar log, children registry):
     ``path`` created new or reused when safely this user's; otherwise a unique variant, created new.
     Raises ``OSError`` when neither can be created."""
+    fd, used, _ = create_sibling(path)
+    return fd, used
+
+
+def create_sibling(path: str) -> tuple[int, str, bool]:
+    """`open_sibling`, also saying whether this call created the file (True) or reused one that was
+    there (False): a short run removes at its exit only the files it created."""
     try:
-        return open_append(path), path
+        return create_new(path), path, True
+    except FileExistsError:
+        pass
+    try:
+        return open_existing(path), path, False
     except FileNotFoundError:
         raise
     except OSError:
@@ -135,7 +151,7 @@ def open_sibling(path: str) -> tuple[int, str]:
     for _ in range(8):
         other = unique_name(path)
         try:
-            return create_new(other), other
+            return create_new(other), other, True
         except FileExistsError:
             continue
     raise UnsafeFile("%s and 8 unique variants are taken" % path)
@@ -191,8 +207,9 @@ def unsafe_dir_reason(path: str) -> str:
 def steered_dir_reason(path: str, default: bool) -> str:
     """Why another local user could decide what happens in the journal directory ``path`` ("" when
     nobody can): a symlink (the last component) that someone else made; a directory writable by
-    everyone without the sticky bit; and, for the default ``./lora-otel`` (not a place the user
-    chose), a directory or link that is not this user's. Root's are trusted, as the system's."""
+    everyone without the sticky bit; and, with ``default`` (a component of the state directory that
+    lora_otel creates: not a place the user chose), a directory or link that is not this user's.
+    Root's are trusted, as the system's."""
     import stat
 
     try:
@@ -212,6 +229,35 @@ def steered_dir_reason(path: str, default: bool) -> str:
         return "%s is writable by every user (mode %o, no sticky bit)" % (path, st.st_mode & 0o7777)
     if default and (lst.st_uid not in (me, 0) or st.st_uid not in (me, 0)):
         return "%s belongs to uid %d" % (path, st.st_uid if lst.st_uid in (me, 0) else lst.st_uid)
+    return ""
+
+
+def state_dir_reason(base: str, parts: Sequence[str], make_base: bool) -> str:
+    """Why the per-user state directory ``base/parts...`` is not safe for journals ("" when it is),
+    creating on the way each missing component of ``parts`` (0700; ``base`` itself only with
+    ``make_base``, ``$XDG_STATE_HOME``: a home is never created).
+
+    ``base`` is a place the user chose (their home): only what would let anyone steer it counts
+    (`steered_dir_reason`); each component below it must also be this user's or root's, as the
+    default ``./lora-otel`` had to be (a shared or borrowed home: ``sudo`` keeping ``$HOME``, a
+    ``HOME=/tmp``). Raises ``OSError`` when a component cannot be created (a read-only home).
+    """
+    reason = steered_dir_reason(base, default=False)
+    if reason:
+        return reason
+    if make_base and not os.path.isdir(base):
+        os.makedirs(base, mode=0o700, exist_ok=True)
+    path = base
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            os.mkdir(path, 0o700)
+            continue
+        except FileExistsError:
+            pass
+        reason = steered_dir_reason(path, default=True)
+        if reason:
+            return reason
     return ""
 
 

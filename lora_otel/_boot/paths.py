@@ -220,6 +220,45 @@ def journal_name(pid: int, now_s: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s)) + "-%d%s" % (pid, JOURNAL_SUFFIX)
 
 
+def state_dir(environ: Mapping[str, str]) -> str:
+    """The per-user directory journals go to when nobody chose a place: ``$XDG_STATE_HOME/lora-otel``
+    (an absolute ``XDG_STATE_HOME`` only, as the XDG spec says), else ``~/.local/state/lora-otel``
+    (``$HOME``, else the password database); "" when there is no home to use."""
+    base, parts, _ = state_dir_parts(environ)
+    return os.path.join(base, *parts) if base else ""
+
+
+def state_dir_parts(environ: Mapping[str, str]) -> tuple[str, tuple[str, ...], bool]:
+    """``(base, parts, make_base)`` of `state_dir`: the directory someone chose (``$XDG_STATE_HOME``,
+    created 0700 when missing as the XDG spec says, or the home, never created) and the components
+    below it that lora_otel creates (0700) and uses only while they are this user's."""
+    xdg = environ.get("XDG_STATE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return os.path.normpath(xdg), ("lora-otel",), True
+    home = environ.get("HOME") or ""
+    if not home:
+        try:
+            home = os.path.expanduser("~")  # the password database (no $HOME: cron, some containers)
+        except Exception:  # noqa: BLE001 - no passwd entry
+            home = ""
+    if not home or not os.path.isabs(home):
+        return "", (), False
+    return os.path.normpath(home), (".local", "state", "lora-otel"), False
+
+
+def dir_journal_path(environ: Mapping[str, str], pid: int, now_s: float, cwd: str | None = None) -> str:
+    """``LORA_OTEL_DIR``/<name>, else `state_dir`/<name>, else `fallback_dir`/<name>: a journal named
+    by lora_otel (`journal_name`) in a directory of journals, not one a user named."""
+    base = environ.get("LORA_OTEL_DIR") or ""
+    if base and not os.path.isabs(base):
+        try:
+            base = os.path.join(cwd or os.getcwd(), base)
+        except OSError:  # the working directory is gone: nothing to be relative to
+            base = ""
+    base = base or state_dir(environ) or fallback_dir(environ)
+    return os.path.join(os.path.normpath(base), journal_name(pid, now_s))
+
+
 def choose_journal_path(
     argv: Sequence[str],
     environ: Mapping[str, str],
@@ -231,7 +270,8 @@ def choose_journal_path(
     """The journal path for a process, first match wins (see docs/journal.md).
 
     1. ``LORA_OTEL_JOURNAL``; 2. the program's log file → ``PATH.otel.jsonl``;
-    3. ``LORA_OTEL_DIR``/<name>; 4. ``./lora-otel/``/<name>.
+    3. ``LORA_OTEL_DIR``/<name> (relative: to ``cwd``); 4. `state_dir`/<name> (with no home
+    either: `fallback_dir`/<name>).
     ``log``: the log file already chosen (:func:`choose_log`; None: there is none); by default it is
     chosen here from ``argv`` and ``environ``.
     """
@@ -242,8 +282,14 @@ def choose_journal_path(
         log = choose_log(argv, environ)[0]
     if isinstance(log, str) and log:
         return os.path.abspath(log) + JOURNAL_SUFFIX
-    base = environ.get("LORA_OTEL_DIR") or os.path.join(cwd or os.getcwd(), "lora-otel")
-    return os.path.join(os.path.abspath(base), journal_name(pid, now_s))
+    return dir_journal_path(environ, pid, now_s, cwd)
+
+
+def fallback_dir(environ: Mapping[str, str]) -> str:
+    """``$TMPDIR/lora-otel-<uid>``: where a journal goes when its directory cannot be used."""
+    return os.path.join(
+        environ.get("TMPDIR") or "/tmp", "lora-otel-%d" % os.getuid() if hasattr(os, "getuid") else "lora-otel"
+    )
 
 
 def stem(journal_path: str) -> str:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
     from _typeshed import FileDescriptorOrPath, StrOrBytesPath
 
 _started_ns = 0
+_born_ns = 0
+"""When this process began to be traced: the preamble's start, or the fork (a forked child)."""
 _exit_code: object = None
 _fork_parent_span: str | None = None
 
@@ -247,6 +249,17 @@ def start(how: str) -> None:
         core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
 
 
+def _absolute_dir(env: MutableMapping[str, str]) -> None:
+    """A relative ``LORA_OTEL_DIR`` is taken from the working directory at start, and exported
+    absolute: the children, wherever they run, write beside this process."""
+    d = env.get("LORA_OTEL_DIR")
+    if d and not os.path.isabs(d):
+        try:
+            env["LORA_OTEL_DIR"] = os.path.abspath(d)
+        except OSError:  # the working directory is gone: the journal falls back to $TMPDIR
+            pass
+
+
 def _module_argv(argv: list[str]) -> list[str]:
     """``python -m torch.distributed.run ...``: at this point sys.argv is ``['-m', ...]`` with the
     module's name already removed; take it back from /proc/self/cmdline."""
@@ -260,10 +273,10 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 
 def _start(how: str) -> None:
-    global _started_ns
+    global _started_ns, _born_ns
     t0 = time.perf_counter_ns()
     now = time.time_ns()
-    _started_ns = now
+    _started_ns = _born_ns = now
     core.active = True
     core.pid = os.getpid()
     core.main_ident = _thread.get_ident()
@@ -279,6 +292,7 @@ def _start(how: str) -> None:
         env.setdefault("LORA_OTEL_DIR", os.path.dirname(env["LORA_OTEL_JOURNAL"]))
         env.pop("LORA_OTEL_JOURNAL", None)
     env.pop("LORA_OTEL_JOURNAL_OWNER", None)
+    _absolute_dir(env)
 
     # 1. First evidence: the root span on disk, then one line on stderr (not in a child).
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
@@ -299,10 +313,16 @@ def _start(how: str) -> None:
             core.log_option = log_source  # until the program's argparse shows what it is
     # Each process creates a journal of its own (beside --log the name is shared by every process
     # given that --log: first come keeps it, the others get a unique name beside it).
-    core.open_journal(
-        paths.choose_journal_path(argv, env, core.pid, now / 1e9, log=core.log_path),
-        exact=bool(env.get("LORA_OTEL_JOURNAL")),
+    global _disposable, _beside_log
+    exact = bool(env.get("LORA_OTEL_JOURNAL"))
+    chosen = paths.choose_journal_path(argv, env, core.pid, now / 1e9, log=core.log_path)
+    # Only a journal lora_otel named in a directory of journals may go at a short run's exit: not
+    # one a user named (LORA_OTEL_JOURNAL, `lora-otel run`'s), nor the one beside a --log.
+    _disposable = not exact and chosen == paths.dir_journal_path(env, core.pid, now / 1e9)
+    _beside_log = (
+        not exact and bool(core.log_path) and chosen == os.path.abspath(core.log_path or "") + paths.JOURNAL_SUFFIX
     )
+    core.open_journal(chosen, exact=exact)
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     start_ns, ticks = _process_start(now)
     _write_root_start(start_ns, parent, ticks, how, argv)
@@ -435,6 +455,8 @@ and far from SIGRTMAX (Valgrind's), and none of systemd's manager commands (+0..
 
 _stacks_fd = -1
 _stacks_id: tuple[int, int] = (0, 0)
+_stacks_created: tuple[str, tuple[int, int]] | None = None
+"""``(path, identity)`` of the stacks file when this process created it (not one it reused)."""
 
 
 def _check_stacks_fd() -> None:
@@ -513,9 +535,10 @@ def _register_stack_dump() -> None:
         return
     from lora_otel._boot import files
 
+    global _stacks_created
     path = stacks_path(core.journal_path)
     try:
-        fd, path = files.open_sibling(path)  # created new, or safely this user's; no symlink
+        fd, path, created = files.create_sibling(path)  # created new, or safely this user's; no symlink
         fd = files.move_high(fd)
         ident = files.identity(fd)
     except OSError as e:
@@ -527,6 +550,7 @@ def _register_stack_dump() -> None:
         except OSError:
             pass
     _stacks_fd, _stacks_id = fd, ident
+    _stacks_created = (path, ident) if created else None
     faulthandler.register(signum, file=fd, all_threads=True, chain=False)
     _stack_signal = signum
     core.span_attrs(
@@ -796,6 +820,114 @@ def _on_exit() -> None:
             rec["message"] = message
         core.write(rec)
         core.active = False
+        if how == "normal" and status_code == 0:
+            _discard_short_run()
+
+
+# --- a short run leaves nothing behind ------------------------------------------------------
+
+_disposable = False
+"""Whether this process's journal is one lora_otel named in a directory of journals (``LORA_OTEL_DIR``,
+the state directory): only such a journal is removed at a short run's exit (`_discard_short_run`)."""
+_beside_log = False
+"""Whether the journal was put beside the program's log file: it is the user's while that file is a
+log (kept), and may go like a named one once the program showed it is not (``core.drop_log``)."""
+
+_OFF = ("", "0", "false", "no", "off")
+
+
+def _discard_short_run() -> None:
+    """At a normal exit with code 0 of a process that never became a job (``core.promoted`` is "":
+    it ended before its first beat, heavy import, stage or sidecar): remove its journal and the
+    stacks file, and the directories it created for them when empty, so that ``python -c pass`` or
+    ``pip --version`` leaves nothing behind.
+
+    Kept: ``LORA_OTEL_KEEP_SHORT=1``; a process that lived a beat interval (a job, whether or not
+    its beat has said so yet); a journal a user named or one beside a ``--log`` that is one
+    (`_disposable`, `_beside_log`); while a sidecar started by this process follows it; while a traced child
+    refers to it (`_has_children`). Only the files this process created, each checked by identity
+    (device, inode) right before it is unlinked: never a file someone put under that name."""
+    if (
+        core.promoted
+        or time.time_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
+        or not (_disposable or (_beside_log and not core.log_path))
+        or _sidecar_pid
+        or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _OFF
+    ):
+        return
+    path = core.journal_path
+    if not path or _has_children(path):
+        return
+    from lora_otel._boot import files
+
+    fd = core._journal_fd
+    if not files.same(fd, (core._journal_dev, core._journal_ino)):
+        return  # the program closed or reused its descriptor: the journal is not this process's to judge
+    if not _unlink_own(path, (core._journal_dev, core._journal_ino)):
+        return
+    core._journal_fd = -1  # nothing more goes into a journal that is gone
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    if _stacks_created is not None:  # faulthandler keeps its descriptor: a late dump lands in no file
+        _unlink_own(*_stacks_created)
+    for d, dev, ino in core.created_dirs:  # deepest first
+        try:
+            st = os.lstat(d)
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                break
+            os.rmdir(d)  # only when empty
+        except OSError:
+            break
+    core.journal_path = ""
+
+
+def _unlink_own(path: str, ident: tuple[int, int]) -> bool:
+    """Unlink ``path`` when it is still the file ``ident`` names (not a symlink); whether it went."""
+    try:
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) != tuple(ident) or st.st_mode & 0o170000 != 0o100000:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def _has_children(path: str) -> bool:
+    """Whether a traced child of this process refers to its journal: a journal beside it whose
+    root record names this trace and this pid as its parent (a forked child, ``<stem>.<pid>``, or a
+    spawned one) — still running, or kept because it failed; or an empty journal (just created,
+    its first record not written yet). Only the journals named after this one (forked children) or
+    created since this process started are read, their first 8 KiB."""
+    d, name = os.path.split(path)
+    own_stem = paths.stem(name) + "."
+    since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
+    trace = ('"trace_id":"%s"' % core.trace_id).encode()
+    ppid = (',"ppid":%d,' % core.pid).encode()
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        return True  # cannot tell: keep
+    for other in names:
+        if other == name or not other.endswith(paths.JOURNAL_SUFFIX):
+            continue
+        if not (other.startswith(own_stem) or (other[:1].isdigit() and other[:16] >= since)):
+            continue
+        try:
+            fd = os.open(os.path.join(d, other), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            head = os.read(fd, 8192).split(b"\n", 1)[0]
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if not head or (trace in head and ppid in head):
+            return True  # (empty: a process that has just created its journal; its first record may be ours)
+    return False
 
 
 # --- exec -----------------------------------------------------------------------------------
@@ -934,7 +1066,7 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
 
 
 def _after_fork_child() -> None:
-    global _sidecar_pid
+    global _sidecar_pid, _born_ns
     _sidecar_pid = 0  # the parent watches the sidecar it started
     with core.fail_open("fork hook"):
         if not core.active:
@@ -947,7 +1079,7 @@ def _after_fork_child() -> None:
 
         stages.training_id = None
         hooks._importing.clear()
-        now = time.time_ns()
+        now = _born_ns = time.time_ns()
         core.root_id = core.new_span_id()
         # The parent's directory, only while it exists: never create again one the program removed.
         core.open_journal(

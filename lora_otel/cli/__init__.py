@@ -16,7 +16,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     Everything after ``--`` is the command, passed through untouched, e.g.
     ``lora-otel run -- python train.py --log run.log``. The journal goes where the program's
-    ``--log`` points, else to ``--dir`` / ``$LORA_OTEL_DIR``, else ``./lora-otel/``.
+    ``--log`` points, else to ``--dir`` / ``$LORA_OTEL_DIR``, else ``~/.local/state/lora-otel/``
+    (``$XDG_STATE_HOME/lora-otel/``).
     """
     from lora_otel.cli.run import run_command
 
@@ -28,7 +29,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     The first line says where the process is or was stuck, e.g.
     ``stuck in import bitsandbytes for 312 s (process gone)``. ``--json`` prints the schema
-    documented in docs/journal.md.
+    documented in docs/journal.md. No JOURNAL: the newest run in ``$LORA_OTEL_DIR``, else in
+    ``~/.local/state/lora-otel/`` (a line on stderr names it).
 
     DIR: every *.otel.jsonl journal in it (not recursive), grouped into jobs (journals sharing a
     trace id: a launcher and its ranks or workers). Per job a heading with its outcome, one line
@@ -62,7 +64,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     (a launcher's log panel, a pipe) one plain line is printed per change, then the final tree.
     In a directory, the journals of one job (a launcher and its ranks, sharing a trace id) are shown
     together, ranks in order, with the stuck, first failed or slowest process called out.
-    Watch ends when no followed process is running any more.
+    Watch ends when no followed process is running any more. No JOURNAL: the newest run, as for
+    inspect.
     """
     from lora_otel.cli.watch import run_watch
 
@@ -98,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  lora-otel report runs/ -o job.html                          the job as one HTML page\n"
         "  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 \\\n"
         "    lora-otel replay runs/a.log.otel.jsonl                    ship it to Jaeger/Tempo\n"
-        "\njournals: beside --log, else $LORA_OTEL_DIR, else ./lora-otel/ (docs/journal.md)",
+        "\njournals: beside --log, else $LORA_OTEL_DIR, else $XDG_STATE_HOME/lora-otel/ (by default\n"
+        "~/.local/state/lora-otel/); the last 100 runs / 500 MB are kept (LORA_OTEL_KEEP, LORA_OTEL_KEEP_MB);\n"
+        "a short run that ends normally leaves none (docs/journal.md)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -127,7 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="stall limits for live export: 300, or import=300,cuda init=60,training=900 "
         "(sets $LORA_OTEL_STALL_AFTER for the job)",
     )
-    p.add_argument("--dir", help="directory for journals (default: beside --log, else ./lora-otel/)")
+    p.add_argument(
+        "--dir",
+        help="directory for journals (default: beside --log, else $LORA_OTEL_DIR, else ~/.local/state/lora-otel/)",
+    )
     p.add_argument("--journal", help="exact journal path for the top process")
     p.add_argument("--tree", action="store_true", help="print the span tree when the command ends")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -136,16 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect",
         cmd_inspect,
         epilog="examples:\n"
-        "  lora-otel inspect runs/a.log.otel.jsonl        where is it stuck?\n"
-        "  lora-otel inspect lora-otel/                   every job in the directory, ranks side by side\n"
-        "  lora-otel inspect lora-otel/ --summary         one line per job: finished / failed / stalled / killed\n"
-        "  lora-otel inspect lora-otel/ --json --all      the directory as JSON, with every span\n"
+        "  lora-otel inspect                              the newest run: where is it stuck?\n"
+        "  lora-otel inspect runs/a.log.otel.jsonl        that journal\n"
+        "  lora-otel inspect runs/                        every job in the directory, ranks side by side\n"
+        "  lora-otel inspect runs/ --summary              one line per job: finished / failed / stalled / killed\n"
+        "  lora-otel inspect runs/ --json --all           the directory as JSON, with every span\n"
         "\nexit status: 0, or 2 when nothing can be read (a missing or unreadable journal, a directory\n"
         "without *.otel.jsonl journals, a bad --stall-after). With --summary, the jobs' outcome:\n"
         "0 all finished normally (or still run), 1 some failed, 3 some killed or stalled (wins\n"
         "over 1), as lora-otel watch; unreadable journals are listed but do not count.",
     )
-    p.add_argument("journal", metavar="JOURNAL|DIR", help="a journal file (*.otel.jsonl), or a directory of them")
+    p.add_argument(
+        "journal",
+        nargs="?",
+        metavar="JOURNAL|DIR",
+        help="a journal file (*.otel.jsonl), or a directory of them (default: the newest run in "
+        "$LORA_OTEL_DIR, else in ~/.local/state/lora-otel/)",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument(
         "--summary", action="store_true", help="one line per job (trace id, name, outcome); exit status by outcome"
@@ -169,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
         "  lora-otel watch runs/                          follow every job journaling into runs/\n"
         "  lora-otel watch runs/a.log.otel.jsonl          follow one job\n"
-        "  lora-otel watch lora-otel/ --stall-after 300   call any stage open 5 minutes a stall\n"
+        "  lora-otel watch --stall-after 300              the newest run; any stage open 5 minutes is a stall\n"
         "  lora-otel watch runs/ --once                   print the current state once and exit\n"
         "  lora-otel watch runs/ >> watch.log             one line per event, no screens\n"
         "  lora-otel watch runs/ --exit-on-stall --alert-command 'mail -s stalled me@example.org'\n"
@@ -185,7 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Alerts run in the background (command killed after 30 s, webhook timeout 10 s); a failure is\n"
         "one line on stderr and watch goes on.",
     )
-    p.add_argument("path", metavar="JOURNAL|DIR", help="a journal file, or a directory of *.otel.jsonl journals")
+    p.add_argument(
+        "path",
+        nargs="?",
+        metavar="JOURNAL|DIR",
+        help="a journal file, or a directory of *.otel.jsonl journals (default: the newest run, as for inspect)",
+    )
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between updates (default 1)")
     p.add_argument(
         "--stall-after",

@@ -49,6 +49,10 @@ def run_inspect(args: argparse.Namespace) -> int:
         0, or 2 when the journal cannot be read (one line on stderr); ``--summary``: the outcome
         (`run_inspect_dir`).
     """
+    if args.journal is None:
+        args.journal = newest_run_or_none("inspect")
+        if args.journal is None:
+            return 2
     resolved = resolve_path(args.journal)
     if resolved != args.journal:
         print(f"lora-otel inspect: reading {resolved}", file=sys.stderr)
@@ -223,6 +227,26 @@ def _drift_by_proc(jobs: list[Job], now_ns: int) -> dict[int, dict[str, Any]]:
             return {}
         reports[id(first)] = report
     return reports
+
+
+def newest_run_or_none(command: str) -> Optional[str]:
+    """For ``lora-otel COMMAND`` given no journal: the newest run's journal in ``$LORA_OTEL_DIR``,
+    else in the per-user state directory (`lora_otel.journal.runs.default_dir`). One line on stderr
+    names the file chosen, or says that there is none (then None)."""
+    from lora_otel.journal.runs import default_dir, newest_run
+
+    directory = default_dir()
+    where = "$LORA_OTEL_DIR" if os.environ.get("LORA_OTEL_DIR") else "the journal directory"
+    found = newest_run(directory) if os.path.isdir(directory) else None
+    if found is None:
+        print(
+            f"lora-otel {command}: no journal given, and no run in {directory} ({where}); "
+            "name a journal, a --log file or a directory",
+            file=sys.stderr,
+        )
+        return None
+    print(f"lora-otel {command}: reading {found} (the newest run in {directory})", file=sys.stderr)
+    return found
 
 
 def resolve_path(path: str) -> str:

@@ -26,7 +26,11 @@ DEFAULT_OUTPUT = {"html": "lora-otel-report.html", "perfetto": "lora-otel-trace.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "path", metavar="JOURNAL|LOG|DIR", help="a journal, the --log path of a job, or a directory of journals"
+        "path",
+        nargs="?",
+        metavar="JOURNAL|LOG|DIR",
+        help="a journal, the --log path of a job, or a directory of journals (default: the newest run in "
+        "$LORA_OTEL_DIR, else in ~/.local/state/lora-otel/)",
     )
     p.add_argument(
         "-o",
@@ -45,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 EPILOG = (
     "examples:\n"
+    "  lora-otel report -o job.html                       the newest run (in $LORA_OTEL_DIR, else the state dir)\n"
     "  lora-otel report runs/ -o job.html                 every job journaling into runs/, one page\n"
     "  lora-otel report runs/a.log -o job.html            the newest run of the job given --log runs/a.log\n"
     "  lora-otel report runs/ --format perfetto -o job.json   open in https://ui.perfetto.dev\n"
@@ -88,6 +93,12 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"lora-otel report: {message}", file=sys.stderr)
         return 2
 
+    if args.path is None:
+        from lora_otel.cli.inspect import newest_run_or_none
+
+        args.path = newest_run_or_none("report")
+        if args.path is None:
+            return 2
     try:
         journals = read_input(args.path)
     except JournalError as e:

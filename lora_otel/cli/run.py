@@ -64,7 +64,9 @@ def _child_env(cmd: list[str], args: argparse.Namespace) -> tuple[dict[str, str]
     env["LORA_OTEL"] = "1"
     env.pop("LORA_OTEL_SIDECAR", None)
     if getattr(args, "dir", None):
-        env["LORA_OTEL_DIR"] = os.path.abspath(args.dir)
+        env["LORA_OTEL_DIR"] = args.dir
+    if env.get("LORA_OTEL_DIR"):  # relative: to this working directory, for every process below
+        env["LORA_OTEL_DIR"] = os.path.abspath(env["LORA_OTEL_DIR"])
     if getattr(args, "journal", None):
         env["LORA_OTEL_JOURNAL"] = os.path.abspath(args.journal)
     if getattr(args, "stall_after", None) is not None:

@@ -112,8 +112,12 @@ def _watch(args: argparse.Namespace) -> int:
 
     if not 0 < args.interval <= 3600:
         return usage(f"--interval must be a number of seconds above 0 and at most 3600, got {args.interval:g}")
-    from lora_otel.cli.inspect import resolve_path
+    from lora_otel.cli.inspect import newest_run_or_none, resolve_path
 
+    if args.path is None:
+        args.path = newest_run_or_none("watch")
+        if args.path is None:
+            return 2
     resolved = resolve_path(args.path)  # a --log file: its newest run's journal
     if resolved != args.path:
         print(f"lora-otel watch: following {resolved}", file=sys.stderr)

@@ -17,6 +17,10 @@ human lines and stalls as log records), and once the watched process is gone it 
 spans still open with how the process ended, sends what is queued (for up to
 ``LORA_OTEL_DRAIN_S``, default 30 s, while the backend is unreachable) and exits.
 
+At its start it applies the retention rule to the journal's directory (`retain`,
+`lora_otel.journal.runs.prune`): the job is starting, so the short processes that never start a
+sidecar pay nothing for it.
+
 It can run from another virtual environment than the training process: set
 ``LORA_OTEL_SIDECAR_PYTHON`` to a Python that has ``lora_otel`` with its dependencies installed.
 """
@@ -137,12 +141,52 @@ class _Registry:
             if not line.strip():
                 continue
             path = os.fsdecode(line)
+            if os.path.isabs(path) and not os.path.lexists(path):
+                continue  # a short run of a child, which removed its journal at its exit
             why = owned_file_reason(path) if os.path.isabs(path) else "%r is not an absolute path" % path
             if why:
                 self._refuse("a journal named in %s" % self.path, why)
                 continue
             out.append(path)
         return out
+
+
+def _unreadable(path: str, journal_path: str, e: JournalError) -> str:
+    """How a followed journal that cannot be read ended: a child's that is gone was a short run,
+    removed at its exit before it was first read (said in no line); anything else is said once."""
+    if path != journal_path and not os.path.lexists(path):
+        return "removed at its exit (a short run)"
+    _say("cannot read %s: %s" % (path, e))
+    return "unreadable journal"
+
+
+def retain(journal_path: str) -> None:
+    """The retention rule for the journal's directory (`lora_otel.journal.runs.prune`, limits from
+    ``LORA_OTEL_KEEP``, ``LORA_OTEL_KEEP_MB``); what it removed is said in one line. Never raises."""
+    from lora_otel.journal import runs
+
+    try:
+        keep, keep_bytes, problems = runs.limits()
+        for problem in problems:
+            _say(problem)
+        directory = os.path.dirname(os.path.abspath(journal_path))
+        removed = runs.prune(directory, keep, keep_bytes)
+    except Exception as e:  # noqa: BLE001 - retention is housekeeping: the job is followed regardless
+        _say("retention skipped: %s: %s" % (type(e).__name__, e))
+        return
+    if removed:
+        _say(
+            "retention: removed the %d oldest finished run(s) from %s (%.1f MB, %d files); keeping %s runs "
+            "and %s MB (LORA_OTEL_KEEP, LORA_OTEL_KEEP_MB)"
+            % (
+                len(removed),
+                directory,
+                sum(r.size for r in removed) / 1e6,
+                sum(len(r.files) for r in removed),
+                keep or "any number of",
+                keep_bytes // 1_000_000 or "any number of",
+            )
+        )
 
 
 def follow_local(
@@ -190,8 +234,7 @@ def follow_local(
             try:
                 w.poll()
             except JournalError as e:
-                _say("cannot read %s: %s" % (path, e))
-                ended[path] = "unreadable journal"
+                ended[path] = _unreadable(path, journal_path, e)
                 w.close()
                 continue
             if path == journal_path and pid is not None:
@@ -313,8 +356,7 @@ def follow(
             try:
                 f.poll()
             except JournalError as e:
-                _say("cannot read %s: %s" % (path, e))
-                ended[path] = "unreadable journal"
+                ended[path] = _unreadable(path, journal_path, e)
                 f.tail.close()
                 continue
             if path == journal_path and pid is not None:
@@ -396,6 +438,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # sidecar reports the outage once itself.
     logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+    retain(args.journal)
     try:
         return follow(
             args.journal,

@@ -50,6 +50,7 @@ __all__ = [
     "format_duration",
     "image_changed",
     "journal_paths",
+    "pid_runs",
     "process_state",
     "read_journal",
     "sibling_journals",
@@ -310,6 +311,15 @@ def format_duration(ns: int) -> str:
     if ms >= 1:
         return f"{ms:.3g} ms"
     return f"{ms:.2g} ms"
+
+
+def pid_runs(pid: int, start_ticks: Optional[int]) -> bool:
+    """Whether process ``pid`` runs and is the one that started at ``start_ticks`` (a re-used pid
+    does not count; a zombie does not run). Without ``start_ticks`` (no ``/proc``), any process
+    with that pid counts."""
+    if start_ticks is None:
+        return _pid_exists(pid)
+    return _read_start_ticks(pid) == start_ticks
 
 
 def _pid_exists(pid: int) -> bool:

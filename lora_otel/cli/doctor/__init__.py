@@ -3,7 +3,7 @@
 Two processes. The **parent** (``lora-otel doctor``) does the checks that need nothing imported and
 judges everything; the **check process** (``python -m lora_otel.cli.doctor --child``, started
 with ``LORA_OTEL=1``) does what a real job does first, traced like a real job: its preamble writes a
-journal (``--dir``, else ``$LORA_OTEL_DIR``, else ``./lora-otel/``, named ``doctor-<UTC>-<pid>``)
+journal (``--dir``, else ``$LORA_OTEL_DIR``, else ``~/.local/state/lora-otel/``, named ``doctor-<UTC>-<pid>``)
 and, when an OTLP endpoint is configured, starts the live-export sidecar. The check process
 
 1. imports the training stack, each package under its own ``import NAME`` span (the import hook
@@ -138,9 +138,9 @@ def _installed(name: str) -> bool:
 def _journal_path(args: argparse.Namespace) -> str:
     from lora_otel._boot.seam import paths
 
-    base = getattr(args, "dir", None) or os.environ.get("LORA_OTEL_DIR") or os.path.join(os.getcwd(), "lora-otel")
-    path = os.path.join(os.path.abspath(base), "doctor-" + paths.journal_name(os.getpid(), time.time()))
-    return path
+    base = getattr(args, "dir", None) or os.environ.get("LORA_OTEL_DIR") or paths.state_dir(os.environ)
+    base = base or paths.fallback_dir(os.environ)
+    return os.path.join(os.path.abspath(base), "doctor-" + paths.journal_name(os.getpid(), time.time()))
 
 
 def _child_env(journal: str, wfd: int) -> dict[str, str]:
@@ -466,7 +466,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``lora-otel doctor`` (cli.py builds the subcommand)."""
     p.add_argument("--json", action="store_true", help="print the report as JSON (docs/doctor.md)")
     p.add_argument(
-        "--dir", help="directory for the check process's journal (default: $LORA_OTEL_DIR, else ./lora-otel/)"
+        "--dir",
+        help="directory for the check process's journal (default: $LORA_OTEL_DIR, else "
+        "$XDG_STATE_HOME/lora-otel/, by default ~/.local/state/lora-otel/)",
     )
     p.add_argument(
         "--need-gpu-memory",
