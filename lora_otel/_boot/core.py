@@ -74,6 +74,17 @@ promoted = ""
 """Why this process counts as a job (a process worth watching), or "" while it does not yet: set
 once, by the preamble, when it first lives to a beat, imports something heavy or opens a stage (and
 then starts the sidecar). A process that ends before that, normally, leaves nothing behind."""
+_promoter: Callable[[str], None] | None = None
+"""The preamble's ``promote`` (set at start): what `promote` calls."""
+
+
+def promote(reason: str) -> None:
+    """Make this process a job now, unless it is one already (see `promoted`): the triggers below
+    the preamble (a heavy import, CUDA initialisation, a stage, training) call this. Cheap when
+    there is nothing to do: one truth test."""
+    if not promoted and _promoter is not None:
+        _promoter(reason)
+
 
 steps = 0
 last_step_ns: int | None = None
@@ -488,7 +499,7 @@ def _emit(msg: str, level: str) -> None:
     if known_secrets:
         msg = _scrubbed(msg)  # type: ignore[assignment]
     text = _format_line(msg)
-    if level != "info" or not quiet:
+    if level != "note" and (level != "info" or not quiet):
         _to_stderr(text)
     if _log_fd >= 0:
         try:
@@ -523,6 +534,14 @@ def info_line(msg: str) -> None:
     """Print an English line to stderr (flushed; not in a `quiet` process) and the ``--log`` file,
     and journal it."""
     _emit(msg, "info")
+    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
+
+
+def note_line(msg: str) -> None:
+    """An info line for the journal and the ``--log`` file only, never the terminal: what a process
+    that is not a job (`promoted`) says that nobody needs to see live (its normal exit, its
+    start-up facts at an early failure). Its journal record is level ``info``."""
+    _emit(msg, "note")
     write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
 
 
@@ -661,12 +680,48 @@ main_frames: list[Frame] | None = None
 """Where the main thread was at the last beat (``where.sample``), or None."""
 
 
-def beat() -> None:
-    """The liveness record: steps, metrics, and where the main thread is (``"main"``)."""
-    global main_frames
-    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
-    if metrics:
-        rec["metrics"] = dict(metrics)
+BEAT_RECORD_EVERY = 60
+"""A beat that changes nothing — the same steps, metrics, open spans and main-thread frames as the
+last beat record — is written only every this many beats (60 s at the default 1 s beat); at the
+others the journal is only touched (`touch_journal`): its modification time is the sign of life
+the readers take with the records (docs/journal.md). An idle process's journal so grows by some
+60 records an hour, not 3,600."""
+_beat_state: tuple[object, ...] | None = None
+_beats_unwritten = 0
+_touch_ok = True
+
+
+def touch_journal() -> bool:
+    """Set the journal's modification time to now (``futimens``), after the same identity check as
+    `write_line`: a sign of life that adds no byte. False when there is no journal to touch or the
+    file system refuses (then the caller writes a record instead, from then on)."""
+    global _touch_ok
+    fd = _journal_fd
+    if fd < 0 or not _touch_ok:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_ino != _journal_ino or st.st_dev != _journal_dev:
+            raise OSError
+    except OSError:
+        if not _reopen_journal():
+            return False
+        fd = _journal_fd
+    try:
+        os.utime(fd)
+    except (OSError, NotImplementedError, TypeError, ValueError):
+        _touch_ok = False
+        return False
+    return True
+
+
+def beat(force: bool = False) -> None:
+    """The liveness record: steps, metrics, and where the main thread is (``"main"``).
+
+    Written when any of those or the open spans changed since the last beat record, at least every
+    `BEAT_RECORD_EVERY` beats, and with ``force`` (the exit hook's last beat); any other beat only
+    touches the journal (`touch_journal`)."""
+    global main_frames, _beat_state, _beats_unwritten
     frames = None
     if main_ident and main_ident != get_ident():  # the exit hook's last beat runs in the main thread
         try:
@@ -675,9 +730,21 @@ def beat() -> None:
             frames = sample(main_ident)
         except Exception:  # noqa: BLE001 - a beat without "main" is still a beat
             frames = None
-        if frames:
-            rec["main"] = frames
     main_frames = frames
+    try:
+        state: tuple[object, ...] | None = (steps, last_step_ns, dict(metrics), frames, tuple(open_spans))
+    except RuntimeError:  # a dict changed size under us (another thread): say it all
+        state = None
+    _beats_unwritten += 1
+    unchanged = not force and state is not None and state == _beat_state and _beats_unwritten < BEAT_RECORD_EVERY
+    if unchanged and touch_journal():
+        return
+    _beat_state, _beats_unwritten = state, 0
+    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
+    if metrics:
+        rec["metrics"] = dict(metrics)
+    if frames:
+        rec["main"] = frames
     write(rec)
 
 
@@ -685,10 +752,12 @@ def reset_for_child(new_pid: int) -> None:
     """After ``fork``: forget the parent's open spans; let go of the parent's journal descriptor
     (closed only while it is still the journal: the number may be the program's file by now)."""
     global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames
+    global _beat_state, _beats_unwritten
     from lora_otel._boot import files
 
     pid = new_pid
     last_ended, main_ident, main_frames = None, get_ident(), None
+    _beat_state, _beats_unwritten = None, 0
     if _journal_fd >= 0 and files.same(_journal_fd, (_journal_dev, _journal_ino)):
         try:
             os.close(_journal_fd)

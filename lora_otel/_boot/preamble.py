@@ -39,6 +39,12 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
 _started_ns = 0
 _exit_code: object = None
 _fork_parent_span: str | None = None
+_argv: list[str] = []
+"""The program's argv at start (``python -m x``: the module's name first), for `promote`."""
+_how = ""
+"""How lora_otel was activated (`start`'s argument)."""
+_image: dict[str, object] | None = None
+"""This process's `image_identity` at start; a forked child runs the same image."""
 
 
 def parse_traceparent(value: str | None) -> tuple[str | None, str | None, bool]:
@@ -119,7 +125,8 @@ def _process_start(now_ns: int) -> tuple[int, int | None]:
         return now_ns, None
 
 
-def _float_env(name: str, default: float) -> float:
+def _float_env(name: str, default: float, say: bool = True) -> float:
+    """A non-negative number from the environment; a bad one is said in one line (unless not ``say``)."""
     raw = os.environ.get(name)
     if not raw:
         return default
@@ -129,7 +136,8 @@ def _float_env(name: str, default: float) -> float:
             raise ValueError
         return v
     except ValueError:
-        core.error_line("%s=%r is not a non-negative number; using %s" % (name, raw, default))
+        if say:
+            core.error_line("%s=%r is not a non-negative number; using %s" % (name, raw, default))
         return default
 
 
@@ -202,7 +210,7 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
         "pid": core.pid,
         "ppid": os.getppid(),
         "start_ticks": ticks,
-        "image": image_identity(),
+        "image": _image if _image is not None else image_identity(),
         "sampled": core.sampled,
         "config": {
             "import_threshold_ms": core.import_threshold_ms,
@@ -210,6 +218,10 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
             # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
             "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
             "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER"),
+            # a beat that changes nothing is a record only every `beat_record_every` beats (the
+            # others touch the file): how long the modification time may run ahead of the records
+            "beat_s": core.beat_interval,
+            "beat_record_every": core.BEAT_RECORD_EVERY,
         },
         "stderr": list(core.stderr_id) if core.stderr_id else None,
         "attrs": {
@@ -260,7 +272,7 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 
 def _start(how: str) -> None:
-    global _started_ns
+    global _started_ns, _argv, _how, _image, _start_cwd
     t0 = time.perf_counter_ns()
     now = time.time_ns()
     _started_ns = now
@@ -272,6 +284,7 @@ def _start(how: str) -> None:
     env = os.environ
     if argv[:1] == ["-m"]:
         argv = _module_argv(argv)
+    _argv, _how = argv, how
     owner = env.get("LORA_OTEL_JOURNAL_OWNER", "")
     if owner and env.get("LORA_OTEL_JOURNAL") and owner != str(os.getppid()):
         # `lora-otel run` named an exact journal for its direct child only; below a shell or a
@@ -300,9 +313,12 @@ def _start(how: str) -> None:
         paths.choose_journal_path(argv, env, core.pid, now / 1e9), exact=bool(env.get("LORA_OTEL_JOURNAL"))
     )
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
+    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False) or 1.0  # (said below when bad)
     start_ns, ticks = _process_start(now)
+    _image = image_identity()
     _write_root_start(start_ns, parent, ticks, how, argv)
-    if owner and owner == str(os.getppid()) and owner.isdigit():
+    supervised = owner == str(os.getppid()) and owner.isdigit()
+    if supervised:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
@@ -313,11 +329,13 @@ def _start(how: str) -> None:
 
     hooks.install_import_hook()
 
-    # 3. arguments, process attributes, self-check, propagation.
-    arguments_id = core.span_start("arguments", {}, parent_id=core.root_id, ts=start_ns, push=False)
-    del arguments_id
-    _register_stack_dump()
-    _describe_process(argv, how)
+    # 3. arguments, propagation. What only a job needs (the environment self-check and its lines,
+    # the stack dump, the sidecar) waits for `promote`.
+    core.span_start("arguments", {}, parent_id=core.root_id, ts=start_ns, push=False)
+    try:
+        _start_cwd = os.getcwd()
+    except OSError:
+        _start_cwd = ""
     if "--multiprocessing-fork" in argv or argv[:1] == ["-c"]:
         # A spawned worker (DataLoader, multiprocessing), its resource tracker, `python -c ...`:
         # no script arguments to wait for, so no `arguments` span left open to look stalled.
@@ -328,18 +346,32 @@ def _start(how: str) -> None:
         if core.journal_path and not env.get("LORA_OTEL_DIR"):
             env["LORA_OTEL_DIR"] = os.path.dirname(core.journal_path)
     env["TRACEPARENT"] = _traceparent()
-    _start_sidecar(env)
+    if core.journal_path and env.get("LORA_OTEL_LIVE", "").strip().lower() not in _OFF:
+        # Named now, while no other thread runs, so that `promote` (maybe in the beat thread) only
+        # replaces its value: adding a variable reallocates the C environment under any thread
+        # reading it (getenv from C is not locked).
+        env.setdefault(REGISTRY_ENV, "")
 
     # 4. Exit, exceptions, fork, beat.
     _install_exit_hooks()
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
-    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
+    _float_env("LORA_OTEL_BEAT_S", 1.0)  # a bad value: one line, now that the first evidence is out
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
         narrate.configure(env)
+    core._promoter = promote
+    # A process started to be watched is a job from its first instruction.
+    if supervised:
+        promote("lora-otel run")
+    elif how != "LORA_OTEL=1":
+        promote(how)
+    else:
+        loaded = [name for name in hooks.HEAVY_MODULES if name in sys.modules]
+        if loaded:
+            promote("%s already loaded" % loaded[0])
     _start_beat()
     launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
     ui_trace, ui_span, _ = parse_traceparent(launched_by)
@@ -354,6 +386,51 @@ def _start(how: str) -> None:
             "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000),
         },
     )
+
+
+# --- promotion: a process becomes a job -------------------------------------------------------
+
+REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
+"""`spawn.REGISTRY_ENV` (named here too: the preamble does not load `spawn` before a promotion)."""
+_OFF = ("0", "false", "no", "off")
+_promote_lock = _thread.allocate_lock()
+_spawning = False
+"""True while `spawn` forks the sidecar: the fork hooks leave that fork alone."""
+
+
+def promote(reason: str) -> None:
+    """Make this process a job (``core.promoted = reason``), once: register the stack dump, start
+    the sidecar (or join the one a parent started) and write what only a job needs — the process
+    attributes, the environment self-check and its lines (``argv``, ``cwd``, ``environment``,
+    ``env``, ``CUDA``), on the terminal too unless this process is `quiet`.
+
+    Called at the first beat (the process lived a beat interval), at the first import of a heavy
+    framework or of ``ctypes``/``cffi`` by the program's own code (`hooks.HEAVY_MODULES`), at CUDA
+    initialisation, when a stage or ``training`` opens, and at start for a process started to be
+    watched (``lora-otel run``, ``python -m lora_otel``, ``import lora_otel.auto``). A process
+    that ends before any of these (``python -c pass``, ``pip --version``, a forked worker that
+    exits at once) pays for none of it. Never blocks: a second thread calling while the first
+    promotes returns at once. Never raises.
+    """
+    if core.promoted or not core.active or os.getpid() != core.pid:
+        return
+    if not _promote_lock.acquire(False):
+        return
+    try:
+        if core.promoted:
+            return
+        core.promoted = reason or "promoted"
+        # The watchdog's means first (a stage opening right after this, watched from its start).
+        with core.fail_open("stack dump"):
+            _register_stack_dump()
+        with core.fail_open("live export"):
+            _start_sidecar(os.environ)
+        with core.fail_open("promotion"):
+            core.span_attrs(core.root_id, {"lora_otel.promoted": core.promoted})
+        with core.fail_open("process description"):
+            _describe_process(_argv, _how)
+    finally:
+        _promote_lock.release()
 
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -383,12 +460,12 @@ def _without_bad_endpoints(env: MutableMapping[str, str]) -> MutableMapping[str,
 
 def _start_sidecar(env: MutableMapping[str, str]) -> None:
     """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
-    when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none.
+    when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none. Called by `promote`.
 
-    Before any thread exists (the sidecar is started by a double fork). If it cannot start, one
-    line says so and the program goes on; the journal remains for ``lora-otel replay``.
+    The sidecar is started by a double fork, which the fork hooks leave alone (`_spawning`). If it
+    cannot start, one line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
-    global _sidecar_pid, _sidecar_log
+    global _sidecar_pid, _sidecar_log, _spawning
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
     inherited = env  # the process's own environment: its children must find this job's sidecar there
@@ -400,7 +477,11 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
         if joined:  # one sidecar per job: the one a parent started follows this journal too
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
             return
-        pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
+        _spawning = True
+        try:
+            pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
+        finally:
+            _spawning = False
         if pid is None:
             core.error_line(
                 "%s off: %s; the journal remains for `lora-otel replay %s`"
@@ -595,19 +676,19 @@ def rank_attrs(env: Mapping[str, str]) -> dict[str, int]:
 
 
 _start_cwd = ""
-"""The working directory at start: the beat shows paths under it relative to it."""
+"""The working directory at start ("" when it was deleted): the beat shows paths under it relative to it."""
 
 
-def _describe_process(argv: list[str], how: str) -> None:
+def _describe_process(argv: list[str], how: str, terminal: bool = True) -> None:
+    """The process attributes and the environment self-check, on the root span, and their lines
+    (``argv``, ``cwd``, ``environment``, ``env``, ``CUDA``): at `promote`, or at an early exit that
+    is not normal (then for the journal and the ``--log`` file only: ``terminal=False``)."""
     from lora_otel._boot import envfacts, redact
 
+    say = core.info_line if terminal else core.note_line
     clean_argv = redact.redact_argv(argv)
     exe = sys.executable or ""
-    global _start_cwd
-    try:
-        cwd = _start_cwd = os.getcwd()
-    except OSError:
-        cwd = "(deleted)"
+    cwd = _start_cwd or "(deleted)"
     u = os.uname()
     attrs: dict[str, object] = {
         "process.executable.path": exe,
@@ -631,10 +712,10 @@ def _describe_process(argv: list[str], how: str) -> None:
     facts = envfacts.collect(os.environ, redact.redact_env)
     attrs.update(facts)
     core.span_attrs(core.root_id, attrs)
-    core.info_line("argv: %s" % " ".join(clean_argv))
-    core.info_line("cwd: %s" % attrs["process.working_directory"])
+    say("argv: %s" % " ".join(clean_argv))
+    say("cwd: %s" % attrs["process.working_directory"])
     for line in envfacts.lines(facts):
-        core.info_line(line)
+        say(line)
 
 
 # --- exit -----------------------------------------------------------------------------------
@@ -777,10 +858,15 @@ def _on_exit() -> None:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
         elapsed = (time.time_ns() - _started_ns) / 1e9
         if message:
+            if not core.promoted:  # a short process that failed: the facts for its journal
+                with core.fail_open("process description"):
+                    _describe_process(_argv, _how, terminal=False)
             core.error_line("exiting: %s after %.1f s" % (message, elapsed))
         else:
-            core.info_line("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
-        core.beat()
+            # A process that never became a job ends as quietly as it would without lora_otel.
+            say = core.info_line if core.promoted else core.note_line
+            say("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
+        core.beat(force=True)
         core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
         rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
         if message:
@@ -905,7 +991,8 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 
 def _before_fork() -> None:
     global _fork_parent_span
-    _fork_parent_span = core.current_span_id() if core.active else None
+    if not _spawning:
+        _fork_parent_span = core.current_span_id() if core.active else None
 
 
 _real_os_exit = os._exit
@@ -925,14 +1012,21 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
 
 
 def _after_fork_child() -> None:
-    global _sidecar_pid
+    """A forked child of a traced process: a journal of its own at once (its root span, before the
+    child does anything), the beat; no job yet (`promote`: its first beat or heavy import registers
+    its stack dump and joins the parent's sidecar), so a worker that exits at once costs little."""
+    global _sidecar_pid, _promote_lock
+    if _spawning:
+        return  # `spawn`'s own fork on the way to the sidecar's exec
     _sidecar_pid = 0  # the parent watches the sidecar it started
+    _promote_lock = _thread.allocate_lock()  # another thread may have held it at the fork
     with core.fail_open("fork hook"):
         if not core.active:
             return
         parent_path = core.journal_path
         parent_span = _fork_parent_span or core.root_id
         core.reset_for_child(os.getpid())
+        core.promoted = ""
         core.quiet = True  # a fork of a traced process: its lines go to its journal, not the terminal
         from lora_otel._boot import hooks
 
@@ -951,13 +1045,7 @@ def _after_fork_child() -> None:
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
-        _register_stack_dump()
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
-        spawn = sys.modules.get("lora_otel._boot.spawn")
-        if spawn is not None and core.journal_path:  # the parent's sidecar follows this journal too
-            joined = spawn.join_parent_sidecar(core.journal_path, os.environ)
-            if joined:
-                core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
         os.environ["TRACEPARENT"] = _traceparent()
         reset = getattr(sys.modules.get("lora_otel._boot.narrate"), "reset", None)
         if reset is not None:
@@ -1005,6 +1093,7 @@ def _beat_loop(my_pid: int) -> None:
             return
         try:
             if not narrate_loaded:  # after the first sleep: a short program never pays for it
+                promote("first beat")  # it lived a beat: a job, watched from now on
                 from lora_otel._boot import narrate, where
 
                 narrate_loaded = True

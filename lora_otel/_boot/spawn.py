@@ -1,15 +1,17 @@
 """Start the live-export sidecar for this process: detached, holding nothing of the launcher's.
 
-Standard library only; called once by the preamble, before any thread starts. The sidecar
-(``python -m lora_otel.export.sidecar``) is started by a double fork: the intermediate child
+Standard library only; called once by the preamble, when the process becomes a job
+(``preamble.promote``: its first beat, a heavy import, a stage; at start under ``lora-otel run``).
+The sidecar (``python -m lora_otel.export.sidecar``) is started by a double fork: the intermediate child
 calls ``setsid`` and forks the sidecar, then exits at once and is reaped here, so the sidecar is
 never this process's child (``os.wait()`` in the user's program never sees it) and has its own
 session (a terminal's Ctrl-C or a launcher killing the process group does not reach it). Before
 ``exec`` the sidecar's stdin and stdout become ``/dev/null``, stderr its own log file beside the
 journal, and every other descriptor is closed: it never holds the launcher's pipes.
 
-When is it started: for every job (the top-level traced process; its children register with it),
-unless ``LORA_OTEL_LIVE=0``. It exports over OTLP (`exports`) with ``LORA_OTEL_LIVE=1``, or when an
+When is it started: for every job (a traced process that became one, see ``preamble.promote``; a
+child of a job registers with the job's sidecar instead), unless ``LORA_OTEL_LIVE=0``. It exports
+over OTLP (`exports`) with ``LORA_OTEL_LIVE=1``, or when an
 OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._TRACES_ENDPOINT``) and neither
 ``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none`` is set; otherwise it runs as the local
 watchdog, which needs no OpenTelemetry SDK. ``LORA_OTEL_SIDECAR_PYTHON``
@@ -216,7 +218,10 @@ def start(
     os.close(pid_w)
     for fd in (log_fd, err_fd):
         _close(fd)
-    os.waitpid(first, 0)
+    try:
+        os.waitpid(first, 0)
+    except ChildProcessError:
+        pass  # reaped already: the program ignores SIGCHLD, or its own os.wait() took it
     try:
         data = os.read(pid_r, 32)
     finally:

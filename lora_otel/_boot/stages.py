@@ -25,6 +25,7 @@ def ensure_training(started_by: str, why: str) -> None:
         return
     if core.find_open("training") is None:
         arguments_done("none seen before training")
+        core.promote("training")
         training_id = core.span_start(
             "training", {"lora_otel.training.started_by": started_by}, parent_id=core.root_id, push=False
         )

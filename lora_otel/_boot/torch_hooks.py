@@ -165,6 +165,7 @@ def _install_cuda_hooks(torch: ModuleType) -> None:
                 return orig_init()
             sid = None
             with core.fail_open("cuda init hook"):
+                core.promote("cuda init")
                 sid = core.span_start(
                     "cuda init", {"lora_otel.cuda.visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")}
                 )
