@@ -367,6 +367,7 @@ def child_env_changes() -> dict[str, str | None] | None:
     Inside a span, ``{"TRACEPARENT": <that span>}``: the thread's innermost span, or at the top of a
     thread while ``training`` is open, ``training`` (a DataLoader starting its workers). Outside any
     span of a UI (`run_gets_own_trace`), no TRACEPARENT and ``LORA_OTEL_LAUNCHED_BY`` (None: remove)."""
+    core.settle()  # a forked child names its own spans (and its TRACEPARENT) from here on
     if not core.active or os.getpid() != core.pid:
         return None
     sid = core.current_span_id()
@@ -407,17 +408,28 @@ def install_subprocess_hook(subprocess: ModuleType) -> None:
         env: Any,
         *rest: object,
     ) -> object:
+        global preexec_fork
         with core.fail_open("subprocess hook"):
             changes = child_env_changes()
             inherited = core.traceparent(core.root_id)  # now: a forked child has a root of its own
             if changes is not None and (env is None or (hasattr(env, "get") and env.get("TRACEPARENT") == inherited)):
                 env = dict(os.environ if env is None else env)
                 _apply(env, changes)
-        return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+        if preexec_fn is None:
+            return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+        preexec_fork = get_ident()  # the fork hooks run (preexec_fn is Python); the child execs from C
+        try:
+            return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+        finally:
+            preexec_fork = 0
 
     _execute_child._lora_otel = True  # type: ignore[attr-defined]
     popen._execute_child = _execute_child
 
+
+preexec_fork = 0
+"""The thread starting a ``subprocess`` with ``preexec_fn`` right now (its id), else 0: a child
+forked then runs the fork hooks and execs from C (`preamble._subprocess_exec_target`)."""
 
 _environ_lock = allocate_lock()
 

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from lora_otel._boot import core, paths, stages
+from lora_otel._boot import core, jsonl, paths, stages
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -125,6 +125,15 @@ def _process_start(now_ns: int) -> tuple[int, int | None]:
         return now_ns, None
 
 
+def _start_ticks() -> int | None:
+    """This process's start in clock ticks since boot (``/proc/self/stat``), or None."""
+    try:
+        data = _read_proc_self("stat")
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except Exception:  # noqa: BLE001 - not Linux, or /proc not mounted
+        return None
+
+
 def _float_env(name: str, default: float, say: bool = True) -> float:
     """A non-negative number from the environment; a bad one is said in one line (unless not ``say``)."""
     raw = os.environ.get(name)
@@ -198,6 +207,12 @@ def image_identity(pid: int | str = "self") -> dict[str, object]:
 
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
+    core.write(_root_record(start_ns, parent, ticks, how, argv))
+    core.open_spans[core.root_id] = ("process", parent, 0, start_ns)
+
+
+def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> dict[str, Any]:
+    """The root span's start record (`_write_root_start`)."""
     env = os.environ
     rec = {
         "v": core.FORMAT_VERSION,
@@ -239,8 +254,7 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
         # hands, e.g. dropped root, since).
         rec["log"] = [core._log_dev, core._log_ino]
         rec["log_path"] = os.path.abspath(core.log_path)
-    core.write(rec)
-    core.open_spans[core.root_id] = ("process", parent, 0, start_ns)
+    return rec
 
 
 def start(how: str) -> None:
@@ -277,6 +291,7 @@ def _start(how: str) -> None:
     now = time.time_ns()
     _started_ns = now
     core.active = True
+    core.alone = how != "import lora_otel.auto"  # the .pth hook and `python -m lora_otel` run first
     core.pid = os.getpid()
     core.main_ident = _thread.get_ident()
     core.record_stderr()
@@ -362,7 +377,7 @@ def _start(how: str) -> None:
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
         narrate.configure(env)
-    core._promoter = promote
+    core._promoter, core._settler = promote, _settle_child
     # A process started to be watched is a job from its first instruction.
     if supervised:
         promote("lora-otel run")
@@ -372,6 +387,7 @@ def _start(how: str) -> None:
         loaded = [name for name in hooks.HEAVY_MODULES if name in sys.modules]
         if loaded:
             promote("%s already loaded" % loaded[0])
+    core.alone = False
     _start_beat()
     launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
     ui_trace, ui_span, _ = parse_traceparent(launched_by)
@@ -394,6 +410,9 @@ REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
 """`spawn.REGISTRY_ENV` (named here too: the preamble does not load `spawn` before a promotion)."""
 _OFF = ("0", "false", "no", "off")
 _promote_lock = _thread.allocate_lock()
+_promote_lock_pid = 0
+"""The process `_promote_lock` belongs to: a forked child makes its own at its first `promote`
+(another thread may have held the parent's at the fork), not in the fork hook."""
 _spawning = False
 """True while `spawn` forks the sidecar: the fork hooks leave that fork alone."""
 
@@ -412,14 +431,20 @@ def promote(reason: str) -> None:
     exits at once) pays for none of it. Never blocks: a second thread calling while the first
     promotes returns at once. Never raises.
     """
+    global _promote_lock, _promote_lock_pid
+    core.settle()  # a forked child's own state first
     if core.promoted or not core.active or os.getpid() != core.pid:
         return
+    if _promote_lock_pid != core.pid:
+        _promote_lock, _promote_lock_pid = _thread.allocate_lock(), core.pid
     if not _promote_lock.acquire(False):
         return
     try:
         if core.promoted:
             return
         core.promoted = reason or "promoted"
+        jsonl.use_c_escaper()  # a job may write many records: the C escaper is worth its load now
+        core.ensure_journal()  # a forked child's, deferred until now
         # The watchdog's means first (a stage opening right after this, watched from its start).
         with core.fail_open("stack dump"):
             _register_stack_dump()
@@ -465,7 +490,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
     The sidecar is started by a double fork, which the fork hooks leave alone (`_spawning`). If it
     cannot start, one line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
-    global _sidecar_pid, _sidecar_log, _spawning
+    global _sidecar_pid, _sidecar_log, _sidecar_owner, _spawning
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
     inherited = env  # the process's own environment: its children must find this job's sidecar there
@@ -488,7 +513,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
                 % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path)
             )
         else:
-            _sidecar_pid, _sidecar_log = pid, spawn.opened_log
+            _sidecar_pid, _sidecar_log, _sidecar_owner = pid, spawn.opened_log, core.pid
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
             inherited[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
 
@@ -848,6 +873,10 @@ def _on_exit() -> None:
         if not core.active or os.getpid() != core.pid:
             return
         how, status_code, message = exit_outcome()
+        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and not message:
+            core.active = False  # a fork that wrote nothing and ends well: nothing to say, no file
+            return
+        core.settle()
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
         if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
             with core.fail_open("narration at exit"):
@@ -894,6 +923,7 @@ def _exec_record(
     """Journal an ``exec`` record: this process is about to become ``path`` (or, with ``error``,
     its attempt failed and it goes on as it was). Only the program's own argv, redacted."""
     with core.fail_open("exec hook"):
+        core.settle()  # a forked child's journal, not its parent's
         if not core.active or os.getpid() != core.pid:
             return
         from lora_otel._boot import redact
@@ -972,7 +1002,10 @@ def _install_exec_hooks() -> None:
 
 def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
     """In a child forked by ``subprocess.Popen`` with ``preexec_fn`` (CPython runs the at-fork
-    hooks then, and execs from C right after): ``(executable, args)``; else None."""
+    hooks then, and execs from C right after): ``(executable, args)``; else None. (Asked only
+    when the subprocess hook says such a start is under way in the forking thread.)"""
+    if getattr(sys.modules.get("lora_otel._boot.hooks"), "preexec_fork", 0) != core.main_ident:
+        return None
     try:
         frame = sys._getframe(2)  # 0: this, 1: _after_fork_child, 2: who forked (C frames are skipped)
     except ValueError:
@@ -1003,6 +1036,8 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
     ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
+    if status == 0 and (core.forked_at or (core._deferred is not None and not core.promoted)):
+        _real_os_exit(0)  # a fork that wrote nothing and ends well: nothing to say (see _on_exit)
     try:
         if core.active and os.getpid() == core.pid:
             _exit_code, _raised_exit = status, (0, status)
@@ -1011,52 +1046,79 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
         _real_os_exit(status)
 
 
+_child_of: tuple[str, int] = ("", 0)
+"""A settled forked child's root span: the span that forked it and when (`_settle_child`)."""
+
+
+def _child_root() -> dict[str, Any]:
+    """A forked child's root span start record, made when its journal is created (`core.defer_journal`)."""
+    return _root_record(_child_of[1], _child_of[0], _start_ticks(), "fork", sys.argv)
+
+
 def _after_fork_child() -> None:
-    """A forked child of a traced process: a journal of its own at once (its root span, before the
-    child does anything), the beat; no job yet (`promote`: its first beat or heavy import registers
-    its stack dump and joins the parent's sidecar), so a worker that exits at once costs little."""
-    global _sidecar_pid, _promote_lock
+    """A forked child of a traced process: the beat, and nothing it need not do yet — every page
+    the child writes after the fork is a copy (~3 µs each), so a fork that exits at once should
+    write few (`core.forked`). Its first record, span, beat or promotion settles it
+    (`_settle_child`); it becomes a job like any process (`promote`)."""
     if _spawning:
         return  # `spawn`'s own fork on the way to the sidecar's exec
-    _sidecar_pid = 0  # the parent watches the sidecar it started
-    _promote_lock = _thread.allocate_lock()  # another thread may have held it at the fork
-    with core.fail_open("fork hook"):
+    with _FORK_HOOK:
         if not core.active:
             return
-        parent_path = core.journal_path
-        parent_span = _fork_parent_span or core.root_id
-        core.reset_for_child(os.getpid())
-        core.promoted = ""
-        core.quiet = True  # a fork of a traced process: its lines go to its journal, not the terminal
-        from lora_otel._boot import hooks
-
-        stages.training_id = None
-        hooks._importing.clear()
-        now = time.time_ns()
-        core.root_id = core.new_span_id()
-        # The parent's directory, only while it exists: never create again one the program removed.
-        core.open_journal(
-            paths.child_journal_path(parent_path, core.pid)
-            if parent_path
-            else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
-            make_dir=False,
-        )
-        _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
+        core.forked(os.getpid(), time.time_ns())
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
+        _start_beat()
+
+
+_FORK_HOOK = core.fail_open("fork hook")  # made once: nothing new to allocate in each child
+_settle_lock = _thread.allocate_lock()
+
+
+def _settle_child() -> None:
+    """A forked child takes over its own state (`core.settle`, at its first record, span, beat or
+    promotion): a root span under the span that forked it, a journal of its own — created by its
+    first record, with the root span's start first (`core.defer_journal`): a fork that writes
+    nothing and exits normally leaves no file — and ``TRACEPARENT`` naming its root for what it
+    starts. A second thread arriving meanwhile waits for it (a second at most)."""
+    global _child_of
+    locked = _settle_lock.acquire(True, 1.0)
+    try:
+        fork_ns = core.forked_at
+        if not fork_ns:
+            return
+        parent_span = _fork_parent_span or core.root_id
+        parent_path = core.journal_name()
+        _child_of = (parent_span, fork_ns)
+        core.reset_for_child(parent_span, fork_ns)
+        stages.training_id = None
+        importing = getattr(sys.modules.get("lora_otel._boot.hooks"), "_importing", None)
+        if importing:  # a thread inside a traced import at the fork (it does not exist here)
+            importing.clear()
+        core.defer_journal(
+            paths.child_journal_path(parent_path, core.pid)
+            if parent_path
+            else paths.choose_journal_path(sys.argv, os.environ, core.pid, fork_ns / 1e9),
+            _child_root,
+        )
         os.environ["TRACEPARENT"] = _traceparent()
         reset = getattr(sys.modules.get("lora_otel._boot.narrate"), "reset", None)
         if reset is not None:
             reset()  # the parent's stages are not this process's
-        _start_beat()
+        core.forked_at = 0
+    finally:
+        if locked:
+            _settle_lock.release()
 
 
 # --- beat -----------------------------------------------------------------------------------
 
 _sidecar_pid = 0
 """The live-export sidecar this process started (0: none); the beat watches it."""
+_sidecar_owner = 0
+"""The pid of the process that started `_sidecar_pid` (a forked child has it in memory too)."""
 _sidecar_log = ""
 
 
@@ -1073,9 +1135,9 @@ def _sidecar_gone(pid: int) -> bool:
 
 def _check_sidecar() -> None:
     """Once, when the sidecar is gone while the job runs: live export has stopped; say so (stderr,
-    journal) with how to ship the journal later."""
+    journal) with how to ship the journal later. (A forked child leaves that to its parent.)"""
     global _sidecar_pid
-    if _sidecar_pid and _sidecar_gone(_sidecar_pid):
+    if _sidecar_pid and _sidecar_owner == core.pid and _sidecar_gone(_sidecar_pid):
         core.error_line(
             "live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
             "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path)
