@@ -193,7 +193,7 @@ def idle_growth(seconds: float, work: str) -> dict:
     )
     try:
         time.sleep(5.0)
-        [journal] = [p for p in Path(jdir).glob("*.otel.jsonl")]
+        [journal] = list(Path(jdir).glob("*.otel.jsonl"))
         size0, t0 = journal.stat().st_size, time.monotonic()
         time.sleep(seconds)
         size1, t1 = journal.stat().st_size, time.monotonic()
