@@ -15,6 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: the names come from __getattr__
     from lora_otel._boot.api import mark, progress, stage
     from lora_otel._version import __version__
+del TYPE_CHECKING
 
 __all__ = ["__version__", "mark", "progress", "stage"]
 
