@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
 
     from _typeshed import FileDescriptorOrPath, StrOrBytesPath
 
+_os_fork, _os_waitpid = os.fork, os.waitpid
+"""The interpreter's own, for starting the sidecar (`promote`, maybe long after the program
+replaced them: gevent's ``monkey.patch_all()``)."""
 _started_ns = 0
 _exit_code: object = None
 _fork_parent_span: str | None = None
@@ -504,7 +507,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
             return
         _spawning = True
         try:
-            pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
+            pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id, _os_fork, _os_waitpid)
         finally:
             _spawning = False
         if pid is None:

@@ -28,7 +28,7 @@ from lora_otel._boot import paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
 REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
 """``<sidecar pid>:<registry file>``, set for the children of a process that started a sidecar.
@@ -119,11 +119,15 @@ def start(
     watched_pid: int,
     env: Mapping[str, str] | None = None,
     stderr_id: tuple[int, ...] | None = None,
+    fork: Callable[[], int] = os.fork,
+    waitpid: Callable[[int, int], tuple[int, int]] = os.waitpid,
 ) -> tuple[int, None] | tuple[None, str]:
     """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start.
 
     ``stderr_id``: ``(st_dev, st_ino)`` of this process's stderr at start (`core.stderr_id`), so
-    the sidecar can write the lines this process cannot (frozen, killed) to that stderr only."""
+    the sidecar can write the lines this process cannot (frozen, killed) to that stderr only.
+    ``fork``/``waitpid``: the interpreter's own, taken before the program could replace them
+    (gevent's and eventlet's monkey-patching replace both, and theirs fail outside the main thread)."""
     env = os.environ if env is None else env
     python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
     if not python or not os.access(python, os.X_OK):
@@ -200,7 +204,7 @@ def start(
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
-            first = os.fork()
+            first = fork()
     except OSError as e:
         for fd in (log_fd, err_fd, pid_r, pid_w):
             _close(fd)
@@ -208,7 +212,7 @@ def start(
     if first == 0:  # intermediate child
         try:
             os.setsid()
-            second = os.fork()
+            second = fork()
             if second:
                 os.write(pid_w, str(second).encode())
                 os._exit(0)
@@ -219,7 +223,7 @@ def start(
     for fd in (log_fd, err_fd):
         _close(fd)
     try:
-        os.waitpid(first, 0)
+        waitpid(first, 0)
     except ChildProcessError:
         pass  # reaped already: the program ignores SIGCHLD, or its own os.wait() took it
     try:
