@@ -247,6 +247,7 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
             "process.pid": core.pid,
             "process.parent_pid": os.getppid(),
             "lora_otel.activation": how,
+            **rank_attrs(env),  # (a rank is known from its first record: the job's views group by it)
         },
     }
     if core.stderr_path:
@@ -736,7 +737,6 @@ def _describe_process(argv: list[str], how: str, terminal: bool = True) -> None:
         pass
     if core.log_path:
         attrs["lora_otel.log.path"] = core.log_path
-    attrs.update(rank_attrs(os.environ))
     facts = envfacts.collect(os.environ, redact.redact_env)
     attrs.update(facts)
     core.span_attrs(core.root_id, attrs)
