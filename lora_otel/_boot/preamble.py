@@ -457,7 +457,13 @@ def promote(reason: str) -> None:
         with core.fail_open("promotion"):
             core.span_attrs(core.root_id, {"lora_otel.promoted": core.promoted})
         with core.fail_open("process description"):
-            _describe_process(_argv, _how)
+            for attempt in range(3):
+                try:  # (maybe in the beat thread, while the program's threads change os.environ)
+                    _describe_process(_argv, _how)
+                    break
+                except RuntimeError:  # a dict changed size during its iteration: read it again
+                    if attempt == 2:
+                        raise
     finally:
         _promote_lock.release()
 
