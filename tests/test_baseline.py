@@ -135,9 +135,9 @@ def test_round_trip_on_this_interpreter(tmp_path: Path, capsys) -> None:
 
 
 def test_real_traced_run_agrees_with_this_interpreter(tmp_path: Path, capsys) -> None:
-    """The self-check a real traced process records is the environment `baseline save` sees here; and
-    a run compared with a baseline of itself has no drift."""
-    r = run_traced(["-c", "import json"], tmp_path)
+    """The self-check a real traced job records is the environment `baseline save` sees here; and
+    a run compared with a baseline of itself has no drift. (A stage makes the run a job.)"""
+    r = run_traced(["-c", "import json\nimport lora_otel\nwith lora_otel.stage('x'):\n    pass"], tmp_path)
     assert r.returncode == 0, r.stderr
     [journal] = journals(tmp_path / "lora-otel")
     base = tmp_path / "run.json"

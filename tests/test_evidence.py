@@ -13,6 +13,11 @@ from lora_otel.analysis.evidence import PREFIX, gather, network_facts, process_f
 from lora_otel.journal.reader import read_journal
 
 
+def stacks_registered(path: Path) -> None:
+    """Wait for the stack dump, which a process registers when it becomes a job (its first beat)."""
+    wait_for(lambda: "lora_otel.stacks.signal" in read_journal(path).root.attrs, what="the stack dump")
+
+
 def test_sleeping_import_evidence(tmp_path: Path) -> None:
     """A process sleeping in an import: state sleeping, ~0 % CPU, RSS and threads, its stack names the import."""
     make_module(tmp_path, "slowmod", "import time\ndef wait_for_hub():\n    time.sleep(600)\nwait_for_hub()\n")
@@ -20,6 +25,7 @@ def test_sleeping_import_evidence(tmp_path: Path) -> None:
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import slowmod"), what="import span")
         [path] = journals(tmp_path / "lora-otel")
+        stacks_registered(path)
         ev = gather(proc.pid, stack_request(read_journal(path)))
         assert ev[PREFIX + "process.state"].startswith("S")
         assert ev[PREFIX + "process.cpu_percent"] < 20
@@ -39,6 +45,7 @@ def test_busy_and_stopped_processes(tmp_path: Path) -> None:
     proc = start_traced(tmp_path, "import busymod\n")
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import busymod"), what="import span")
+        stacks_registered(journals(tmp_path / "lora-otel")[0])
         assert process_facts(proc.pid, sample_s=0.5)[PREFIX + "process.cpu_percent"] > 50
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: process_facts(proc.pid, 0.05)[PREFIX + "process.state"].startswith("T"), what="stopped")

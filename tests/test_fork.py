@@ -61,8 +61,9 @@ def test_forked_children_get_their_own_journals(tmp_path: Path) -> None:
 
 
 def test_multiprocessing_fork_worker_records_its_exit(tmp_path: Path) -> None:
-    """multiprocessing's fork workers end with os._exit(exitcode): their journals still get an exit
-    record with that code (0, and 1 for a target that raised), so they do not read as killed."""
+    """multiprocessing's fork workers end with os._exit(exitcode): one whose target raised gets a
+    journal with an exit record of that code (1), so it does not read as killed; one that wrote
+    nothing and exits 0 at once leaves no journal at all."""
     (tmp_path / "job.py").write_text(
         "import multiprocessing as mp\n"
         "def ok():\n    pass\n"
@@ -77,27 +78,26 @@ def test_multiprocessing_fork_worker_records_its_exit(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     children = [read_journal(p) for p in journals(tmp_path / "lora-otel") if p.name.count(".") > 2]
-    assert sorted(j.exit["code"] for j in children) == [0, 1]
+    assert sorted(j.exit["code"] for j in children) == [1]
     assert all(j.root.end_ns is not None for j in children)
 
 
 SPAWNING = """
 import multiprocessing as mp, os, subprocess, sys, time, lora_otel
-C = "import sys; print(sys.argv)"
 
 def work():
     pass
 
 if __name__ == "__main__":
-    subprocess.run([sys.executable, "-c", C, "top"], check=True)
+    subprocess.run([sys.executable, "top.py"], check=True)
     with lora_otel.stage("convert"):
-        subprocess.run([sys.executable, "-c", C, "inherited"], check=True)
+        subprocess.run([sys.executable, "inherited.py"], check=True)
         env = os.environ.copy()
         env["EXTRA"] = "1"
-        subprocess.run([sys.executable, "-c", C, "copied env"], env=env, check=True)
-        subprocess.run([sys.executable, "-c", C, "own traceparent"], check=True,
+        subprocess.run([sys.executable, "copied env.py"], env=env, check=True)
+        subprocess.run([sys.executable, "own traceparent.py"], check=True,
                        env=dict(env, TRACEPARENT="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"))
-        os.popen(sys.executable + " -c 'import sys' popen").read()
+        os.popen(sys.executable + " popen.py").read()
     with lora_otel.stage("workers"):
         p = mp.get_context("spawn").Process(target=work)
         p.start()
@@ -107,11 +107,30 @@ if __name__ == "__main__":
 """
 
 
+def children_scripts(tmp_path: Path, *names: str) -> None:
+    """One script per child, named for its role: a short child is no job, so its journal names it
+    by its root's ``service.name`` (the script's name), not by the argv a job's journal has."""
+    for name in names:
+        (tmp_path / (name + ".py")).write_text("import sys\n")
+
+
+def role(j) -> str:
+    """A child's role: its script's name, else what multiprocessing started it as."""
+    name = j.root.attrs["service.name"]
+    if name != "python":
+        return name
+    if any("resource_tracker" in s.name for s in j.spans):
+        return "resource tracker"
+    parsers = [s.attrs.get("lora_otel.arguments.parser") for s in j.spans if s.name == "arguments"]
+    return "spawn worker" if parsers == ["multiprocessing worker"] else "python"
+
+
 def test_spawned_children_hang_under_the_span_that_started_them(tmp_path: Path) -> None:
     """subprocess (with the inherited environment, a copy of it, os.popen) and a multiprocessing
     spawn worker started inside a stage hang under that stage; one started outside any stage under
     the root; an env with its own TRACEPARENT keeps it; the job's os.environ is unchanged."""
     (tmp_path / "job.py").write_text(SPAWNING)
+    children_scripts(tmp_path, "top", "inherited", "copied env", "own traceparent", "popen")
     r = subprocess.run(
         [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
     )
@@ -122,13 +141,8 @@ def test_spawned_children_hang_under_the_span_that_started_them(tmp_path: Path) 
     assert r.stdout.split("PARENT done ")[1].split("-")[2] == parent.root.span_id
     under = {}
     for j in js:
-        if j is parent:
-            continue
-        args = j.root.attrs["process.command_args"]
-        what = args[-1] if "--multiprocessing-fork" not in args else "spawn worker"
-        if "resource_tracker" in str(args) or any("resource_tracker" in s.name for s in j.spans):
-            what = "resource tracker"
-        under[what] = j.root.parent_id
+        if j is not parent:
+            under[role(j)] = j.root.parent_id
     assert under == {
         "top": parent.root.span_id,
         "inherited": stage["convert"],
@@ -182,13 +196,14 @@ def test_os_system_and_a_ui_run(tmp_path: Path) -> None:
     of its own linked to the launcher; one inside a stage stays in the launcher's trace."""
     (tmp_path / "job.py").write_text(
         "import os, subprocess, sys, lora_otel\n"
-        "C = sys.executable + \" -c 'import sys' \"\n"
-        "os.system(C + 'top')\n"
-        "subprocess.run([sys.executable, '-c', 'import sys', 'popen'])\n"
+        "C = sys.executable + ' '\n"
+        "os.system(C + 'top.py')\n"
+        "subprocess.run([sys.executable, 'popen.py'])\n"
         "with lora_otel.stage('convert'):\n"
-        "    os.system(C + 'staged')\n"
+        "    os.system(C + 'staged.py')\n"
         "assert 'LORA_OTEL_LAUNCHED_BY' not in os.environ and os.environ['TRACEPARENT']\n"
     )
+    children_scripts(tmp_path, "top", "popen", "staged")
     for per_run in ("0", "1"):
         d = tmp_path / ("per-run-" + per_run)
         r = subprocess.run(
@@ -201,9 +216,9 @@ def test_os_system_and_a_ui_run(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr
         js = [read_journal(p) for p in journals(d)]
-        [parent] = [j for j in js if j.root.attrs["process.command_args"][-1].endswith("job.py")]
+        [parent] = [j for j in js if role(j) == "job"]
         stage = next(s.span_id for s in parent.spans if s.name == "convert")
-        by = {j.root.attrs["process.command_args"][-1]: j for j in js if j is not parent}
+        by = {role(j): j for j in js if j is not parent}
         assert sorted(by) == ["popen", "staged", "top"]
         assert by["staged"].root.parent_id == stage and by["staged"].trace_id == parent.trace_id
         for run in ("top", "popen"):
@@ -224,17 +239,18 @@ def test_forked_child_places_its_own_children_under_its_stage(tmp_path: Path) ->
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    with lora_otel.stage('in child'):\n"
-        "        subprocess.run([sys.executable, '-c', 'pass', 'grandchild'], env=os.environ.copy())\n"
+        "        subprocess.run([sys.executable, 'grandchild.py'], env=os.environ.copy())\n"
         "    os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
     )
+    children_scripts(tmp_path, "grandchild")
     r = subprocess.run(
         [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
     js = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     [child] = [j for j in js if any(s.name == "in child" for s in j.spans)]
-    [grandchild] = [j for j in js if j.root.attrs.get("process.command_args", [""])[-1] == "grandchild"]
+    [grandchild] = [j for j in js if role(j) == "grandchild"]
     assert grandchild.root.parent_id == next(s.span_id for s in child.spans if s.name == "in child")
 
 

@@ -160,9 +160,10 @@ def test_chinese_argv_and_secrets(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(1))
 def test_non_utf8_argv(tmp_path: Path, seed: int) -> None:
-    """Non-UTF-8 bytes in argv: the journal stays valid UTF-8 JSON and the program runs."""
+    """Non-UTF-8 bytes in argv: the journal stays valid UTF-8 JSON and the program runs. (Its stage
+    makes it a job, whose argv the journal records.)"""
     path = tmp_path / "job.py"
-    path.write_text("import sys\nprint('ARGS', len(sys.argv))\n")
+    path.write_text("import lora_otel, sys\nwith lora_otel.stage('work'):\n    print('ARGS', len(sys.argv))\n")
     r = subprocess.run(
         [PYTHON.encode(), str(path).encode(), b"--name", b"\xff\xfe\x80bad"],
         cwd=tmp_path,

@@ -76,6 +76,7 @@ os.closerange(3, %s)
 files = [open("results-%%d.txt" %% i, "w") for i in range(4)]   # the numbers lora_otel had
 pid = os.fork()
 if pid == 0:
+    lora_otel.mark("child at work")  # a record: the child takes over (its journal, the parent's let go)
     for f in files:
         f.write("child result\n")
         f.flush()
@@ -94,8 +95,8 @@ for f in files:
 def test_forked_child_results_land_in_the_users_file(tmp_path: Path, close_to: str) -> None:
     """A forked child of a program that closed every descriptor and opened its results files writes
     its results to those files (lora_otel's fork handler must not close a number that is the
-    program's now), and to a file it opens itself; parent and child each have a complete journal
-    holding none of it."""
+    program's now), and to a file it opens itself; parent and child (which says something, so it
+    has a journal) each have a complete journal holding none of it."""
     r = _run(tmp_path, FORK_PROG % close_to)
     assert r.returncode == 0, r.stderr
     for i in range(4):
@@ -234,6 +235,8 @@ if os.fork():
 os.setsid()
 if os.fork():
     os._exit(0)
+import lora_otel
+lora_otel.mark("daemon up")  # a record: the daemon's journal is open before the closerange
 os.closerange(0, os.sysconf("SC_OPEN_MAX"))
 pidfile = open(out + "/d.pid", "w")                    # descriptor 0
 log = open(out + "/d.log", "a")                        # descriptor 1

@@ -245,7 +245,11 @@ def test_planted_children_registry_is_not_followed(tmp_path: Path, shared: Path,
     pid 1): the victim's sidecar never follows the forged journal."""
     reg, forged = shared / "run.log.children", shared / "forged.otel.jsonl"
     as_attacker(attacker, FORGED, str(shared), str(reg), str(forged))
-    (tmp_path / "job.py").write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'])\n")
+    child = "import lora_otel\nwith lora_otel.stage('child'):\n    pass\n"  # a stage: a job, which joins
+    (tmp_path / "job.py").write_text(
+        "import lora_otel, subprocess, sys\nwith lora_otel.stage('run'):\n"
+        "    subprocess.run([sys.executable, '-c', %r])\n" % child
+    )
     r = subprocess.run(
         [PYTHON, str(tmp_path / "job.py"), "--log", str(shared / "run.log")],
         cwd=tmp_path,

@@ -89,9 +89,13 @@ class TestExec:
     def test_python_wrapper_that_execs_sleep(self, tmp_path: Path, collector) -> None:
         """``os.execv("/bin/sleep", ...)`` from a traced wrapper: the sleep outlives the frozen limit
         and exits 0; the journal has an ``exec`` record; inspect and the sidecar say "exec'd into
-        /bin/sleep", not killed, frozen or stalled."""
+        /bin/sleep", not killed, frozen or stalled. (The wrapper says a stage first, which makes it a
+        job with a sidecar: a wrapper that execs at once is none, and starts none.)"""
         t0 = time.monotonic()
-        r = run_job(tmp_path, 'import os\nos.execv("/bin/sleep", ["sleep", "5"])\n', collector.http_endpoint)
+        script = (
+            'import os, lora_otel\nwith lora_otel.stage("prepare"):\n    pass\nos.execv("/bin/sleep", ["sleep", "5"])\n'
+        )
+        r = run_job(tmp_path, script, collector.http_endpoint)
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
         assert time.monotonic() - t0 >= 5
         wait_sidecar_gone(tmp_path)
@@ -347,8 +351,9 @@ class TestHandlers:
 
 def test_bad_stack_signal_value_warns_once_and_uses_the_default(tmp_path: Path) -> None:
     """``LORA_OTEL_STACK_SIGNAL=SIGKILL`` (not a number) or ``9``: one line on stderr, the default
-    signal is used; a valid number is used as given."""
-    (tmp_path / "job.py").write_text("pass\n")
+    signal is used; a valid number is used as given (said by a job, when it registers its stack
+    dump: a stage makes this one a job)."""
+    (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('x'):\n    pass\n")
     default = STACK_SIGNAL
     for value, expected in (("SIGKILL", default), ("9", default), ("50", 50)):
         d = tmp_path / value

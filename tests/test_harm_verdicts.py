@@ -59,8 +59,8 @@ def assert_outcome(tmp_path: Path, r: subprocess.CompletedProcess, status: int, 
     assert j.exit is not None and j.exit["code"] == status, j.exit
     assert j.root is not None and j.root.attrs["process.exit.code"] == status
     assert j.root.status == ("error" if status else "ok")
-    if message is None:
-        assert "exiting normally" in r.stderr + r.stdout or "--" in r.args
+    if message is None:  # (on the terminal only for a job; in the journal always)
+        assert any(ln.msg.startswith("exiting normally") for ln in j.lines) or "--" in r.args, j.lines
     else:
         assert message in (j.exit["message"] or ""), j.exit
     s = summary(tmp_path / "j")
@@ -227,7 +227,8 @@ class TestPoolShutdown:
         """`with multiprocessing.Pool(4) as p: p.map(...)`: Pool.__exit__ terminates its idle
         workers (SIGTERM). The job finished as the user wanted: inspect DIR --summary says finished
         and exits 0, and the workers read as stopped by their parent (before: `killed (no exit
-        record)`, exit status 3)."""
+        record)`, exit status 3). (Forked workers that never wrote a record leave no journal: with
+        ``fork`` and ``forkserver`` there may be none to judge.)"""
         (tmp_path / "pool.py").write_text(POOL)
         jdir = tmp_path / "j"
         r = subprocess.run(
@@ -249,7 +250,8 @@ class TestPoolShutdown:
             timeout=60,
         )
         assert full.returncode == 0, full.stdout + full.stderr
-        assert "stopped by its parent with SIGTERM" in full.stdout, full.stdout
+        if method == "spawn":  # a spawned worker has a journal from its first instruction
+            assert "stopped by its parent with SIGTERM" in full.stdout, full.stdout
 
 
 @pytest.mark.parametrize("mode", ["LORA_OTEL=1", "lora-otel run", "python -m lora_otel", "import lora_otel.auto"])

@@ -338,9 +338,10 @@ def test_stall_record_leads_inspect_and_watch(tmp_path: Path) -> None:
 
 
 def test_garbage_otlp_endpoint_is_one_line_in_the_jobs_output(tmp_path: Path) -> None:
-    """``OTEL_EXPORTER_OTLP_ENDPOINT=garbage``: one line at start in the job's own output naming the
-    variable and what is done instead; the job runs on and its stdout is its own."""
-    (tmp_path / "job.py").write_text("print('hello')\n")
+    """``OTEL_EXPORTER_OTLP_ENDPOINT=garbage``: one line in the job's own output naming the
+    variable and what is done instead, when it becomes a job (here: its stage); the job runs on
+    and its stdout is its own."""
+    (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('x'):\n    print('hello')\n")
     r = subprocess.run(
         [PYTHON, "job.py", "--log", "run.log"],
         cwd=tmp_path,

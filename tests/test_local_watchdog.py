@@ -488,15 +488,18 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
 def test_one_watchdog_per_job_also_with_a_bad_endpoint(tmp_path: Path) -> None:
     """A job whose OTEL_EXPORTER_OTLP_ENDPOINT is not a URL (dropped with one line) still has one
     sidecar for the job: a child process joins its parent's (the registry once went into a copy
-    of the environment, so every child started a sidecar of its own)."""
+    of the environment, so every child started a sidecar of its own). Both processes say a stage,
+    which makes each a job (a process that ends at once, not one, starts no sidecar at all)."""
     import subprocess as sp
 
     from procs import PYTHON, clean_env, journals
 
     from lora_otel.journal.reader import read_journal
 
+    child = "import lora_otel\nwith lora_otel.stage('child work'):\n    pass\n"
     (tmp_path / "job.py").write_text(
-        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+        "import lora_otel, subprocess, sys\nwith lora_otel.stage('run child'):\n"
+        "    subprocess.run([sys.executable, '-c', %r], check=True)\n" % child
     )
     r = sp.run(
         [PYTHON, "job.py"],

@@ -31,8 +31,10 @@ class TestPackage:
         assert lora_otel.__all__ == sorted(lora_otel.__all__)
 
     def test_all_is_the_public_names(self) -> None:
-        """``lora_otel.__all__`` names exactly the package's public names, plus ``__version__``."""
+        """``lora_otel.__all__`` names exactly the package's public names, plus ``__version__`` (they
+        load on first use: the .pth hook imports the package in every process)."""
         assert lora_otel.__all__ == ["__version__", "mark", "progress", "stage"]
+        assert all(getattr(lora_otel, name) is not None for name in lora_otel.__all__)
         assert sorted(lora_otel.__all__) == sorted(["__version__", *_public_names(lora_otel)])
 
     def test_api_is_callable(self) -> None:

@@ -87,17 +87,18 @@ def test_pythons_under_a_shell_get_their_own_journals(tmp_path: Path) -> None:
 
 
 def test_python_dash_m_keeps_the_module_name(tmp_path: Path) -> None:
-    """`python -m json.tool`: argv in the journal starts with the module's name, not '-m'."""
-    (tmp_path / "in.json").write_text("{}")
+    """`python -m json.tool`: argv in the journal starts with the module's name, not '-m'. (Here
+    it fails, on a file that is not there: a short process that fails keeps its argv in its
+    journal, as a job does.)"""
     r = subprocess.run(
-        [PYTHON, "-m", "json.tool", "in.json"],
+        [PYTHON, "-m", "json.tool", "missing.json"],
         cwd=tmp_path,
         env=clean_env(LORA_OTEL="1"),
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode != 0, r.stderr
     j = only_journal(tmp_path / "lora-otel")
     assert j.root.attrs["process.command"] == "json.tool"
-    assert j.root.attrs["process.command_args"][1:] == ["json.tool", "in.json"]
+    assert j.root.attrs["process.command_args"][1:] == ["json.tool", "missing.json"]

@@ -61,17 +61,26 @@ def test_preamble_loads_only_stdlib_and_itself(tmp_path: Path) -> None:
     ids=["journal only (LORA_OTEL_LIVE=0)", "starting the local watchdog", "starting the sidecar"],
 )
 def test_pth_activation_loads_only_stdlib(tmp_path: Path, mode: str) -> None:
-    """`LORA_OTEL=1 python -X importtime -c pass`: every module imported is stdlib or lora_otel, and
+    """`LORA_OTEL=1 python -X importtime -c CODE`: every module imported is stdlib or lora_otel, and
     none of the slow ones (json, re, typing, threading...), also when it starts the sidecar (for
-    every job unless LORA_OTEL_LIVE=0; with an endpoint, or as the local watchdog)."""
+    every job unless LORA_OTEL_LIVE=0; with an endpoint, or as the local watchdog). ``pass`` is no
+    job: it starts no sidecar and loads nothing a job needs (``spawn``, ``envfacts``, ``redact``)."""
     live = mode != "off"
     extra = {
         "off": {"LORA_OTEL_LIVE": "0"},
         "local": {"LORA_OTEL_SIDECAR_PYTHON": "/bin/true"},
         "otlp": {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "LORA_OTEL_SIDECAR_PYTHON": "/bin/true"},
     }[mode]
+    short = _modules(tmp_path, "pass", extra)
+    assert not {"lora_otel._boot.spawn", "lora_otel._boot.envfacts", "lora_otel._boot.redact"} & set(short), short
+    job = _modules(tmp_path, "import lora_otel\nwith lora_otel.stage('x'):\n    pass\n", extra)
+    assert ("lora_otel._boot.spawn" in job) == live
+
+
+def _modules(tmp_path: Path, code: str, extra: dict) -> list[str]:
+    """The modules ``python -X importtime -c code`` imports, checked: stdlib or lora_otel, none slow."""
     r = subprocess.run(
-        [PYTHON, "-X", "importtime", "-c", "pass"],
+        [PYTHON, "-X", "importtime", "-c", code],
         cwd=tmp_path,
         env=clean_env(LORA_OTEL="1", **extra),
         capture_output=True,
@@ -90,4 +99,4 @@ def test_pth_activation_loads_only_stdlib(tmp_path: Path, mode: str) -> None:
     assert outside == [], outside
     slow = ("opentelemetry", "json", "re", "typing", "threading", "subprocess", "importlib.metadata")
     assert not [m for m in mods if m.split(".")[0] in slow or m.startswith("importlib.metadata")], mods
-    assert ("lora_otel._boot.spawn" in mods) == live
+    return mods

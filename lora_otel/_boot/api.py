@@ -175,6 +175,7 @@ class stage:  # noqa: N801 - used like a function: ``with lora_otel.stage("load 
                 if self.name == "training":
                     stages.arguments_done("none seen before training")
                 attrs = _clean_attrs(self.attrs) if self.attrs else {}
+                core.promote("stage %s" % self.name)  # a program that says its stages is a job
                 self._sid = core.span_start(self.name, attrs)
                 if self.name == "training":
                     stages.training_id = self._sid

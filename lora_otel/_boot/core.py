@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import time
-from _thread import RLock, get_ident
+from _thread import RLock, allocate_lock, get_ident
 
-from lora_otel._boot.jsonl import _quote, dumps_line
+from lora_otel._boot import jsonl
+from lora_otel._boot.jsonl import dumps_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -78,6 +79,38 @@ promoted = ""
 """Why this process counts as a job (a process worth watching), or "" while it does not yet: set
 once, by the preamble, when it first lives to a beat, imports something heavy or opens a stage (and
 then starts the sidecar). A process that ends before that, normally, leaves nothing behind."""
+_promoter: Callable[[str], None] | None = None
+"""The preamble's ``promote`` (set at start): what `promote` calls."""
+forked_at = 0
+"""In a forked child that has not taken over its own state yet: when the fork happened (ns); else
+0. The fork hook only sets this and a few flags (`forked`): every page a child writes after the
+fork is a copy, so a fork that exits at once should write few. The child's first record, span,
+beat or promotion takes over (`settle`): its root span, its journal (deferred until a record),
+its environment."""
+_settler: Callable[[], None] | None = None
+"""The preamble's ``_settle_child`` (set at start): what `settle` calls."""
+
+
+def forked(new_pid: int, now_ns: int) -> None:
+    """In the fork hook: this is process ``new_pid`` now, forked at ``now_ns``, not settled yet
+    (`forked_at`); not a job, its lines off the terminal (`quiet`)."""
+    global pid, main_ident, forked_at, promoted, quiet
+    pid, main_ident, forked_at, promoted, quiet = new_pid, get_ident(), now_ns, "", True
+
+
+def settle() -> None:
+    """A forked child takes over its own state now, once (`forked_at`); nothing otherwise."""
+    if forked_at and _settler is not None:
+        _settler()
+
+
+def promote(reason: str) -> None:
+    """Make this process a job now, unless it is one already (see `promoted`): the triggers below
+    the preamble (a heavy import, CUDA initialisation, a stage, training) call this. Cheap when
+    there is nothing to do: one truth test."""
+    if not promoted and _promoter is not None:
+        _promoter(reason)
+
 
 steps = 0
 last_step_ns: int | None = None
@@ -444,6 +477,50 @@ def open_journal(path: str, exact: bool = False, make_dir: bool = True) -> str:
     return ""
 
 
+_deferred: tuple[str, Callable[[], dict[str, Any]]] | None = None
+"""A forked child's journal not created yet: its path and what makes its first record (the root
+span). `defer_journal` sets it; the first record written creates the file (`ensure_journal`)."""
+_deferred_lock = allocate_lock()
+
+
+def defer_journal(path: str, first_record: Callable[[], dict[str, Any]]) -> None:
+    """Create the journal at ``path`` only when the first record is written (a forked child: its
+    first span, line or beat, or its promotion), starting with ``first_record()``. A fork that
+    exits at once, normally, so creates no file at all. Until then `journal_path` is ""."""
+    global _deferred, _deferred_lock, journal_path
+    _deferred, _deferred_lock, journal_path = (path, first_record), allocate_lock(), ""
+
+
+def journal_name() -> str:
+    """The journal's path, also while it waits for its first record (`defer_journal`)."""
+    return _deferred[0] if _deferred is not None else journal_path
+
+
+def journal_deferred() -> bool:
+    """Whether this process's journal waits for its first record (`defer_journal`)."""
+    return _deferred is not None
+
+
+def ensure_journal() -> bool:
+    """Create a deferred journal now (`defer_journal`), with its first record; whether there is a
+    journal to write to. Another thread creating it meanwhile is waited for, at most a second."""
+    global _deferred
+    if _deferred is None:
+        return _journal_fd >= 0
+    if not _deferred_lock.acquire(True, 1.0):
+        return False
+    try:
+        if _deferred is None:
+            return _journal_fd >= 0
+        (path, first_record), _deferred = _deferred, None
+        # The parent's directory, only while it exists: never create again one the program removed.
+        if open_journal(path, make_dir=False):
+            write(first_record())
+    finally:
+        _deferred_lock.release()
+    return _journal_fd >= 0
+
+
 # Record fields that are never free text: a remembered secret is not looked for in them.
 _ID_FIELDS = frozenset(("v", "k", "ts", "trace_id", "span_id", "parent_id", "pid", "ppid", "start_ticks"))
 
@@ -461,11 +538,16 @@ def _scrubbed(obj: object) -> object:
     return obj
 
 
+alone = False
+"""Whether no other thread of this process can run now (the preamble at interpreter start, a
+forked child's hook): descriptors are moved without ``fcntl`` then (`files.move_high`)."""
+
+
 def _set_journal(fd: int, path: str) -> None:
     global _journal_fd, _journal_dev, _journal_ino, journal_path
     from lora_otel._boot import files
 
-    fd = files.move_high(fd)
+    fd = files.move_high(fd, alone)
     _journal_dev, _journal_ino = files.identity(fd)
     _journal_fd = fd
     journal_path = path
@@ -530,7 +612,9 @@ def write(rec: dict[str, Any]) -> None:
 
     Texts lose every value redacted so far in this process (a password from argv quoted in an
     exception message, an exit message, an event): one truth test while there is none."""
-    if _journal_fd < 0:
+    if forked_at:
+        settle()
+    if _journal_fd < 0 and _deferred is None:
         return
     try:
         if known_secrets:
@@ -550,9 +634,13 @@ def write_line(
     """Append one encoded record (a `dumps_line` result, or the same line built from a template)
     with a single ``os.write``. Never raises."""
     global _journal_failed, _journal_lost
+    if forked_at:
+        settle()
     fd = _journal_fd
     if fd < 0:
-        return
+        if _deferred is None or not ensure_journal():
+            return
+        fd = _journal_fd
     try:  # the identity check: is this number still our journal? (~0.5 µs, see docs/performance.md)
         st = _fstat(fd)
         if st.st_ino != _journal_ino or st.st_dev != _journal_dev:
@@ -718,7 +806,7 @@ def _emit(msg: str, level: str) -> None:
     if known_secrets:
         msg = _scrubbed(msg)  # type: ignore[assignment]
     text = _format_line(msg)
-    if level != "info" or not quiet:
+    if level != "note" and (level != "info" or not quiet):
         _stderr(text)
     if _log_fd >= 0:
         try:
@@ -733,6 +821,14 @@ def info_line(msg: str) -> None:
     """Print an English line to stderr (flushed; not in a `quiet` process) and the ``--log`` file,
     and journal it."""
     _emit(msg, "info")
+    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
+
+
+def note_line(msg: str) -> None:
+    """An info line for the journal and the ``--log`` file only, never the terminal: what a process
+    that is not a job (`promoted`) says that nobody needs to see live (its normal exit, its
+    start-up facts at an early failure). Its journal record is level ``info``."""
+    _emit(msg, "note")
     write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
 
 
@@ -759,6 +855,8 @@ def traceparent(span_id: str) -> str:
 
 def current_span_id() -> str:
     """The innermost open span of the calling thread, else the root span."""
+    if forked_at:
+        settle()
     stack = _stacks.get(get_ident())
     return stack[-1] if stack else root_id
 
@@ -771,6 +869,8 @@ def span_start(
     push: bool = True,
 ) -> str:
     """Write a span's start record and return its id. The record is on disk when this returns."""
+    if forked_at:
+        settle()
     sid = new_span_id()
     tid = get_ident()
     parent = parent_id or current_span_id()
@@ -782,7 +882,8 @@ def span_start(
         write_line(
             (
                 '{"v":%d,"k":"start","ts":%d,"trace_id":%s,"span_id":"%s","parent_id":%s,"name":%s,'
-                '"attrs":{}}\n' % (FORMAT_VERSION, ts, _quote(trace_id), sid, _quote(parent), _quote(name))
+                '"attrs":{}}\n'
+                % (FORMAT_VERSION, ts, jsonl._quote(trace_id), sid, jsonl._quote(parent), jsonl._quote(name))
             ).encode("utf-8", "backslashreplace")
         )
     else:
@@ -813,6 +914,8 @@ def span_end(
 ) -> None:
     """Write a span's end record (once; a second end for the same span is ignored)."""
     global last_ended
+    if forked_at:
+        settle()  # (a span the parent opened is none of this child's)
     info = open_spans.pop(sid, None)
     if info is None:
         return
@@ -828,7 +931,7 @@ def span_end(
         write_line(
             (
                 '{"v":%d,"k":"end","ts":%d,"span_id":%s,"status":%s}\n'
-                % (FORMAT_VERSION, ts, _quote(sid), _quote(status))
+                % (FORMAT_VERSION, ts, jsonl._quote(sid), jsonl._quote(status))
             ).encode("utf-8", "backslashreplace")
         )
         return
@@ -840,16 +943,29 @@ def span_end(
     write(rec)
 
 
+def _settled(sid: str) -> str:
+    """``sid`` once a forked child has settled (`settle`): its parent's root span is its own now."""
+    stale = root_id
+    settle()
+    return root_id if sid == stale else sid
+
+
 def span_event(sid: str, name: str, attrs: Mapping[str, object] | None = None) -> None:
+    if forked_at:
+        sid = _settled(sid)
     write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name, "attrs": attrs or {}})
 
 
 def span_attrs(sid: str, attrs: Mapping[str, object]) -> None:
+    if forked_at:
+        sid = _settled(sid)
     write({"v": FORMAT_VERSION, "k": "attrs", "ts": time.time_ns(), "span_id": sid, "attrs": attrs})
 
 
 def find_open(name: str) -> str | None:
     """The id of an open span called ``name`` (the most recent), or None."""
+    if forked_at:
+        settle()
     found = None
     for sid, info in list(open_spans.items()):
         if info[0] == name:
@@ -871,12 +987,52 @@ main_frames: list[Frame] | None = None
 """Where the main thread was at the last beat (``where.sample``), or None."""
 
 
-def beat() -> None:
-    """The liveness record: steps, metrics, and where the main thread is (``"main"``)."""
-    global main_frames
-    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
-    if metrics:
-        rec["metrics"] = dict(metrics)
+BEAT_RECORD_EVERY = 60
+"""A beat that changes nothing — the same steps, metrics, open spans and main-thread frames as the
+last beat record — is written only every this many beats (60 s at the default 1 s beat); at the
+others the journal is only touched (`touch_journal`): its modification time is the sign of life
+the readers take with the records (docs/journal.md). An idle process's journal so grows by some
+60 records an hour, not 3,600."""
+_beat_state: tuple[object, ...] | None = None
+_beats_unwritten = 0
+_touch_ok = True
+
+
+def touch_journal() -> bool:
+    """Set the journal's modification time to now (``futimens``), after the same identity check as
+    `write_line`: a sign of life that adds no byte. False when there is no journal to touch or the
+    file system refuses (then the caller writes a record instead, from then on)."""
+    global _touch_ok
+    if forked_at:
+        settle()
+    fd = _journal_fd
+    if fd < 0 or not _touch_ok:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_ino != _journal_ino or st.st_dev != _journal_dev:
+            raise OSError
+    except OSError:
+        if not _reopen_journal():
+            return False
+        fd = _journal_fd
+    try:
+        os.utime(fd)
+    except (OSError, NotImplementedError, TypeError, ValueError):
+        _touch_ok = False
+        return False
+    return True
+
+
+def beat(force: bool = False) -> None:
+    """The liveness record: steps, metrics, and where the main thread is (``"main"``).
+
+    Written when any of those or the open spans changed since the last beat record, at least every
+    `BEAT_RECORD_EVERY` beats, and with ``force`` (the exit hook's last beat); any other beat only
+    touches the journal (`touch_journal`)."""
+    global main_frames, _beat_state, _beats_unwritten
+    if forked_at:
+        settle()
     frames = None
     if main_ident and main_ident != get_ident():  # the exit hook's last beat runs in the main thread
         try:
@@ -885,32 +1041,49 @@ def beat() -> None:
             frames = sample(main_ident)
         except Exception:  # noqa: BLE001 - a beat without "main" is still a beat
             frames = None
-        if frames:
-            rec["main"] = frames
     main_frames = frames
+    try:
+        state: tuple[object, ...] | None = (steps, last_step_ns, dict(metrics), frames, tuple(open_spans))
+    except RuntimeError:  # a dict changed size under us (another thread): say it all
+        state = None
+    _beats_unwritten += 1
+    unchanged = not force and state is not None and state == _beat_state and _beats_unwritten < BEAT_RECORD_EVERY
+    if unchanged and touch_journal():
+        return
+    _beat_state, _beats_unwritten = state, 0
+    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
+    if metrics:
+        rec["metrics"] = dict(metrics)
+    if frames:
+        rec["main"] = frames
     write(rec)
 
 
-def reset_for_child(new_pid: int) -> None:
-    """After ``fork``: forget the parent's open spans; let go of the parent's journal descriptor
-    (closed only while it is still the journal: the number may be the program's file by now)."""
-    global pid, _journal_fd, steps, last_step_ns, _stacks, last_ended, main_ident, main_frames, promoted
-    from lora_otel._boot import files
+def reset_for_child(parent_span: str, fork_ns: int) -> None:
+    """A forked child settling (`settle`): forget the parent's open spans; let go of the parent's
+    journal descriptor (closed only while it is still the journal: the number may be the
+    program's file by now); open the child's root span under ``parent_span``, at ``fork_ns``.
 
-    pid = new_pid
-    promoted = ""  # a forked worker becomes a job on its own merits: one that exits at once leaves nothing
-    last_ended, main_ident, main_frames = None, get_ident(), None
-    if _journal_fd >= 0 and files.same(_journal_fd, (_journal_dev, _journal_ino)):
+    The span stacks are dropped, not cleared (every page written after a fork is a copy);
+    `_deferred_lock` is made anew by `defer_journal`."""
+    global _journal_fd, steps, last_step_ns, _stacks, last_ended, main_frames
+    global _beat_state, _beats_unwritten, root_id, open_spans
+    last_ended, main_frames = None, None
+    _beat_state, _beats_unwritten = None, 0
+    if _journal_fd >= 0:
         try:
-            os.close(_journal_fd)
+            st = os.fstat(_journal_fd)
+            if st.st_ino == _journal_ino and st.st_dev == _journal_dev:
+                os.close(_journal_fd)
         except OSError:
             pass
     _journal_fd = -1
-    open_spans.clear()
+    root_id = new_span_id()
+    open_spans = {root_id: ("process", parent_span, 0, fork_ns)}
     _stacks = {}
-    steps = 0
-    last_step_ns = None
-    metrics.clear()
+    steps, last_step_ns = 0, None
+    if metrics:
+        metrics.clear()
 
 
 def _after_fork_in_child() -> None:

@@ -18,7 +18,8 @@ registry:
   at open before each write (:func:`same`): after ``os.closerange(3, 1024)`` the number may name the
   program's own file, which lora_otel then never writes to.
 
-Standard library only; ``fcntl`` is imported on the first :func:`move_high` (~0.2 ms, once).
+Standard library only; ``fcntl`` is imported on the first :func:`move_high` that may meet another
+thread (~0.2 ms, once).
 """
 
 from __future__ import annotations
@@ -264,9 +265,13 @@ def state_dir_reason(base: str, parts: Sequence[str], make_base: bool) -> str:
 _floor = 0
 
 
-def move_high(fd: int) -> int:
+def move_high(fd: int, alone: bool = False) -> int:
     """``fd`` duplicated (close-on-exec) to the lowest free number at or above a high floor
-    (``min(soft RLIMIT_NOFILE, 4096) - 64``), the original closed; ``fd`` itself when that fails."""
+    (``min(soft RLIMIT_NOFILE, 4096) - 64``), the original closed; ``fd`` itself when that fails.
+
+    ``alone``: no other thread can open a descriptor meanwhile (the preamble at interpreter start,
+    a forked child's hook): then a free number is found with ``fstat`` and taken with ``dup2``, and
+    ``fcntl`` is not loaded (~0.2 ms, which a process that ends at once need not pay)."""
     global _floor
     try:
         if not _floor:
@@ -274,9 +279,11 @@ def move_high(fd: int) -> int:
             _floor = max(min(limit, HIGH_FLOOR_MAX) - 64, 3)
         if fd >= _floor:
             return fd
-        import fcntl
+        high = _dup_free(fd) if alone else -1
+        if high < 0:
+            import fcntl
 
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _floor)
+            high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _floor)
     except (OSError, ValueError, AttributeError, ImportError):
         return fd
     try:
@@ -284,6 +291,19 @@ def move_high(fd: int) -> int:
     except OSError:
         pass
     return high
+
+
+def _dup_free(fd: int) -> int:
+    """``fd`` duplicated (close-on-exec) onto the first of a few numbers from the floor that is not
+    open; -1 when none is free. Only where no other thread can take that number between the look
+    and the ``dup2`` (which would close it)."""
+    for target in range(_floor, _floor + 8):
+        try:
+            os.fstat(target)
+        except OSError as e:
+            if e.errno == 9:  # EBADF: not open
+                return os.dup2(fd, target, inheritable=False)
+    return -1
 
 
 def identity(fd: int) -> tuple[int, int]:

@@ -55,6 +55,61 @@ _modules = sys.modules
 _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 
 
+HEAVY_MODULES = frozenset(
+    (
+        # Deep-learning frameworks and the libraries that load them: each loads native code (CUDA,
+        # NCCL, XLA) and is where a job's first minutes go. The first import of one makes the
+        # process a job (`core.promote`) before the import runs, so a freeze inside it is watched.
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "tensorflow",
+        "keras",
+        "jax",
+        "jaxlib",
+        "flax",
+        "paddle",
+        "mxnet",
+        "onnxruntime",
+        "tensorrt",
+        "transformers",
+        "datasets",
+        "accelerate",
+        "deepspeed",
+        "lightning",
+        "pytorch_lightning",
+        "peft",
+        "trl",
+        "diffusers",
+        "vllm",
+        "bitsandbytes",
+        "xformers",
+        "flash_attn",
+        "triton",
+        "unsloth",
+        "sentence_transformers",
+        "optimum",
+        "megatron",
+        "apex",
+        "colossalai",
+    )
+)
+"""Modules whose first import makes a process a job (`core.promote`), whoever imports them."""
+NATIVE_BY_HAND = frozenset(("ctypes", "cffi"))
+"""Modules that make a job of a process when its *own* code imports them (not a library's): a
+program calling C by hand may hold the GIL there from its first second (``ctypes.PyDLL(None).pause()``)."""
+
+
+def _maybe_promote(name: str, module_globals: Mapping[str, object] | None) -> None:
+    """Make the process a job before the first import of a heavy module (`HEAVY_MODULES`), or of
+    `NATIVE_BY_HAND` by the program's own code."""
+    top = name.partition(".")[0]
+    if top in HEAVY_MODULES or (
+        top in NATIVE_BY_HAND and _program_import(module_globals) and not _library_import(module_globals)
+    ):
+        core.promote("import " + top)
+
+
 def _after_import() -> None:
     """Install the hooks for modules that have just become available (cheap when none have)."""
     if not _argparse_done and "argparse" in _modules:
@@ -145,11 +200,16 @@ def traced_import(
         return _orig_import(name, globals, locals, fromlist, level)
     tid = get_ident()
     if tid in _importing or not _program_import(globals):
+        if not core.promoted:
+            with core.fail_open("import hook"):
+                _maybe_promote(name, globals)
         return _orig_import(name, globals, locals, fromlist, level)
     _importing[tid] = True
     sid = None
     try:
         with core.fail_open("import hook"):
+            if not core.promoted:
+                _maybe_promote(name, globals)
             sid = core.span_start("import " + name, {"lora_otel.module": name})
         try:
             mod = _orig_import(name, globals, locals, fromlist, level)
@@ -218,6 +278,10 @@ class _IntegrationFinder:
     def find_spec(
         self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
+        if not core.promoted and name in HEAVY_MODULES and core.active:
+            # (loaded through importlib too, which the import hook does not see)
+            with core.fail_open("integration finder"):
+                core.promote("import " + name)
         if name not in _integrations or not core.active:
             return None
         spec = None
@@ -309,6 +373,7 @@ def child_env_changes() -> dict[str, str | None] | None:
     Inside a span, ``{"TRACEPARENT": <that span>}``: the thread's innermost span, or at the top of a
     thread while ``training`` is open, ``training`` (a DataLoader starting its workers). Outside any
     span of a UI (`run_gets_own_trace`), no TRACEPARENT and ``LORA_OTEL_LAUNCHED_BY`` (None: remove)."""
+    core.settle()  # a forked child names its own spans (and its TRACEPARENT) from here on
     if not core.active or os.getpid() != core.pid:
         return None
     sid = core.current_span_id()
@@ -349,6 +414,7 @@ def install_subprocess_hook(subprocess: ModuleType) -> None:
         env: Any,
         *rest: object,
     ) -> object:
+        global preexec_fork
         with core.fail_open("subprocess hook"):
             changes = child_env_changes()
             inherited = core.traceparent(core.root_id)  # now: a forked child has a root of its own
@@ -357,11 +423,21 @@ def install_subprocess_hook(subprocess: ModuleType) -> None:
             if changes is not None and (env is None or (hasattr(env, "get") and env.get("TRACEPARENT") == inherited)):
                 env = dict(os.environ if env is None else env)
                 _apply(env, changes)
-        return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+        if preexec_fn is None:
+            return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+        preexec_fork = get_ident()  # the fork hooks run (preexec_fn is Python); the child execs from C
+        try:
+            return orig(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, *rest)
+        finally:
+            preexec_fork = 0
 
     _execute_child._lora_otel = True  # type: ignore[attr-defined]
     popen._execute_child = _execute_child
 
+
+preexec_fork = 0
+"""The thread starting a ``subprocess`` with ``preexec_fn`` right now (its id), else 0: a child
+forked then runs the fork hooks and execs from C (`preamble._subprocess_exec_target`)."""
 
 # A call that starts a process inheriting the C environment (``os.system``, multiprocessing's
 # spawn) gets its TRACEPARENT from ``os.environ``. The variables are set for the duration of the

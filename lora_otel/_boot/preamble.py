@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from lora_otel._boot import core, paths, stages
+from lora_otel._boot import core, jsonl, paths, stages
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -36,11 +36,20 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
 
     from _typeshed import FileDescriptorOrPath, StrOrBytesPath
 
+_os_fork, _os_waitpid = os.fork, os.waitpid
+"""The interpreter's own, for starting the sidecar (`promote`, maybe long after the program
+replaced them: gevent's ``monkey.patch_all()``)."""
 _started_ns = 0
 _born_ns = 0
 """When this process began to be traced: the preamble's start, or the fork (a forked child)."""
 _exit_code: object = None
 _fork_parent_span: str | None = None
+_argv: list[str] = []
+"""The program's argv at start (``python -m x``: the module's name first), for `promote`."""
+_how = ""
+"""How lora_otel was activated (`start`'s argument)."""
+_image: dict[str, object] | None = None
+"""This process's `image_identity` at start; a forked child runs the same image."""
 
 
 def parse_traceparent(value: str | None) -> tuple[str | None, str | None, bool]:
@@ -121,7 +130,17 @@ def _process_start(now_ns: int) -> tuple[int, int | None]:
         return now_ns, None
 
 
-def _float_env(name: str, default: float) -> float:
+def _start_ticks() -> int | None:
+    """This process's start in clock ticks since boot (``/proc/self/stat``), or None."""
+    try:
+        data = _read_proc_self("stat")
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except Exception:  # noqa: BLE001 - not Linux, or /proc not mounted
+        return None
+
+
+def _float_env(name: str, default: float, say: bool = True) -> float:
+    """A non-negative number from the environment; a bad one is said in one line (unless not ``say``)."""
     raw = os.environ.get(name)
     if not raw:
         return default
@@ -131,7 +150,8 @@ def _float_env(name: str, default: float) -> float:
             raise ValueError
         return v
     except ValueError:
-        core.error_line("%s=%r is not a non-negative number; using %s" % (name, raw, default))
+        if say:
+            core.error_line("%s=%r is not a non-negative number; using %s" % (name, raw, default))
         return default
 
 
@@ -192,6 +212,12 @@ def image_identity(pid: int | str = "self") -> dict[str, object]:
 
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> None:
     """The journal's first record: the root span ``process`` (see docs/journal.md)."""
+    core.write(_root_record(start_ns, parent, ticks, how, argv))
+    core.open_spans[core.root_id] = ("process", parent, 0, start_ns)
+
+
+def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> dict[str, Any]:
+    """The root span's start record (`_write_root_start`)."""
     env = os.environ
     rec = {
         "v": core.FORMAT_VERSION,
@@ -204,7 +230,7 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
         "pid": core.pid,
         "ppid": os.getppid(),
         "start_ticks": ticks,
-        "image": image_identity(),
+        "image": _image if _image is not None else image_identity(),
         "sampled": core.sampled,
         "config": {
             "import_threshold_ms": core.import_threshold_ms,
@@ -212,6 +238,10 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
             # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
             "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
             "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER"),
+            # a beat that changes nothing is a record only every `beat_record_every` beats (the
+            # others touch the file): how long the modification time may run ahead of the records
+            "beat_s": core.beat_interval,
+            "beat_record_every": core.BEAT_RECORD_EVERY,
         },
         "stderr": list(core.stderr_id) if core.stderr_id else None,
         "attrs": {
@@ -219,6 +249,7 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
             "process.pid": core.pid,
             "process.parent_pid": os.getppid(),
             "lora_otel.activation": how,
+            **rank_attrs(env),  # (a rank is known from its first record: the job's views group by it)
         },
     }
     if core.stderr_path:
@@ -229,8 +260,7 @@ def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how:
         # hands, e.g. dropped root, since).
         rec["log"] = [core._log_dev, core._log_ino]
         rec["log_path"] = os.path.abspath(core.log_path)
-    core.write(rec)
-    core.open_spans[core.root_id] = ("process", parent, 0, start_ns)
+    return rec
 
 
 def start(how: str) -> None:
@@ -273,11 +303,12 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 
 def _start(how: str) -> None:
-    global _started_ns, _born_ns
+    global _started_ns, _born_ns, _argv, _how, _image, _start_cwd
     t0 = time.perf_counter_ns()
     now = time.time_ns()
     _started_ns = _born_ns = now
     core.active = True
+    core.alone = how != "import lora_otel.auto"  # the .pth hook and `python -m lora_otel` run first
     core.pid = os.getpid()
     core.main_ident = _thread.get_ident()
     core.record_stderr()
@@ -285,6 +316,7 @@ def _start(how: str) -> None:
     env = os.environ
     if argv[:1] == ["-m"]:
         argv = _module_argv(argv)
+    _argv, _how = argv, how
     owner = env.get("LORA_OTEL_JOURNAL_OWNER", "")
     if owner and env.get("LORA_OTEL_JOURNAL") and owner != str(os.getppid()):
         # `lora-otel run` named an exact journal for its direct child only; below a shell or a
@@ -324,9 +356,12 @@ def _start(how: str) -> None:
     )
     core.open_journal(chosen, exact=exact)
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
+    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False) or 1.0  # (said below when bad)
     start_ns, ticks = _process_start(now)
+    _image = image_identity()
     _write_root_start(start_ns, parent, ticks, how, argv)
-    if owner and owner == str(os.getppid()) and owner.isdigit():
+    supervised = owner == str(os.getppid()) and owner.isdigit()
+    if supervised:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
@@ -342,11 +377,13 @@ def _start(how: str) -> None:
 
     hooks.install_import_hook()
 
-    # 3. arguments, process attributes, self-check, propagation.
-    arguments_id = core.span_start("arguments", {}, parent_id=core.root_id, ts=start_ns, push=False)
-    del arguments_id
-    _register_stack_dump()
-    _describe_process(argv, how)
+    # 3. arguments, propagation. What only a job needs (the environment self-check and its lines,
+    # the stack dump, the sidecar) waits for `promote`.
+    core.span_start("arguments", {}, parent_id=core.root_id, ts=start_ns, push=False)
+    try:
+        _start_cwd = os.getcwd()
+    except OSError:
+        _start_cwd = ""
     if "--multiprocessing-fork" in argv or argv[:1] == ["-c"]:
         # A spawned worker (DataLoader, multiprocessing), its resource tracker, `python -c ...`:
         # no script arguments to wait for, so no `arguments` span left open to look stalled.
@@ -357,18 +394,33 @@ def _start(how: str) -> None:
         if core.journal_path and not env.get("LORA_OTEL_DIR"):
             env["LORA_OTEL_DIR"] = os.path.dirname(core.journal_path)
     env["TRACEPARENT"] = _traceparent()
-    _start_sidecar(env)
+    if core.journal_path and env.get("LORA_OTEL_LIVE", "").strip().lower() not in _OFF:
+        # Named now, while no other thread runs, so that `promote` (maybe in the beat thread) only
+        # replaces its value: adding a variable reallocates the C environment under any thread
+        # reading it (getenv from C is not locked).
+        env.setdefault(REGISTRY_ENV, "")
 
     # 4. Exit, exceptions, fork, beat.
     _install_exit_hooks()
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
-    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0) or 1.0
+    _float_env("LORA_OTEL_BEAT_S", 1.0)  # a bad value: one line, now that the first evidence is out
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
         narrate.configure(env)
+    core._promoter, core._settler = promote, _settle_child
+    # A process started to be watched is a job from its first instruction.
+    if supervised:
+        promote("lora-otel run")
+    elif how != "LORA_OTEL=1":
+        promote(how)
+    else:
+        loaded = [name for name in hooks.HEAVY_MODULES if name in sys.modules]
+        if loaded:
+            promote("%s already loaded" % loaded[0])
+    core.alone = False
     _start_beat()
     launched_by = env.pop("LORA_OTEL_LAUNCHED_BY", None)  # a UI started this run as a trace of its own
     ui_trace, ui_span, _ = parse_traceparent(launched_by)
@@ -383,6 +435,66 @@ def _start(how: str) -> None:
             "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000),
         },
     )
+
+
+# --- promotion: a process becomes a job -------------------------------------------------------
+
+REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
+"""`spawn.REGISTRY_ENV` (named here too: the preamble does not load `spawn` before a promotion)."""
+_OFF = ("0", "false", "no", "off")
+_promote_lock = _thread.allocate_lock()
+_promote_lock_pid = 0
+"""The process `_promote_lock` belongs to: a forked child makes its own at its first `promote`
+(another thread may have held the parent's at the fork), not in the fork hook."""
+_spawning = False
+"""True while `spawn` forks the sidecar: the fork hooks leave that fork alone."""
+
+
+def promote(reason: str) -> None:
+    """Make this process a job (``core.promoted = reason``), once: register the stack dump, start
+    the sidecar (or join the one a parent started) and write what only a job needs — the process
+    attributes, the environment self-check and its lines (``argv``, ``cwd``, ``environment``,
+    ``env``, ``CUDA``), on the terminal too unless this process is `quiet`.
+
+    Called at the first beat (the process lived a beat interval), at the first import of a heavy
+    framework or of ``ctypes``/``cffi`` by the program's own code (`hooks.HEAVY_MODULES`), at CUDA
+    initialisation, when a stage or ``training`` opens, and at start for a process started to be
+    watched (``lora-otel run``, ``python -m lora_otel``, ``import lora_otel.auto``). A process
+    that ends before any of these (``python -c pass``, ``pip --version``, a forked worker that
+    exits at once) pays for none of it. Never blocks: a second thread calling while the first
+    promotes returns at once. Never raises.
+    """
+    global _promote_lock, _promote_lock_pid
+    core.settle()  # a forked child's own state first
+    if core.promoted or not core.active or os.getpid() != core.pid:
+        return
+    if _promote_lock_pid != core.pid:
+        _promote_lock, _promote_lock_pid = _thread.allocate_lock(), core.pid
+    if not _promote_lock.acquire(False):
+        return
+    try:
+        if core.promoted:
+            return
+        core.promoted = reason or "promoted"
+        jsonl.use_c_escaper()  # a job may write many records: the C escaper is worth its load now
+        core.ensure_journal()  # a forked child's, deferred until now
+        # The watchdog's means first (a stage opening right after this, watched from its start).
+        with core.fail_open("stack dump"):
+            _register_stack_dump()
+        with core.fail_open("live export"):
+            _start_sidecar(os.environ)
+        with core.fail_open("promotion"):
+            core.span_attrs(core.root_id, {"lora_otel.promoted": core.promoted})
+        with core.fail_open("process description"):
+            for attempt in range(3):
+                try:  # (maybe in the beat thread, while the program's threads change os.environ)
+                    _describe_process(_argv, _how)
+                    break
+                except RuntimeError:  # a dict changed size during its iteration: read it again
+                    if attempt == 2:
+                        raise
+    finally:
+        _promote_lock.release()
 
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -412,12 +524,12 @@ def _without_bad_endpoints(env: MutableMapping[str, str]) -> MutableMapping[str,
 
 def _start_sidecar(env: MutableMapping[str, str]) -> None:
     """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
-    when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none.
+    when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none. Called by `promote`.
 
-    Before any thread exists (the sidecar is started by a double fork). If it cannot start, one
-    line says so and the program goes on; the journal remains for ``lora-otel replay``.
+    The sidecar is started by a double fork, which the fork hooks leave alone (`_spawning`). If it
+    cannot start, one line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
-    global _sidecar_pid, _sidecar_log
+    global _sidecar_pid, _sidecar_log, _sidecar_owner, _spawning
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
     inherited = env  # the process's own environment: its children must find this job's sidecar there
@@ -429,14 +541,18 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
         if joined:  # one sidecar per job: the one a parent started follows this journal too
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
             return
-        pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id)
+        _spawning = True
+        try:
+            pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id, _os_fork, _os_waitpid)
+        finally:
+            _spawning = False
         if pid is None:
             core.error_line(
                 "%s off: %s; the journal remains for `lora-otel replay %s`"
                 % ("live export" if spawn.exports(env) else "the watchdog", why, core.journal_path)
             )
         else:
-            _sidecar_pid, _sidecar_log = pid, spawn.opened_log
+            _sidecar_pid, _sidecar_log, _sidecar_owner = pid, spawn.opened_log, core.pid
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
             inherited[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
 
@@ -628,19 +744,19 @@ def rank_attrs(env: Mapping[str, str]) -> dict[str, int]:
 
 
 _start_cwd = ""
-"""The working directory at start: the beat shows paths under it relative to it."""
+"""The working directory at start ("" when it was deleted): the beat shows paths under it relative to it."""
 
 
-def _describe_process(argv: list[str], how: str) -> None:
+def _describe_process(argv: list[str], how: str, terminal: bool = True) -> None:
+    """The process attributes and the environment self-check, on the root span, and their lines
+    (``argv``, ``cwd``, ``environment``, ``env``, ``CUDA``): at `promote`, or at an early exit that
+    is not normal (then for the journal and the ``--log`` file only: ``terminal=False``)."""
     from lora_otel._boot import envfacts, redact
 
+    say = core.info_line if terminal else core.note_line
     clean_argv = redact.redact_argv(argv)
     exe = sys.executable or ""
-    global _start_cwd
-    try:
-        cwd = _start_cwd = os.getcwd()
-    except OSError:
-        cwd = "(deleted)"
+    cwd = _start_cwd or "(deleted)"
     u = os.uname()
     attrs: dict[str, object] = {
         "process.executable.path": exe,
@@ -660,14 +776,13 @@ def _describe_process(argv: list[str], how: str) -> None:
         pass
     if core.log_path:
         attrs["lora_otel.log.path"] = core.log_path
-    attrs.update(rank_attrs(os.environ))
     facts = envfacts.collect(os.environ, redact.redact_env)
     attrs.update(facts)
     core.span_attrs(core.root_id, attrs)
-    core.info_line("argv: %s" % " ".join(clean_argv))
-    core.info_line("cwd: %s" % attrs["process.working_directory"])
+    say("argv: %s" % " ".join(clean_argv))
+    say("cwd: %s" % attrs["process.working_directory"])
     for line in envfacts.lines(facts):
-        core.info_line(line)
+        say(line)
 
 
 # --- exit -----------------------------------------------------------------------------------
@@ -800,6 +915,10 @@ def _on_exit() -> None:
         if not core.active or os.getpid() != core.pid:
             return
         how, status_code, message = exit_outcome()
+        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and not message:
+            core.active = False  # a fork that wrote nothing and ends well: nothing to say, no file
+            return
+        core.settle()
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
         if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
             with core.fail_open("narration at exit"):
@@ -810,10 +929,15 @@ def _on_exit() -> None:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
         elapsed = (time.time_ns() - _started_ns) / 1e9
         if message:
+            if not core.promoted:  # a short process that failed: the facts for its journal
+                with core.fail_open("process description"):
+                    _describe_process(_argv, _how, terminal=False)
             core.error_line("exiting: %s after %.1f s" % (message, elapsed))
         else:
-            core.info_line("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
-        core.beat()
+            # A process that never became a job ends as quietly as it would without lora_otel.
+            say = core.info_line if core.promoted else core.note_line
+            say("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
+        core.beat(force=True)
         core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
         rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
         if message:
@@ -833,7 +957,7 @@ _beside_log = False
 """Whether the journal was put beside the program's log file: it is the user's while that file is a
 log (kept), and may go like a named one once the program showed it is not (``core.drop_log``)."""
 
-_OFF = ("", "0", "false", "no", "off")
+_NOT_SET = ("", "0", "false", "no", "off")
 
 
 def _discard_short_run() -> None:
@@ -852,7 +976,7 @@ def _discard_short_run() -> None:
         or time.time_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
         or not (_disposable or (_beside_log and not core.log_path))
         or _sidecar_pid
-        or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _OFF
+        or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
     ):
         return
     path = core.journal_path
@@ -949,6 +1073,7 @@ def _exec_record(
     """Journal an ``exec`` record: this process is about to become ``path`` (or, with ``error``,
     its attempt failed and it goes on as it was). Only the program's own argv, redacted."""
     with core.fail_open("exec hook"):
+        core.settle()  # a forked child's journal, not its parent's
         if not core.active or os.getpid() != core.pid:
             return
         from lora_otel._boot import redact
@@ -1027,7 +1152,10 @@ def _install_exec_hooks() -> None:
 
 def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
     """In a child forked by ``subprocess.Popen`` with ``preexec_fn`` (CPython runs the at-fork
-    hooks then, and execs from C right after): ``(executable, args)``; else None."""
+    hooks then, and execs from C right after): ``(executable, args)``; else None. (Asked only
+    when the subprocess hook says such a start is under way in the forking thread.)"""
+    if getattr(sys.modules.get("lora_otel._boot.hooks"), "preexec_fork", 0) != core.main_ident:
+        return None
     try:
         frame = sys._getframe(2)  # 0: this, 1: _after_fork_child, 2: who forked (C frames are skipped)
     except ValueError:
@@ -1046,7 +1174,8 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 
 def _before_fork() -> None:
     global _fork_parent_span
-    _fork_parent_span = core.current_span_id() if core.active else None
+    if not _spawning:
+        _fork_parent_span = core.current_span_id() if core.active else None
 
 
 _real_os_exit = os._exit
@@ -1057,6 +1186,8 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
     ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
+    if status == 0 and (core.forked_at or (core._deferred is not None and not core.promoted)):
+        _real_os_exit(0)  # a fork that wrote nothing and ends well: nothing to say (see _on_exit)
     try:
         if core.active and os.getpid() == core.pid:
             _exit_code, _raised_exit = status, (0, status)
@@ -1065,51 +1196,81 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
         _real_os_exit(status)
 
 
+_child_of: tuple[str, int] = ("", 0)
+"""A settled forked child's root span: the span that forked it and when (`_settle_child`)."""
+
+
+def _child_root() -> dict[str, Any]:
+    """A forked child's root span start record, made when its journal is created (`core.defer_journal`)."""
+    return _root_record(_child_of[1], _child_of[0], _start_ticks(), "fork", sys.argv)
+
+
 def _after_fork_child() -> None:
-    global _sidecar_pid, _born_ns
-    _sidecar_pid = 0  # the parent watches the sidecar it started
-    with core.fail_open("fork hook"):
+    """A forked child of a traced process: the beat, and nothing it need not do yet — every page
+    the child writes after the fork is a copy (~3 µs each), so a fork that exits at once should
+    write few (`core.forked`). Its first record, span, beat or promotion settles it
+    (`_settle_child`); it becomes a job like any process (`promote`)."""
+    global _born_ns
+    if _spawning:
+        return  # `spawn`'s own fork on the way to the sidecar's exec
+    with _FORK_HOOK:
         if not core.active:
             return
-        parent_path = core.journal_path
-        parent_span = _fork_parent_span or core.root_id
-        core.reset_for_child(os.getpid())
-        core.quiet = True  # a fork of a traced process: its lines go to its journal, not the terminal
-        from lora_otel._boot import hooks
-
-        stages.training_id = None
-        hooks._importing.clear()
-        now = _born_ns = time.time_ns()
-        core.root_id = core.new_span_id()
-        # The parent's directory, only while it exists: never create again one the program removed.
-        core.open_journal(
-            paths.child_journal_path(parent_path, core.pid)
-            if parent_path
-            else paths.choose_journal_path(sys.argv, os.environ, core.pid, now / 1e9),
-            make_dir=False,
-        )
-        _write_root_start(now, parent_span, _process_start(now)[1], "fork", sys.argv)
+        _born_ns = time.time_ns()
+        core.forked(os.getpid(), _born_ns)
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
-        _register_stack_dump()
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
-        spawn = sys.modules.get("lora_otel._boot.spawn")
-        if spawn is not None and core.journal_path:  # the parent's sidecar follows this journal too
-            joined = spawn.join_parent_sidecar(core.journal_path, os.environ)
-            if joined:
-                core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
+        _start_beat()
+
+
+_FORK_HOOK = core.fail_open("fork hook")  # made once: nothing new to allocate in each child
+_settle_lock = _thread.allocate_lock()
+
+
+def _settle_child() -> None:
+    """A forked child takes over its own state (`core.settle`, at its first record, span, beat or
+    promotion): a root span under the span that forked it, a journal of its own — created by its
+    first record, with the root span's start first (`core.defer_journal`): a fork that writes
+    nothing and exits normally leaves no file — and ``TRACEPARENT`` naming its root for what it
+    starts. A second thread arriving meanwhile waits for it (a second at most)."""
+    global _child_of
+    locked = _settle_lock.acquire(True, 1.0)
+    try:
+        fork_ns = core.forked_at
+        if not fork_ns:
+            return
+        parent_span = _fork_parent_span or core.root_id
+        parent_path = core.journal_name()
+        _child_of = (parent_span, fork_ns)
+        core.reset_for_child(parent_span, fork_ns)
+        stages.training_id = None
+        importing = getattr(sys.modules.get("lora_otel._boot.hooks"), "_importing", None)
+        if importing:  # a thread inside a traced import at the fork (it does not exist here)
+            importing.clear()
+        core.defer_journal(
+            paths.child_journal_path(parent_path, core.pid)
+            if parent_path
+            else paths.choose_journal_path(sys.argv, os.environ, core.pid, fork_ns / 1e9),
+            _child_root,
+        )
         os.environ["TRACEPARENT"] = _traceparent()
         reset = getattr(sys.modules.get("lora_otel._boot.narrate"), "reset", None)
         if reset is not None:
             reset()  # the parent's stages are not this process's (and a new lock, before the new beat)
-        _start_beat()
+        core.forked_at = 0
+    finally:
+        if locked:
+            _settle_lock.release()
 
 
 # --- beat -----------------------------------------------------------------------------------
 
 _sidecar_pid = 0
 """The live-export sidecar this process started (0: none); the beat watches it."""
+_sidecar_owner = 0
+"""The pid of the process that started `_sidecar_pid` (a forked child has it in memory too)."""
 _sidecar_log = ""
 
 
@@ -1126,9 +1287,9 @@ def _sidecar_gone(pid: int) -> bool:
 
 def _check_sidecar() -> None:
     """Once, when the sidecar is gone while the job runs: live export has stopped; say so (stderr,
-    journal) with how to ship the journal later."""
+    journal) with how to ship the journal later. (A forked child leaves that to its parent.)"""
     global _sidecar_pid
-    if _sidecar_pid and _sidecar_gone(_sidecar_pid):
+    if _sidecar_pid and _sidecar_owner == core.pid and _sidecar_gone(_sidecar_pid):
         core.error_line(
             "live export stopped: the sidecar (pid %d) is gone (its log: %s); the journal goes "
             "on, ship it later with `lora-otel replay %s`" % (_sidecar_pid, _sidecar_log, core.journal_path)
@@ -1146,6 +1307,7 @@ def _beat_loop(my_pid: int) -> None:
             return
         try:
             if not narrate_loaded:  # after the first sleep: a short program never pays for it
+                promote("first beat")  # it lived a beat: a job, watched from now on
                 from lora_otel._boot import narrate, where
 
                 narrate_loaded = True

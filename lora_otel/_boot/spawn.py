@@ -1,15 +1,17 @@
 """Start the live-export sidecar for this process: detached, holding nothing of the launcher's.
 
-Standard library only; called once by the preamble, before any thread starts. The sidecar
-(``python -m lora_otel.export.sidecar``) is started by a double fork: the intermediate child
+Standard library only; called once by the preamble, when the process becomes a job
+(``preamble.promote``: its first beat, a heavy import, a stage; at start under ``lora-otel run``).
+The sidecar (``python -m lora_otel.export.sidecar``) is started by a double fork: the intermediate child
 calls ``setsid`` and forks the sidecar, then exits at once and is reaped here, so the sidecar is
 never this process's child (``os.wait()`` in the user's program never sees it) and has its own
 session (a terminal's Ctrl-C or a launcher killing the process group does not reach it). Before
 ``exec`` the sidecar's stdin and stdout become ``/dev/null``, stderr its own log file beside the
 journal, and every other descriptor is closed: it never holds the launcher's pipes.
 
-When is it started: for every job (the top-level traced process; its children register with it),
-unless ``LORA_OTEL_LIVE=0``. It exports over OTLP (`exports`) with ``LORA_OTEL_LIVE=1``, or when an
+When is it started: for every job (a traced process that became one, see ``preamble.promote``; a
+child of a job registers with the job's sidecar instead), unless ``LORA_OTEL_LIVE=0``. It exports
+over OTLP (`exports`) with ``LORA_OTEL_LIVE=1``, or when an
 OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._TRACES_ENDPOINT``) and neither
 ``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none`` is set; otherwise it runs as the local
 watchdog, which needs no OpenTelemetry SDK. ``LORA_OTEL_SIDECAR_PYTHON``
@@ -26,7 +28,7 @@ from lora_otel._boot import paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
 
 REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
 """``<sidecar pid>:<registry file>``, set for the children of a process that started a sidecar.
@@ -117,11 +119,15 @@ def start(
     watched_pid: int,
     env: Mapping[str, str] | None = None,
     stderr_id: tuple[int, ...] | None = None,
+    fork: Callable[[], int] = os.fork,
+    waitpid: Callable[[int, int], tuple[int, int]] = os.waitpid,
 ) -> tuple[int, None] | tuple[None, str]:
     """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start.
 
     ``stderr_id``: ``(st_dev, st_ino)`` of this process's stderr at start (`core.stderr_id`), so
-    the sidecar can write the lines this process cannot (frozen, killed) to that stderr only."""
+    the sidecar can write the lines this process cannot (frozen, killed) to that stderr only.
+    ``fork``/``waitpid``: the interpreter's own, taken before the program could replace them
+    (gevent's and eventlet's monkey-patching replace both, and theirs fail outside the main thread)."""
     env = os.environ if env is None else env
     python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
     if not python or not os.access(python, os.X_OK):
@@ -198,7 +204,7 @@ def start(
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
-            first = os.fork()
+            first = fork()
     except OSError as e:
         for fd in (log_fd, err_fd, pid_r, pid_w):
             _close(fd)
@@ -206,7 +212,7 @@ def start(
     if first == 0:  # intermediate child
         try:
             os.setsid()
-            second = os.fork()
+            second = fork()
             if second:
                 os.write(pid_w, str(second).encode())
                 os._exit(0)
@@ -216,7 +222,10 @@ def start(
     os.close(pid_w)
     for fd in (log_fd, err_fd):
         _close(fd)
-    os.waitpid(first, 0)
+    try:
+        waitpid(first, 0)
+    except ChildProcessError:
+        pass  # reaped already: the program ignores SIGCHLD, or its own os.wait() took it
     try:
         data = os.read(pid_r, 32)
     finally:

@@ -21,10 +21,13 @@ def arguments_done(how: str, status: str = "ok", message: str | None = None) -> 
 def ensure_training(started_by: str, why: str) -> None:
     """Open the ``training`` span under ``process`` unless one is open (ends ``arguments`` first)."""
     global training_id
+    if core.forked_at:
+        core.settle()  # (the parent's training is none of a forked child's)
     if training_id is not None and training_id in core.open_spans:
         return
     if core.find_open("training") is None:
         arguments_done("none seen before training")
+        core.promote("training")
         training_id = core.span_start(
             "training", {"lora_otel.training.started_by": started_by}, parent_id=core.root_id, push=False
         )

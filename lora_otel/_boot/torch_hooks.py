@@ -46,6 +46,8 @@ _step_span: str | None = None
 def on_step_pre(*_args: object) -> None:
     """torch's global optimizer step pre-hook: opens ``training`` at the first step."""
     global _step_every, _step_span
+    if core.forked_at:
+        core.settle()  # (the parent's training is none of a forked child's)
     if stages.training_id is None or stages.training_id not in core.open_spans:
         with core.fail_open("optimizer step hook"):
             stages.ensure_training("optimizer step", "first optimizer step")
@@ -165,6 +167,7 @@ def _install_cuda_hooks(torch: ModuleType) -> None:
                 return orig_init()
             sid = None
             with core.fail_open("cuda init hook"):
+                core.promote("cuda init")
                 sid = core.span_start(
                     "cuda init", {"lora_otel.cuda.visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")}
                 )

@@ -370,7 +370,7 @@ def _ended(peer: Journal, state: str) -> str:
             how += ", exit code %s" % code
         ts = exit_.get("ts")
         return "exited (%s)%s" % (how, " at %s" % iso_time(ts) if isinstance(ts, int) else "")
-    last = peer.last_evidence_ns
+    last = peer.last_life_ns
     return "vanished without an exit record (killed by a signal: SIGKILL, SIGTERM, ...; or os._exit)%s" % (
         ", last heard of at %s" % iso_time(last) if last else ""
     )
@@ -384,7 +384,7 @@ def _peer_facts(
     if state != "running":
         return "missing", [_ended(peer, state)]
     clauses = []
-    last = max(peer.last_beat_ns or 0, peer.last_evidence_ns or 0)
+    last = peer.last_life_ns or 0
     if last and (now_ns - last) / 1e9 >= frozen_after_s:
         clauses.append("is frozen (no beat for %d s)" % ((now_ns - last) / 1e9))
     if peer.steps != journal.steps:

@@ -470,7 +470,7 @@ def _stuck_phrase(proc: Proc) -> str:
     span, open_for = _display(stall.span.name), format_duration(round(stall.open_for_s * 1e9))
     if stall.kind == "frozen":
         journal = proc.journal
-        last = max(journal.last_beat_ns or proc.start_ns, journal.last_evidence_ns or 0)
+        last = journal.last_life_ns or proc.start_ns
         return f"frozen in {span} for {open_for} (no beat for {format_duration(proc.view.now_ns - last)})"
     if stall.span.name == "training":
         return f"in training, no optimizer step for {open_for} (at step {proc.journal.steps})"

@@ -13,7 +13,9 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
   stages, e.g. a download frozen at 0 B/s after ``import torch``.
 - ``frozen``: the process exists but its once-per-second beat has stopped for 10 s (the GIL held in
   C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in. ``LORA_OTEL_FROZEN_AFTER``
-  changes the 10 s.
+  changes the 10 s. A beat is a record when something changed, else a touch of the journal's
+  modification time: frozen means neither a record nor the modification time moved
+  (`Journal.last_life_ns`).
 
 Limits are configured by ``--stall-after``/``LORA_OTEL_STALL_AFTER``: a number of seconds for
 every stage (``300``), or per stage (``import=300,cuda init=60,training=900,default=600``); a
@@ -166,7 +168,12 @@ def detect(
     if span is None:
         return None
     last_beat = journal.last_beat_ns or (journal.root.start_ns if journal.root else span.start_ns)
-    silent_s = (now_ns - max(last_beat, journal.last_evidence_ns or 0)) / 1e9
+    # The file's modification time is the beat that wrote no record; one after ``now_ns`` belongs to
+    # another clock than the records' (a journal written for a replayed timeline): not a sign of life.
+    life = journal.last_life_ns or 0
+    if life > now_ns:
+        life = journal.last_evidence_ns or 0
+    silent_s = (now_ns - max(last_beat, life)) / 1e9
     if silent_s >= frozen_after_s:
         return Stall(
             "frozen",

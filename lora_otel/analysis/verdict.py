@@ -140,7 +140,7 @@ def current(
     diagnosis = explain(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
     kind = stall.kind
     if kind == "frozen":
-        last = max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)
+        last = journal.last_life_ns or 0
         open_s = (now_ns - last) / 1e9 if last else stall.open_for_s
     else:
         open_s = stall.open_for_s

@@ -431,9 +431,7 @@ class Watcher:
             )
         else:  # the same stall, longer now
             f.verdict.open_s = (
-                f.stall.open_for_s
-                if f.stall.kind != "frozen"
-                else (now_ns - max(journal.last_beat_ns or 0, journal.last_evidence_ns or 0)) / 1e9
+                f.stall.open_for_s if f.stall.kind != "frozen" else (now_ns - (journal.last_life_ns or 0)) / 1e9
             )
         return f.verdict
 

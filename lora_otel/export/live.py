@@ -467,10 +467,10 @@ class Follower:
                 # Sent as a stall, still open at the end: how it ended arrives as its "(continued)"
                 # child, from the stall's export to the last sign of life (its id is never sent twice).
                 since = self.incomplete_end.pop(span.span_id)
-                end = max(journal.last_evidence_ns or since, since)
+                end = max(journal.last_life_ns or since, since)
                 out.append(_amend(self._continued(tr, span, since), status=status, attrs=attrs, events=[], end_ns=end))
             elif span.span_id not in self.exported:
-                end = max(journal.last_evidence_ns or span.start_ns, span.start_ns)
+                end = max(journal.last_life_ns or span.start_ns, span.start_ns)
                 out.append(_amend(tr.readable(span), status=status, attrs=attrs, events=[], end_ns=end))
                 self.exported.add(span.span_id)
         self._send(out)
@@ -478,7 +478,7 @@ class Follower:
         if still_open and journal.root is not None:
             self._log(
                 tr,
-                journal.last_evidence_ns or time.time_ns(),
+                journal.last_life_ns or time.time_ns(),
                 "error" if failed else "info",
                 "process ended (%s) with %d span(s) open: %s" % (how, len(still_open), ", ".join(still_open)),
                 journal.root.span_id,

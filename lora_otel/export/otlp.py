@@ -88,7 +88,7 @@ class _Translator:
             attributes = {key: value for key, value in attributes.items() if not _is_resource_key(key)}
         end_ns = span.end_ns
         if end_ns is None:
-            end_ns = max(self.journal.last_evidence_ns or span.start_ns, span.start_ns)
+            end_ns = max(self.journal.last_life_ns or span.start_ns, span.start_ns)
             attributes[INCOMPLETE_ATTRIBUTE] = True
             status = Status(
                 StatusCode.ERROR,

@@ -83,12 +83,14 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
         # file is read (a FIFO, /dev/zero or a device would hang or fill memory).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 raise JournalError(f"{path}: not a regular file")
             data = f.read()
     except OSError as e:
         raise _read_error(path, e) from None
     builder = JournalBuilder(path)
+    builder.journal.touched_ns = st.st_mtime_ns
     raw_lines = data.split(b"\n")
     # A journal ends with a newline; whatever follows the last one is a partly written record.
     tail = raw_lines.pop()
@@ -169,6 +171,7 @@ class JournalTail:
                     break
                 self._offset += len(data)
                 self._feed(data)
+            self._builder.journal.touched_ns = st.st_mtime_ns  # taken before the read: never too late
         except OSError as e:
             raise _read_error(self.path, e) from None
         return self._builder.finish()

@@ -96,7 +96,10 @@ class Journal:
     last ``exec`` record as ``{"ts", "path", "argv", "via"}`` while no later one says it failed:
     the process became another program; None otherwise.
     ``last_evidence_ns`` is the ``ts`` of the last readable record the process wrote (a ``stall``
-    record is the watchdog's, not the process's: it does not count).
+    record is the watchdog's, not the process's: it does not count). ``touched_ns`` is the file's
+    modification time when it was read (None when it was not read from a file): the beat touches
+    the journal where it writes no record (docs/journal.md), so `last_life_ns`, the latest of the
+    two and the last beat, is the process's last sign of life.
     ``stalls``: the ``stall`` records the watchdog or sidecar appended, as dicts, in file order.
     ``log_id``/``log_path``: the ``--log`` file the process opened at start (identity, absolute
     path), from the ``process`` start record, or None (also once a root ``attrs`` record says
@@ -127,6 +130,7 @@ class Journal:
     exec: Optional[dict[str, Any]] = None
     image: dict[str, Any] = field(default_factory=dict)
     last_evidence_ns: Optional[int] = None
+    touched_ns: Optional[int] = None
     main_frames: Optional[list[list[Any]]] = None
     main_frames_ts: Optional[int] = None
     problems: list[str] = field(default_factory=list)
@@ -140,6 +144,32 @@ class Journal:
     @property
     def trace_id(self) -> Optional[str]:
         return self.root.trace_id if self.root is not None else None
+
+    @property
+    def last_life_ns(self) -> Optional[int]:
+        """The process's last sign of life: its last beat, its last record, or the journal's
+        modification time (which a beat that writes no record moves), whichever is latest; None
+        when there is none.
+
+        The modification time counts up to `touch_window_s` past the last record — a beat that
+        changes nothing is still a record that often — so a journal copied or touched later does
+        not seem to live on. (A writer other than the process leaves the modification time as it
+        was: `lora_otel.export.watchdog.append_record`.)"""
+        last = max(self.last_beat_ns or 0, self.last_evidence_ns or 0)
+        if self.touched_ns and last:
+            return max(last, min(self.touched_ns, last + int(self.touch_window_s * 1e9)))
+        return last or None
+
+    @property
+    def touch_window_s(self) -> float:
+        """How long the journal's modification time may run ahead of its last record: twice the
+        longest time between two beat records (``config.beat_s`` × ``config.beat_record_every``);
+        0 for a journal from before beats touched the file (every beat was a record)."""
+        config = self.config if isinstance(self.config, dict) else {}
+        beat, every = config.get("beat_s"), config.get("beat_record_every")
+        if not isinstance(beat, (int, float)) or not isinstance(every, int) or beat <= 0 or every <= 0:
+            return 0.0
+        return 2.0 * float(beat) * every
 
     def span(self, span_id: str) -> Optional[Span]:
         """The span with this id, or None."""

@@ -89,7 +89,7 @@ class View:
         (the last record, or a later stall record or follower that saw it still there)."""
         if self.state == "running":
             return self.now_ns
-        seen = [ts for ts in (self.journal.last_evidence_ns, self.alive_until_ns) if ts]
+        seen = [ts for ts in (self.journal.last_life_ns, self.alive_until_ns) if ts]
         if self.journal.exit is None and self.journal.exec is None:
             seen += [
                 s["ts"]
@@ -186,8 +186,8 @@ class View:
         parts = [f"process {self.state}"]
         journal = self.journal
         if self.state == "running" and journal.last_beat_ns is not None:
-            silent_ns = self.now_ns - journal.last_beat_ns
-            if silent_ns > 5 * 1_000_000_000:  # beats come every second; a frozen process stops them
+            silent_ns = self.now_ns - (journal.last_life_ns or journal.last_beat_ns)
+            if silent_ns > 5 * 1_000_000_000:  # a beat (a record or a touch) every second; frozen: none
                 parts.append(f"no beat for {format_duration(silent_ns)}")
         if journal.steps:
             parts.append(f"{journal.steps} steps")
