@@ -11,15 +11,17 @@ those journals and the peers' own stacks show: the rank exited or vanished, is f
 different number of optimizer steps, is in another stage, or its stack is not in that collective.
 When nothing of that tells, it says it cannot tell which rank.
 
-One module (over 600 lines) because the rules are one ordered list: `diagnose` tries them most
-specific first, and they share one reading of the stacks (`Frame`, the threads, the main thread).
+The causes are one ordered list, `RULES`: each a `Rule` naming the evidence it needs and an example
+of its sentence, checked most specific first on one reading of the evidence (`Facts`). Every view
+(the watchdog, the sidecar's live export, inspect, watch, the report, doctor) diagnoses through
+`explain`, so a new cause is added in one place.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
@@ -31,6 +33,16 @@ from lora_otel.journal.tree import deepest_open_span, iso_time
 _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "httpx/", "selectors.py")
 # Kernel wait channels of a task blocked on a socket.
 _NET_WCHAN = ("sk_wait", "tcp_", "inet_", "sock_", "unix_stream", "udp_")
+# Wait channels of a task polling descriptors: on the network when it holds a quiet connection.
+_POLL_WCHAN = (
+    "wait_woken",
+    "sk_wait_data",
+    "do_poll",
+    "do_select",
+    "do_sys_poll",
+    "ep_poll",
+    "__skb_wait_for_more_packets",
+)
 
 # A Python function of torch.distributed that performs or waits for a collective (with its
 # variants: all_gather_object, reduce_scatter_tensor, _reduce_scatter_base, broadcast_object_list...).
@@ -111,81 +123,244 @@ def explain(
     ``peers``: the journals of the job's other processes; ``peer_stacks``: the Python stacks of some
     of them now, by journal path. Both serve only a process waiting inside a collective.
     """
-    stacks = stacks_text(evidence)
-    state = str(evidence.get(PREFIX + "process.state") or "")
-    wchan = str(evidence.get(PREFIX + "process.wait_channel") or "")
-    innermost = _innermost_frame(stacks)
-    if state.startswith("Z"):
-        return Diagnosis("The process has ended; its parent has not reaped it yet (a zombie).")
-    if state.startswith("T"):
-        return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
-    memory = memory_pressure(evidence)
-    if memory is not None:
-        return Diagnosis(memory)
-    if state.startswith("D"):
-        return Diagnosis("The process is in uninterruptible disk I/O (kernel wait channel %s)." % (wchan or "unknown"))
-    conns = [c for c in evidence.get(PREFIX + "net.tcp_connections") or () if c.endswith("ESTABLISHED")]
-    # Blocked (not on CPU) with an open TCP connection, or a socket call on the stack.
-    on_network = (
-        any(m in stacks for m in _NET_MARKERS)
-        or wchan.startswith(_NET_WCHAN)
-        or (
-            bool(conns)
-            and state.startswith("S")
-            and wchan
-            in (
-                "wait_woken",
-                "sk_wait_data",
-                "do_poll",
-                "do_select",
-                "do_sys_poll",
-                "ep_poll",
-                "__skb_wait_for_more_packets",
-            )
+    facts = Facts.of(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
+    for rule in RULES:
+        found = rule.check(facts)
+        if found is not None:
+            found.attrs.setdefault("lora_otel.diagnosis.rule", rule.name)
+            return found
+    raise AssertionError("the last rule always answers")  # pragma: no cover
+
+
+# --- the rules ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What every rule reads: the stall, the evidence and the job around it, read once."""
+
+    stall: Stall
+    evidence: Mapping[str, Any]
+    journal: Optional[Journal]
+    peers: tuple[Journal, ...]
+    peer_stacks: Mapping[str, str]
+    now_ns: int
+    frozen_after_s: float
+    stacks: str  # faulthandler's dump, then py-spy's
+    state: str  # /proc/<pid>/stat state letter and word ("S (sleeping)")
+    wchan: str  # kernel wait channel
+    innermost: str  # the main thread's innermost Python frame, "" when none
+    conns: tuple[str, ...]  # ESTABLISHED TCP connections
+    on_network: bool  # blocked on a socket (stack, wait channel, or a connection and a poll)
+
+    @classmethod
+    def of(
+        cls,
+        stall: Stall,
+        evidence: Mapping[str, Any],
+        journal: Optional[Journal] = None,
+        peers: Iterable[Journal] = (),
+        peer_stacks: Optional[Mapping[str, str]] = None,
+        now_ns: Optional[int] = None,
+        frozen_after_s: float = FROZEN_AFTER_S,
+    ) -> Facts:
+        stacks = stacks_text(evidence)
+        state = str(evidence.get(PREFIX + "process.state") or "")
+        wchan = str(evidence.get(PREFIX + "process.wait_channel") or "")
+        conns = tuple(c for c in evidence.get(PREFIX + "net.tcp_connections") or () if c.endswith("ESTABLISHED"))
+        on_network = (
+            any(m in stacks for m in _NET_MARKERS)
+            or wchan.startswith(_NET_WCHAN)
+            or (bool(conns) and state.startswith("S") and wchan in _POLL_WCHAN)
         )
-    )
-    if "huggingface_hub" in stacks and on_network:
-        return Diagnosis(
-            "Waiting on the network inside huggingface_hub (a hub download or API call)%s."
-            % ("; connection %s" % conns[0] if conns else "")
-        )
-    collective = collective_in(stacks)
-    if collective is not None:
-        return _collective(
-            collective,
+        return cls(
+            stall,
+            evidence,
             journal,
-            list(peers),
+            tuple(peers),
             peer_stacks or {},
             time.time_ns() if now_ns is None else now_ns,
             frozen_after_s,
+            stacks,
+            state,
+            wchan,
+            _innermost_frame(stacks),
+            conns,
+            on_network,
         )
-    loader = dataloader_wait(stacks, evidence, stall)
-    if loader is not None:
-        return Diagnosis(loader)
-    locks = lock_waits(stacks)
-    if locks is not None:
-        return Diagnosis(locks)
-    if "torch/cuda/__init__.py" in stacks and "_lazy_init" in stacks:
-        return Diagnosis("Inside CUDA driver initialisation (torch.cuda._lazy_init).")
-    if on_network:
-        quiet = network_quiet(evidence, stall)
-        if quiet is not None:
-            return Diagnosis(quiet)
-        return Diagnosis("Waiting on the network (%s)." % (innermost or "a socket call"))
-    if stall.kind == "frozen":
-        cpu = evidence.get(PREFIX + "process.cpu_percent")
-        if isinstance(cpu, (int, float)) and cpu > 50:
-            return Diagnosis(
-                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s."
-                % (cpu, "; last Python frame: %s" % innermost if innermost else "")
-            )
+
+
+class Rule(NamedTuple):
+    """One cause: its name (``lora_otel.diagnosis.rule`` on the stall), the evidence it needs, an
+    example of its sentence (docs/stalls.md's table is checked against these), and the check,
+    which returns a `Diagnosis` when the evidence shows this cause and None otherwise."""
+
+    name: str
+    needs: str
+    example: str
+    check: Callable[[Facts], Optional[Diagnosis]]
+
+
+def _said(text: Optional[str]) -> Optional[Diagnosis]:
+    return None if text is None else Diagnosis(text)
+
+
+def _zombie(f: Facts) -> Optional[Diagnosis]:
+    if f.state.startswith("Z"):
+        return Diagnosis("The process has ended; its parent has not reaped it yet (a zombie).")
+    return None
+
+
+def _stopped(f: Facts) -> Optional[Diagnosis]:
+    if f.state.startswith("T"):
+        return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
+    return None
+
+
+def _memory(f: Facts) -> Optional[Diagnosis]:
+    return _said(memory_pressure(f.evidence))
+
+
+def _disk(f: Facts) -> Optional[Diagnosis]:
+    if f.state.startswith("D"):
+        wchan = f.wchan or "unknown"
+        return Diagnosis("The process is in uninterruptible disk I/O (kernel wait channel %s)." % wchan)
+    return None
+
+
+def _hub(f: Facts) -> Optional[Diagnosis]:
+    if "huggingface_hub" in f.stacks and f.on_network:
         return Diagnosis(
-            "Holding the GIL in native code while blocked (wait channel %s)%s."
-            % (wchan or "unknown", "; last Python frame: %s" % innermost if innermost else "")
+            "Waiting on the network inside huggingface_hub (a hub download or API call)%s."
+            % ("; connection %s" % f.conns[0] if f.conns else "")
         )
-    if innermost:
-        return Diagnosis("Cannot tell why; the innermost Python frame is %s." % innermost)
+    return None
+
+
+def _in_collective(f: Facts) -> Optional[Diagnosis]:
+    collective = collective_in(f.stacks)
+    if collective is None:
+        return None
+    return _collective(collective, f.journal, list(f.peers), f.peer_stacks, f.now_ns, f.frozen_after_s)
+
+
+def _dataloader(f: Facts) -> Optional[Diagnosis]:
+    return _said(dataloader_wait(f.stacks, f.evidence, f.stall))
+
+
+def _locks(f: Facts) -> Optional[Diagnosis]:
+    return _said(lock_waits(f.stacks))
+
+
+def _cuda_init(f: Facts) -> Optional[Diagnosis]:
+    if "torch/cuda/__init__.py" in f.stacks and "_lazy_init" in f.stacks:
+        return Diagnosis("Inside CUDA driver initialisation (torch.cuda._lazy_init).")
+    return None
+
+
+def _network(f: Facts) -> Optional[Diagnosis]:
+    if not f.on_network:
+        return None
+    quiet = network_quiet(f.evidence, f.stall)
+    if quiet is not None:
+        return Diagnosis(quiet)
+    return Diagnosis("Waiting on the network (%s)." % (f.innermost or "a socket call"))
+
+
+def _frozen(f: Facts) -> Optional[Diagnosis]:
+    if f.stall.kind != "frozen":
+        return None
+    where = "; last Python frame: %s" % f.innermost if f.innermost else ""
+    cpu = f.evidence.get(PREFIX + "process.cpu_percent")
+    if isinstance(cpu, (int, float)) and cpu > 50:
+        return Diagnosis("Holding the GIL in native code and busy on the CPU (%.0f %%)%s." % (cpu, where))
+    wchan = f.wchan or "unknown"
+    return Diagnosis("Holding the GIL in native code while blocked (wait channel %s)%s." % (wchan, where))
+
+
+def _cannot_tell(f: Facts) -> Optional[Diagnosis]:
+    if f.innermost:
+        return Diagnosis("Cannot tell why; the innermost Python frame is %s." % f.innermost)
     return Diagnosis("Cannot tell from the evidence.")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "zombie",
+        "/proc/<pid>/stat state Z",
+        "The process has ended; its parent has not reaped it yet (a zombie).",
+        _zombie,
+    ),
+    Rule(
+        "stopped",
+        "/proc/<pid>/stat state T",
+        "The process is stopped (SIGSTOP or a debugger), not running at all.",
+        _stopped,
+    ),
+    Rule(
+        "memory pressure",
+        "major faults/s >= 50, swap-ins/s >= 50 or memory PSI some avg10 >= 10 %",
+        "Loading is slowed by swapping: RSS 3900 MB against a memory limit of 4000 MB, ...",
+        _memory,
+    ),
+    Rule(
+        "disk I/O",
+        "/proc/<pid>/stat state D, wait channel",
+        "The process is in uninterruptible disk I/O (kernel wait channel ...).",
+        _disk,
+    ),
+    Rule(
+        "hub download",
+        "huggingface_hub on the stack and a socket wait",
+        "Waiting on the network inside huggingface_hub (a hub download or API call); connection ...",
+        _hub,
+    ),
+    Rule(
+        "collective",
+        "a torch.distributed collective on the stack; the other ranks' journals and stacks files",
+        "Waiting inside a collective (all_reduce, called at train.py:17 in <module>); rank 1 never arrived: ...",
+        _in_collective,
+    ),
+    Rule(
+        "DataLoader",
+        "torch/utils/data/ on the main thread's stack; /proc/<pid>/task/*/children",
+        "The main thread waits for a DataLoader batch (at job.py:18 in <module>) for 4 s; worker pid ...",
+        _dataloader,
+    ),
+    Rule(
+        "thread locks",
+        "the source line of each thread's innermost frame (with lock:, lock.acquire() and the with blocks around it",
+        "Deadlock: the main thread waits in lock_b.acquire at job.py:20 in <module> holding lock_a ...",
+        _locks,
+    ),
+    Rule(
+        "CUDA init",
+        "torch/cuda/__init__.py _lazy_init on the stack",
+        "Inside CUDA driver initialisation (torch.cuda._lazy_init).",
+        _cuda_init,
+    ),
+    Rule(
+        "network",
+        "a socket call on the stack, a socket wait channel, or an established connection and a poll; bytes read",
+        "Waiting on the network: 10.0.0.5:443 has gone quiet (the process read 1.4 kB/s ...) ...",
+        _network,
+    ),
+    Rule(
+        "frozen",
+        "no beat for the frozen limit; CPU %, wait channel",
+        "Holding the GIL in native code while blocked (wait channel futex_wait_queue) ...",
+        _frozen,
+    ),
+    Rule(
+        "cannot tell",
+        "(always last) the innermost Python frame",
+        "Cannot tell why; the innermost Python frame is job.py:3 in <module>.",
+        _cannot_tell,
+    ),
+)
+"""The causes, most specific first: `explain` returns the first rule's answer. A new cause is one
+function and one entry here (and a row in docs/stalls.md, which tests/test_diagnose_rules.py
+checks against this list)."""
 
 
 def with_baseline(

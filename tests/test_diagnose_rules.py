@@ -1,0 +1,61 @@
+"""The diagnosis is an ordered list of rules (`diagnose.RULES`): docs/stalls.md's table follows it,
+every rule's check answers for its own evidence, and the stall says which rule answered."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lora_otel.analysis.diagnose import RULES, Facts, explain
+from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.stall import Stall
+from lora_otel.journal.records import Span
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "stalls.md"
+
+
+def doc_rules() -> list[str]:
+    text = DOC.read_text(encoding="utf-8")
+    table = text[text.index("| rule | what it is told by |") :].split("\n\n", 1)[0]
+    return [m.group(1).strip() for m in re.finditer(r"^\| ([^|]+) \|", table, re.M)][1:]
+
+
+def test_docs_table_is_the_rule_list_in_order() -> None:
+    assert doc_rules() == [rule.name for rule in RULES]
+
+
+def test_rule_names_are_unique_and_cannot_tell_is_last() -> None:
+    names = [rule.name for rule in RULES]
+    assert len(set(names)) == len(names)
+    assert names[-1] == "cannot tell"
+
+
+def a_stall(kind: str = "alive") -> Stall:
+    span = Span("import torch", "a" * 16, None, "b" * 32, 1)
+    return Stall(kind, span, 30.0, 5.0, "import torch open for 30 s (limit 5 s)")
+
+
+def test_the_answering_rule_is_named_on_the_stall() -> None:
+    found = explain(a_stall(), {PREFIX + "process.state": "T (stopped)"})
+    assert found.sentence.startswith("The process is stopped")
+    assert found.attrs["lora_otel.diagnosis.rule"] == "stopped"
+    found = explain(a_stall(), {})
+    assert found.sentence == "Cannot tell from the evidence."
+    assert found.attrs["lora_otel.diagnosis.rule"] == "cannot tell"
+
+
+def test_the_first_rule_that_answers_wins() -> None:
+    """A stopped process with an open connection and huggingface_hub on its stack is stopped."""
+    evidence = {
+        PREFIX + "process.state": "T (stopped)",
+        PREFIX + "python.stacks": (
+            "Current thread 0x1 (most recent call first):\n"
+            '  File "/usr/lib/python3.11/socket.py", line 707 in readinto\n'
+            '  File "/x/huggingface_hub/file_download.py", line 5 in get\n'
+        ),
+        PREFIX + "net.tcp_connections": ["10.0.0.1:1 -> 10.0.0.2:443 ESTABLISHED"],
+    }
+    facts = Facts.of(a_stall(), evidence)
+    answering = [rule.name for rule in RULES if rule.check(facts) is not None]
+    assert answering[0] == "stopped" and "hub download" in answering
+    assert explain(a_stall(), evidence).attrs["lora_otel.diagnosis.rule"] == "stopped"
