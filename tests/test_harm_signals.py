@@ -301,11 +301,13 @@ class TestHandlers:
         the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
         # It takes signals until its journal holds the stall record, and 2 s more (a stack request
         # sent at the stall would be pending by then). The stall is one between stages, after the
-        # signals are blocked: `import torch` (seconds on a loaded machine) has a limit far from it.
+        # signals are blocked and the arguments parsed: `import torch` (seconds on a loaded machine)
+        # and the arguments stage open around it have limits far from it.
         script = (
             "import glob, signal, sys, time\nimport torch  # a training job (quiet time alone is no stall elsewhere)\n"
             "sigs = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}\n"
             "signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n"
+            "import argparse\nargparse.ArgumentParser().parse_args()  # the stages end: quiet time is between them\n"
             "got, seen, deadline = [], None, time.monotonic() + 90\n"
             "while time.monotonic() < deadline and (seen is None or time.monotonic() < seen + 2):\n"
             "    s = signal.sigtimedwait(sigs, 0.25)\n"
@@ -316,7 +318,11 @@ class TestHandlers:
             "print('got', got or None, 'stall seen', seen is not None, flush=True)\n"
         )
         r = run_job(
-            tmp_path, script, collector.http_endpoint, timeout=150, LORA_OTEL_STALL_AFTER="import=600,between=2"
+            tmp_path,
+            script,
+            collector.http_endpoint,
+            timeout=150,
+            LORA_OTEL_STALL_AFTER="arguments=600,import=600,between=2",
         )
         assert r.returncode == 0 and "got None stall seen True" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
