@@ -328,6 +328,34 @@ class TestIdleJournal:
             proc.kill()
             proc.wait(timeout=10)
 
+    def test_a_touch_after_the_readers_clock_is_life_not_another_clock(self, tmp_path: Path) -> None:
+        """A beat that touches the journal between the reader taking its time and reading the file
+        leaves a modification time just after the reader's ``now``: the process is alive now, not
+        silent since its last record (before: ``frozen: no beat for 0 ms`` in inspect and watch for
+        an idle job waiting on its pool)."""
+        start = time.time_ns() - 600 * 10**9
+        rec = {
+            "v": 1,
+            "k": "start",
+            "ts": start,
+            "trace_id": "1" * 32,
+            "span_id": "2" * 16,
+            "parent_id": None,
+            "name": "process",
+            "pid": os.getpid(),
+            "config": {"beat_s": 1.0, "beat_record_every": 60},
+            "attrs": {},
+        }
+        path = tmp_path / "touched.otel.jsonl"
+        path.write_text(json.dumps(rec) + "\n")
+        touched = start + 5 * 10**9  # the last beat touched the file 5 s after its last record
+        os.utime(path, ns=(touched, touched))
+        j = read_journal(path)
+        assert detect(j, touched - 200_000_000, alive=True, frozen_after_s=3) is None
+        late = start + 100 * 10**9  # the touch window (120 s) holds: life at +5 s, silent 95 s
+        frozen = detect(j, late, alive=True, frozen_after_s=3)
+        assert frozen is not None and frozen.kind == "frozen"
+
     def test_the_watchdogs_record_leaves_the_modification_time(self, tmp_path: Path) -> None:
         """The watchdog appending its ``stall`` record does not move the journal's modification time,
         the job's own sign of life (else a frozen job would look alive right after being called

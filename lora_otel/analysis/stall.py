@@ -168,11 +168,13 @@ def detect(
     if span is None:
         return None
     last_beat = journal.last_beat_ns or (journal.root.start_ns if journal.root else span.start_ns)
-    # The file's modification time is the beat that wrote no record; one after ``now_ns`` belongs to
-    # another clock than the records' (a journal written for a replayed timeline): not a sign of life.
+    # The file's modification time is the beat that wrote no record. One a little after ``now_ns``
+    # is a beat that touched the file after the reader took its time: alive now. One far after it
+    # belongs to another clock than the records' (a journal written for a replayed timeline): not a
+    # sign of life.
     life = journal.last_life_ns or 0
     if life > now_ns:
-        life = journal.last_evidence_ns or 0
+        life = now_ns if life - now_ns < frozen_after_s * 1e9 else journal.last_evidence_ns or 0
     silent_s = (now_ns - max(last_beat, life)) / 1e9
     if silent_s >= frozen_after_s:
         return Stall(
