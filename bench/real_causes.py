@@ -7,7 +7,7 @@ session, stdout and stderr appended to ``log.txt``, given ``--log run.log``, jou
 own directory, short stall limits (``LORA_OTEL_STALL_AFTER``, 3 s). The process that hangs writes
 the time just before it hangs into ``hung.at`` (and the pids a right diagnosis must name into
 ``ctx_<name>`` files). Once the first ``STALLED`` line is in ``log.txt`` (or the case's own end),
-the bench reads every view a user has:
+the bench reads every view a user has (``--wait`` S: how long past the limit to wait for that line):
 
 - ``stderr``: the job's own lines in ``log.txt``, from the first ``STALLED``/death line on;
 - ``--log``: the same in ``run.log``, the job's ``--log`` file;
@@ -689,8 +689,21 @@ def _end(proc: subprocess.Popen, case_dir: Path) -> None:
     _wait(lambda: not _processes_in(case_dir), 10, "the case's processes to go")
 
 
-def run_case(case: Case, keep: bool = False) -> dict:
-    """Run ``case``; its rows (one per view) and its timing."""
+def _has_stall_record(case_dir: Path) -> bool:
+    """Whether a journal in ``case_dir`` has a ``stall`` record (the watchdog writes it, with the
+    stacks it asked for, around the line)."""
+    for path in case_dir.glob("*.otel.jsonl"):
+        try:
+            if b'"k":"stall"' in path.read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
+    """Run ``case``; its rows (one per view) and its timing. ``wait_s``: how long past the limit
+    to wait for the job's line before reading the views without it."""
     case_dir = Path(tempfile.mkdtemp(prefix="lora-otel-cause-")).resolve()
     for name, source in case.files.items():
         path = case_dir / name
@@ -721,8 +734,11 @@ def run_case(case: Case, keep: bool = False) -> dict:
         hung = _wait(lambda: (case_dir / "hung.at").exists() and _text(case_dir / "hung.at"), 90, "the hang")
         hung_at = float(hung) if hung else None
         if case.line is not None:
-            _wait(lambda: _first_line(_text(case_dir / "log.txt"), case.line), case.limit_s + 8, "the STALLED line")
-            time.sleep(1.0)  # the stall record and stacks beside the line the watchdog wrote
+            said = _wait(
+                lambda: _first_line(_text(case_dir / "log.txt"), case.line), case.limit_s + wait_s, "the STALLED line"
+            )
+            if said:
+                _wait(lambda: _has_stall_record(case_dir), wait_s, "the stall record beside the line")
             for view, name in (("stderr", "log.txt"), ("--log", "run.log")):
                 first[view] = _first_line(_text(case_dir / name), case.line)
         else:
@@ -848,6 +864,13 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable; a prefix will do)")
     ap.add_argument("--json", metavar="FILE", help="also write the results, with each view's text, as JSON")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument(
+        "--wait",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="seconds past a case's limit to wait for its STALLED line (default 8; longer on a loaded machine)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep each case's directory (printed on stderr)")
     ap.add_argument("--verbose", action="store_true", help="print each view's text under the table")
     args = ap.parse_args(argv)
@@ -872,7 +895,7 @@ def main(argv: Optional[list] = None) -> int:
         if missing is not None:
             print("skipped %s: no module %s" % (case.name, missing), file=sys.stderr)
             continue
-        res = run_case(case, keep=args.keep)
+        res = run_case(case, keep=args.keep, wait_s=args.wait)
         print(
             "%s: %s s%s" % (case.name, res["wall_s"], "" if res["hung"] else " (it never reached its hang)"),
             file=sys.stderr,

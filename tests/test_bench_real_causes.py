@@ -28,7 +28,7 @@ def _bench_module():
 
 def _run(tmp_path: Path, *cases: str) -> tuple[str, dict]:
     out = tmp_path / "results.json"
-    args = [PYTHON, str(BENCH), "--json", str(out)]
+    args = [PYTHON, str(BENCH), "--json", str(out), "--wait", "40"]  # a loaded machine: 3 s limits, 40 s waits
     for case in cases:
         args += ["--case", case]
     r = subprocess.run(args, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240)
