@@ -295,7 +295,7 @@ POOL_TASK = Case(
             """),
     },
     place=r"job\.py:@map|pool\.py",
-    cause=r"(pid <<hung_pid>>.*job\.py:@sleep|job\.py:@sleep.*pid <<hung_pid>>)",
+    cause=r"(\b<<hung_pid>>\b.*job\.py:@sleep|job\.py:@sleep.*\b<<hung_pid>>\b)",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="multiprocessing.Pool.map; one task sleeps for ever in its worker",
 )
@@ -320,7 +320,7 @@ POOL_KILLED = Case(
             """),
     },
     place=r"job\.py:@map|pool\.py",
-    cause=r"(pid <<killed_pid>>.*killed by SIGKILL|killed by SIGKILL.*pid <<killed_pid>>)",
+    cause=r"(\b<<killed_pid>>\b.*killed by SIGKILL|killed by SIGKILL.*\b<<killed_pid>>\b)",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="a Pool worker is SIGKILLed mid-task (the OOM killer's way); the parent waits for ever",
 )
@@ -342,7 +342,7 @@ PIPE = Case(
             """),
     },
     place=r"child\.py:@print",
-    cause=r"(?i)pipe.*<<reader_pid>>",
+    cause=r"(?i)pipe.*\b<<reader_pid>>\b",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="a launcher reads its child's stdout pipe never; the child blocks writing to it",
 )
@@ -383,8 +383,8 @@ FILELOCK = Case(
                 pass
             """),
     },
-    place=r"job\.py:@lock|filelock",
-    cause=r"(model\.lock.*<<holder_pid>>|<<holder_pid>>.*model\.lock)",
+    place=r"job\.py:@lock|filelock/\S+\.py:\d+|FileLock",  # not "since import filelock ended"
+    cause=r"(model\.lock.*\b<<holder_pid>>\b|\b<<holder_pid>>\b.*model\.lock)",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     needs=("filelock",),
     setup=_lock_holder,
@@ -485,7 +485,7 @@ QUEUE_WORKER = Case(
             """),
     },
     place=r"job\.py:@wait",
-    cause=r"(pid <<hung_pid>>.*job\.py:@get|job\.py:@get.*pid <<hung_pid>>)",
+    cause=r"(\b<<hung_pid>>\b.*job\.py:@get|job\.py:@get.*\b<<hung_pid>>\b)",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="a dataset .map(num_proc=…)-style worker waits on a task queue nobody fills",
 )
