@@ -242,6 +242,38 @@ def test_between_stages_stall(tmp_path: Path) -> None:
         stop(proc)
 
 
+def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
+    """The job says STALLED itself (with where its main thread is); the watchdog, which diagnoses,
+    follows it with the cause on the same stderr and --log: here a deadlock of two thread locks.
+    (Before: the job's own lines never said why; only inspect did.)"""
+    script = (
+        "import argparse, threading, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+        "lock_a, lock_b = threading.Lock(), threading.Lock()\n"
+        "def worker():\n"
+        "    with lock_b:\n"
+        "        time.sleep(0.5)\n"
+        "        with lock_a:\n"
+        "            pass\n"
+        "threading.Thread(target=worker, daemon=True).start()\n"
+        "with lock_a:\n"
+        "    time.sleep(0.5)\n"
+        "    with lock_b:\n"
+        "        pass\n"
+    )
+    proc = launch(tmp_path, script, LORA_OTEL_STALL_AFTER="between=2")
+    try:
+        for name in ("log.txt", "run.log"):
+            wait_for(lambda n=name: "is stalled: " in text(tmp_path / n), timeout=60, what="the why line in " + name)
+        for path in (tmp_path / "log.txt", tmp_path / "run.log"):
+            lines = text(path).splitlines()
+            stalled = next(i for i, line in enumerate(lines) if "STALLED: " in line)
+            [why] = [line for line in lines if "why the job is stalled: " in line]
+            assert lines.index(why) > stalled, (path, lines)
+            assert "Deadlock: the main thread waits in lock_b" in why and "job.py:" in why, why
+    finally:
+        stop(proc)
+
+
 def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
     """Three earlier runs in the same directory imported `quickmod` in milliseconds; in the fourth it
     hangs: at 10 s one line says it is slow ("usually … over the last 3 runs"), and at the learned

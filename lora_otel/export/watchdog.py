@@ -271,6 +271,11 @@ def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
     return "process %s %s %s" % (journal.pid, how, where)
 
 
+def why_line(stall: Stall, diagnosis: str) -> str:
+    """``why import x is stalled: <diagnosis>``: the line after the job's own STALLED line."""
+    return "why %s is stalled: %s" % ("the job" if stall.kind == "between" else stall.stage, diagnosis)
+
+
 def speaks_for_job(stall: Stall) -> bool:
     """Whether the watchdog writes the STALLED line: the job cannot (frozen) or does not know the
     limit (learned). Other stalls the job says itself (its own beat)."""
@@ -436,6 +441,9 @@ def write_stall(
         records.append(record)
     if speaks_for_job(stall):
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
+    elif not str(record["diagnosis"]).startswith("Cannot tell"):
+        # The job said STALLED with where its main thread is; why is known only here.
+        lines.say(journal, why_line(stall, record["diagnosis"]), alive=True)
     say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
     return record
 
