@@ -26,9 +26,16 @@ def test_sleeping_import_evidence(tmp_path: Path) -> None:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import slowmod"), what="import span")
         [path] = journals(tmp_path / "lora-otel")
         stacks_registered(path)
-        ev = gather(proc.pid, stack_request(read_journal(path)))
+        # The first sample may hold the start-up work still going (the first beat's promotion);
+        # a sleeping process is idle in some sample soon after, however loaded the machine.
+        ev = wait_for(
+            lambda: (
+                (e := gather(proc.pid, stack_request(read_journal(path))))[PREFIX + "process.cpu_percent"] < 20 and e
+            ),
+            timeout=60,
+            what="an idle sample",
+        )
         assert ev[PREFIX + "process.state"].startswith("S")
-        assert ev[PREFIX + "process.cpu_percent"] < 20
         assert ev[PREFIX + "process.rss_bytes"] > 1_000_000
         assert ev[PREFIX + "process.threads"] >= 2  # main + beat
         assert "wait_for_hub" in ev[PREFIX + "python.stacks"] and "slowmod.py" in ev[PREFIX + "python.stacks"]
@@ -46,7 +53,13 @@ def test_busy_and_stopped_processes(tmp_path: Path) -> None:
     try:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import busymod"), what="import span")
         stacks_registered(journals(tmp_path / "lora-otel")[0])
-        assert process_facts(proc.pid, sample_s=0.5)[PREFIX + "process.cpu_percent"] > 50
+        # A loaded machine gives a spinning process less than a core in one sample; in one of them it
+        # has most of it.
+        wait_for(
+            lambda: process_facts(proc.pid, sample_s=0.5)[PREFIX + "process.cpu_percent"] > 50,
+            timeout=60,
+            what="a busy sample",
+        )
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: process_facts(proc.pid, 0.05)[PREFIX + "process.state"].startswith("T"), what="stopped")
         [path] = journals(tmp_path / "lora-otel")

@@ -197,8 +197,8 @@ def test_oom_killer_death_line(tmp_path: Path) -> None:
         assert proc.returncode == -signal.SIGKILL
         line = wait_for(
             lambda: [x for x in text(tmp_path / "run.log").splitlines() if "was killed" in x],
-            timeout=15,
-            what="the death line",
+            timeout=60,
+            what="the death line (sidecar's log: %s)" % [text(p)[-800:] for p in tmp_path.glob("*.sidecar.log")],
         )[0]
         assert "process %d was killed by the OOM killer in load model after" % proc.pid in line, line
         assert line in text(tmp_path / "log.txt")

@@ -503,11 +503,11 @@ def journal_deferred() -> bool:
 
 def ensure_journal() -> bool:
     """Create a deferred journal now (`defer_journal`), with its first record; whether there is a
-    journal to write to. Another thread creating it meanwhile is waited for, at most a second."""
+    journal to write to. Another thread creating it meanwhile is waited for, at most 5 s (a loaded machine)."""
     global _deferred
     if _deferred is None:
         return _journal_fd >= 0
-    if not _deferred_lock.acquire(True, 1.0):
+    if not _deferred_lock.acquire(True, 5.0):
         return False
     try:
         if _deferred is None:

@@ -1186,6 +1186,8 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
     ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
+    if status == 0 and core.forked_at and _settle_lock.acquire(True, SETTLE_WAIT_S):
+        _settle_lock.release()  # another thread settling this child meanwhile has finished
     if status == 0 and (core.forked_at or (core._deferred is not None and not core.promoted)):
         _real_os_exit(0)  # a fork that wrote nothing and ends well: nothing to say (see _on_exit)
     try:
@@ -1227,6 +1229,9 @@ def _after_fork_child() -> None:
 
 _FORK_HOOK = core.fail_open("fork hook")  # made once: nothing new to allocate in each child
 _settle_lock = _thread.allocate_lock()
+SETTLE_WAIT_S = 5.0
+"""How long a thread waits for another settling this child (microseconds of work; a loaded machine
+can hold the settling thread off the CPU for long: at 1 s a forked child's exit record was lost)."""
 
 
 def _settle_child() -> None:
@@ -1234,9 +1239,9 @@ def _settle_child() -> None:
     promotion): a root span under the span that forked it, a journal of its own — created by its
     first record, with the root span's start first (`core.defer_journal`): a fork that writes
     nothing and exits normally leaves no file — and ``TRACEPARENT`` naming its root for what it
-    starts. A second thread arriving meanwhile waits for it (a second at most)."""
+    starts. A second thread arriving meanwhile waits for it (`SETTLE_WAIT_S` at most)."""
     global _child_of
-    locked = _settle_lock.acquire(True, 1.0)
+    locked = _settle_lock.acquire(True, SETTLE_WAIT_S)
     try:
         fork_ns = core.forked_at
         if not fork_ns:
