@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+from lora_otel.analysis import filelocks
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
@@ -228,6 +229,20 @@ def _disk(f: Facts) -> Optional[Diagnosis]:
     return None
 
 
+def _file_lock(f: Facts) -> Optional[Diagnosis]:
+    main = _main_thread(f.stacks) or []
+    where = next((_short(fr) for fr in main if fr.python and not _in(fr.file.replace("\\", "/"), "filelock/")), "")
+    found = filelocks.sentence(f.evidence, where)
+    if found is None:
+        return None
+    attrs: dict[str, Any] = {}
+    for key in ("path", "holder_pid"):
+        value = f.evidence.get(filelocks.KEY + key)
+        if value is not None:
+            attrs["lora_otel.file_lock." + key] = value
+    return Diagnosis(found, attrs)
+
+
 def _hub(f: Facts) -> Optional[Diagnosis]:
     if "huggingface_hub" in f.stacks and f.on_network:
         return Diagnosis(
@@ -308,6 +323,14 @@ RULES: tuple[Rule, ...] = (
         "/proc/<pid>/stat state D, wait channel",
         "The process is in uninterruptible disk I/O (kernel wait channel ...).",
         _disk,
+    ),
+    Rule(
+        "file lock",
+        "/proc/locks (a blocked request, the holder's pid), the process's fds; for a polled lock the "
+        "stack (filelock, a sleep loop) and its locals (py-spy)",
+        "Waiting for a file lock on /data/.locks/model.lock (filelock polls it, at job.py:5 in <module>), "
+        "held by pid 4711 (python prefetch.py).",
+        _file_lock,
     ),
     Rule(
         "hub download",

@@ -1,0 +1,233 @@
+"""Issue 21 items 5 and 7: a job waiting on a file lock is told which file and who holds it (or
+that nobody does: a stale lock), and every view gives durations as of when it is read.
+
+Real processes: the job, launched as a UI launches it (``LORA_OTEL=1``, its output into a file,
+its local watchdog), waits on a lock a second, untraced process really holds (``fcntl.flock``,
+``filelock.FileLock``, a file kept open), or on a lock file nobody holds. What must hold is what
+the user sees: the watchdog's ``stall`` record and ``lora-otel inspect``'s ``STALLED`` line name
+the lock file, the holder's pid and command line. A polled lock's file is read from the waiting
+frames' locals by py-spy (the watchdog attaches to the job at a stall); those cases need py-spy
+to be able to read a process here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from procs import PYTHON, clean_env, journals, lora_otel_cli, wait_for
+
+from lora_otel.analysis.filelocks import py_spy_path
+from lora_otel.journal.reader import read_journal
+
+LIMIT = "load model=2"
+"""The stage's stall limit the jobs run with; the tests wait for the watchdog's record (>= 60 s)."""
+
+HOLDER = """\
+import fcntl, os, sys, time
+how, path = sys.argv[1], sys.argv[2]
+if how == "flock":
+    f = open(path, "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+elif how == "filelock":
+    import filelock
+    lock = filelock.FileLock(path)
+    lock.acquire()
+elif how == "open":
+    f = open(path, "w")
+open(path + ".ready", "w").close()
+time.sleep(600)
+"""
+
+
+def launch(tmp_path: Path, source: str, **env: str) -> subprocess.Popen:
+    """``python job.py`` with LORA_OTEL=1, its stdout and stderr into log.txt, journals in ./j."""
+    (tmp_path / "job.py").write_text(textwrap.dedent(source), encoding="utf-8")
+    with open(tmp_path / "log.txt", "wb") as out:
+        return subprocess.Popen(
+            [PYTHON, "job.py"],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), **env),
+            start_new_session=True,
+        )
+
+
+def hold(tmp_path: Path, how: str, name: str = "model.lock") -> subprocess.Popen:
+    """An untraced process holding ``name`` (``how``: flock, filelock, open), once it says so."""
+    (tmp_path / "holder.py").write_text(HOLDER, encoding="utf-8")
+    path = tmp_path / name
+    proc = subprocess.Popen(
+        [PYTHON, "holder.py", how, str(path)], cwd=tmp_path, env=clean_env(), start_new_session=True
+    )
+    wait_for((tmp_path / (name + ".ready")).exists, timeout=60, what="the holder to take the lock")
+    return proc
+
+
+def stop(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=20)
+
+
+def the_journal(tmp_path: Path, pid: int):
+    return wait_for(
+        lambda: next((j for j in map(read_journal, journals(tmp_path / "j")) if j.pid == pid), None),
+        what="the job's journal",
+    )
+
+
+def stall_record(tmp_path: Path, pid: int) -> dict:
+    """The watchdog's stall record of the job (waited for)."""
+    path = the_journal(tmp_path, pid).path
+    return wait_for(lambda: read_journal(path).stalls, timeout=60, what="the watchdog's stall record")[-1]
+
+
+def stalled_line(journal_path: str) -> str:
+    r = lora_otel_cli("inspect", journal_path)
+    assert r.returncode == 0, r.stderr
+    [line] = [line for line in r.stdout.splitlines() if line.startswith("STALLED: ")]
+    return line
+
+
+def holder_phrase(holder: subprocess.Popen) -> str:
+    return "held by pid %d (%s holder.py " % (holder.pid, PYTHON)
+
+
+@pytest.fixture(scope="module")
+def py_spy_reads() -> None:
+    """py-spy is here and may read a process (ptrace): the polled cases need it."""
+    spy = py_spy_path()
+    if spy is None:
+        pytest.skip("py-spy is not installed")
+    proc = subprocess.Popen([PYTHON, "-c", "import time\ntime.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        r = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            pytest.skip("py-spy cannot read a process here: %s" % r.stderr.strip()[-200:])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- 5. the lock file and its holder ------------------------------------------------------------
+
+
+def test_flock_held_by_another_process_names_the_file_and_the_holder(tmp_path: Path) -> None:
+    """The job blocks in ``fcntl.flock`` on a file another process holds: the stall record and
+    inspect's STALLED line name the file, the holder's pid and its command line."""
+    holder = hold(tmp_path, "flock")
+    job = launch(
+        tmp_path,
+        """\
+        import fcntl, lora_otel
+        with lora_otel.stage("load model"):
+            f = open("model.lock", "w")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        """,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        want = "Waiting for a file lock on %s (fcntl.flock, blocked in the kernel, at job.py:4 in <module>), " % (
+            tmp_path / "model.lock"
+        )
+        assert record["diagnosis"].startswith(want + holder_phrase(holder)), record["diagnosis"]
+        assert record["evidence"]["file_lock.holder_pid"] == holder.pid
+        line = stalled_line(the_journal(tmp_path, job.pid).path)
+        assert line.startswith("STALLED: load model open for ") and want + holder_phrase(holder) in line
+        assert "holder.py flock %s" % (tmp_path / "model.lock") in line, line
+    finally:
+        stop(job, holder)
+
+
+def test_filelock_polled_names_the_file_and_the_holder(tmp_path: Path, py_spy_reads: None) -> None:
+    """The job waits in ``filelock.FileLock`` (it polls a non-blocking flock, the file closed
+    between tries) on a lock another process's FileLock holds: the record names the file (from
+    the waiting frame's locals), the holder's pid and command line, and where the job called it."""
+    holder = hold(tmp_path, "filelock")
+    job = launch(
+        tmp_path,
+        """\
+        import filelock, lora_otel
+        with lora_otel.stage("load model"):
+            with filelock.FileLock("model.lock"):
+                pass
+        """,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        want = "Waiting for a file lock on %s (filelock polls it, at job.py:3 in <module>), %s" % (
+            tmp_path / "model.lock",
+            holder_phrase(holder),
+        )
+        assert record["diagnosis"].startswith(want), record["diagnosis"]
+        assert want in stalled_line(the_journal(tmp_path, job.pid).path)
+    finally:
+        stop(job, holder)
+
+
+def test_stale_soft_lock_with_no_holder_is_called_stale(tmp_path: Path, py_spy_reads: None) -> None:
+    """A soft lock file left behind (written by an older filelock: no pid in it), nobody holding
+    it: the job waits in ``filelock.SoftFileLock`` forever, and the record says the lock is stale."""
+    (tmp_path / "model.lock").write_text("")
+    job = launch(
+        tmp_path,
+        """\
+        import filelock, lora_otel
+        with lora_otel.stage("load model"):
+            with filelock.SoftFileLock("model.lock"):
+                pass
+        """,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        assert record["diagnosis"] == (
+            "Waiting for a file lock on %s (filelock polls it, at job.py:3 in <module>); the lock is stale: "
+            "no live process has it open." % (tmp_path / "model.lock")
+        ), record["diagnosis"]
+        assert record["evidence"]["file_lock.stale"] is True
+    finally:
+        stop(job)
+
+
+def test_polled_lock_file_loop_names_the_file_and_who_has_it_open(tmp_path: Path, py_spy_reads: None) -> None:
+    """The program's own loop, ``while os.path.exists(lock_path): time.sleep(…)``, on a lock
+    file another process keeps open: the record names the file and that process."""
+    holder = hold(tmp_path, "open", "data.lock")
+    job = launch(
+        tmp_path,
+        """\
+        import os, time, lora_otel
+        def wait_for_lock(lock_path):
+            while os.path.exists(lock_path):
+                time.sleep(0.1)
+        with lora_otel.stage("load model"):
+            wait_for_lock("data.lock")
+        """,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        want = (
+            "Waiting for a file lock on %s (polled until it goes away, at job.py:4 in wait_for_lock), held open by "
+            % (tmp_path / "data.lock")
+        )
+        assert record["diagnosis"].startswith(want + "pid %d (%s holder.py open " % (holder.pid, PYTHON)), record[
+            "diagnosis"
+        ]
+        assert record["diagnosis"].endswith("(no lock on it in the kernel).")
+    finally:
+        stop(job, holder)
