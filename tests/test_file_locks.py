@@ -12,7 +12,9 @@ to be able to read a process here.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -231,3 +233,101 @@ def test_polled_lock_file_loop_names_the_file_and_who_has_it_open(tmp_path: Path
         assert record["diagnosis"].endswith("(no lock on it in the kernel).")
     finally:
         stop(job, holder)
+
+
+# --- 7. the words, everywhere: durations as of the reading ---------------------------------------
+
+
+def _open_for(line: str) -> float:
+    m = re.search(r" open for ([\d.]+) (m?s) ", line)
+    assert m, line
+    return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+
+
+def test_a_stall_read_later_says_how_long_it_has_lasted_by_then(tmp_path: Path) -> None:
+    """The watchdog's record says the stage was open for ~2 s when it was written; inspect and
+    watch, read seconds later while the job is still stuck, say how long it has been open by then,
+    not what the record said."""
+    job = launch(
+        tmp_path,
+        "import time, lora_otel\nwith lora_otel.stage('load model'):\n    time.sleep(600)\n",
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        wait_for(lambda: time.time_ns() - record["ts"] > 4e9, timeout=60, what="the record to be 4 s old")
+        path = the_journal(tmp_path, job.pid).path
+        read_at = time.time_ns()
+        line = stalled_line(path)
+        assert _open_for(line) >= record["open_s"] + (read_at - record["ts"]) / 1e9 - 0.01, (line, record)
+        read_at = time.time_ns()
+        w = lora_otel_cli("watch", "--once", path)
+        [watched] = [line for line in w.stdout.splitlines() if line.startswith("STALLED: ")]
+        assert _open_for(watched) >= record["open_s"] + (read_at - record["ts"]) / 1e9 - 0.01, (watched, record)
+        doc = json.loads(lora_otel_cli("inspect", "--json", path).stdout)
+        assert doc["stall"]["open_s"] > record["open_s"] + 4, doc["stall"]
+    finally:
+        stop(job)
+
+
+def test_accept_names_the_address_it_listens_on(tmp_path: Path) -> None:
+    """A stage blocked in ``socket.accept()`` (waiting for workers that never connect): inspect
+    says which address it listens on."""
+    job = launch(
+        tmp_path,
+        """\
+        import socket, lora_otel
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        open("port", "w").write(str(s.getsockname()[1]))
+        with lora_otel.stage("wait for workers"):
+            s.accept()
+        """,
+    )
+    try:
+        port = int(wait_for(lambda: (tmp_path / "port").exists() and (tmp_path / "port").read_text(), what="the port"))
+        path = the_journal(tmp_path, job.pid).path
+
+        def stalled() -> str:
+            r = lora_otel_cli("inspect", path, "--stall-after", "wait for workers=1")
+            return next((line for line in r.stdout.splitlines() if line.startswith("STALLED: ")), "")
+
+        line = wait_for(stalled, timeout=60, what="inspect to call it stalled")
+        assert line.startswith("STALLED: wait for workers open for "), line
+        assert "Waiting for a connection on 127.0.0.1:%d (accept" % port in line, line
+        assert line.endswith("); no client has connected."), line
+    finally:
+        stop(job)
+
+
+def test_an_old_main_thread_sample_says_how_old_it_is(tmp_path: Path) -> None:
+    """A job that froze holding the GIL: its beat stopped, so the last sample of the main thread
+    (in the sleep before) grows old; inspect says how old it is."""
+    job = launch(
+        tmp_path,
+        """\
+        import ctypes, time, lora_otel
+        with lora_otel.stage("load model"):
+            time.sleep(3)
+            ctypes.PyDLL(None).pause()
+        """,
+    )
+    try:
+        path = the_journal(tmp_path, job.pid).path
+        journal = wait_for(
+            lambda: (j := read_journal(path)).main_frames and j.main_frames[-1][-1] == "time.sleep" and j,
+            what="a beat sampling the sleep",
+        )
+        wait_for(
+            lambda: (j := read_journal(path)).last_life_ns and time.time_ns() - j.last_life_ns > 6e9,
+            timeout=60,
+            what="the beat to stop for 6 s",
+        )
+        r = lora_otel_cli("inspect", path)
+        [main] = [line for line in r.stdout.splitlines() if line.startswith("main thread at ")]
+        m = re.fullmatch(r"main thread at job\.py:3 in <module> → time\.sleep \(sampled ([\d.]+) s ago\)", main)
+        assert m and float(m.group(1)) > 6, main
+        assert journal.main_frames_ts is not None
+    finally:
+        stop(job)

@@ -276,6 +276,9 @@ def _cuda_init(f: Facts) -> Optional[Diagnosis]:
 def _network(f: Facts) -> Optional[Diagnosis]:
     if not f.on_network:
         return None
+    accepting = accept_wait(f.stacks, f.evidence)
+    if accepting is not None:
+        return Diagnosis(accepting)
     quiet = network_quiet(f.evidence, f.stall)
     if quiet is not None:
         return Diagnosis(quiet)
@@ -954,6 +957,25 @@ def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
             format_duration(round((sampled or 0) * 1e9)),
             format_duration(round(stall.open_for_s * 1e9)),
         )
+    )
+
+
+def accept_wait(stacks: str, evidence: Mapping[str, Any]) -> Optional[str]:
+    """``Waiting for a connection on 127.0.0.1:8000 (accept, at job.py:4 in <module>); no client has
+    connected.`` when the process is blocked in ``accept()`` (its main thread's wait channel, or an
+    ``accept`` innermost on its stack) and has listening TCP sockets; else None."""
+    conns = evidence.get(PREFIX + "net.tcp_connections") or ()
+    listening = [str(c).split(" -> ", 1)[0] for c in conns if str(c).endswith(" LISTEN")]
+    main = _main_thread(stacks) or []
+    in_accept = str(evidence.get(PREFIX + "process.wait_channel") or "").startswith("inet_csk_accept") or any(
+        fr.func in ("accept", "_accept") for fr in main[:3]
+    )
+    if not listening or not in_accept:
+        return None
+    where = next((_short(fr) for fr in main if fr.python and not fr.file.replace("\\", "/").endswith("/socket.py")), "")
+    return "Waiting for a connection on %s (accept%s); no client has connected." % (
+        ", ".join(sorted(set(listening))[:3]),
+        ", at %s" % where if where else "",
     )
 
 
