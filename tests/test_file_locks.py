@@ -30,6 +30,9 @@ from lora_otel.journal.reader import read_journal
 LIMIT = "load model=2"
 """The stage's stall limit the jobs run with; the tests wait for the watchdog's record (>= 60 s)."""
 
+HUB_LOCK = ".cache/huggingface/hub/.locks/models--some-org--some-model/" + "0123456789abcdef" * 4 + ".lock"
+"""A lock path laid out as huggingface_hub's (longer than the 128 characters py-spy shows of a value by default)."""
+
 HOLDER = """\
 import fcntl, os, sys, time
 how, path = sys.argv[1], sys.argv[2]
@@ -153,25 +156,54 @@ def test_flock_held_by_another_process_names_the_file_and_the_holder(tmp_path: P
         stop(job, holder)
 
 
-def test_filelock_polled_names_the_file_and_the_holder(tmp_path: Path, py_spy_reads: None) -> None:
-    """The job waits in ``filelock.FileLock`` (it polls a non-blocking flock, the file closed
-    between tries) on a lock another process's FileLock holds: the record names the file (from
-    the waiting frame's locals), the holder's pid and command line, and where the job called it."""
-    holder = hold(tmp_path, "filelock")
+def test_flock_held_by_the_process_itself_through_another_descriptor(tmp_path: Path) -> None:
+    """flock locks an open file, not a process: a job that opens the lock file twice and locks it
+    through both waits for itself, and the record says so (not that the lock is stale)."""
     job = launch(
         tmp_path,
         """\
-        import filelock, lora_otel
+        import fcntl, lora_otel
         with lora_otel.stage("load model"):
-            with filelock.FileLock("model.lock"):
-                pass
+            first = open("model.lock", "w")
+            fcntl.flock(first, fcntl.LOCK_EX)
+            second = open("model.lock", "w")
+            fcntl.flock(second, fcntl.LOCK_EX)
         """,
         LORA_OTEL_STALL_AFTER=LIMIT,
     )
     try:
         record = stall_record(tmp_path, job.pid)
+        assert record["diagnosis"] == (
+            "Waiting for a file lock on %s (fcntl.flock, blocked in the kernel, at job.py:6 in <module>), held by "
+            "this process itself (pid %d, through another descriptor)." % (tmp_path / "model.lock", job.pid)
+        ), record["diagnosis"]
+    finally:
+        stop(job)
+
+
+def test_filelock_polled_names_the_file_and_the_holder(tmp_path: Path, py_spy_reads: None) -> None:
+    """The job waits in ``filelock.FileLock`` (it polls a non-blocking flock, the file closed
+    between tries) on a lock another process's FileLock holds, at a path as long as a hub cache's:
+    the record names the whole file (from the waiting frame's locals), the holder's pid and command
+    line, and where the job called it."""
+    name = HUB_LOCK
+    (tmp_path / name).parent.mkdir(parents=True)
+    holder = hold(tmp_path, "filelock", name)
+    job = launch(
+        tmp_path,
+        """\
+        import filelock, lora_otel
+        with lora_otel.stage("load model"):
+            with filelock.FileLock(%r):
+                pass
+        """
+        % name,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
         want = "Waiting for a file lock on %s (filelock polls it, at job.py:3 in <module>), %s" % (
-            tmp_path / "model.lock",
+            tmp_path / name,
             holder_phrase(holder),
         )
         assert record["diagnosis"].startswith(want), record["diagnosis"]
@@ -255,6 +287,7 @@ def test_a_stall_read_later_says_how_long_it_has_lasted_by_then(tmp_path: Path) 
     )
     try:
         record = stall_record(tmp_path, job.pid)
+        assert not record["diagnosis"].startswith("Waiting for a file lock"), record["diagnosis"]  # a sleep is not one
         wait_for(lambda: time.time_ns() - record["ts"] > 4e9, timeout=60, what="the record to be 4 s old")
         path = the_journal(tmp_path, job.pid).path
         read_at = time.time_ns()

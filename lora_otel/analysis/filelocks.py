@@ -176,14 +176,15 @@ def py_spy_path() -> Optional[str]:
 
 
 def locals_paths(pid: int, py_spy: Optional[str] = None) -> tuple[list[str], Optional[str]]:
-    """Lock-file paths named by the Python locals of the process's threads (``py-spy dump --locals``):
+    """Lock-file paths named by the Python locals of the process's threads (``py-spy dump -ll``):
     a string whose name has ``lock`` in it or whose value ends in ``.lock``, relative ones taken
     from the process's working directory, only those that exist. Returns (paths, why none)."""
     spy = py_spy or py_spy_path()
     if not spy:
         return [], "py-spy is not installed (it reads the waiting frames' locals)"
     try:
-        r = subprocess.run([spy, "dump", "--locals", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
+        # -ll: whole values (one -l cuts a string at 128 characters; a hub cache's lock path is longer)
+        r = subprocess.run([spy, "dump", "-ll", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as e:
         return [], "py-spy: %s" % e
     if r.returncode != 0:
@@ -222,7 +223,9 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
     try:
         locks = parse_locks(_read("/proc/locks"))
     except OSError as e:
-        return {KEY + "error": "cannot read /proc/locks: %s" % e} if stacks and polls(stacks) else {}
+        if "/filelock/" not in stacks:
+            return {}
+        return {KEY + "how": "filelock", KEY + "error": "cannot read /proc/locks: %s" % e}
     mine = open_files(pid)
     how, found_by, file_id, path = "", "", None, ""
     wait = next((lock for lock in locks if lock.waiting and lock.pid == pid), None)
@@ -242,6 +245,8 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
             path, found_by = mine[file_id], "open descriptor"
         elif stacks and polls(stacks):
             paths, why = locals_paths(pid) if use_py_spy else ([], "not read (inspect does not attach to the process)")
+            if not paths and "/filelock/" not in stacks:
+                return {}  # a sleep naming no lock file is not a lock wait
             if not paths:
                 return {KEY + "how": _polling_how(stacks), KEY + "error": "which file is not known: %s" % why}
             path, found_by = paths[0], "py-spy locals"
@@ -258,7 +263,11 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
         out[KEY + "path"] = path
     else:
         out[KEY + "file"] = "%02x:%02x:%d" % (file_id[0][0], file_id[0][1], file_id[1])
-    live = [p for p in dict.fromkeys(holders) if p > 0 and p != pid and _alive(p)]
+    if pid in holders:  # another descriptor of this very process holds it (flock locks per open file)
+        out[KEY + "holders"] = ["this process itself (pid %d, through another descriptor)" % pid]
+        out[KEY + "holder_pid"] = pid
+        return out
+    live = [p for p in dict.fromkeys(holders) if p > 0 and _alive(p)]
     if live:
         out[KEY + "holders"] = [_who(p) for p in live[:4]]
         out[KEY + "holder_pid"] = live[0]
