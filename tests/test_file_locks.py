@@ -303,6 +303,33 @@ def test_a_stall_read_later_says_how_long_it_has_lasted_by_then(tmp_path: Path) 
         stop(job)
 
 
+def test_a_frozen_stall_read_later_says_how_long_the_beat_has_been_silent(tmp_path: Path) -> None:
+    """A job frozen holding the GIL at the start of a stage: the watchdog's ``frozen`` record is
+    read seconds later; inspect says how long the beat has been silent by then."""
+    job = launch(
+        tmp_path,
+        """\
+        import ctypes, lora_otel
+        with lora_otel.stage("load model"):
+            while True:  # a signal (the watchdog's stack request) ends one pause()
+                ctypes.PyDLL(None).pause()
+        """,
+        LORA_OTEL_FROZEN_AFTER="2",
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        assert record["kind"] == "frozen", record
+        wait_for(lambda: time.time_ns() - record["ts"] > 4e9, timeout=60, what="the record to be 4 s old")
+        path = the_journal(tmp_path, job.pid).path
+        silent_since = read_journal(path).last_life_ns
+        read_at = time.time_ns()
+        line = stalled_line(path)
+        m = re.match(r"STALLED: frozen in load model: no beat for ([\d.]+) s \(limit 2 s\) — ", line)
+        assert m and float(m.group(1)) >= (read_at - silent_since) / 1e9 - 0.01, (line, record)
+    finally:
+        stop(job)
+
+
 def test_accept_names_the_address_it_listens_on(tmp_path: Path) -> None:
     """A stage blocked in ``socket.accept()`` (waiting for workers that never connect): inspect
     says which address it listens on."""
@@ -343,7 +370,8 @@ def test_an_old_main_thread_sample_says_how_old_it_is(tmp_path: Path) -> None:
         import ctypes, time, lora_otel
         with lora_otel.stage("load model"):
             time.sleep(3)
-            ctypes.PyDLL(None).pause()
+            while True:  # a signal (the watchdog's stack request) ends one pause()
+                ctypes.PyDLL(None).pause()
         """,
     )
     try:

@@ -127,7 +127,10 @@ def _open_now(journal: Journal, record: dict[str, Any], now_ns: Optional[int]) -
         return open_s
     if not isinstance(ts, int) or isinstance(open_s, bool):
         return open_s
-    end = now_ns if process_state(journal) == "running" else min(now_ns, max(ts, journal.last_life_ns or 0))
+    running = process_state(journal) == "running"
+    if running and record.get("kind") == "frozen" and journal.last_life_ns:
+        return max(now_ns - journal.last_life_ns, 0) / 1e9  # "no beat for …", as `current` says it
+    end = now_ns if running else min(now_ns, max(ts, journal.last_life_ns or 0))
     return float(open_s) + max(end - ts, 0) / 1e9
 
 
