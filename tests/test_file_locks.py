@@ -43,6 +43,10 @@ elif how == "filelock":
     import filelock
     lock = filelock.FileLock(path)
     lock.acquire()
+elif how == "soft":
+    import filelock
+    lock = filelock.SoftFileLock(path)
+    lock.acquire()
 elif how == "open":
     f = open(path, "w")
 open(path + ".ready", "w").close()
@@ -208,6 +212,31 @@ def test_filelock_polled_names_the_file_and_the_holder(tmp_path: Path, py_spy_re
         )
         assert record["diagnosis"].startswith(want), record["diagnosis"]
         assert want in stalled_line(the_journal(tmp_path, job.pid).path)
+    finally:
+        stop(job, holder)
+
+
+def test_soft_lock_names_the_live_process_whose_pid_is_in_it(tmp_path: Path, py_spy_reads: None) -> None:
+    """Another process's ``filelock.SoftFileLock`` (a file existing, no kernel lock): the record
+    names the file and the live holder whose pid the file holds."""
+    holder = hold(tmp_path, "soft")
+    job = launch(
+        tmp_path,
+        """\
+        import filelock, lora_otel
+        with lora_otel.stage("load model"):
+            with filelock.SoftFileLock("model.lock"):
+                pass
+        """,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        lock = tmp_path / "model.lock"
+        assert record["diagnosis"] == (
+            "Waiting for a file lock on %s (filelock polls it, at job.py:3 in <module>), held by pid %d (%s holder.py "
+            "soft %s) (the pid written in the file)." % (lock, holder.pid, PYTHON, lock)
+        ), record["diagnosis"]
     finally:
         stop(job, holder)
 
