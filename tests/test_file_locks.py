@@ -266,6 +266,30 @@ def test_stale_soft_lock_with_no_holder_is_called_stale(tmp_path: Path, py_spy_r
         stop(job)
 
 
+def test_soft_lock_written_on_another_host_is_not_called_stale(tmp_path: Path, py_spy_reads: None) -> None:
+    """A soft lock whose file names another host (a cache on a shared file system): its pid means
+    nothing here, so the record says where it was written instead of calling it stale."""
+    (tmp_path / "model.lock").write_text("4242\nother-node\n1\n")
+    job = launch(
+        tmp_path,
+        """\
+        import filelock, lora_otel
+        with lora_otel.stage("load model"):
+            with filelock.SoftFileLock("model.lock"):
+                pass
+        """,
+        LORA_OTEL_STALL_AFTER=LIMIT,
+    )
+    try:
+        record = stall_record(tmp_path, job.pid)
+        assert record["diagnosis"] == (
+            "Waiting for a file lock on %s (filelock polls it, at job.py:3 in <module>); it was written by pid 4242 "
+            "on other-node, which cannot be looked at from here." % (tmp_path / "model.lock")
+        ), record["diagnosis"]
+    finally:
+        stop(job)
+
+
 def test_polled_lock_file_loop_names_the_file_and_who_has_it_open(tmp_path: Path, py_spy_reads: None) -> None:
     """The program's own loop, ``while os.path.exists(lock_path): time.sleep(…)``, on a lock
     file another process keeps open: the record names the file and that process."""

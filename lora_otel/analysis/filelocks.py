@@ -150,23 +150,25 @@ _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 _SPY_LOCAL = re.compile(r'^\s+(\w+): "(.*)"\s*$')
 
 
-def _innermost_sources(stacks: str) -> list[str]:
-    """The source line of each thread's innermost Python frame in a faulthandler dump."""
-    out, fresh = [], False
+def _main_innermost_source(stacks: str) -> str:
+    """The source line of the main thread's innermost Python frame in a faulthandler dump (the
+    main thread: the one whose outermost frame is ``<module>``), "" when none is seen."""
+    threads: list[list[tuple[str, str, str]]] = []
     for line in stacks.splitlines():
         if line.startswith(("Current thread", "Thread ")):
-            fresh = True
-        elif fresh and (m := _FRAME.match(line)):
-            fresh = False
-            if "lora_otel/_boot/" not in m.group(1):
-                out.append(linecache.getline(m.group(1), int(m.group(2))))
-    return out
+            threads.append([])
+        elif threads and (m := _FRAME.match(line)):
+            threads[-1].append((m.group(1), m.group(2), m.group(3).strip()))
+    for frames in threads:
+        if frames and frames[-1][2] == "<module>":
+            return linecache.getline(frames[0][0], int(frames[0][1]))
+    return ""
 
 
 def polls(stacks: str) -> bool:
-    """Whether a thread of the dump could be polling a lock file: it is inside ``filelock``, or its
-    innermost Python frame is a ``sleep`` call (a ``while os.path.exists(...)`` loop)."""
-    return "/filelock/" in stacks or any("sleep(" in source for source in _innermost_sources(stacks))
+    """Whether the process could be polling a lock file: a thread is inside ``filelock``, or the
+    main thread's innermost Python frame is a ``sleep`` call (a ``while os.path.exists(...)`` loop)."""
+    return "/filelock/" in stacks or "sleep(" in _main_innermost_source(stacks)
 
 
 def py_spy_path() -> Optional[str]:
@@ -276,7 +278,7 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
     recorded, host = _recorded_owner(path) if path else (None, None)
     if recorded is not None:
         out[KEY + "recorded_pid"] = recorded
-        if host and host != os.uname().nodename:
+        if host and host != this_host():
             out[KEY + "recorded_host"] = host  # another machine's pid (a shared file system): not ours to judge
         else:
             out[KEY + "recorded_alive"] = recorded != pid and _alive(recorded)
@@ -293,6 +295,18 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
     elif KEY + "recorded_host" not in out:
         out[KEY + "stale"] = True
     return out
+
+
+def this_host() -> str:
+    """This machine's name as filelock writes it into a soft lock: the host name, with
+    ``?pidns-<inode>`` after it when this process's PID namespace is not the initial one (a
+    container's pids mean nothing outside it)."""
+    name = os.uname().nodename
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return name
+    return name if namespace == 0xEFFFFFFC else "%s?pidns-%x" % (name, namespace)
 
 
 def _polling_how(stacks: str) -> str:
