@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, journals, lora_otel_cli, wait_for
 
+from lora_otel.analysis.evidence import PREFIX, python_stacks, stack_request
 from lora_otel.analysis.filelocks import py_spy_path
 from lora_otel.journal.reader import read_journal
 
@@ -237,6 +238,48 @@ def test_soft_lock_names_the_live_process_whose_pid_is_in_it(tmp_path: Path, py_
             "Waiting for a file lock on %s (filelock polls it, at job.py:3 in <module>), held by pid %d (%s holder.py "
             "soft %s) (the pid written in the file)." % (lock, holder.pid, PYTHON, lock)
         ), record["diagnosis"]
+    finally:
+        stop(job, holder)
+
+
+def test_inspect_without_a_record_names_the_lock_files_held_now(tmp_path: Path) -> None:
+    """Before the watchdog's limit (no stall record yet), ``inspect --stall-after`` works the stall
+    out itself and never attaches to the job, so the polled file is not known from its locals; it
+    names the lock files other processes hold now, the holder among them, as candidates."""
+    (tmp_path / HUB_LOCK).parent.mkdir(parents=True)
+    holder = hold(tmp_path, "filelock", HUB_LOCK)
+    job = launch(
+        tmp_path,
+        """\
+        import filelock, lora_otel
+        with lora_otel.stage("load model"):
+            with filelock.FileLock(%r):
+                pass
+        """
+        % HUB_LOCK,
+    )
+    try:
+        journal = the_journal(tmp_path, job.pid)
+        path = journal.path
+        wait_for(lambda: any(s.name == "load model" for s in read_journal(path).spans), what="the stage")
+        request = stack_request(read_journal(path))  # the request the watchdog makes at a stall
+        assert request is not None and request.refusal is None, request
+
+        def dump() -> str:
+            return str(python_stacks(job.pid, request, py_spy=False).get(PREFIX + "python.stacks", ""))
+
+        wait_for(lambda: "_poll_until_acquired" in dump(), what="a stack dump in filelock's wait")
+
+        def stalled() -> str:
+            r = lora_otel_cli("inspect", path, "--stall-after", "load model=1")
+            return next((line for line in r.stdout.splitlines() if line.startswith("STALLED: ")), "")
+
+        line = wait_for(stalled, timeout=60, what="inspect to call it stalled")
+        assert (
+            "— Waiting for a file lock (filelock polls it, at job.py:3 in <module>); which file is not known: not read "
+            "(inspect does not attach to the process); lock files held now by other processes: %s by pid %d (%s "
+            "holder.py filelock " % (tmp_path / HUB_LOCK, holder.pid, PYTHON)
+        ) in line, line
     finally:
         stop(job, holder)
 

@@ -250,7 +250,14 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
             if not paths and "/filelock/" not in stacks:
                 return {}  # a sleep naming no lock file is not a lock wait
             if not paths:
-                return {KEY + "how": _polling_how(stacks), KEY + "error": "which file is not known: %s" % why}
+                unknown: dict[str, Any] = {
+                    KEY + "how": _polling_how(stacks),
+                    KEY + "error": "which file is not known: %s" % why,
+                }
+                candidates = held_lock_files(locks, pid)
+                if candidates:
+                    unknown[KEY + "candidates"] = candidates
+                return unknown
             path, found_by = paths[0], "py-spy locals"
             try:
                 file_id = _file_id(os.stat(path))
@@ -295,6 +302,33 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
     elif KEY + "recorded_host" not in out:
         out[KEY + "stale"] = True
     return out
+
+
+CANDIDATES_MAX = 3
+"""Lock files held by other processes named when the one waited for is not known."""
+
+
+def held_lock_files(locks: list[KernelLock], pid: int) -> list[str]:
+    """``/x/model.lock by pid 4711 (python prefetch.py)``: the lock files (``*.lock``, or in a
+    ``.locks`` folder) other live processes hold kernel locks on now, as far as their fds can be read
+    (the candidates for the one a polling process waits for, when its locals cannot be read); those
+    under the process's working directory first, then those in a cache (``.cache``, ``.locks``)."""
+    try:
+        cwd = os.readlink("/proc/%d/cwd" % pid).rstrip("/") + "/"
+    except OSError:
+        cwd = "\0"
+    found: list[tuple[int, str]] = []
+    seen: set[tuple[tuple[int, int], int]] = set()
+    for lock in locks[:256]:
+        file_id = (lock.device, lock.inode)
+        if lock.waiting or lock.pid <= 0 or lock.pid == pid or file_id in seen or not _alive(lock.pid):
+            continue
+        seen.add(file_id)
+        path = open_files(lock.pid).get(file_id, "")
+        if path.endswith(".lock") or "/.locks/" in path:
+            rank = 0 if path.startswith(cwd) else 1 if ("/.cache/" in path or "/.locks/" in path) else 2
+            found.append((rank, "%s by %s" % (path, _who(lock.pid))))
+    return [text for _, text in sorted(found, key=lambda pair: pair[0])[:CANDIDATES_MAX]]
 
 
 def this_host() -> str:
@@ -348,6 +382,9 @@ def sentence(evidence: Mapping[str, Any], where: str = "") -> Optional[str]:
     at = ", at %s" % where if where else ""
     if not path:
         error = evidence.get(KEY + "error") or "which file is not known"
+        candidates = evidence.get(KEY + "candidates")
+        if candidates:
+            error += "; lock files held now by other processes: %s" % "; ".join(str(c) for c in candidates)
         return "Waiting for a file lock (%s%s); %s." % (_HOW.get(how, how), at, error)
     head = "Waiting for a file lock on %s (%s%s)" % (path, _HOW.get(how, how), at)
     holders = evidence.get(KEY + "holders")
