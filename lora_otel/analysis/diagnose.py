@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+from lora_otel.analysis import filelocks
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
@@ -228,6 +229,20 @@ def _disk(f: Facts) -> Optional[Diagnosis]:
     return None
 
 
+def _file_lock(f: Facts) -> Optional[Diagnosis]:
+    main = _main_thread(f.stacks) or []
+    where = next((_short(fr) for fr in main if fr.python and not _in(fr.file.replace("\\", "/"), "filelock/")), "")
+    found = filelocks.sentence(f.evidence, where)
+    if found is None:
+        return None
+    attrs: dict[str, Any] = {}
+    for key in ("path", "holder_pid"):
+        value = f.evidence.get(filelocks.KEY + key)
+        if value is not None:
+            attrs["lora_otel.file_lock." + key] = value
+    return Diagnosis(found, attrs)
+
+
 def _hub(f: Facts) -> Optional[Diagnosis]:
     if "huggingface_hub" in f.stacks and f.on_network:
         return Diagnosis(
@@ -261,6 +276,9 @@ def _cuda_init(f: Facts) -> Optional[Diagnosis]:
 def _network(f: Facts) -> Optional[Diagnosis]:
     if not f.on_network:
         return None
+    accepting = accept_wait(f.stacks, f.evidence)
+    if accepting is not None:
+        return Diagnosis(accepting)
     quiet = network_quiet(f.evidence, f.stall)
     if quiet is not None:
         return Diagnosis(quiet)
@@ -308,6 +326,14 @@ RULES: tuple[Rule, ...] = (
         "/proc/<pid>/stat state D, wait channel",
         "The process is in uninterruptible disk I/O (kernel wait channel ...).",
         _disk,
+    ),
+    Rule(
+        "file lock",
+        "/proc/locks (a blocked request, the holder's pid), the process's fds; for a polled lock the "
+        "stack (filelock, a sleep loop) and its locals (py-spy)",
+        "Waiting for a file lock on /data/.locks/model.lock (filelock polls it, at job.py:5 in <module>), "
+        "held by pid 4711 (python prefetch.py).",
+        _file_lock,
     ),
     Rule(
         "hub download",
@@ -931,6 +957,25 @@ def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
             format_duration(round((sampled or 0) * 1e9)),
             format_duration(round(stall.open_for_s * 1e9)),
         )
+    )
+
+
+def accept_wait(stacks: str, evidence: Mapping[str, Any]) -> Optional[str]:
+    """``Waiting for a connection on 127.0.0.1:8000 (accept, at job.py:4 in <module>); no client has
+    connected.`` when the process is blocked in ``accept()`` (its main thread's wait channel, or an
+    ``accept`` innermost on its stack) and has listening TCP sockets; else None."""
+    conns = evidence.get(PREFIX + "net.tcp_connections") or ()
+    listening = [str(c).split(" -> ", 1)[0] for c in conns if str(c).endswith(" LISTEN")]
+    main = _main_thread(stacks) or []
+    in_accept = str(evidence.get(PREFIX + "process.wait_channel") or "").startswith("inet_csk_accept") or any(
+        fr.func in ("accept", "_accept") for fr in main[:3]
+    )
+    if not listening or not in_accept:
+        return None
+    where = next((_short(fr) for fr in main if fr.python and not fr.file.replace("\\", "/").endswith("/socket.py")), "")
+    return "Waiting for a connection on %s (accept%s); no client has connected." % (
+        ", ".join(sorted(set(listening))[:3]),
+        ", at %s" % where if where else "",
     )
 
 

@@ -12,6 +12,8 @@ with the reason under ``lora_otel.evidence.<what>.error``.
   (works on a frozen process), sent only when `stack_request` verified that the process is still
   the traced image with lora_otel's handler on that signal; and ``py-spy dump --native`` when
   py-spy is installed and permitted;
+- ``file_lock_facts(pid, found)``: the lock file the process waits for and its holder
+  (`lora_otel.analysis.filelocks`: ``/proc/locks``, its fds, py-spy's view of its locals);
 - ``gpu_facts(pid)``: GPU utilisation and the process's GPU memory through NVML (``nvidia-ml-py``)
   when available.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from lora_otel._boot.seam import memory_cgroup, oom_kill_count
+from lora_otel.analysis import filelocks
 from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
@@ -540,10 +543,24 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
         out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
     out.update(python_stacks(pid, request))
+    out.update(file_lock_facts(pid, out))
     out.update(gpu_facts(pid))
     out.update(memory_facts(pid))
     out.update(children_facts(pid))
     return out
+
+
+# --- file locks (lora_otel.analysis.filelocks) --------------------------------------------------
+
+
+def file_lock_facts(pid: int, found: dict[str, Any], use_py_spy: bool = True) -> dict[str, Any]:
+    """The file lock the process waits for, if any (`filelocks.facts`: ``file_lock.*``), told
+    by the stacks already in ``found`` (faulthandler's dump, py-spy's)."""
+    stacks = "\n".join(str(found.get(PREFIX + key) or "") for key in ("python.stacks", "py_spy.dump"))
+    try:
+        return filelocks.facts(pid, stacks, use_py_spy)
+    except Exception as e:  # noqa: BLE001 - evidence is best effort; the other facts stand
+        return {filelocks.KEY + "error": "%s: %s" % (type(e).__name__, e)}
 
 
 class OomWatch:

@@ -92,9 +92,13 @@ class Verdict:
         }
 
 
-def from_record(journal: Journal) -> Optional[Verdict]:
+def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verdict]:
     """The journal's last ``stall`` record, while it still holds: its span still open (or the process
-    died in it), and no exit record after it."""
+    died in it), and no exit record after it.
+
+    ``now_ns``: the time the view is read; the stall's ``open_s`` is then brought up to it (the
+    record's ``open_s`` is as of the record: ``5.34 s`` in a record read 18 s later is a stall of
+    23 s), up to the process's last sign of life when it is no longer running. None: as recorded."""
     if not journal.stalls:
         return None
     record = journal.stalls[-1]
@@ -107,13 +111,27 @@ def from_record(journal: Journal) -> Optional[Verdict]:
     return Verdict(
         record.get("stage") or (span.name if span is not None else None),
         str(record.get("kind")),
-        record.get("open_s"),
+        _open_now(journal, record, now_ns),
         record.get("limit_s"),
         record.get("diagnosis") or "",
         record.get("by") or "watchdog",
         record.get("learned"),
         record.get("evidence") or {},
     )
+
+
+def _open_now(journal: Journal, record: dict[str, Any], now_ns: Optional[int]) -> Optional[float]:
+    """The record's ``open_s``, as of ``now_ns`` (see `from_record`)."""
+    open_s, ts = record.get("open_s"), record.get("ts")
+    if now_ns is None or record.get("kind") == "died" or not isinstance(open_s, (int, float)):
+        return open_s
+    if not isinstance(ts, int) or isinstance(open_s, bool):
+        return open_s
+    running = process_state(journal) == "running"
+    if running and record.get("kind") == "frozen" and journal.last_life_ns:
+        return max(now_ns - journal.last_life_ns, 0) / 1e9  # "no beat for …", as `current` says it
+    end = now_ns if running else min(now_ns, max(ts, journal.last_life_ns or 0))
+    return float(open_s) + max(end - ts, 0) / 1e9
 
 
 def current(
@@ -127,7 +145,7 @@ def current(
     """The stall to lead with: the journal's stall record, else (``stall`` detected now in a live
     process) the diagnosis computed now, as the sidecar computes it but without signalling.
     ``frozen_after_s`` None: the one the journal recorded (`stall.journal_limits`)."""
-    found = from_record(journal)
+    found = from_record(journal, now_ns)
     if found is not None or stall is None or journal.pid is None or process_state(journal) != "running":
         return found
     if frozen_after_s is None:
@@ -191,6 +209,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
     if text:
         out[PREFIX + "python.stacks"] = text
         out[PREFIX + "python.stacks.from"] = "the stacks file (last request)"
+    out.update(ev.file_lock_facts(pid, out, use_py_spy=False))
     return out
 
 

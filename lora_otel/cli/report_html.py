@@ -197,7 +197,7 @@ def _verdict_of(proc: jobs_mod.Proc) -> Optional[verdict_mod.Verdict]:
     found = proc.view.verdict
     if isinstance(found, verdict_mod.Verdict):
         return found
-    return verdict_mod.from_record(proc.journal)
+    return verdict_mod.from_record(proc.journal, proc.view.reference_ns)
 
 
 def _stalled_span(proc: jobs_mod.Proc, verdict: Optional[verdict_mod.Verdict]) -> Optional[Span]:

@@ -415,7 +415,7 @@ class Watcher:
         """The stall record, or the diagnosis computed once per stall (it samples /proc for a second)."""
         from lora_otel.analysis import verdict as verdict_mod
 
-        found = verdict_mod.from_record(journal)
+        found = verdict_mod.from_record(journal, now_ns)
         if found is not None or state != "running" or f.stall is None:
             return found if found is not None else (f.verdict if state != "running" and f.was_stalled else None)
         key = f"{f.stall.span.span_id}:{f.stall.kind}"

@@ -35,6 +35,10 @@ STUCK_AFTER_S = 10
 """Without a stall limit to go by, an open stage counts as stuck only after this long (a job 265 ms
 into training is not stuck)."""
 
+SAMPLE_STALE_BEATS = 3
+"""A main-thread sample older than this many beats is shown with its age (``sampled 40 s ago``): the
+beat that would have renewed it has not run (a process holding the GIL, stopped, or gone)."""
+
 KEY_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "import": ("lora_otel.package.version",),
     "cuda init": (
@@ -231,8 +235,27 @@ class View:
             return ""
         where = _display(where_text(journal.main_frames))
         if self.state == "running":
+            age = self.main_sample_age_ns()
+            if age is not None and age >= SAMPLE_STALE_BEATS * self._beat_s() * 1e9:
+                return f"main thread at {where} (sampled {format_duration(age)} ago)"
             return f"main thread at {where}"
         return f"main thread was at {where} (its last beat)"
+
+    def main_sample_age_ns(self) -> Optional[int]:
+        """How old the beat's sample of the main thread is, as of the view's time: since the beat
+        record that holds it, or since a later beat that found it unchanged and only touched the
+        journal (docs/journal.md); None without a sample."""
+        journal = self.journal
+        sampled = journal.main_frames_ts
+        if sampled is None:
+            return None
+        if journal.touched_ns and journal.touched_ns > sampled:
+            sampled = min(journal.touched_ns, sampled + int(journal.touch_window_s * 1e9))
+        return max(self.now_ns - sampled, 0)
+
+    def _beat_s(self) -> float:
+        beat = self.journal.config.get("beat_s") if isinstance(self.journal.config, dict) else None
+        return float(beat) if isinstance(beat, (int, float)) and not isinstance(beat, bool) and beat > 0 else 1.0
 
     def _main_thread_json(self) -> Optional[dict[str, Any]]:
         journal = self.journal
