@@ -1,0 +1,257 @@
+"""Worker pools are part of the job (issue 21 item 1): a process waiting on workers it started is
+narrated and called stalled like any job, and the diagnosis names the worker that holds the work —
+where its main thread is and for how long, or that it died and how; a distributed launcher waiting
+for its ranks (children with ``RANK`` set) stays quiet.
+
+Real programs, launched detached into ``log.txt`` as a UI launches them (`launch_detached`), that
+import torch and parse their arguments (a training script's start), then wait on their workers
+with no stage open: the quiet-time limit ``between=`` applies to them. The limits given are far
+from the times the tests depend on; every wait is for a line, a record or a process state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+from procs import lora_otel_cli, wait_for
+from test_local_beat import launch_detached, lora_lines, messages, stop
+
+from lora_otel.journal.reader import Journal, process_state, read_journal
+
+START = "import argparse, os, sys, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+"""What the jobs do first: parse arguments, import torch (then no stage is open)."""
+
+POOL_PY = (
+    START
+    + """import multiprocessing
+
+def task(x):
+    if x == 3:
+        time.sleep(600)  # the task that never returns
+    return x
+
+if __name__ == "__main__":
+    with multiprocessing.Pool(2) as pool:
+        print(pool.map(task, range(6)), flush=True)
+"""
+)
+
+EXECUTOR_PY = (
+    START
+    + """from concurrent.futures import ProcessPoolExecutor
+
+def task(x):
+    if x == 3:
+        time.sleep(600)
+    return x
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(2) as executor:
+        print(list(executor.map(task, range(6))), flush=True)
+"""
+)
+
+PARENT_PY = (
+    START
+    + """import subprocess
+subprocess.run([sys.executable, "child.py"], check=True)
+"""
+)
+CHILD_PY = "import time\ntime.sleep(600)\n"
+
+LAUNCHER_PY = (
+    START
+    + """import subprocess
+ranks = os.environ.get("AS_RANKS") == "1"
+procs = []
+for rank in range(2):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2") if ranks else None
+    procs.append(subprocess.Popen([sys.executable, "rank.py"], env=env))
+for p in procs:
+    p.wait()
+"""
+)
+RANK_PY = "import os, time\nwhile not os.path.exists('release'):\n    time.sleep(0.1)\n"
+
+
+def journals(tmp: Path) -> list[Journal]:
+    found = []
+    for path in sorted((tmp / "lora-otel").glob("*.otel.jsonl")):
+        try:
+            found.append(read_journal(path))
+        except Exception:  # a journal being written: read it at the next look
+            continue
+    return found
+
+
+def top(tmp: Path) -> Optional[Journal]:
+    return next((j for j in journals(tmp) if j.root is not None and j.root.parent_id is None), None)
+
+
+def workers(tmp: Path) -> list[Journal]:
+    parent = top(tmp)
+    if parent is None:
+        return []
+    return [j for j in journals(tmp) if j.root is not None and j.root.attrs.get("process.parent_pid") == parent.pid]
+
+
+def in_task(tmp: Path, sleeping: bool = False) -> Optional[Journal]:
+    """The worker whose journal's beat shows its main thread in ``task`` (``sleeping``: and
+    calling ``time.sleep`` there, which the beat names once it has seen it at two beats)."""
+    for journal in workers(tmp):
+        frames = journal.main_frames or []
+        if any(f[2] == "task" for f in frames) and (not sleeping or frames[-1][2] == "time.sleep"):
+            return journal
+    return None
+
+
+def stalled_with(log: Path, words: str) -> list[str]:
+    return [line for line in messages(log, "STALLED") if words in line] if log.exists() else []
+
+
+def inspect_text(tmp: Path) -> str:
+    return lora_otel_cli("inspect", str(tmp / "lora-otel")).stdout
+
+
+def test_pool_map_with_a_task_that_never_returns(tmp_path: Path) -> None:
+    """`multiprocessing.Pool.map` with one task that never returns: the job's own lines say
+    STALLED with the worker that holds the task (its pid, where its main thread is, for how long),
+    and so do `inspect`, `watch --once` and the report."""
+    (tmp_path / "job.py").write_text(POOL_PY)
+    proc = launch_detached(tmp_path, "job.py", LORA_OTEL_STALL_AFTER="between=3")
+    log = tmp_path / "log.txt"
+    try:
+        [line] = wait_for(lambda: stalled_with(log, "worker pid"), timeout=120, what="the STALLED line naming a worker")
+        worker = in_task(tmp_path)
+        assert worker is not None
+        assert re.search(
+            r"The main thread waits for its multiprocessing\.Pool \(map, called at job\.py:\d+ in <module>\) for "
+            r"[\d.]+ s; worker pid %d holds a task: its main thread has been at job\.py:\d+ in task → time\.sleep "
+            r"for [\d.]+ s \(its journal's beat\); 1 other worker waits for work\.$" % worker.pid,
+            line,
+        ), line
+        parent = top(tmp_path)
+        assert parent is not None and any(pid == parent.pid for pid, msg in lora_lines(log) if msg == line)
+        text = inspect_text(tmp_path)
+        assert "STALLED: no stage open for " in text and "worker pid %d holds a task" % worker.pid in text, text
+        assert "launcher (pid %d) is the one stuck" % parent.pid in text, text
+        watch = lora_otel_cli("watch", "--once", str(tmp_path / "lora-otel")).stdout
+        assert "worker pid %d holds a task" % worker.pid in watch, watch
+        page = lora_otel_cli("report", str(tmp_path / "lora-otel"), "-o", "-").stdout
+        assert "worker pid %d holds a task" % worker.pid in page
+    finally:
+        stop(proc)
+
+
+def test_pool_worker_sigkilled_mid_task(tmp_path: Path) -> None:
+    """A Pool worker SIGKILLed while it runs its task (the OOM killer's way): `Pool.map` waits
+    forever; the STALLED line and inspect name that worker, that it was killed, and that the
+    parent will wait for its task forever."""
+    (tmp_path / "job.py").write_text(POOL_PY)
+    proc = launch_detached(tmp_path, "job.py", LORA_OTEL_STALL_AFTER="between=15")
+    log = tmp_path / "log.txt"
+    try:
+        worker = wait_for(lambda: in_task(tmp_path, sleeping=True), timeout=120, what="a worker's beat in its task")
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        [line] = wait_for(lambda: stalled_with(log, "worker pid"), timeout=120, what="the STALLED line")
+        assert re.search(
+            r"The main thread waits for its multiprocessing\.Pool \(map, called at job\.py:\d+ in <module>\) for "
+            r"[\d.]+ s; worker pid %d (killed by SIGKILL|killed without an exit record \(a signal such as SIGKILL, "
+            r"the OOM killer's way, or os\._exit\)) at [\d:TZ.-]+ while running a task \(its main thread was at "
+            r"job\.py:\d+ in task → time\.sleep at its last beat\); multiprocessing\.Pool never re-runs nor fails a "
+            r"task lost with its worker: the main thread will wait for it forever; 2 other workers wait for work\.$"
+            % worker.pid,
+            line,
+        ), line
+        text = inspect_text(tmp_path)
+        assert "worker pid %d killed" % worker.pid in text and "will wait for it forever" in text, text
+    finally:
+        stop(proc)
+
+
+def test_process_pool_executor_hang(tmp_path: Path) -> None:
+    """`concurrent.futures.ProcessPoolExecutor.map` with a task that never returns: the STALLED
+    line and inspect name the worker running it."""
+    (tmp_path / "job.py").write_text(EXECUTOR_PY)
+    proc = launch_detached(tmp_path, "job.py", LORA_OTEL_STALL_AFTER="between=3")
+    log = tmp_path / "log.txt"
+    try:
+        [line] = wait_for(lambda: stalled_with(log, "worker pid"), timeout=120, what="the STALLED line")
+        worker = in_task(tmp_path)
+        assert worker is not None
+        assert re.search(
+            r"The main thread waits for its concurrent\.futures executor \(.*called at job\.py:\d+ in <module>\) "
+            r"for [\d.]+ s; worker pid %d holds a task: its main thread has been at job\.py:\d+ in task → "
+            r"time\.sleep for [\d.]+ s" % worker.pid,
+            line,
+        ), line
+        assert "worker pid %d holds a task" % worker.pid in inspect_text(tmp_path)
+    finally:
+        stop(proc)
+
+
+def test_a_subprocess_the_parent_waits_on_hangs(tmp_path: Path) -> None:
+    """`subprocess.run` of a traced child that never ends: the parent is called stalled, naming the
+    child and where its main thread is."""
+    (tmp_path / "job.py").write_text(PARENT_PY)
+    (tmp_path / "child.py").write_text(CHILD_PY)
+    proc = launch_detached(tmp_path, "job.py", LORA_OTEL_STALL_AFTER="between=3")
+    log = tmp_path / "log.txt"
+    try:
+        [line] = wait_for(lambda: stalled_with(log, "child pid"), timeout=120, what="the STALLED line")
+        [child] = workers(tmp_path)
+        assert re.search(
+            r"The main thread waits for its subprocess \(run, called at job\.py:\d+ in <module>\) for [\d.]+ s; "
+            r"child pid %d it waits for has not ended: its main thread has been at child\.py:2 in <module> → "
+            r"time\.sleep for [\d.]+ s \(its journal's beat\)\.$" % child.pid,
+            line,
+        ), line
+        assert "child pid %d it waits for has not ended" % child.pid in inspect_text(tmp_path)
+    finally:
+        stop(proc)
+
+
+def quiet_for(journal: Optional[Journal], seconds: float) -> bool:
+    """The process has run with no stage open (after `import torch`) for ``seconds``."""
+    if journal is None or process_state(journal) != "running":
+        return False
+    ended = [s.end_ns for s in journal.spans if s.end_ns is not None and s is not journal.root]
+    return bool(ended) and time.time_ns() - max(ended) >= seconds * 1e9
+
+
+def test_a_launcher_of_ranks_stays_quiet_and_a_parent_of_workers_does_not(tmp_path: Path) -> None:
+    """A torchrun-like launcher (its children have RANK/LOCAL_RANK set: they speak for themselves)
+    waiting for them with no stage open is not stalled: no STALLED or quiet-time line from it, and
+    inspect says no STALLED, after four times its limit. The same program starting the same
+    children without RANK (its workers) is called stalled at its limit."""
+    runs = {}
+    for name, ranks in (("launcher", "1"), ("parent", "0")):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        (tmp / "job.py").write_text(LAUNCHER_PY)
+        (tmp / "rank.py").write_text(RANK_PY)
+        runs[name] = (tmp, launch_detached(tmp, "job.py", LORA_OTEL_STALL_AFTER="between=2", AS_RANKS=ranks))
+    try:
+        tmp, _ = runs["parent"]
+        wait_for(lambda: stalled_with(tmp / "log.txt", "child pid"), timeout=120, what="the parent's STALLED line")
+        tmp, proc = runs["launcher"]
+        wait_for(lambda: quiet_for(top(tmp), 8), timeout=120, what="the launcher's quiet time past 4x its limit")
+        assert len(workers(tmp)) == 2 and all(j.root.attrs.get("rank") in (0, 1) for j in workers(tmp))
+        text = inspect_text(tmp)
+        assert "STALLED" not in text and "running" in text, text
+        launcher = top(tmp)
+        assert launcher is not None
+        said = [msg for pid, msg in lora_lines(tmp / "log.txt") if pid == launcher.pid]
+        assert not any(msg.startswith("STALLED") or "no stage open" in msg for msg in said), said
+        (tmp / "release").write_text("")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        for tmp, proc in runs.values():
+            (tmp / "release").write_text("")
+            stop(proc)
