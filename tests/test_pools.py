@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from procs import lora_otel_cli, wait_for
+from procs import clean_env, lora_otel_cli, wait_for
 from test_local_beat import launch_detached, lora_lines, messages, stop
 
 from lora_otel.journal.reader import Journal, process_state, read_journal
@@ -255,3 +255,54 @@ def test_a_launcher_of_ranks_stays_quiet_and_a_parent_of_workers_does_not(tmp_pa
         for tmp, proc in runs.values():
             (tmp / "release").write_text("")
             stop(proc)
+
+
+MIDDLE_PY = """\
+import os, subprocess, sys
+env = dict(os.environ, **dict(v.split("=", 1) for v in sys.argv[1:]))
+subprocess.run(["sleep", "60"], env=env)
+"""
+
+
+def test_a_launcher_is_told_by_the_variables_of_a_process_below_it(tmp_path: Path) -> None:
+    """`waits_for_ranks`, the one rule, read from /proc of real processes: a child started with
+    `RANK` of its own (torchrun's agent) or `ACCELERATE_USE_CPU` (`accelerate launch`'s one
+    process), or a grandchild started so (a CLI that runs torchrun), makes a launcher; a child
+    with the parent's own environment (a worker, a subprocess) does not."""
+    import subprocess
+    import sys
+
+    from lora_otel._boot.seam import waits_for_ranks
+
+    (tmp_path / "middle.py").write_text(MIDDLE_PY)
+    cases = {
+        "plain child": ([sys.executable, "-c", "import time; time.sleep(60)"], False),
+        "rank child": (["sh", "-c", "RANK=1 LOCAL_RANK=1 exec sleep 60"], True),
+        "accelerate child": (["sh", "-c", "ACCELERATE_USE_CPU=False exec sleep 60"], True),
+        "rank grandchild": ([sys.executable, str(tmp_path / "middle.py"), "RANK=0"], True),
+        "plain grandchild": ([sys.executable, str(tmp_path / "middle.py")], False),
+    }
+    env = {k: v for k, v in clean_env().items() if k not in ("RANK", "LOCAL_RANK", "ACCELERATE_USE_CPU")}
+    for name, (argv, expected) in cases.items():
+        parent = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", *argv], env=env
+        )
+        try:
+            deep = name.endswith("grandchild")
+
+            def below(pid: int = parent.pid, deep: bool = deep) -> bool:
+                kids = Path("/proc/%d/task/%d/children" % (pid, pid)).read_text().split()
+                if not deep or not kids:
+                    return bool(kids) and not Path("/proc/%s/cmdline" % kids[0]).read_bytes().startswith(b"sh\0")
+                grand = Path("/proc/%s/task/%s/children" % (kids[0], kids[0])).read_text().split()
+                return bool(grand) and b"sleep" in Path("/proc/%s/cmdline" % grand[0]).read_bytes()
+
+            wait_for(below, timeout=60, what="the process below %s" % name)
+            assert waits_for_ranks(parent.pid) is expected, name
+        finally:
+            for pid in Path("/proc/%d/task/%d/children" % (parent.pid, parent.pid)).read_text().split():
+                for grand in Path("/proc/%s/task/%s/children" % (pid, pid)).read_text().split() if deep else ():
+                    os.kill(int(grand), signal.SIGKILL)
+                os.kill(int(pid), signal.SIGKILL)
+            parent.kill()
+            parent.wait(timeout=30)

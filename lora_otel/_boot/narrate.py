@@ -187,15 +187,18 @@ RANK_VARIABLES = (
     "SLURM_LOCALID",
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_LOCAL_RANK",
+    "ACCELERATE_USE_CPU",
 )
-"""The variables a distributed launcher (torchrun, accelerate, deepspeed, Slurm, Open MPI) sets for
-each rank it starts (the preamble reads the same ones for a rank's ``rank``/``local_rank``)."""
-MAX_CHILDREN = 64
-"""Children looked at, at most, by `waits_for_ranks`."""
+"""The variables a launcher sets for each process of the job it starts: a rank's (torchrun,
+accelerate, deepspeed, Slurm, Open MPI: the ones the preamble reads for ``rank``/``local_rank``),
+and ``ACCELERATE_USE_CPU``, which ``accelerate launch`` sets for the one process it starts without
+torchrun."""
+MAX_LOOKED_AT = 64
+"""Descendants looked at, at most, by `waits_for_ranks` (three generations down)."""
 
 
 def _rank_vars(pid: object) -> dict[bytes, bytes] | None:
-    """The rank variables of process ``pid``'s environment as it was started
+    """The launcher variables of process ``pid``'s environment as it was started
     (``/proc/<pid>/environ``), or None when that cannot be read."""
     try:
         with open("/proc/%s/environ" % pid, "rb") as f:
@@ -203,39 +206,66 @@ def _rank_vars(pid: object) -> dict[bytes, bytes] | None:
     except OSError:
         return None
     names = tuple(name.encode() + b"=" for name in RANK_VARIABLES)
-    return {entry.partition(b"=")[0]: entry.partition(b"=")[2] for entry in raw.split(b"\0") if entry.startswith(names)}
+    out = {}
+    for entry in raw.split(b"\0"):
+        if entry.startswith(names):
+            name, _, value = entry.partition(b"=")
+            out[name] = value
+    return out
+
+
+def _children(pid: object) -> list[bytes]:
+    kids: list[bytes] = []
+    for tid in os.listdir("/proc/%s/task" % pid):
+        try:
+            with open("/proc/%s/task/%s/children" % (pid, tid), "rb") as f:
+                kids += f.read().split()
+        except OSError:
+            continue
+        if len(kids) >= MAX_LOOKED_AT:
+            break
+    return kids
 
 
 def waits_for_ranks(pid: object = "self") -> bool:
-    """Whether process ``pid`` (this one by default) is a distributed launcher waiting for its ranks:
-    it has a child process now (``/proc/<pid>/task/*/children``) whose environment sets a rank
-    variable (`RANK_VARIABLES`: ``RANK``, ``LOCAL_RANK``, …) to a value its own does not have.
+    """Whether process ``pid`` (this one by default) is a launcher waiting for the job it started:
+    a process below it now (a child, or a child's child: ``llamafactory-cli`` → torchrun's agent →
+    the ranks), ``/proc/<pid>/task/*/children``) whose environment sets a launcher variable
+    (`RANK_VARIABLES`: ``RANK``, ``LOCAL_RANK``, … ``ACCELERATE_USE_CPU``) to a value its own does
+    not have.
 
-    This is the one rule for "a process with a live child": such ranks speak for themselves (their
+    This is the one rule for "a process with a live child": the ranks speak for themselves (their
     own lines, beat and stalls), so the launcher's quiet time is not a stall (torchrun's agent,
     ``accelerate launch``). Any other child — a forked or spawned ``multiprocessing``/``multiprocess``
     pool worker or ``ProcessPoolExecutor`` worker, a DataLoader worker (they inherit their parent's
     rank), a ``subprocess`` it waits for — is part of the job: a process waiting on it can be stuck,
     and is narrated and called stalled like any job. False when nothing can be read (no /proc).
     The watchdog's views use it too (`lora_otel.analysis.stall.idle_may_be_stuck`)."""
-    kids: list[bytes] = []
     try:
-        for tid in os.listdir("/proc/%s/task" % pid):
-            with open("/proc/%s/task/%s/children" % (pid, tid), "rb") as f:
-                kids += f.read().split()
-            if len(kids) >= MAX_CHILDREN:
-                break
-    except OSError:
+        level = _children(pid)
+        if not level:
+            return False
+        own = _rank_vars(pid)
+        if own is None:
+            return False
+        looked = 0
+        for _ in range(3):
+            below: list[bytes] = []
+            for kid in level:
+                looked += 1
+                if looked > MAX_LOOKED_AT:
+                    return False
+                name = kid.decode()
+                theirs = _rank_vars(name)
+                if theirs and any(own.get(var) != value for var, value in theirs.items()):
+                    return True
+                try:
+                    below += _children(name)
+                except OSError:
+                    continue
+            level = below
+    except (OSError, UnicodeDecodeError):
         return False
-    if not kids:
-        return False
-    own = _rank_vars(pid)
-    if own is None:
-        return False
-    for kid in kids[:MAX_CHILDREN]:
-        theirs = _rank_vars(kid.decode())
-        if theirs and any(own.get(name) != value for name, value in theirs.items()):
-            return True
     return False
 
 
