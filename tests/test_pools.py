@@ -186,7 +186,7 @@ def test_process_pool_executor_hang(tmp_path: Path) -> None:
         worker = in_task(tmp_path)
         assert worker is not None
         assert re.search(
-            r"The main thread waits for its concurrent\.futures executor \(.*called at job\.py:\d+ in <module>\) "
+            r"The main thread waits for its ProcessPoolExecutor \(.*called at job\.py:\d+ in <module>\) "
             r"for [\d.]+ s; worker pid %d holds a task: its main thread has been at job\.py:\d+ in task → "
             r"time\.sleep for [\d.]+ s" % worker.pid,
             line,
@@ -306,3 +306,87 @@ def test_a_launcher_is_told_by_the_variables_of_a_process_below_it(tmp_path: Pat
                 os.kill(int(pid), signal.SIGKILL)
             parent.kill()
             parent.wait(timeout=30)
+
+
+POOL_STACKS = (
+    "Thread 0x00007f01 (most recent call first):\n"
+    '  File "/usr/lib/python3.11/multiprocessing/pool.py", line 579 in _handle_results\n'
+    '  File "/usr/lib/python3.11/threading.py", line 975 in run\n'
+    "\n"
+    "Current thread 0x00007f00 (most recent call first):\n"
+    '  File "/usr/lib/python3.11/threading.py", line 327 in wait\n'
+    '  File "/usr/lib/python3.11/threading.py", line 629 in wait\n'
+    '  File "/usr/lib/python3.11/multiprocessing/pool.py", line 765 in wait\n'
+    '  File "/usr/lib/python3.11/multiprocessing/pool.py", line 768 in get\n'
+    '  File "/usr/lib/python3.11/multiprocessing/pool.py", line 367 in map\n'
+    '  File "/data/job.py", line 9 in <module>\n'
+)
+TASK_FRAMES = [["multiprocessing/pool.py", 125, "worker"], ["job.py", 5, "task"], ["", 0, "time.sleep"]]
+IDLE_FRAMES = [["multiprocessing/connection.py", 216, "recv_bytes"], ["", 0, "read"]]
+
+
+def a_journal(pid: int, parent_pid: Optional[int] = None, frames: Optional[list] = None, since: int = 0) -> Journal:
+    from lora_otel.journal.records import Span
+
+    root = Span("process", "%016x" % pid, "%016x" % parent_pid if parent_pid else None, "c" * 32, 1_000)
+    root.attrs["process.parent_pid"] = parent_pid
+    journal = Journal(path="/nowhere/%d.otel.jsonl" % pid, spans=[root], root=root, pid=pid)
+    journal.main_frames, journal.main_frames_since, journal.main_frames_ts = frames, since or None, since or None
+    return journal
+
+
+class TestTheRule:
+    """`diagnose.explain` on a Pool wait's evidence and journals: the `worker pool` rule answers
+    before `thread locks` (the main thread's `waiter.acquire` is a lock's acquire too)."""
+
+    def explain(self, parent: Journal, peers: list, now_ns: int):
+        from lora_otel.analysis.diagnose import explain
+        from lora_otel.analysis.evidence import PREFIX
+        from lora_otel.analysis.stall import Stall
+
+        stall = Stall("between", parent.root, 25.0, 5.0, "no stage open for 25 s")  # type: ignore[arg-type]
+        return explain(stall, {PREFIX + "python.stacks": POOL_STACKS}, parent, peers, now_ns=now_ns)
+
+    def test_a_live_worker_in_its_task_is_named_with_where_and_how_long(self) -> None:
+        """The worker running the program's code is named, with its beat's frames and for how long."""
+        me = os.getpid()  # a live process for the workers' journals ("running": no start ticks recorded)
+        parent = a_journal(1)
+        parent.pid = 1
+        busy = a_journal(me, 1, TASK_FRAMES, since=10**9)
+        found = self.explain(parent, [busy], now_ns=25 * 10**9)
+        assert found.attrs["lora_otel.diagnosis.rule"] == "worker pool"
+        assert found.sentence == (
+            "The main thread waits for its multiprocessing.Pool (map, called at job.py:9 in <module>) for 25 s; "
+            "worker pid %d holds a task: its main thread has been at job.py:5 in task → time.sleep for 24 s "
+            "(its journal's beat)." % me
+        )
+        assert found.attrs["lora_otel.diagnosis.in_pid"] == me
+
+    def test_a_worker_reaped_after_a_sigkill_is_named_from_the_child_exit_event(self) -> None:
+        """The parent's `child exit` event (issue 21's contract) says how the worker ended; the Pool
+        will wait for its task forever."""
+        parent = a_journal(1)
+        parent.pid = 1
+        gone = 2**22 + 12345  # above any pid_max: no such process
+        parent.root.events.append((5 * 10**9, "child exit", {"child.pid": gone, "child.signal": "SIGKILL"}))  # type: ignore[union-attr]
+        dead = a_journal(gone, 1, TASK_FRAMES, since=10**9)
+        idle = a_journal(os.getpid(), 1, IDLE_FRAMES, since=10**9)
+        found = self.explain(parent, [dead, idle], now_ns=25 * 10**9)
+        assert found.attrs["lora_otel.diagnosis.rule"] == "worker pool"
+        assert "; worker pid %d killed by SIGKILL at " % gone in found.sentence
+        assert found.sentence.endswith(
+            "while running a task (its main thread was at job.py:5 in task → time.sleep at its last beat); "
+            "multiprocessing.Pool never re-runs nor fails a task lost with its worker: the main thread will wait "
+            "for it forever; 1 other worker waits for work."
+        ), found.sentence
+
+    def test_without_a_pool_on_the_stack_thread_locks_answers(self) -> None:
+        from lora_otel.analysis.diagnose import explain
+        from lora_otel.analysis.evidence import PREFIX
+        from lora_otel.analysis.stall import Stall
+
+        parent = a_journal(1)
+        stacks = POOL_STACKS.replace("multiprocessing/pool.py", "mylib/waiting.py")
+        stall = Stall("between", parent.root, 25.0, 5.0, "no stage open for 25 s")  # type: ignore[arg-type]
+        found = explain(stall, {PREFIX + "python.stacks": stacks}, parent, [], now_ns=25 * 10**9)
+        assert found.attrs["lora_otel.diagnosis.rule"] != "worker pool"

@@ -28,6 +28,7 @@ diagnoses only the processes that rule lets stall. Standard library only; no /pr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ _WAIT_MODULES = (
     "torch/multiprocessing/",
 )
 """Where a thread that waits on its workers is: the pools' own modules and what they wait with."""
+_CALLS = {"result_iterator": "map", "_chain_from_iterable_of_lists": "map"}
+"""Pool functions named by the call the program made (an executor's ``map`` iterates these)."""
 _WORKER_IDLE_MODULES = ("multiprocessing/", "multiprocess/", "concurrent/futures/", "threading.py", "queue.py")
 """A worker whose Python frames are all in these waits for work (reads the task queue)."""
 _IDLE_WCHAN = ("poll", "select", "pipe_read", "futex", "ep_poll", "unix_stream", "wait_woken")
@@ -122,7 +125,10 @@ def waiting_in(frames: Sequence[PoolFrame]) -> Optional[PoolWait]:
             return PoolWait(found[0], call, _short(frame), found[1])
         pool = _pool_of(frame)
         if pool is not None and (found is None or pool[0] == found[0] or found[0] == "multiprocessing.Process"):
-            found, call = pool, frame[2]
+            name = _CALLS.get(frame[2], frame[2])
+            if found is None or pool[0] != found[0] or not name.startswith("_"):
+                call = name  # the outermost public function (Pool.map, not its _map_async)
+            found = pool
     return PoolWait(found[0], call, "", found[1]) if found is not None else None
 
 
@@ -289,7 +295,13 @@ def pool_wait(
         wait = waiting_in(beat_frames(journal))
     if wait is None or journal is None:
         return None
-    call = "%s, " % wait.call if wait.call and wait.call not in ("wait", "_wait", "get") else ""
+    workers = workers_of(journal, peers, evidence_children)
+    if wait.what == "concurrent.futures executor" and any(
+        w.journal is not None and any(_in(f[0], "concurrent/futures/process.py") for f in beat_frames(w.journal))
+        for w in workers
+    ):
+        wait = dataclasses.replace(wait, what="ProcessPoolExecutor")  # its workers' frames say which executor
+    call = "%s, " % wait.call if wait.call and wait.call not in ("wait", "get") and wait.call[0] != "_" else ""
     head = "The main thread waits for its %s (%scalled at %s) for %s" % (
         wait.what,
         call,
@@ -302,7 +314,6 @@ def pool_wait(
             " (%s)" % call.rstrip(", ") if call else "",
             format_duration(round(open_for_s * 1e9)),
         )
-    workers = workers_of(journal, peers, evidence_children)
     attrs: dict[str, Any] = {"lora_otel.pool.kind": wait.what}
     subprocess = wait.what == "subprocess" or wait.what.endswith(".Process") or "spawn" in wait.what
     since = journal.root.start_ns if journal.root is not None else 0
