@@ -21,8 +21,11 @@ process whose info lines are kept quiet (a worker, a helper), since a stage runn
 something to report. The quiet time between stages and an ``arguments`` span still open (a
 script that has not parsed arguments, or never uses argparse) are narrated only where they can
 mean a stuck job: in the job's own process (not a quiet one), once it has imported torch, while
-it has no child process (a launcher waiting for the job it started is not stuck) and runs no web
-UI (gradio, uvicorn, streamlit wait for their users).
+it is not a distributed launcher waiting for its ranks (`waits_for_ranks`: torchrun's agent,
+``accelerate launch``; the ranks speak for themselves) and runs no web UI (gradio, uvicorn,
+streamlit wait for their users). A process waiting on workers it started — a ``multiprocessing``
+or ``multiprocess`` pool, a ``ProcessPoolExecutor``, DataLoader workers, a subprocess — is part of
+the job and narrated like any job: its workers are quiet, the wait is its own.
 
 Standard library only; runs in the beat thread, never in the program's own threads.
 """
@@ -177,15 +180,91 @@ def _subject(now_ns: int) -> Subject | None:
     return "stage", sid, name, info[3], limit
 
 
-def has_children(pid: object = "self") -> bool:
-    """Whether process ``pid`` (this one by default) has a child process now
-    (``/proc/<pid>/task/*/children``); False when that cannot be read. The watchdog's views use it too."""
+RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "ACCELERATE_USE_CPU",
+)
+"""The variables a launcher sets for each process of the job it starts: a rank's (torchrun,
+accelerate, deepspeed, Slurm, Open MPI: the ones the preamble reads for ``rank``/``local_rank``),
+and ``ACCELERATE_USE_CPU``, which ``accelerate launch`` sets for the one process it starts without
+torchrun."""
+MAX_LOOKED_AT = 64
+"""Descendants looked at, at most, by `waits_for_ranks` (three generations down)."""
+
+
+def _rank_vars(pid: object) -> dict[bytes, bytes] | None:
+    """The launcher variables of process ``pid``'s environment as it was started
+    (``/proc/<pid>/environ``), or None when that cannot be read."""
     try:
-        for tid in os.listdir("/proc/%s/task" % pid):
-            with open("/proc/%s/task/%s/children" % (pid, tid), "rb") as f:
-                if f.read().strip():
-                    return True
+        with open("/proc/%s/environ" % pid, "rb") as f:
+            raw = f.read()
     except OSError:
+        return None
+    names = tuple(name.encode() + b"=" for name in RANK_VARIABLES)
+    out = {}
+    for entry in raw.split(b"\0"):
+        if entry.startswith(names):
+            name, _, value = entry.partition(b"=")
+            out[name] = value
+    return out
+
+
+def _children(pid: object) -> list[bytes]:
+    kids: list[bytes] = []
+    for tid in os.listdir("/proc/%s/task" % pid):
+        try:
+            with open("/proc/%s/task/%s/children" % (pid, tid), "rb") as f:
+                kids += f.read().split()
+        except OSError:
+            continue
+        if len(kids) >= MAX_LOOKED_AT:
+            break
+    return kids
+
+
+def waits_for_ranks(pid: object = "self") -> bool:
+    """Whether process ``pid`` (this one by default) is a launcher waiting for the job it started:
+    a process below it now (a child, or a child's child: ``llamafactory-cli`` → torchrun's agent →
+    the ranks), ``/proc/<pid>/task/*/children``) whose environment sets a launcher variable
+    (`RANK_VARIABLES`: ``RANK``, ``LOCAL_RANK``, … ``ACCELERATE_USE_CPU``) to a value its own does
+    not have.
+
+    This is the one rule for "a process with a live child": the ranks speak for themselves (their
+    own lines, beat and stalls), so the launcher's quiet time is not a stall (torchrun's agent,
+    ``accelerate launch``). Any other child — a forked or spawned ``multiprocessing``/``multiprocess``
+    pool worker or ``ProcessPoolExecutor`` worker, a DataLoader worker (they inherit their parent's
+    rank), a ``subprocess`` it waits for — is part of the job: a process waiting on it can be stuck,
+    and is narrated and called stalled like any job. False when nothing can be read (no /proc).
+    The watchdog's views use it too (`lora_otel.analysis.stall.idle_may_be_stuck`)."""
+    try:
+        level = _children(pid)
+        if not level:
+            return False
+        own = _rank_vars(pid)
+        if own is None:
+            return False
+        looked = 0
+        for _ in range(3):
+            below: list[bytes] = []
+            for kid in level:
+                looked += 1
+                if looked > MAX_LOOKED_AT:
+                    return False
+                name = kid.decode()
+                theirs = _rank_vars(name)
+                if theirs and any(own.get(var) != value for var, value in theirs.items()):
+                    return True
+                try:
+                    below += _children(name)
+                except OSError:
+                    continue
+            level = below
+    except (OSError, UnicodeDecodeError):
         return False
     return False
 
@@ -196,7 +275,7 @@ def _idle_ok() -> bool:
         not core.quiet
         and "torch" in sys.modules
         and not any(m in sys.modules for m in _UI_MODULES)
-        and not has_children()
+        and not waits_for_ranks()
     )
 
 

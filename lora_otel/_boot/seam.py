@@ -5,7 +5,7 @@ it, is the one listed exception).
 
 What crosses: where journals live and how they are named (`paths`, `files`), the rules both halves
 must apply alike — the stall limits' grammar (`limits`), redaction (`redact`), the environment facts
-(`envfacts`), the memory cgroup (`cgroup`), the quiet-time rule's children check, the program-image
+(`envfacts`), the memory cgroup (`cgroup`), the quiet-time rule's check for a launcher's ranks, the program-image
 fingerprint a reader compares with the journal's — and whether a process starts a sidecar. The
 journal's record format itself is documented in docs/journal.md and read by `lora_otel.journal`.
 
@@ -21,7 +21,7 @@ from lora_otel._boot import cgroup, envfacts, files, limits, paths, redact
 from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
 from lora_otel._boot.envfacts import PACKAGES
 from lora_otel._boot.envfacts import _normalize as normalize_package
-from lora_otel._boot.narrate import has_children
+from lora_otel._boot.narrate import waits_for_ranks
 from lora_otel._boot.paths import JOURNAL_SUFFIX
 from lora_otel._boot.redact import redact_text, redact_value
 from lora_otel._boot.spawn import exports as starts_sidecar
@@ -34,7 +34,6 @@ __all__ = [
     "envfacts",
     "files",
     "frames_text",
-    "has_children",
     "image_identity",
     "limits",
     "memory_cgroup",
@@ -46,6 +45,7 @@ __all__ = [
     "redact_value",
     "stack_signal",
     "starts_sidecar",
+    "waits_for_ranks",
 ]
 
 

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Optional
 
 from lora_otel.analysis import filelocks
 from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.pools import pool_wait
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
 from lora_otel.journal.tree import deepest_open_span, iso_time
@@ -263,6 +264,14 @@ def _dataloader(f: Facts) -> Optional[Diagnosis]:
     return _said(dataloader_wait(f.stacks, f.evidence, f.stall))
 
 
+def _worker_pool(f: Facts) -> Optional[Diagnosis]:
+    main = _main_thread(f.stacks) or []
+    frames = [(frame.file, frame.line, frame.func) for frame in main if frame.python]
+    children = f.evidence.get(PREFIX + "process.children") or ()
+    found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns)
+    return None if found is None else Diagnosis(*found)
+
+
 def _locks(f: Facts) -> Optional[Diagnosis]:
     return _said(lock_waits(f.stacks))
 
@@ -352,6 +361,14 @@ RULES: tuple[Rule, ...] = (
         "torch/utils/data/ on the main thread's stack; /proc/<pid>/task/*/children",
         "The main thread waits for a DataLoader batch (at job.py:18 in <module>) for 4 s; worker pid ...",
         _dataloader,
+    ),
+    Rule(
+        "worker pool",
+        "the main thread waits in a pool (multiprocessing, concurrent.futures, subprocess); its workers' journals, "
+        "child exit events and /proc/<pid>/task/*/children",
+        "The main thread waits for its multiprocessing.Pool (map, called at job.py:9 in <module>) for 25 s; worker "
+        "pid 4711 holds a task: its main thread has been at job.py:5 in task → time.sleep for 24 s ...",
+        _worker_pool,
     ),
     Rule(
         "thread locks",

@@ -128,6 +128,14 @@ class Proc:
         return "child" if self.parent is not None else "process"
 
     @property
+    def launches_ranks(self) -> bool:
+        """Whether it started ranks of their own (a distributed launcher: torchrun's agent,
+        ``accelerate launch``). Its quiet time is waiting for them, who speak for themselves; a
+        process whose children are its workers (a pool, a subprocess) can be stuck like any
+        (`lora_otel._boot.narrate.waits_for_ranks`, the same rule read from ``/proc``)."""
+        return any(child.role == "rank" for child in self.children)
+
+    @property
     def label(self) -> str:
         """``rank 1``, ``rank 1 child``, ``launcher``, ``child`` or ``process``."""
         role = self.role
@@ -409,7 +417,8 @@ def _order_key(proc: Proc) -> tuple[int, int, int, int, str]:
 def _callout(procs: list[Proc]) -> Optional[Callout]:
     order = {id(proc): index for index, proc in enumerate(procs)}
     # an "alive" stall of the root span is a launcher waiting for its children; quiet time with no
-    # stage open ("between") is a stall of a process that has no child in the job
+    # stage open ("between") is a stall unless the process is a launcher waiting for its ranks (a
+    # process waiting on its pool's workers or a subprocess is stuck like any)
     stuck = [
         proc
         for proc in procs
@@ -417,7 +426,7 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
         and (
             proc.stall.kind == "frozen"
             or proc.stall.span is not proc.journal.root
-            or (proc.stall.kind == "between" and not proc.children)
+            or (proc.stall.kind == "between" and not proc.launches_ranks)
         )
     ]
     if stuck:

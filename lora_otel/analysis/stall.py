@@ -242,8 +242,11 @@ def idle_may_be_stuck(journal: Journal) -> bool:
     """Whether quiet time with no stage open (or ``arguments`` still open) may mean this process is
     stuck — the job's own narration's rule (`lora_otel._boot.narrate`), so every view agrees: a
     training job's own process (not a quiet child), that has imported torch, runs no web UI
-    (gradio, uvicorn, streamlit wait for their users) and has no child process now (a launcher
-    waiting for its ranks). A service, pip, a helper script or a DataLoader worker idles by design."""
+    (gradio, uvicorn, streamlit wait for their users) and is not a distributed launcher waiting for
+    its ranks now (`lora_otel._boot.narrate.waits_for_ranks`: a child with a rank variable of its
+    own). A process waiting on its workers — a multiprocessing pool, a ProcessPoolExecutor, a
+    subprocess — can be stuck like any job. A service, pip, a helper script or a DataLoader worker
+    idles by design."""
     config = journal.config if isinstance(journal.config, dict) else {}
     if config.get("quiet") is True:
         return False
@@ -257,9 +260,9 @@ def idle_may_be_stuck(journal: Journal) -> bool:
         return False
     if any(name in names for name in _UI_IMPORTS):
         return False
-    from lora_otel._boot.seam import has_children  # the job's own rule, read from outside
+    from lora_otel._boot.seam import waits_for_ranks  # the job's own rule, read from outside
 
-    return not (journal.pid and has_children(journal.pid))
+    return not (journal.pid and waits_for_ranks(journal.pid))
 
 
 def _between(journal: Journal, root: Span, now_ns: int, limits: dict[str, float]) -> Optional[Stall]:

@@ -49,6 +49,7 @@ from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, wit
 from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
 from lora_otel.analysis.stall import Stall, detect, journal_limits
 from lora_otel.export import otlp
+from lora_otel.export.watchdog import cause_pid
 from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 
 
@@ -592,10 +593,11 @@ class Follower:
         evidence = self._ask(journal)
         peers: list[Journal] = []
         others: dict[str, str] = {}
-        if self.peers is not None and collective_in(stacks_text(evidence)) is not None:
-            try:  # the other ranks matter only to a process waiting in a collective
+        if self.peers is not None:
+            try:  # its workers' journals (a pool); the other ranks' stacks only for a collective
                 peers = list(self.peers())
-                others = self.peer_stacks(journal, peers)
+                if collective_in(stacks_text(evidence)) is not None:
+                    others = self.peer_stacks(journal, peers)
             except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
                 evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
         frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)[1]
@@ -604,7 +606,7 @@ class Follower:
         sentence = found.sentence
         if self.watch is not None:
             try:
-                self.watch.write(journal, stall, sentence, evidence, now)
+                self.watch.write(journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal))
             except Exception as e:  # noqa: BLE001 - the export goes on
                 evidence[PREFIX + "record.error"] = "%s: %s" % (type(e).__name__, e)
         ranks = world_peers(journal, peers)

@@ -276,10 +276,16 @@ def why_line(stall: Stall, diagnosis: str) -> str:
     return "why %s is stalled: %s" % ("the job" if stall.kind == "between" else stall.stage, diagnosis)
 
 
-def speaks_for_job(stall: Stall) -> bool:
-    """Whether the watchdog writes the STALLED line: the job cannot (frozen) or does not know the
-    limit (learned). Other stalls the job says itself (its own beat)."""
-    return stall.kind == "frozen" or isinstance(stall.learned, Learned)
+CAUSE_PID = "lora_otel.diagnosis.in_pid"
+"""The diagnosis attribute naming another process as the cause (a pool's worker holding the task)."""
+
+
+def speaks_for_job(stall: Stall, cause_pid: Optional[int] = None) -> bool:
+    """Whether the watchdog writes the STALLED line: the job cannot (frozen), does not know the
+    limit (learned), or cannot see the cause (``cause_pid``: the diagnosis names another process,
+    the worker of its pool that holds the task, which the job's own STALLED line cannot name).
+    Other stalls the job says itself (its own beat)."""
+    return stall.kind == "frozen" or isinstance(stall.learned, Learned) or cause_pid is not None
 
 
 def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
@@ -398,13 +404,21 @@ class Watch:
         _, frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)
         found = explain(stall, evidence, journal, peers, {}, frozen_after_s=frozen_after)
         sentence = found.sentence
-        return self.write(journal, stall, sentence, evidence, now)
+        return self.write(journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal))
 
     def write(
-        self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int
+        self,
+        journal: Journal,
+        stall: Stall,
+        sentence: str,
+        evidence: dict[str, Any],
+        now: int,
+        cause: Optional[int] = None,
     ) -> dict[str, Any]:
+        """The stall record, and the STALLED line where the job cannot write it (``cause``: the pid
+        of another process the diagnosis names, `cause_pid`)."""
         record = stall_record(stall, sentence, evidence, self.by, now)
-        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records)
+        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records, cause)
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
@@ -432,20 +446,30 @@ def write_stall(
     lines: JobLines,
     say: Callable[[str], None],
     records: Optional[list[dict[str, Any]]] = None,
+    cause: Optional[int] = None,
 ) -> dict[str, Any]:
-    """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot."""
+    """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot
+    (`speaks_for_job`; ``cause``: the pid of another process the diagnosis names)."""
     why = append_record(path, record)
     if why:
         say("stall record not written: %s" % why)
     if records is not None:
         records.append(record)
-    if speaks_for_job(stall):
+    if speaks_for_job(stall, cause):
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
     elif not str(record["diagnosis"]).startswith("Cannot tell"):
         # The job said STALLED with where its main thread is; why is known only here.
         lines.say(journal, why_line(stall, record["diagnosis"]), alive=True)
     say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
     return record
+
+
+def cause_pid(attrs: dict[str, Any], journal: Journal) -> Optional[int]:
+    """The pid of another process the diagnosis names as the cause (`CAUSE_PID`), or None."""
+    pid = attrs.get(CAUSE_PID)
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid != journal.pid:
+        return pid
+    return None
 
 
 def report_death(

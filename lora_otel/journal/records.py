@@ -108,7 +108,10 @@ class Journal:
     st_ino]``; its path when it was a regular file), from the ``process`` start record, or None.
     ``main_frames`` is where the main thread was at the last beat (its ``main``: ``[file, line,
     function]`` lists, outermost first, a C function called last as ``["", 0, "time.sleep"]``), or
-    None when that beat had none; ``main_frames_ts`` is that beat's time. `where_text` says it.
+    None when that beat had none; ``main_frames_ts`` is that beat's time, ``main_frames_since``
+    the time of the first beat of the run of beats that had these same frames (a beat that changes
+    nothing writes no record, so it is when the main thread got there, to a beat). `where_text`
+    says it.
     """
 
     path: str
@@ -133,6 +136,7 @@ class Journal:
     touched_ns: Optional[int] = None
     main_frames: Optional[list[list[Any]]] = None
     main_frames_ts: Optional[int] = None
+    main_frames_since: Optional[int] = None
     problems: list[str] = field(default_factory=list)
     stalls: list[dict[str, Any]] = field(default_factory=list)
     """The ``stall`` records, in order, each as written (``ts`` an int, ``kind`` one of `STALL_KINDS`)."""
@@ -414,8 +418,11 @@ class JournalBuilder:
         metrics = record.get("metrics")
         if isinstance(metrics, dict):
             journal.metrics = metrics
-        journal.main_frames = _frames(record.get("main"))
-        journal.main_frames_ts = ts if journal.main_frames is not None else None
+        frames = _frames(record.get("main"))
+        if frames is None or frames != journal.main_frames:
+            journal.main_frames_since = ts if frames is not None else None
+        journal.main_frames = frames
+        journal.main_frames_ts = ts if frames is not None else None
 
     def _on_line(self, number: int, ts: int, record: dict[str, Any]) -> None:
         level = record.get("level")
