@@ -271,10 +271,16 @@ def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
     return "process %s %s %s" % (journal.pid, how, where)
 
 
-def speaks_for_job(stall: Stall) -> bool:
-    """Whether the watchdog writes the STALLED line: the job cannot (frozen) or does not know the
-    limit (learned). Other stalls the job says itself (its own beat)."""
-    return stall.kind == "frozen" or isinstance(stall.learned, Learned)
+def speaks_for_job(stall: Stall, evidence: Optional[dict[str, Any]] = None) -> bool:
+    """Whether the watchdog writes the STALLED line: the job cannot (frozen), does not know the
+    limit (learned), or cannot know why (it is blocked writing to a full stdout/stderr pipe, which
+    its own lines on stderr may not get through either: `pipes.full_pipe`). Other stalls the job
+    says itself (its own beat)."""
+    if stall.kind == "frozen" or isinstance(stall.learned, Learned):
+        return True
+    from lora_otel.analysis.pipes import full_pipe
+
+    return bool(evidence) and full_pipe(evidence or {}) is not None
 
 
 def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
@@ -399,7 +405,7 @@ class Watch:
         self, journal: Journal, stall: Stall, sentence: str, evidence: dict[str, Any], now: int
     ) -> dict[str, Any]:
         record = stall_record(stall, sentence, evidence, self.by, now)
-        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records)
+        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records, evidence)
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
@@ -427,14 +433,16 @@ def write_stall(
     lines: JobLines,
     say: Callable[[str], None],
     records: Optional[list[dict[str, Any]]] = None,
+    evidence: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
-    """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot."""
+    """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot
+    (`speaks_for_job`, told by the stall and the ``evidence`` gathered for it)."""
     why = append_record(path, record)
     if why:
         say("stall record not written: %s" % why)
     if records is not None:
         records.append(record)
-    if speaks_for_job(stall):
+    if speaks_for_job(stall, evidence):
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
     say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
     return record
