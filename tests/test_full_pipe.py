@@ -230,3 +230,19 @@ def test_pipe_facts_of_a_real_blocked_writer(tmp_path: Path) -> None:
     finally:
         child.kill()
         child.communicate()
+
+
+@pytest.mark.parametrize(
+    ("row", "said"),
+    [
+        ({"state": "T", "wchan": "do_signal_stop"}, "which is stopped (SIGSTOP or a debugger)"),
+        ({"state": "R", "wchan": "-"}, "which is running: busy elsewhere, or reading slower than the job writes"),
+        ({"wchan": "hrtimer_nanosleep"}, "which is not reading it: it sleeps (wait channel hrtimer_nanosleep)"),
+        ({"wchan": "ep_poll"}, "which is not reading it: it polls other descriptors (epoll) (wait channel ep_poll)"),
+        ({"wchan": "do_wait"}, "to read the pipe only after the job ends (the stdout=PIPE deadlock)"),
+    ],
+)
+def test_what_the_reader_does_instead(row: dict, said: str) -> None:
+    from lora_otel.analysis.pipes import describe_reader
+
+    assert said in describe_reader({**LAUNCHER_ROW, **row})

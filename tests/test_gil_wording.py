@@ -160,3 +160,32 @@ def test_pause_holding_the_gil(tmp_path: Path) -> None:
     line = frozen_line(tmp_path, "import ctypes\nctypes.PyDLL(None).pause()\n")
     assert "Holding the GIL in native code while blocked (wait channel " in line and "pause" in line, line
     assert "waiting to take it" in line, line
+
+
+# --- Yama ptrace_scope 1: the job names its sidecar as its tracer --------------------------------
+
+
+def run_allow(scope_file: Path) -> list[str]:
+    code = (
+        "import os, sys\n"
+        "from lora_otel._boot import spawn\n"
+        "print(spawn.allow_tracing_by(os.getppid(), sys.argv[1]))\n"
+        "print('ctypes' in sys.modules)\n"
+    )
+    r = subprocess.run(
+        [PYTHON, "-c", code, str(scope_file)], capture_output=True, text=True, timeout=60, env=clean_env()
+    )
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    return r.stdout.split()
+
+
+def test_ptracer_is_named_only_under_scope_1(tmp_path: Path) -> None:
+    """Scope 0 (or no Yama): nothing is done, not even ``import ctypes``. Scope 1: ``prctl(PR_SET_PTRACER)``
+    is called, true where the kernel has Yama (false where it has not: EINVAL), and never raises."""
+    scope = tmp_path / "ptrace_scope"
+    scope.write_text("0\n")
+    assert run_allow(scope) == ["False", "False"]
+    assert run_allow(tmp_path / "missing") == ["False", "False"]
+    scope.write_text("1\n")
+    has_yama = os.path.exists("/proc/sys/kernel/yama/ptrace_scope")
+    assert run_allow(scope) == [str(has_yama), "True"]

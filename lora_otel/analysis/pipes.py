@@ -92,7 +92,7 @@ def describe_reader(reader: Mapping[str, Any], writer_pid: Optional[int] = None)
     if state == "Z":
         return "%s, which has ended but not been reaped (a zombie)" % who
     if state == "R":
-        return "%s, which is running but not reading it" % who
+        return "%s, which is running: busy elsewhere, or reading slower than the job writes" % who
     if wchan.startswith(PIPE_READ_WCHAN):
         return "%s, which waits in a pipe read" % who
     doing = next((text for prefix, text in _WAITS if wchan.startswith(prefix)), "waits in the kernel")
