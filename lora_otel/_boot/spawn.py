@@ -320,6 +320,6 @@ def allow_tracing_by(pid: int, scope_path: str = YAMA_PTRACE_SCOPE) -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0) == 0)
     except Exception:  # noqa: BLE001 - not Linux, no Yama, no libc: the sidecar goes on without ptrace
         return False
