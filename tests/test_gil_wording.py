@@ -157,7 +157,8 @@ def test_a_busy_c_loop_holding_the_gil(tmp_path: Path) -> None:
 def test_pause_holding_the_gil(tmp_path: Path) -> None:
     """``ctypes.PyDLL(None).pause()`` holds the GIL while blocked: py-spy's native stacks show the
     beat thread waiting to take it."""
-    line = frozen_line(tmp_path, "import ctypes\nctypes.PyDLL(None).pause()\n")
+    # (in a loop: the stack request's signal ends one pause(), as any handled signal does)
+    line = frozen_line(tmp_path, "import ctypes\nwhile True:\n    ctypes.PyDLL(None).pause()\n")
     assert "Holding the GIL in native code while blocked (wait channel " in line and "pause" in line, line
     assert "waiting to take it" in line, line
 

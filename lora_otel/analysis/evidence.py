@@ -410,16 +410,14 @@ def python_stacks(
     pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True
 ) -> dict[str, Any]:
     """Ask the process for its stacks (the request's signal) and read what its faulthandler
-    wrote; py-spy too, first (unless ``py_spy`` is False).
+    wrote; py-spy too (unless ``py_spy`` is False).
 
     No signal when ``request`` is None (no handler) or carries a ``refusal`` (then the refusal is
     the ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
     continues, so it is not waited for: the signal stays pending and the dump lands in the stacks
     file when it resumes.
     """
-    # py-spy first: it reads the process from outside, before any signal can wake a blocking call
-    # (pause(), a sleep) and change what it would see.
-    out: dict[str, Any] = py_spy_dump(pid) if py_spy else {}
+    out: dict[str, Any] = {}
     if request is not None and request.refusal:
         out[PREFIX + "python.stacks.error"] = request.refusal
         request = None
@@ -457,6 +455,8 @@ def python_stacks(
                 out[PREFIX + "python.stacks.error"] = NO_DUMP % (wait_s, request.signal)
         except OSError as e:
             out[PREFIX + "python.stacks.error"] = str(e)
+    if py_spy:
+        out.update(py_spy_dump(pid))
     return out
 
 
