@@ -293,10 +293,11 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
             "Holding the GIL in native code while blocked (wait channel %s)%s (%s)."
             % (f.wchan or "unknown", where, held)
         )
+    # The stall itself says "no beat for N s" (frozen): the sentence says what else is known.
     doing = (
-        "busy on the CPU (%.0f %%)" % cpu
+        "Busy on the CPU (%.0f %%)" % cpu
         if busy
-        else "blocked in the kernel (wait channel %s)" % (f.wchan or "unknown")
+        else "Blocked in the kernel (wait channel %s)" % (f.wchan or "unknown")
     )
     if has_native_stacks(dump):
         unknown = "py-spy's native stacks do not show which thread holds the GIL"
@@ -305,9 +306,7 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
         unknown = "whether it holds the GIL is unknown without native stacks (%s)" % (
             "py-spy: %s" % error if error else "py-spy, `pip install lora-otel[pyspy]`"
         )
-    return Diagnosis(
-        "No beat for %s; %s%s; %s." % (format_duration(round(f.stall.limit_s * 1e9)), doing, where, unknown)
-    )
+    return Diagnosis("%s%s; %s." % (doing, where, unknown))
 
 
 def _cannot_tell(f: Facts) -> Optional[Diagnosis]:
@@ -389,7 +388,7 @@ RULES: tuple[Rule, ...] = (
         "frozen",
         "no beat for the frozen limit; CPU %, wait channel; py-spy: a thread marked +gil or taking the GIL",
         "Holding the GIL in native code while blocked (wait channel futex_wait_queue) ... (py-spy shows thread 4711 "
-        "(MainThread) holding it); without that: No beat for 10 s; blocked in the kernel (wait channel ...); "
+        "(MainThread) holding it); without that: Blocked in the kernel (wait channel ...); "
         "whether it holds the GIL is unknown without native stacks ...",
         _frozen,
     ),
