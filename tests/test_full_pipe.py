@@ -246,3 +246,41 @@ def test_what_the_reader_does_instead(row: dict, said: str) -> None:
     from lora_otel.analysis.pipes import describe_reader
 
     assert said in describe_reader({**LAUNCHER_ROW, **row})
+
+
+def test_the_readers_command_line_is_redacted(tmp_path: Path) -> None:
+    """The process holding the read end is another program: a secret on its command line (``--token``)
+    never reaches the evidence or the sentence."""
+    from lora_otel.analysis.evidence import pipe_facts
+
+    reader = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', \"print('x' * 200000)\"], stdout=subprocess.PIPE)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    (tmp_path / "reader.py").write_text(reader, encoding="utf-8")
+    proc = subprocess.Popen(
+        [PYTHON, "reader.py", "--token", "hf_abcdefghijklmnopqrstuvwxyz0123456789"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = 0
+    try:
+        child = int(proc.stdout.readline())  # type: ignore[union-attr]
+
+        def facts() -> dict:
+            found = pipe_facts(child)
+            return found if found.get(PREFIX + "pipe.main_thread_writing") else {}
+
+        found = wait_for(facts, what="the child blocked on its stdout")
+        [row] = found[PREFIX + "pipe.fd1.readers"]
+        assert row["pid"] == proc.pid and "reader.py --token" in row["cmdline"], row
+        assert "hf_abcdefghijklmnopqrstuvwxyz0123456789" not in repr(found)
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)  # orphaned by the reader's kill below; init reaps it
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]

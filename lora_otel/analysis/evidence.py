@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from lora_otel._boot.seam import memory_cgroup, oom_kill_count
+from lora_otel._boot.seam import memory_cgroup, oom_kill_count, redact
 from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
@@ -681,7 +681,8 @@ def pipe_readers(
             continue
         try:
             state = _stat_fields(pid)[0]
-            cmd = _read("/proc/%d/cmdline" % pid).replace("\0", " ").strip()
+            # another program's command line: secret-named options' values removed (`redact_argv`)
+            cmd = " ".join(redact.redact_argv(_read("/proc/%d/cmdline" % pid).rstrip("\0").split("\0"))).strip()
         except (OSError, IndexError):
             continue
         try:
