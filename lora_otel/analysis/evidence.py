@@ -561,12 +561,15 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     if before is not None and after is not None and elapsed > 0:  # is a download moving? (diagnose)
         out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
-    out.update(python_stacks(pid, request))
+    out.update(python_stacks(pid, request, py_spy=False))
     out.update(gpu_facts(pid))
     out.update(memory_facts(pid))
     out.update(children_facts(pid))
     # -- pipes: a stdout/stderr pipe nobody reads (analysis/pipes.py) --
     out.update(pipe_facts(pid))
+    # py-spy last: it takes its own time (a second on a torch process, more under memory pressure,
+    # where it competes for the same cgroup), which must not shift the samples above.
+    out.update(py_spy_dump(pid))
     return out
 
 
