@@ -11,7 +11,7 @@ from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
 
 from lora_otel.analysis.diagnose import diagnose
-from lora_otel.analysis.evidence import gather, stack_request
+from lora_otel.analysis.evidence import gather, py_spy_path, stack_request
 from lora_otel.analysis.stall import detect, parse_limits
 from lora_otel.journal.reader import read_journal
 
@@ -58,7 +58,8 @@ def test_hub_download_that_never_answers(tmp_path: Path) -> None:
 
 
 def test_frozen_native_call(tmp_path: Path) -> None:
-    """GIL held in pause(): frozen, and the sentence says native code holding the GIL, naming the frame."""
+    """GIL held in pause(): frozen, and the sentence says native code holding the GIL (with py-spy
+    installed; else that the GIL is unknown), naming the frame."""
     (tmp_path / "frozenmod.py").write_text(
         "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n"
     )
@@ -70,7 +71,10 @@ def test_frozen_native_call(tmp_path: Path) -> None:
             lambda: detect(read_journal(path), time.time_ns(), alive=True, frozen_after_s=2), what="frozen", timeout=15
         )
         sentence = diagnose(stall, evidence_for(tmp_path, proc.pid))
-        assert sentence.startswith("Holding the GIL in native code while blocked"), sentence
+        if py_spy_path() is not None:  # the GIL is said held only when py-spy's stacks show it
+            assert sentence.startswith("Holding the GIL in native code while blocked"), sentence
+        else:
+            assert "whether it holds the GIL is unknown without native stacks" in sentence, sentence
         assert "frozenmod.py" in sentence
     finally:
         kill_and_reap(proc)

@@ -21,6 +21,7 @@ import pytest
 from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 from test_hangs import make_module
 
+from lora_otel.analysis.evidence import py_spy_path
 from lora_otel.journal.reader import read_journal
 
 FROZEN_MOD = "import ctypes\ndef hold():\n    while True:\n        ctypes.PyDLL(None).pause()\nhold()\n"
@@ -89,7 +90,10 @@ def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
         assert proc.poll() is None
         assert line.startswith("[lora-otel][%d][" % proc.pid), line
         assert "import frozenmod open for" in line and "frozen (no beat for 2.0 s)" in line
-        assert "Holding the GIL" in line, line
+        if py_spy_path() is not None:  # the GIL is said held only when py-spy's stacks show it
+            assert "Holding the GIL" in line, line
+        else:
+            assert "whether it holds the GIL is unknown without native stacks" in line, line
         assert line in text(tmp_path / "run.log").splitlines()
         [record] = journal_of(tmp_path).stalls
         assert record["kind"] == "frozen" and record["stage"] == "import frozenmod" and record["by"] == "watchdog"

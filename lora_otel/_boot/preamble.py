@@ -540,6 +540,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
         joined = spawn.join_parent_sidecar(core.journal_path, env)
         if joined:  # one sidecar per job: the one a parent started follows this journal too
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
+            spawn.allow_tracing_by(joined)
             return
         _spawning = True
         try:
@@ -555,6 +556,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
             _sidecar_pid, _sidecar_log, _sidecar_owner = pid, spawn.opened_log, core.pid
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": pid, "lora_otel.sidecar.log": _sidecar_log})
             inherited[spawn.REGISTRY_ENV] = "%d:%s" % (pid, spawn.opened_registry)
+            spawn.allow_tracing_by(pid)  # Yama ptrace_scope 1: py-spy may read the stacks, no signal needed
 
 
 def stacks_path(journal_path: str) -> str:

@@ -297,3 +297,29 @@ def _close(fd: int) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+YAMA_PTRACE_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+PR_SET_PTRACER = 0x59616D61  # "Yama"
+
+
+def allow_tracing_by(pid: int, scope_path: str = YAMA_PTRACE_SCOPE) -> bool:
+    """Let the sidecar ``pid`` (and py-spy, its child) read this process's stacks with ptrace, where
+    Yama's ``ptrace_scope`` is 1: then only an ancestor may trace a process, and the sidecar, started
+    by a double fork, is none, unless the process names it with ``prctl(PR_SET_PTRACER, pid)``.
+
+    Called once, when the process becomes a job and knows its sidecar. Under any other scope (0:
+    any process of the same user may; 2, 3: only CAP_SYS_PTRACE, or nobody) it does nothing. It
+    replaces a tracer the program itself may have named (a crash handler's): those are rare and
+    set after start-up, when a later call of theirs replaces this one. Returns whether it was set;
+    never raises."""
+    try:
+        with open(scope_path, "rb") as f:
+            if f.read(8).strip() != b"1":
+                return False
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0) == 0)
+    except Exception:  # noqa: BLE001 - not Linux, no Yama, no libc: the sidecar goes on without ptrace
+        return False

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple, Optional
 
 from lora_otel.analysis import filelocks
 from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.gil import gil_held, has_native_stacks
+from lora_otel.analysis.pipes import full_pipe
 from lora_otel.analysis.pools import pool_wait
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
@@ -223,6 +225,12 @@ def _memory(f: Facts) -> Optional[Diagnosis]:
     return _said(memory_pressure(f.evidence))
 
 
+def _full_pipe(f: Facts) -> Optional[Diagnosis]:
+    return _said(
+        full_pipe(f.evidence, f.innermost, f.stall.kind == "frozen", f.journal.pid if f.journal is not None else None)
+    )
+
+
 def _disk(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("D"):
         wchan = f.wchan or "unknown"
@@ -298,11 +306,34 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
     if f.stall.kind != "frozen":
         return None
     where = "; last Python frame: %s" % f.innermost if f.innermost else ""
-    cpu = f.evidence.get(PREFIX + "process.cpu_percent")
-    if isinstance(cpu, (int, float)) and cpu > 50:
-        return Diagnosis("Holding the GIL in native code and busy on the CPU (%.0f %%)%s." % (cpu, where))
-    wchan = f.wchan or "unknown"
-    return Diagnosis("Holding the GIL in native code while blocked (wait channel %s)%s." % (wchan, where))
+    sampled = f.evidence.get(PREFIX + "process.cpu_percent")
+    cpu = float(sampled) if isinstance(sampled, (int, float)) else 0.0
+    busy = cpu > 50
+    dump = str(f.evidence.get(PREFIX + "py_spy.dump") or "")
+    held = gil_held(dump)
+    if held is not None:
+        if busy:
+            return Diagnosis(
+                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s (%s)." % (cpu, where, held)
+            )
+        return Diagnosis(
+            "Holding the GIL in native code while blocked (wait channel %s)%s (%s)."
+            % (f.wchan or "unknown", where, held)
+        )
+    # The stall itself says "no beat for N s" (frozen): the sentence says what else is known.
+    doing = (
+        "Busy on the CPU (%.0f %%)" % cpu
+        if busy
+        else "Blocked in the kernel (wait channel %s)" % (f.wchan or "unknown")
+    )
+    if has_native_stacks(dump):
+        unknown = "py-spy's native stacks do not show which thread holds the GIL"
+    else:
+        error = str(f.evidence.get(PREFIX + "py_spy.error") or "")
+        unknown = "whether it holds the GIL is unknown without native stacks (%s)" % (
+            "py-spy: %s" % error if error else "py-spy, `pip install lora-otel[pyspy]`"
+        )
+    return Diagnosis("%s%s; %s." % (doing, where, unknown))
 
 
 def _cannot_tell(f: Facts) -> Optional[Diagnosis]:
@@ -329,6 +360,14 @@ RULES: tuple[Rule, ...] = (
         "major faults/s >= 50, swap-ins/s >= 50 or memory PSI some avg10 >= 10 %",
         "Loading is slowed by swapping: RSS 3900 MB against a memory limit of 4000 MB, ...",
         _memory,
+    ),
+    Rule(
+        "full pipe",
+        "a thread of the job in a pipe write (wait channel anon_pipe_write); fd 1/2 a pipe, its fill "
+        "(FIONREAD), the processes holding its read end (/proc/*/fd) and their wait channels",
+        "Blocked writing to its stdout, a pipe nobody reads: the main thread waits in anon_pipe_write; "
+        "pipe:[34094] holding 64000 of its 65536 bytes; its read end is held by pid 4711 ...",
+        _full_pipe,
     ),
     Rule(
         "disk I/O",
@@ -390,8 +429,10 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "frozen",
-        "no beat for the frozen limit; CPU %, wait channel",
-        "Holding the GIL in native code while blocked (wait channel futex_wait_queue) ...",
+        "no beat for the frozen limit; CPU %, wait channel; py-spy: a thread marked +gil or taking the GIL",
+        "Holding the GIL in native code while blocked (wait channel futex_wait_queue) ... (py-spy shows thread 4711 "
+        "(MainThread) holding it); without that: Blocked in the kernel (wait channel ...); "
+        "whether it holds the GIL is unknown without native stacks ...",
         _frozen,
     ),
     Rule(

@@ -14,6 +14,8 @@ with the reason under ``lora_otel.evidence.<what>.error``.
   py-spy is installed and permitted;
 - ``file_lock_facts(pid, found)``: the lock file the process waits for and its holder
   (`lora_otel.analysis.filelocks`: ``/proc/locks``, its fds, py-spy's view of its locals);
+- ``pipe_facts(pid)``: whether its stdout/stderr is a pipe, how full it is, which processes hold
+  its read end and what they wait in, and which of its threads wait to write to a pipe;
 - ``gpu_facts(pid)``: GPU utilisation and the process's GPU memory through NVML (``nvidia-ml-py``)
   when available.
 """
@@ -23,11 +25,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from lora_otel._boot.seam import memory_cgroup, oom_kill_count
+from lora_otel._boot.seam import memory_cgroup, oom_kill_count, redact
 from lora_otel.analysis import filelocks
 from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
@@ -454,17 +458,37 @@ def python_stacks(
                 out[PREFIX + "python.stacks.error"] = NO_DUMP % (wait_s, request.signal)
         except OSError as e:
             out[PREFIX + "python.stacks.error"] = str(e)
-    spy = shutil.which("py-spy") if py_spy else None
-    if spy:
-        try:
-            r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
-            if r.returncode == 0:
-                out[PREFIX + "py_spy.dump"] = r.stdout[-16000:]
-            else:
-                out[PREFIX + "py_spy.error"] = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            out[PREFIX + "py_spy.error"] = str(e)
+    if py_spy:
+        out.update(py_spy_dump(pid))
+    # -- file locks: told by the stacks, py-spy's included (analysis/filelocks.py) --
+    out.update(file_lock_facts(pid, out))
     return out
+
+
+def py_spy_dump(pid: int) -> dict[str, Any]:
+    """``py-spy dump --native`` of the process (``py_spy.dump``), or why not (``py_spy.error``: the
+    first line of py-spy's complaint, such as a ptrace refusal); nothing when py-spy is not installed."""
+    spy = py_spy_path()
+    if spy is None:
+        return {}
+    try:
+        r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {PREFIX + "py_spy.error": str(e)}
+    if r.returncode == 0:
+        return {PREFIX + "py_spy.dump": r.stdout[-16000:]}
+    lines = [line.strip() for line in r.stderr.splitlines() if line.strip()]
+    said = next((line for line in lines if line.startswith("Error:")), lines[0] if lines else "exit %d" % r.returncode)
+    return {PREFIX + "py_spy.error": said[len("Error:") :].strip() if said.startswith("Error:") else said}
+
+
+def py_spy_path() -> Optional[str]:
+    """py-spy (the ``pyspy`` extra): the one installed beside this interpreter (a virtual
+    environment's ``bin/``, which need not be on ``PATH``), else the first on ``PATH``."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("py-spy")
 
 
 NO_DUMP = "no dump within %.0f s after signal %d (a handler of the program's own, set from C, may have it)"
@@ -542,11 +566,193 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     if before is not None and after is not None and elapsed > 0:  # is a download moving? (diagnose)
         out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
-    out.update(python_stacks(pid, request))
-    out.update(file_lock_facts(pid, out))
+    out.update(python_stacks(pid, request, py_spy=False))
     out.update(gpu_facts(pid))
     out.update(memory_facts(pid))
     out.update(children_facts(pid))
+    # -- pipes: a stdout/stderr pipe nobody reads (analysis/pipes.py) --
+    out.update(pipe_facts(pid))
+    # py-spy last: it takes its own time (a second on a torch process, more under memory pressure,
+    # where it competes for the same cgroup), which must not shift the samples above.
+    out.update(py_spy_dump(pid))
+    return out
+
+
+# --- pipes ------------------------------------------------------------------------------------------
+
+PIPE_WRITE_WCHAN = ("anon_pipe_write", "pipe_write", "pipe_wait_writable")
+"""Kernel wait channels of a task blocked writing to a full pipe (``anon_pipe_write`` since Linux
+6.10; ``pipe_wait`` before 5.6 served reads and writes alike)."""
+PIPE_READ_WCHAN = ("anon_pipe_read", "pipe_read", "pipe_wait_readable")
+_STREAMS = ((1, "stdout"), (2, "stderr"))
+PIPE_SCAN_S = 2.0
+"""At most this long looking through /proc/*/fd for the processes that hold a pipe's read end."""
+
+
+def _pipe_inode(pid: int, fd: int) -> Optional[int]:
+    try:
+        target = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+    except OSError:
+        return None
+    return int(target[6:-1]) if target.startswith("pipe:[") and target[6:-1].isdigit() else None
+
+
+def _pipe_fill(pid: int, fd: int, inode: int) -> tuple[Optional[int], Optional[int]]:
+    """(bytes queued, capacity) of the pipe on ``pid``'s ``fd``: ``FIONREAD`` and ``F_GETPIPE_SZ`` on a
+    descriptor of our own (``/proc/<pid>/fd/<fd>`` opened non-blocking, never read from)."""
+    import fcntl
+    import struct
+    import termios
+
+    try:
+        own = os.open("/proc/%d/fd/%d" % (pid, fd), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None, None
+    try:
+        if os.fstat(own).st_ino != inode:
+            return None, None
+        queued: Optional[int]
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(own, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            queued = None
+        try:
+            capacity: Optional[int] = fcntl.fcntl(own, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+        except OSError:
+            capacity = None
+        return queued, capacity
+    finally:
+        os.close(own)
+
+
+def _wchan(path: str) -> str:
+    try:
+        w = _read(path).strip()
+    except OSError:
+        return ""
+    return "" if w == "0" else w
+
+
+def _ancestors(pid: int, depth: int = 8) -> list[int]:
+    out: list[int] = []
+    while len(out) < depth:
+        try:
+            pid = int(_read("/proc/%d/stat" % pid).rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 0:
+            break
+        out.append(pid)
+    return out
+
+
+def pipe_readers(
+    inodes: set[int], first: Sequence[int] = (), budget_s: float = PIPE_SCAN_S
+) -> dict[int, list[dict[str, Any]]]:
+    """The processes (that this user can see) holding the read end of each pipe in ``inodes``, by
+    inode: ``{"pid", "fd", "cmdline", "state", "wchan", "reading"}``, ``reading`` meaning that one of
+    its threads waits in a pipe read. ``first``: pids to look at before the rest of /proc (the
+    writer's parents, which usually are the reader)."""
+    found: dict[int, list[dict[str, Any]]] = {inode: [] for inode in inodes}
+    try:
+        everyone = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    order = list(dict.fromkeys([*first, *everyone]))
+    deadline = time.monotonic() + budget_s
+    for pid in order:
+        if time.monotonic() > deadline:
+            break
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        held: list[tuple[int, int]] = []
+        for fd in fds:
+            try:
+                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if not target.startswith("pipe:[") or not target[6:-1].isdigit() or int(target[6:-1]) not in inodes:
+                continue
+            try:
+                flags = next(
+                    int(line.split()[1], 8)
+                    for line in _read("/proc/%d/fdinfo/%s" % (pid, fd)).splitlines()
+                    if line.startswith("flags:")
+                )
+            except (OSError, ValueError, IndexError, StopIteration):
+                continue
+            if flags & os.O_ACCMODE == os.O_RDONLY:
+                held.append((int(target[6:-1]), int(fd)))
+        if not held:
+            continue
+        try:
+            state = _stat_fields(pid)[0]
+            # another program's command line: secret-named options' values removed (`redact_argv`)
+            cmd = " ".join(redact.redact_argv(_read("/proc/%d/cmdline" % pid).rstrip("\0").split("\0"))).strip()
+        except (OSError, IndexError):
+            continue
+        try:
+            tids = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            tids = []
+        reading = any(_wchan("/proc/%d/task/%s/wchan" % (pid, t)).startswith(PIPE_READ_WCHAN) for t in tids[:64])
+        for inode, fd_no in held:
+            found[inode].append(
+                {
+                    "pid": pid,
+                    "fd": fd_no,
+                    "cmdline": cmd[:200],
+                    "state": state,
+                    "wchan": _wchan("/proc/%d/wchan" % pid) or "-",
+                    "reading": reading,
+                }
+            )
+    return found
+
+
+def pipe_facts(pid: int) -> dict[str, Any]:
+    """The process's stdout and stderr when they are pipes, and its threads blocked writing to one.
+
+    ``pipe.fd<N>.inode``, ``.queued_bytes``, ``.capacity_bytes`` for descriptors 1 and 2;
+    ``pipe.fd<N>.readers`` (`pipe_readers`) and ``pipe.fd<N>.reader_pids`` (``"4711, 4712"``);
+    ``pipe.writing_threads``: ``"<tid> <wait channel>"`` of each thread waiting to write to a pipe, and
+    ``pipe.main_thread_writing`` when the main thread is one of them. Nothing when neither
+    descriptor is a pipe."""
+    out: dict[str, Any] = {}
+    inodes: dict[int, int] = {}
+    for fd, _ in _STREAMS:
+        inode = _pipe_inode(pid, fd)
+        if inode is None:
+            continue
+        inodes[fd] = inode
+        out[PREFIX + "pipe.fd%d.inode" % fd] = inode
+        queued, capacity = _pipe_fill(pid, fd, inode)
+        if queued is not None:
+            out[PREFIX + "pipe.fd%d.queued_bytes" % fd] = queued
+        if capacity is not None:
+            out[PREFIX + "pipe.fd%d.capacity_bytes" % fd] = capacity
+    if not inodes:
+        return out
+    writing = []
+    try:
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=lambda t: (t != str(pid), t))
+    except OSError:
+        tids = []
+    for tid in tids[:256]:
+        w = _wchan("/proc/%d/task/%s/wchan" % (pid, tid))
+        if w.startswith(PIPE_WRITE_WCHAN) or w == "pipe_wait":
+            writing.append("%s %s" % (tid, w))
+            if tid == str(pid):
+                out[PREFIX + "pipe.main_thread_writing"] = True
+    if writing:
+        out[PREFIX + "pipe.writing_threads"] = writing[:16]
+    readers = pipe_readers(set(inodes.values()), _ancestors(pid))
+    for fd, inode in inodes.items():
+        rows = readers.get(inode) or []
+        out[PREFIX + "pipe.fd%d.readers" % fd] = rows[:8]
+        out[PREFIX + "pipe.fd%d.reader_pids" % fd] = ", ".join(str(r["pid"]) for r in rows[:8])
     return out
 
 

@@ -190,8 +190,8 @@ def sample_s() -> float:
 def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: float = 0.5) -> dict[str, Any]:
     """What `evidence.gather` would give, read without sending the process anything: /proc facts
     (sampled over ``sample_s``), its TCP connections and bytes read meanwhile, memory pressure, its
-    children (DataLoader workers), and the last dump in its stacks file when it is newer than
-    ``span``'s start."""
+    children (DataLoader workers), its stdout/stderr pipes and who holds their read ends, and the
+    last dump in its stacks file when it is newer than ``span``'s start."""
     pid = journal.pid
     if pid is None:
         return {}
@@ -205,6 +205,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
         out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
     out.update(ev.children_facts(pid, _journals_by_pid(journal)))
+    out.update(ev.pipe_facts(pid))
     text = last_dump(journal, since_ns=span.start_ns if span is not None else None)
     if text:
         out[PREFIX + "python.stacks"] = text

@@ -280,12 +280,20 @@ CAUSE_PID = "lora_otel.diagnosis.in_pid"
 """The diagnosis attribute naming another process as the cause (a pool's worker holding the task)."""
 
 
-def speaks_for_job(stall: Stall, cause_pid: Optional[int] = None) -> bool:
+def speaks_for_job(
+    stall: Stall, cause_pid: Optional[int] = None, evidence: Optional[dict[str, Any]] = None
+) -> bool:
     """Whether the watchdog writes the STALLED line: the job cannot (frozen), does not know the
     limit (learned), or cannot see the cause (``cause_pid``: the diagnosis names another process,
-    the worker of its pool that holds the task, which the job's own STALLED line cannot name).
-    Other stalls the job says itself (its own beat)."""
-    return stall.kind == "frozen" or isinstance(stall.learned, Learned) or cause_pid is not None
+    the worker of its pool that holds the task, which the job's own STALLED line cannot name), or
+    cannot know why (it is blocked writing to a full stdout/stderr pipe, which its own lines on
+    stderr may not get through either: `pipes.full_pipe`). Other stalls the job says itself (its
+    own beat), and the watchdog follows them with the cause (`why_line`)."""
+    if stall.kind == "frozen" or isinstance(stall.learned, Learned) or cause_pid is not None:
+        return True
+    from lora_otel.analysis.pipes import full_pipe
+
+    return bool(evidence) and full_pipe(evidence or {}) is not None
 
 
 def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
@@ -418,7 +426,7 @@ class Watch:
         """The stall record, and the STALLED line where the job cannot write it (``cause``: the pid
         of another process the diagnosis names, `cause_pid`)."""
         record = stall_record(stall, sentence, evidence, self.by, now)
-        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records, cause)
+        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records, cause, evidence)
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
@@ -447,15 +455,17 @@ def write_stall(
     say: Callable[[str], None],
     records: Optional[list[dict[str, Any]]] = None,
     cause: Optional[int] = None,
+    evidence: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot
-    (`speaks_for_job`; ``cause``: the pid of another process the diagnosis names)."""
+    (`speaks_for_job`; ``cause``: the pid of another process the diagnosis names; ``evidence``: what
+    was gathered for the stall)."""
     why = append_record(path, record)
     if why:
         say("stall record not written: %s" % why)
     if records is not None:
         records.append(record)
-    if speaks_for_job(stall, cause):
+    if speaks_for_job(stall, cause, evidence):
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
     elif not str(record["diagnosis"]).startswith("Cannot tell"):
         # The job said STALLED with where its main thread is; why is known only here.
