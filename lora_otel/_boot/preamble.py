@@ -123,7 +123,7 @@ def _process_start(now_ns: int) -> tuple[int, int | None]:
         ticks = int(data[data.rindex(b")") + 2 :].split()[19])
         hz = os.sysconf("SC_CLK_TCK")
         since_boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-        wall_ns = time.time_ns()
+        wall_ns = core.now_ns()
         start = wall_ns - since_boot_ns + (ticks + 1) * 1_000_000_000 // hz
         return min(start, now_ns), ticks
     except Exception:  # noqa: BLE001 - not Linux, or /proc not mounted
@@ -304,8 +304,8 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 def _start(how: str) -> None:
     global _started_ns, _born_ns, _argv, _how, _image, _start_cwd
-    t0 = time.perf_counter_ns()
-    now = time.time_ns()
+    t0 = core.perf_ns()
+    now = core.now_ns()
     _started_ns = _born_ns = now
     core.active = True
     core.alone = how != "import lora_otel.auto"  # the .pth hook and `python -m lora_otel` run first
@@ -370,7 +370,7 @@ def _start(how: str) -> None:
     bad_log_arg = paths.log_options(env)[1] if "LORA_OTEL_LOG_ARG" in env else ""
     if bad_log_arg:
         core.error_line(bad_log_arg)
-    first_evidence_us = (time.perf_counter_ns() - t0) // 1000
+    first_evidence_us = (core.perf_ns() - t0) // 1000
 
     # 2. The program's first import is traced from here on.
     from lora_otel._boot import hooks
@@ -432,7 +432,7 @@ def _start(how: str) -> None:
         core.root_id,
         {
             "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
-            "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000),
+            "lora_otel.preamble.duration_us": int((core.perf_ns() - t0) // 1000),
         },
     )
 
@@ -922,12 +922,12 @@ def _on_exit() -> None:
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
         if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
             with core.fail_open("narration at exit"):
-                at_exit(time.time_ns())
+                at_exit(core.now_ns())
         stages.arguments_done("none seen")
         for sid, info in reversed(list(core.open_spans.items())):
             if sid != core.root_id:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
-        elapsed = (time.time_ns() - _started_ns) / 1e9
+        elapsed = (core.now_ns() - _started_ns) / 1e9
         if message:
             if not core.promoted:  # a short process that failed: the facts for its journal
                 with core.fail_open("process description"):
@@ -939,7 +939,7 @@ def _on_exit() -> None:
             say("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
         core.beat(force=True)
         core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
-        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
+        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": core.now_ns(), "code": status_code, "how": how}
         if message:
             rec["message"] = message
         core.write(rec)
@@ -973,7 +973,7 @@ def _discard_short_run() -> None:
     (device, inode) right before it is unlinked: never a file someone put under that name."""
     if (
         core.promoted
-        or time.time_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
+        or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
         or not (_disposable or (_beside_log and not core.log_path))
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
@@ -1082,7 +1082,7 @@ def _exec_record(
         rec: dict[str, Any] = {
             "v": core.FORMAT_VERSION,
             "k": "exec",
-            "ts": time.time_ns(),
+            "ts": core.now_ns(),
             "path": redact.redact_value(where),
         }
         if error is not None:
@@ -1216,7 +1216,7 @@ def _after_fork_child() -> None:
     with _FORK_HOOK:
         if not core.active:
             return
-        _born_ns = time.time_ns()
+        _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
@@ -1302,7 +1302,7 @@ def _beat_loop(my_pid: int) -> None:
 
     narrate_loaded = False
     while core.active and os.getpid() == my_pid:
-        time.sleep(core.beat_interval)
+        core.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
@@ -1313,7 +1313,7 @@ def _beat_loop(my_pid: int) -> None:
                 narrate_loaded = True
                 where.set_cwd(_start_cwd)
             core.beat()
-            narrate.tick(time.time_ns(), core.main_frames)
+            narrate.tick(core.now_ns(), core.main_frames)
             _check_stacks_fd()
             if not hooks._importing:
                 hooks._after_import()
