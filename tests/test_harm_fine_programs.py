@@ -5,6 +5,7 @@ what its user sees (its output, its exit status, the journal's records, the file
 
 from __future__ import annotations
 
+import queue
 import re
 import subprocess
 import time
@@ -92,3 +93,115 @@ print("sleep called %d times" % sleep.call_count, flush=True)
     r = run_job(tmp_path, script)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "sleep called 0 times\n", r.stderr
+
+
+# --- interactive kernels and REPLs ---------------------------------------------------------------
+
+
+IDLE_NARRATION = ("STALLED", "still in arguments", "no stage open for")
+
+
+def idle_narration(text: str) -> list[str]:
+    """The lines narrating a wait with no stage open (or ``arguments`` never closed), or a stall."""
+    return [line for line in text.splitlines() if any(words in line for words in IDLE_NARRATION)]
+
+
+def test_an_idle_notebook_kernel_that_imported_torch_is_not_stalled(tmp_path: Path) -> None:
+    """A real ipykernel, driven by jupyter_client as Jupyter does, started with ``LORA_OTEL=1`` and
+    a 3 s limit on the quiet time between stages: a cell imports torch, then the kernel waits for
+    its user 12 s (4x the limit). No STALLED line, no narration in the notebook's output (nor in
+    the kernel's own stderr), no stall record: a kernel waits for its user by design."""
+    pytest.importorskip("ipykernel")
+    manager_module = pytest.importorskip("jupyter_client.manager")
+    manager = manager_module.KernelManager(kernel_name="python3")
+    env = clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER="between=3", LORA_OTEL_NARRATE_S="1")
+    with open(tmp_path / "kernel.err", "wb") as err:
+        manager.start_kernel(env=env, cwd=str(tmp_path), stderr=err, stdout=err)
+    client = manager.client()
+    streams: list[str] = []
+
+    def run_cell(code: str) -> None:
+        msg_id = client.execute(code)
+        while True:
+            msg = client.get_iopub_msg(timeout=120)
+            if msg["msg_type"] == "stream":
+                streams.append(msg["content"]["text"])
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
+                return
+
+    try:
+        client.start_channels()
+        client.wait_for_ready(timeout=120)
+        run_cell("import torch; print('torch imported')")
+        deadline = time.monotonic() + 12  # the user is away: whatever the kernel says meanwhile
+        while time.monotonic() < deadline:
+            try:
+                msg = client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:  # nothing said
+                continue
+            if msg["msg_type"] == "stream":
+                streams.append(msg["content"]["text"])
+        run_cell("print('back')")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert streams == ["torch imported\n", "back\n"], streams
+    kernel_err = (tmp_path / "kernel.err").read_text(errors="replace")
+    assert not idle_narration(kernel_err), kernel_err
+    text = journal_text(tmp_path)
+    assert "import torch" in text
+    assert '"k":"stall"' not in text and "STALLED" not in text, text
+
+
+@pytest.mark.parametrize("how", ["python -i", "REPL"])
+def test_an_idle_repl_that_imported_torch_is_not_stalled(tmp_path: Path, how: str) -> None:
+    """``python -i script.py`` and a bare ``python`` REPL (on a terminal) that imported torch and wait
+    for their user 4x the quiet-time limit: no STALLED line, no narration of the wait, no stall record."""
+    import os
+    import pty
+    import select
+    import signal
+
+    (tmp_path / "script.py").write_text("import torch\nprint('torch imported', flush=True)\n")
+    argv = [PYTHON, "-i", "script.py"] if how == "python -i" else [PYTHON]
+    env = clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER="between=3", LORA_OTEL_NARRATE_S="1", TERM="dumb")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def read_for(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    seen.extend(os.read(master, 65536))
+                except OSError:
+                    return
+
+    try:
+        if how == "REPL":
+            os.write(master, b"import torch; print('torch', 'imported')\n")
+        end = time.monotonic() + 120
+        while b"torch imported" not in seen and time.monotonic() < end:
+            read_for(0.2)
+        assert b"torch imported" in seen, seen.decode(errors="replace")
+        read_for(12)
+        os.write(master, b"print('bye'); raise SystemExit\n")
+        proc.wait(timeout=60)
+        read_for(0.5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    out = seen.decode(errors="replace")
+    assert not idle_narration(out.partition("torch imported")[2]), out
+    text = journal_text(tmp_path)
+    assert '"k":"stall"' not in text, text

@@ -1312,6 +1312,7 @@ def _beat_loop(my_pid: int) -> None:
 
                 narrate_loaded = True
                 where.set_cwd(_start_cwd)
+            narrate.note_interactive()
             core.beat()
             narrate.tick(core.now_ns(), core.main_frames)
             _check_stacks_fd()

@@ -240,13 +240,16 @@ def idle_may_be_stuck(journal: Journal) -> bool:
     """Whether quiet time with no stage open (or ``arguments`` still open) may mean this process is
     stuck — the job's own narration's rule (`lora_otel._boot.narrate`), so every view agrees: a
     training job's own process (not a quiet child), that has imported torch, runs no web UI
-    (gradio, uvicorn, streamlit wait for their users) and has no child process now (a launcher
+    (gradio, uvicorn, streamlit wait for their users), is no notebook kernel, REPL or Jupyter server
+    (``lora_otel.interactive`` on the root span) and has no child process now (a launcher
     waiting for its ranks). A service, pip, a helper script or a DataLoader worker idles by design."""
     config = journal.config if isinstance(journal.config, dict) else {}
     if config.get("quiet") is True:
         return False
-    names = {span.name for span in journal.spans}
     root_attrs = journal.root.attrs if journal.root is not None else {}
+    if root_attrs.get("lora_otel.interactive"):  # a kernel, a REPL, a Jupyter server: waits for a person
+        return False
+    names = {span.name for span in journal.spans}
     if (
         "import torch" not in names
         and "training" not in names
