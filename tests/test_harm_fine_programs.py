@@ -205,3 +205,126 @@ def test_an_idle_repl_that_imported_torch_is_not_stalled(tmp_path: Path, how: st
     assert not idle_narration(out.partition("torch imported")[2]), out
     text = journal_text(tmp_path)
     assert '"k":"stall"' not in text, text
+
+
+# --- resource limits -----------------------------------------------------------------------------
+
+LARGEST = """\
+import _thread, os, time
+time.sleep(1.5)  # a beat would have run by now
+lo, hi = 0, 1 << 32
+while hi - lo > (1 << 20):  # the largest bytearray this process can still allocate
+    mid = (lo + hi) // 2
+    try:
+        b = bytearray(mid)
+        del b
+        lo = mid
+    except MemoryError:
+        hi = mid
+with open("/proc/self/status") as f:
+    threads = [line.split()[1] for line in f if line.startswith("Threads:")][0]
+print(lo >> 20, threads, _thread.stack_size(), flush=True)
+"""
+
+
+def run_limited(tmp_path: Path, script: str, limits: dict, traced: bool) -> subprocess.CompletedProcess:
+    import resource
+
+    def set_limits() -> None:
+        for name, value in limits.items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+
+    (tmp_path / "job.py").write_text(script)
+    env = clean_env(LORA_OTEL="1") if traced else clean_env()
+    return subprocess.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, preexec_fn=set_limits
+    )
+
+
+def test_an_address_space_limit_costs_the_program_no_memory(tmp_path: Path) -> None:
+    """Under ``ulimit -v`` (a real ``RLIMIT_AS`` set in the child), the largest allocation the
+    program can make is what it is without lora_otel, but for the in-process half's own modules
+    (a few MiB): no beat thread, whose stack and malloc arena (64 MiB reserved) would count; the
+    journal says why there is no beat, and the watchdog does not call the process frozen."""
+    limits = {"RLIMIT_AS": 512 << 20}
+    bare = run_limited(tmp_path, LARGEST, limits, traced=False)
+    traced = run_limited(tmp_path, LARGEST, limits, traced=True)
+    assert bare.returncode == 0 and traced.returncode == 0, (bare.stderr, traced.stderr)
+    bare_mib, traced_mib = int(bare.stdout.split()[0]), int(traced.stdout.split()[0])
+    assert traced_mib >= bare_mib - 12, "largest allocation %d MiB traced, %d MiB bare" % (traced_mib, bare_mib)
+    assert traced.stdout.split()[1:] == ["1", "0"], traced.stdout
+    assert '"beat_off":"RLIMIT_AS is' in journal_text(tmp_path)
+
+
+def tasks_of_user() -> int:
+    """The tasks (threads) this user runs now, as ``RLIMIT_NPROC`` counts them."""
+    import os
+
+    count = 0
+    for name in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/status" % name) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Uid", "").split()[:1] == [str(os.getuid())]:
+            count += int(fields["Threads"])
+    return count
+
+
+FORKS = """\
+import os, sys, time
+time.sleep(1.5)  # a beat would have run by now
+children = []
+for i in range(2):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("fork %d failed: %s" % (i, e), flush=True)
+        break
+    if pid == 0:
+        time.sleep(2)
+        os._exit(0)
+    children.append(pid)
+with open("/proc/self/status") as f:
+    threads = [line.split()[1] for line in f if line.startswith("Threads:")][0]
+for pid in children:
+    os.waitpid(pid, 0)
+print("forked %d, threads %s" % (len(children), threads), flush=True)
+"""
+
+
+def test_a_task_limit_near_leaves_the_program_its_tasks(tmp_path: Path) -> None:
+    """Under ``ulimit -u`` (a real ``RLIMIT_NPROC`` set in the child) with only a few tasks left
+    for this user, lora_otel starts no beat thread: the program's forks get the slots it would
+    have had, and the journal says why. (The kernel does not apply the limit to root: run as root,
+    the forks succeed either way, and what is asserted is that the thread is not taken.)"""
+    used = tasks_of_user()
+    limits = {"RLIMIT_NPROC": used + 6}  # the program and two children fit; no room for a thread of ours
+    r = run_limited(tmp_path, FORKS, limits, traced=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "forked 2, threads 1\n", r.stdout + r.stderr
+    assert '"beat_off":"RLIMIT_NPROC is' in journal_text(tmp_path)
+
+
+def test_the_beat_thread_has_a_small_stack_and_leaves_the_programs_setting(tmp_path: Path) -> None:
+    """Without limits the beat runs, on a stack of its own size (256 KiB, not the 8 MiB default), and
+    the program's ``threading.stack_size()`` is still 0 (the default) after lora_otel started it."""
+    script = """\
+import _thread, time
+time.sleep(1.5)
+with open("/proc/self/maps") as f:
+    sizes = []
+    for line in f:
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        sizes.append(hi - lo)
+print(_thread.stack_size(), sum(1 for s in sizes if s >= 8 << 20 and s <= (8 << 20) + 65536), flush=True)
+"""
+    bare = run_limited(tmp_path, script, {}, traced=False)
+    traced = run_limited(tmp_path, script, {}, traced=True)
+    assert bare.returncode == 0 and traced.returncode == 0, traced.stderr
+    assert traced.stdout.split()[0] == "0", traced.stdout
+    assert traced.stdout == bare.stdout, "8 MiB mappings (thread stacks): %s traced, %s bare" % (
+        traced.stdout.split()[1],
+        bare.stdout.split()[1],
+    )

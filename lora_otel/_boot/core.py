@@ -100,6 +100,8 @@ _log_failed = False
 quiet = False
 """A process started by a traced process (see ``preamble._is_child``): its info lines go to the
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
+beat_off = ""
+"""Why this process has no beat thread ("" when it has one): `preamble.beat_off_reason`."""
 
 # span_id -> (name, parent_id, thread id, start ts ns); only open spans, in start order
 open_spans: dict[str, tuple[str, str | None, int, int]] = {}

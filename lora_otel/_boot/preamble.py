@@ -242,6 +242,7 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
             # others touch the file): how long the modification time may run ahead of the records
             "beat_s": core.beat_interval,
             "beat_record_every": core.BEAT_RECORD_EVERY,
+            **({"beat_off": core.beat_off} if core.beat_off else {}),
         },
         "stderr": list(core.stderr_id) if core.stderr_id else None,
         "attrs": {
@@ -312,6 +313,7 @@ def _start(how: str) -> None:
     core.pid = os.getpid()
     core.main_ident = _thread.get_ident()
     core.record_stderr()
+    core.beat_off = beat_off_reason()
     argv = list(sys.argv)
     env = os.environ
     if argv[:1] == ["-m"]:
@@ -1324,5 +1326,110 @@ def _beat_loop(my_pid: int) -> None:
             core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
 
 
+BEAT_STACK = 256 * 1024
+"""The beat thread's stack: what it needs with room to spare, not the 8 MiB default (``ulimit -s``),
+which a program under a finite address-space limit would have lost."""
+NPROC_ROOM = 16
+"""Tasks (processes and threads) that must stay free under ``RLIMIT_NPROC`` for the beat thread to start."""
+
+
+def beat_off_reason() -> str:
+    """Why this process gets no beat thread ("" when it does): its resources are the program's.
+
+    Under a finite ``RLIMIT_AS`` (``ulimit -v``) a thread costs address space (its stack, and the
+    malloc arena glibc gives a thread that allocates: 64 MiB reserved), which the program's largest
+    allocation would lose. Under ``RLIMIT_NPROC`` (``ulimit -u``), a thread is a task of the user's:
+    where fewer than `NPROC_ROOM` are left, the program's own fork or thread would fail because of
+    ours. Without a beat, the watchdog does not call the process frozen (``config.beat_off``); its
+    stages are still journaled and still stall. ``/proc/self/limits`` is read (``import resource``
+    would cost ~1 ms at every start)."""
+    text = _read_small("/proc/self/limits")
+    address_space = nproc = b"unlimited"
+    for line in text.splitlines():
+        if line.startswith(b"Max address space"):
+            address_space = line[26:].split()[0]
+        elif line.startswith(b"Max processes"):
+            nproc = line[26:].split()[0]
+    if address_space != b"unlimited":
+        return "RLIMIT_AS is %s bytes (ulimit -v): a thread would take address space from the program" % (
+            address_space.decode()
+        )
+    if nproc != b"unlimited":
+        try:
+            limit = int(nproc)
+        except ValueError:
+            return ""
+        used = _tasks_of_user(limit) if _tasks_of_all() + NPROC_ROOM >= limit else 0
+        if used + NPROC_ROOM >= limit:
+            return (
+                "RLIMIT_NPROC is %d (ulimit -u) and this user runs %d tasks: a thread would take one "
+                "the program may need" % (limit, used)
+            )
+    return ""
+
+
+def _tasks_of_all() -> int:
+    """How many tasks the whole machine runs (``/proc/loadavg``, one small read): a bound on any
+    user's, so that the count of this user's (a read per process) is needed only when it is near."""
+    try:
+        return int(_read_small("/proc/loadavg").split()[3].partition(b"/")[2])
+    except (ValueError, IndexError):
+        return 1 << 30
+
+
+def _read_small(path: str) -> bytes:
+    """A small ``/proc`` file's bytes (b"" when it cannot be read): two system calls, no file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 8192)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _tasks_of_user(stop: int) -> int:
+    """How many tasks (threads) this process's real user runs, counting no further than ``stop``."""
+    uid = b"%d" % os.getuid()
+    count = 0
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % name, "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        i = status.find(b"\nUid:")
+        t = status.find(b"\nThreads:")
+        if i < 0 or t < 0 or status[i + 5 :].split()[:1] != [uid]:
+            continue
+        count += int(status[t + 9 :].split()[0])
+        if count >= stop:
+            break
+    return count
+
+
 def _start_beat() -> None:
-    _thread.start_new_thread(_beat_loop, (core.pid,))
+    """The beat thread, on a small stack (set for our thread only, and only while no other Python
+    thread could start one meanwhile); none where `beat_off_reason` says so."""
+    if core.beat_off:
+        return
+    old = -1
+    try:
+        if not _thread._count():  # no other Python thread: the size is ours alone until restored
+            old = _thread.stack_size(BEAT_STACK)
+    except (ValueError, RuntimeError):  # a platform that cannot set it
+        old = -1
+    try:
+        _thread.start_new_thread(_beat_loop, (core.pid,))
+    finally:
+        if old >= 0:
+            _thread.stack_size(old)

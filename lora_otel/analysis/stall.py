@@ -15,7 +15,8 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
   C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in. ``LORA_OTEL_FROZEN_AFTER``
   changes the 10 s. A beat is a record when something changed, else a touch of the journal's
   modification time: frozen means neither a record nor the modification time moved
-  (`Journal.last_life_ns`).
+  (`Journal.last_life_ns`). A process with no beat by design (``config.beat_off``: a resource
+  limit the beat thread would have cut into) is never called frozen.
 
 Limits are configured by ``--stall-after``/``LORA_OTEL_STALL_AFTER``: a number of seconds for
 every stage (``300``), or per stage (``import=300,cuda init=60,training=900,default=600``); a
@@ -174,7 +175,8 @@ def detect(
     if life > now_ns:
         life = journal.last_evidence_ns or 0
     silent_s = (now_ns - max(last_beat, life)) / 1e9
-    if silent_s >= frozen_after_s:
+    config = journal.config if isinstance(journal.config, dict) else {}
+    if silent_s >= frozen_after_s and not config.get("beat_off"):  # (no beat by design: resource limits)
         return Stall(
             "frozen",
             span,
