@@ -406,7 +406,7 @@ def _start(how: str) -> None:
     _install_exit_hooks()
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
     _float_env("LORA_OTEL_BEAT_S", 1.0)  # a bad value: one line, now that the first evidence is out
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
@@ -1178,6 +1178,16 @@ def _before_fork() -> None:
     global _fork_parent_span
     if not _spawning:
         _fork_parent_span = core.current_span_id() if core.active else None
+        if _PAUSE_AT_FORK and core.active:
+            with _FORK_HOOK:
+                _pause_beat()
+
+
+_PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
+"""Python 3.12+ warns at ``os.fork`` in a process with other threads (`_pause_beat`). 3.13.0 to
+3.13.9 and 3.14.0 count the threads after the ``after_in_parent`` hooks, where the beat has started
+again (CPython gh-137109): there the warning cannot be avoided but by leaving the parent without a
+beat, so the beat is not paused. (A ``-W error`` run sees nothing: CPython drops the exception.)"""
 
 
 _real_os_exit = os._exit
@@ -1212,7 +1222,7 @@ def _after_fork_child() -> None:
     the child writes after the fork is a copy (~3 µs each), so a fork that exits at once should
     write few (`core.forked`). Its first record, span, beat or promotion settles it
     (`_settle_child`); it becomes a job like any process (`promote`)."""
-    global _born_ns
+    global _born_ns, _next_beat_ns, _beat_paused
     if _spawning:
         return  # `spawn`'s own fork on the way to the sidecar's exec
     with _FORK_HOOK:
@@ -1224,6 +1234,7 @@ def _after_fork_child() -> None:
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
+        _next_beat_ns, _beat_paused = 0, False  # the child's first beat: an interval from now
         _start_beat()
 
 
@@ -1299,12 +1310,37 @@ def _check_sidecar() -> None:
         _sidecar_pid = 0
 
 
-def _beat_loop(my_pid: int) -> None:
+_next_beat_ns = 0
+"""When the next beat is due (monotonic ns; 0: one interval after the beat thread starts). A beat
+thread restarted after a fork waits only for what is left of the interval."""
+_beat_stop: Any = None
+"""The running beat thread's wake-up lock (held while it waits): released, the thread ends (`_pause_beat`)."""
+_beat_paused = False
+
+
+def _wait_beat(wake: Any) -> bool:
+    """Wait until the next beat is due; True when the thread is to end instead (``wake`` was
+    released). A lock's timed wait: neither a patched ``time.sleep`` nor a frozen clock changes it."""
+    global _next_beat_ns
+    now = core.monotonic_ns()
+    if not _next_beat_ns:
+        _next_beat_ns = now + int(core.beat_interval * 1e9)
+    if wake.acquire(True, max(_next_beat_ns - now, 0) / 1e9):
+        return True
+    _next_beat_ns = max(_next_beat_ns + int(core.beat_interval * 1e9), core.monotonic_ns())
+    return False
+
+
+def _beat_loop(my_pid: int, wake: Any = None) -> None:
     from lora_otel._boot import hooks
 
     narrate_loaded = False
     while core.active and os.getpid() == my_pid:
-        core.sleep(core.beat_interval)
+        if wake is not None:
+            if _wait_beat(wake):
+                return
+        else:
+            core.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
@@ -1428,8 +1464,48 @@ def _start_beat() -> None:
             old = _thread.stack_size(BEAT_STACK)
     except (ValueError, RuntimeError):  # a platform that cannot set it
         old = -1
+    global _beat_stop
+    wake = _thread.allocate_lock()
+    wake.acquire()
     try:
-        _thread.start_new_thread(_beat_loop, (core.pid,))
+        _thread.start_new_thread(_beat_loop, (core.pid, wake))
+        _beat_stop = wake
     finally:
         if old >= 0:
             _thread.stack_size(old)
+
+
+def _os_threads() -> int:
+    """This process's threads, as the kernel counts them (what Python 3.12+ counts to warn at a fork)."""
+    try:
+        return int(_read_small("/proc/self/stat").rpartition(b")")[2].split()[17])
+    except (ValueError, IndexError):
+        return 0
+
+
+def _pause_beat() -> None:
+    """Before ``os.fork`` on Python 3.12+, where the beat thread is the only other thread: end it,
+    and wait (50 ms at most) until the kernel no longer counts it, so that the fork does not warn
+    ``DeprecationWarning: This process is multi-threaded, use of fork() may lead to deadlocks``
+    because of lora_otel. The beat starts again after the fork, in both processes, on its old
+    schedule. Where the program has threads of its own, the warning is its own: nothing is done."""
+    global _beat_stop, _beat_paused
+    wake = _beat_stop
+    if wake is None or _os_threads() != 2:
+        return
+    caller = sys._getframe(2).f_code.co_filename  # (0: here, 1: the fork hook, 2: who forks)
+    if caller.endswith("subprocess.py"):
+        return  # `subprocess` forks to exec at once and does not warn
+    _beat_stop, _beat_paused = None, True
+    wake.release()
+    deadline = core.monotonic_ns() + 50_000_000
+    while _os_threads() > 1 and core.monotonic_ns() < deadline:
+        core.sleep(0.0002)
+
+
+def _after_fork_parent() -> None:
+    global _beat_paused
+    if _beat_paused:
+        _beat_paused = False
+        with _FORK_HOOK:
+            _start_beat()
