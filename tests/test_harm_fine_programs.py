@@ -389,3 +389,51 @@ def test_a_fork_on_python_3_13_0_warns_as_cpython_counts(tmp_path: Path, python:
     strict = run_fork_job(tmp_path, python, "-W", "error")
     assert strict.returncode == 0 and strict.stdout == "forked; threads after 2\n", strict.stderr
     assert "Warning" not in strict.stderr, strict.stderr
+
+
+# --- descriptors ---------------------------------------------------------------------------------
+
+DESCRIPTORS = """\
+import os, sys, time
+def first_free():
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(fd)
+    return fd
+at_start = first_free()
+import lora_otel
+with lora_otel.stage("load"):  # a job: the sidecar, the stacks file, the journal's descriptors
+    time.sleep(1.5)
+    after_beats = first_free()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    time.sleep(1.5)  # the child's own beat, journal and records
+    os.write(w, b"%d" % first_free())  # 3: where r was
+    os._exit(0)
+os.close(w)
+in_child = int(os.read(r, 100))
+os.waitpid(pid, 0)
+os.close(r)
+os.closerange(3, 1 << 16)  # the daemon idiom: every descriptor but the standard ones
+mine = [os.open("out%d" % i, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for i in range(6)]
+with lora_otel.stage("after closerange"):
+    lora_otel.mark("while the program's files hold low numbers")
+    time.sleep(1.5)
+for fd in mine:
+    os.write(fd, b"mine\\n")
+print(at_start, after_beats, in_child, mine[0], flush=True)
+"""
+
+
+def test_the_program_keeps_its_descriptor_numbers(tmp_path: Path) -> None:
+    """lora_otel's own descriptors (journal, stacks file, log) sit high: the program's first free
+    descriptor is 3 at start, after beats and promotion, and in a forked child; after it closes
+    every descriptor from 3 up and opens its own files there, those files hold only its bytes and
+    lora_otel's records still reach the journal."""
+    r = run_job(tmp_path, DESCRIPTORS)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "3 3 3 3\n", r.stdout + r.stderr
+    for i in range(6):
+        assert (tmp_path / ("out%d" % i)).read_bytes() == b"mine\n"
+    assert "while the program's files hold low numbers" in journal_text(tmp_path)
