@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import LINE_RE, PYTHON, clean_env, journals
+from procs import LINE_RE, PYTHON, clean_env, journals, wait_for
 
 YEAR = time.gmtime().tm_year
 
@@ -437,3 +437,40 @@ def test_the_program_keeps_its_descriptor_numbers(tmp_path: Path) -> None:
     for i in range(6):
         assert (tmp_path / ("out%d" % i)).read_bytes() == b"mine\n"
     assert "while the program's files hold low numbers" in journal_text(tmp_path)
+
+
+SIGWAIT = """\
+import os, signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken below, as the docs say to
+print("ready", flush=True)
+while not os.path.exists("go"):  # busy with other work when the signal comes: it stays pending
+    time.sleep(0.01)
+info = signal.sigwaitinfo({signal.SIGTERM})
+print("took signal %d from pid %d" % (info.si_signo, info.si_pid), flush=True)
+"""
+
+
+def test_a_program_that_takes_sigterm_with_sigwaitinfo_gets_it(tmp_path: Path) -> None:
+    """A service blocks SIGTERM in its main thread and takes it with ``sigwaitinfo`` once it is done
+    with what it was doing when the signal came (meanwhile the signal is pending). lora_otel's beat
+    thread, started before the program could block anything, blocks the asynchronous signals
+    itself: the kernel does not deliver SIGTERM to it (where its default action would end the whole
+    process, exit status -15), and the program takes it."""
+    import os
+    import signal
+
+    (tmp_path / "job.py").write_text(SIGWAIT)
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), stdout=f)
+    try:
+        wait_for(lambda: "ready" in out.read_text(), 60, "the program to be ready")
+        os.kill(proc.pid, signal.SIGTERM)
+        (tmp_path / "go").touch()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (proc.returncode, out.read_text())
+    assert "took signal 15 from pid %d" % os.getpid() in out.read_text()

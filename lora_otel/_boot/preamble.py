@@ -1331,9 +1331,23 @@ def _wait_beat(wake: Any) -> bool:
     return False
 
 
+ASYNC_SIGNALS = (1, 2, 3, 10, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30)
+"""The standard asynchronous signals (Linux numbers): HUP, INT, QUIT, USR1, USR2, PIPE, ALRM, TERM,
+STKFLT, CHLD, CONT, TSTP, TTIN, TTOU, URG, XCPU, XFSZ, VTALRM, PROF, WINCH, POLL, PWR. Not the faults
+(SEGV, BUS, FPE, ILL, TRAP, SYS, ABRT) and not the real-time ones (the stack request is one)."""
+
+
 def _beat_loop(my_pid: int, wake: Any = None) -> None:
     from lora_otel._boot import hooks
 
+    if sys.platform.startswith("linux"):
+        # The program's signals are not ours to take: a program that blocks SIGTERM in its main
+        # thread to take it with sigwaitinfo (the documented way) would otherwise have it delivered
+        # here, where its default action ends the whole process, or Python's handler runs late.
+        import _signal  # the C half of signal (no enum to build)
+
+        with core.fail_open("beat signal mask"):
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, ASYNC_SIGNALS)
     narrate_loaded = False
     while core.active and os.getpid() == my_pid:
         if wake is not None:
