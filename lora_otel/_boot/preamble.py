@@ -1507,14 +1507,43 @@ def _pause_beat() -> None:
     wake = _beat_stop
     if wake is None or _os_threads() != 2:
         return
-    caller = sys._getframe(2).f_code.co_filename  # (0: here, 1: the fork hook, 2: who forks)
-    if caller.endswith("subprocess.py"):
+    caller = sys._getframe(2)  # (0: here, 1: the fork hook, 2: who forks)
+    if caller.f_code.co_filename.endswith("subprocess.py"):
         return  # `subprocess` forks to exec at once and does not warn
+    if not _fork_warning_shown(caller):
+        return  # filtered out (multiprocessing's forks, by Python's default filters): nothing to avoid
     _beat_stop, _beat_paused = None, True
     wake.release()
     deadline = core.monotonic_ns() + 50_000_000
     while _os_threads() > 1 and core.monotonic_ns() < deadline:
         core.sleep(0.0002)
+
+
+def _fork_warning_shown(frame: Any) -> bool:
+    """Whether Python's warning filters would show the fork warning raised for ``frame``'s line:
+    by default only in ``__main__`` (``ignore::DeprecationWarning`` elsewhere, as in
+    multiprocessing's fork workers). ``error`` counts as not shown: CPython drops that exception."""
+    warnings = sys.modules.get("warnings")
+    filters = getattr(warnings, "filters", None)
+    if filters is None:
+        return True
+    module = frame.f_globals.get("__name__", "")
+    text = "This process (pid=%d) is multi-threaded, use of fork() may lead to deadlocks in the child." % os.getpid()
+    action = getattr(warnings, "defaultaction", "default")
+    for f in filters:
+        try:
+            f_action, msg, category, mod, lineno = f
+            if (
+                (msg is None or msg.match(text))
+                and issubclass(DeprecationWarning, category)
+                and (mod is None or mod.match(module))
+                and (not lineno or lineno == frame.f_lineno)
+            ):
+                action = f_action
+                break
+        except (TypeError, ValueError, AttributeError):
+            return True
+    return action not in ("ignore", "error")
 
 
 def _after_fork_parent() -> None:
