@@ -16,7 +16,6 @@ thread only; beats go on).
 from __future__ import annotations
 
 import os
-import time
 
 from lora_otel._boot import core, stages
 
@@ -257,7 +256,7 @@ def _defer(key: str, deferred: _Deferred) -> None:
 
 def _convert_loop(my_pid: int) -> None:
     while core.active and os.getpid() == my_pid:
-        time.sleep(core.beat_interval)
+        core.sleep(core.beat_interval)
         try:
             convert_pending()
         except Exception as e:  # noqa: BLE001 - the thread must not die on one value
@@ -296,19 +295,19 @@ def progress(step: object = None, **metrics: object) -> None:
         stages.ensure_training("lora_otel.progress", "lora_otel.progress")
         if type(step) is int and step >= 0:  # the common case, first
             core.steps = step
-            core.last_step_ns = time.time_ns()
+            core.last_step_ns = core.now_ns()
             if _pending:
                 _pending.pop(STEP, None)
         elif step is not None:
             number = _as_number(step, defer=True)
             if isinstance(number, _Deferred):
                 _defer(STEP, number)
-                core.last_step_ns = time.time_ns()
+                core.last_step_ns = core.now_ns()
             elif number is _NO_NUMBER:
                 _drop(STEP, step, "which is not a non-negative whole number")
             elif _set_step(step, number):
                 _pending.pop(STEP, None)
-                core.last_step_ns = time.time_ns()
+                core.last_step_ns = core.now_ns()
         for k, v in metrics.items():
             t = type(v)
             number = v if (t is float or t is int) else _as_number(v, defer=True)

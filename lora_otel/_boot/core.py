@@ -19,9 +19,46 @@ from __future__ import annotations
 import os
 import time
 from _thread import RLock, allocate_lock, get_ident
+from sys import modules as _modules
 
 from lora_otel._boot import jsonl
 from lora_otel._boot.jsonl import dumps_line
+
+# --- clocks ----------------------------------------------------------------------------------
+# Taken when the preamble starts, before the program can patch them: a test under freezegun
+# (which replaces `time.time_ns`, `monotonic`, `perf_counter`… in every loaded module) or under
+# `unittest.mock.patch("time.sleep")` is not a frozen process, and its beat must not spin. The
+# functions are kept in a tuple, not as module attributes, which freezegun would replace too.
+# time-machine patches the C functions themselves: its escape hatch gives the real wall clock
+# while it travels (`now_ns`); it leaves the monotonic clock alone.
+_CLOCKS = (time.time_ns, time.monotonic_ns, time.perf_counter_ns, time.sleep, time.gmtime, time.strftime)
+
+
+def now_ns() -> int:
+    """The system's wall clock (Unix time, ns), whatever the program did to ``time``."""
+    tm = _modules.get("_time_machine")
+    if tm is not None:
+        try:
+            return int(tm.original_time_ns())
+        except (AttributeError, ValueError):  # not travelling now, or another version
+            pass
+    return _CLOCKS[0]()
+
+
+def monotonic_ns() -> int:
+    """``time.monotonic_ns`` as it was at start."""
+    return _CLOCKS[1]()
+
+
+def perf_ns() -> int:
+    """``time.perf_counter_ns`` as it was at start."""
+    return _CLOCKS[2]()
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep`` as it was at start."""
+    _CLOCKS[3](seconds)
+
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -63,6 +100,8 @@ _log_failed = False
 quiet = False
 """A process started by a traced process (see ``preamble._is_child``): its info lines go to the
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
+beat_off = ""
+"""Why this process has no beat thread ("" when it has one): `preamble.beat_off_reason`."""
 
 # span_id -> (name, parent_id, thread id, start ts ns); only open spans, in start order
 open_spans: dict[str, tuple[str, str | None, int, int]] = {}
@@ -179,7 +218,7 @@ def new_trace_id() -> str:
 def iso_ms(ns: int) -> str:
     """``2026-11-30T22:13:48.123Z`` for a Unix time in nanoseconds."""
     s, rem = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + ".%03dZ" % (rem // 1_000_000)
+    return _CLOCKS[5]("%Y-%m-%dT%H:%M:%S", _CLOCKS[4](s)) + ".%03dZ" % (rem // 1_000_000)
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -409,7 +448,7 @@ def _create_journal(path: str, exact: bool) -> tuple[int, str]:
     except FileExistsError:
         pass
     for _ in range(8):
-        other = paths.unique_variant(path, os.getpid(), time.time())
+        other = paths.unique_variant(path, os.getpid(), now_ns() / 1e9)
         try:
             return files.create_new(other), other
         except FileExistsError:
@@ -666,7 +705,7 @@ def write_line(
             "" if lost == 1 else "s",
         )
         _stderr(_format_line(msg))
-        write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
+        write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "error", "msg": msg})
 
 
 def _write_failed(e: BaseException) -> None:
@@ -683,7 +722,7 @@ def _write_failed(e: BaseException) -> None:
 
 
 def _format_line(msg: str) -> str:
-    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(time.time_ns()), msg)
+    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(now_ns()), msg)
 
 
 def _same_as_std(dev_ino: tuple[int, int]) -> bool:
@@ -821,7 +860,7 @@ def info_line(msg: str) -> None:
     """Print an English line to stderr (flushed; not in a `quiet` process) and the ``--log`` file,
     and journal it."""
     _emit(msg, "info")
-    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
+    write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "info", "msg": msg})
 
 
 def note_line(msg: str) -> None:
@@ -829,20 +868,20 @@ def note_line(msg: str) -> None:
     that is not a job (`promoted`) says that nobody needs to see live (its normal exit, its
     start-up facts at an early failure). Its journal record is level ``info``."""
     _emit(msg, "note")
-    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "info", "msg": msg})
+    write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "info", "msg": msg})
 
 
 def warn_line(msg: str) -> None:
     """Print an English line to stderr — also in a `quiet` process: something to report, such as a
     stage running long — and the ``--log`` file, and journal it (level ``warn``)."""
     _emit(msg, "warn")
-    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "warn", "msg": msg})
+    write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "warn", "msg": msg})
 
 
 def error_line(msg: str) -> None:
     """Print an English line to stderr and the ``--log`` file, and journal it."""
     _emit(msg, "error")
-    write({"v": FORMAT_VERSION, "k": "line", "ts": time.time_ns(), "level": "error", "msg": msg})
+    write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "error", "msg": msg})
 
 
 # --- spans -------------------------------------------------------------------------------------
@@ -874,7 +913,7 @@ def span_start(
     sid = new_span_id()
     tid = get_ident()
     parent = parent_id or current_span_id()
-    ts = ts or time.time_ns()
+    ts = ts or now_ns()
     if known_secrets and type(name) is str:
         name = _scrubbed(name)  # type: ignore[assignment]
     if not attrs and type(name) is str and type(parent) is str and type(ts) is int:
@@ -922,7 +961,7 @@ def span_end(
     stack = _stacks.get(info[2])
     if stack and sid in stack:
         stack.remove(sid)
-    ts = ts or time.time_ns()
+    ts = ts or now_ns()
     if (
         type(info[0]) is not str or not info[0].startswith("import ") or ts - info[3] >= import_threshold_ms * 1_000_000
     ):  # an import too short to export is no stage
@@ -953,13 +992,13 @@ def _settled(sid: str) -> str:
 def span_event(sid: str, name: str, attrs: Mapping[str, object] | None = None) -> None:
     if forked_at:
         sid = _settled(sid)
-    write({"v": FORMAT_VERSION, "k": "event", "ts": time.time_ns(), "span_id": sid, "name": name, "attrs": attrs or {}})
+    write({"v": FORMAT_VERSION, "k": "event", "ts": now_ns(), "span_id": sid, "name": name, "attrs": attrs or {}})
 
 
 def span_attrs(sid: str, attrs: Mapping[str, object]) -> None:
     if forked_at:
         sid = _settled(sid)
-    write({"v": FORMAT_VERSION, "k": "attrs", "ts": time.time_ns(), "span_id": sid, "attrs": attrs})
+    write({"v": FORMAT_VERSION, "k": "attrs", "ts": now_ns(), "span_id": sid, "attrs": attrs})
 
 
 def find_open(name: str) -> str | None:
@@ -1051,7 +1090,7 @@ def beat(force: bool = False) -> None:
     if unchanged and touch_journal():
         return
     _beat_state, _beats_unwritten = state, 0
-    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": time.time_ns(), "steps": steps, "last_step_ts": last_step_ns}
+    rec = {"v": FORMAT_VERSION, "k": "beat", "ts": now_ns(), "steps": steps, "last_step_ts": last_step_ns}
     if metrics:
         rec["metrics"] = dict(metrics)
     if frames:

@@ -269,10 +269,43 @@ def waits_for_ranks(pid: object = "self") -> bool:
     return False
 
 
+_SERVER_MODULES = ("jupyter_server", "notebook.notebookapp")
+_interactive_said = False
+
+
+def interactive() -> str:
+    """What makes this process wait for a person at a prompt ("" when nothing does): an IPython
+    shell or a Jupyter kernel (its shell instance exists), the interpreter's own REPL (``python``,
+    ``python -i`` once the script is done: ``sys.ps1`` is set), a Jupyter server. Its quiet time
+    is idle by design, not a stall. Attribute reads only: nothing of the program's is called."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is not None:
+        shell = getattr(getattr(shell_module, "InteractiveShell", None), "_instance", None)
+        if shell is not None:
+            return "jupyter kernel" if "ipykernel" in sys.modules else "ipython"
+    if hasattr(sys, "ps1"):
+        return "python repl"
+    if any(m in sys.modules for m in _SERVER_MODULES):
+        return "jupyter server"
+    return ""
+
+
+def note_interactive() -> None:
+    """Once, from the beat, when the process has become interactive: say so on the root span
+    (``lora_otel.interactive``), so the watchdog and every view read its quiet time as idle too."""
+    global _interactive_said
+    if not _interactive_said:
+        kind = interactive()
+        if kind:
+            _interactive_said = True
+            core.span_attrs(core.root_id, {"lora_otel.interactive": kind})
+
+
 def _idle_ok() -> bool:
     """Whether a quiet time (or ``arguments`` still open) may mean this job is stuck (docstring)."""
     return (
         not core.quiet
+        and not _interactive_said
         and "torch" in sys.modules
         and not any(m in sys.modules for m in _UI_MODULES)
         and not waits_for_ranks()

@@ -123,7 +123,7 @@ def _process_start(now_ns: int) -> tuple[int, int | None]:
         ticks = int(data[data.rindex(b")") + 2 :].split()[19])
         hz = os.sysconf("SC_CLK_TCK")
         since_boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-        wall_ns = time.time_ns()
+        wall_ns = core.now_ns()
         start = wall_ns - since_boot_ns + (ticks + 1) * 1_000_000_000 // hz
         return min(start, now_ns), ticks
     except Exception:  # noqa: BLE001 - not Linux, or /proc not mounted
@@ -242,6 +242,7 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
             # others touch the file): how long the modification time may run ahead of the records
             "beat_s": core.beat_interval,
             "beat_record_every": core.BEAT_RECORD_EVERY,
+            **({"beat_off": core.beat_off} if core.beat_off else {}),
         },
         "stderr": list(core.stderr_id) if core.stderr_id else None,
         "attrs": {
@@ -304,14 +305,15 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 def _start(how: str) -> None:
     global _started_ns, _born_ns, _argv, _how, _image, _start_cwd
-    t0 = time.perf_counter_ns()
-    now = time.time_ns()
+    t0 = core.perf_ns()
+    now = core.now_ns()
     _started_ns = _born_ns = now
     core.active = True
     core.alone = how != "import lora_otel.auto"  # the .pth hook and `python -m lora_otel` run first
     core.pid = os.getpid()
     core.main_ident = _thread.get_ident()
     core.record_stderr()
+    core.beat_off = beat_off_reason()
     argv = list(sys.argv)
     env = os.environ
     if argv[:1] == ["-m"]:
@@ -370,7 +372,7 @@ def _start(how: str) -> None:
     bad_log_arg = paths.log_options(env)[1] if "LORA_OTEL_LOG_ARG" in env else ""
     if bad_log_arg:
         core.error_line(bad_log_arg)
-    first_evidence_us = (time.perf_counter_ns() - t0) // 1000
+    first_evidence_us = (core.perf_ns() - t0) // 1000
 
     # 2. The program's first import is traced from here on.
     from lora_otel._boot import hooks
@@ -404,7 +406,7 @@ def _start(how: str) -> None:
     _install_exit_hooks()
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
     _float_env("LORA_OTEL_BEAT_S", 1.0)  # a bad value: one line, now that the first evidence is out
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
@@ -432,7 +434,7 @@ def _start(how: str) -> None:
         core.root_id,
         {
             "lora_otel.preamble.first_evidence_us": int(first_evidence_us),
-            "lora_otel.preamble.duration_us": int((time.perf_counter_ns() - t0) // 1000),
+            "lora_otel.preamble.duration_us": int((core.perf_ns() - t0) // 1000),
         },
     )
 
@@ -924,12 +926,12 @@ def _on_exit() -> None:
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
         if at_exit is not None:  # (the beat thread may be importing it right now: then not yet there)
             with core.fail_open("narration at exit"):
-                at_exit(time.time_ns())
+                at_exit(core.now_ns())
         stages.arguments_done("none seen")
         for sid, info in reversed(list(core.open_spans.items())):
             if sid != core.root_id:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
-        elapsed = (time.time_ns() - _started_ns) / 1e9
+        elapsed = (core.now_ns() - _started_ns) / 1e9
         if message:
             if not core.promoted:  # a short process that failed: the facts for its journal
                 with core.fail_open("process description"):
@@ -941,7 +943,7 @@ def _on_exit() -> None:
             say("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
         core.beat(force=True)
         core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
-        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": time.time_ns(), "code": status_code, "how": how}
+        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": core.now_ns(), "code": status_code, "how": how}
         if message:
             rec["message"] = message
         core.write(rec)
@@ -975,7 +977,7 @@ def _discard_short_run() -> None:
     (device, inode) right before it is unlinked: never a file someone put under that name."""
     if (
         core.promoted
-        or time.time_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
+        or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
         or not (_disposable or (_beside_log and not core.log_path))
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
@@ -1084,7 +1086,7 @@ def _exec_record(
         rec: dict[str, Any] = {
             "v": core.FORMAT_VERSION,
             "k": "exec",
-            "ts": time.time_ns(),
+            "ts": core.now_ns(),
             "path": redact.redact_value(where),
         }
         if error is not None:
@@ -1178,6 +1180,16 @@ def _before_fork() -> None:
     global _fork_parent_span
     if not _spawning:
         _fork_parent_span = core.current_span_id() if core.active else None
+        if _PAUSE_AT_FORK and core.active:
+            with _FORK_HOOK:
+                _pause_beat()
+
+
+_PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
+"""Python 3.12+ warns at ``os.fork`` in a process with other threads (`_pause_beat`). 3.13.0 to
+3.13.9 and 3.14.0 count the threads after the ``after_in_parent`` hooks, where the beat has started
+again (CPython gh-137109): there the warning cannot be avoided but by leaving the parent without a
+beat, so the beat is not paused. (A ``-W error`` run sees nothing: CPython drops the exception.)"""
 
 
 _real_os_exit = os._exit
@@ -1214,18 +1226,19 @@ def _after_fork_child() -> None:
     the child writes after the fork is a copy (~3 µs each), so a fork that exits at once should
     write few (`core.forked`). Its first record, span, beat or promotion settles it
     (`_settle_child`); it becomes a job like any process (`promote`)."""
-    global _born_ns
+    global _born_ns, _next_beat_ns, _beat_paused
     if _spawning:
         return  # `spawn`'s own fork on the way to the sidecar's exec
     with _FORK_HOOK:
         if not core.active:
             return
-        _born_ns = time.time_ns()
+        _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
         os._exit = _forked_child_exit  # multiprocessing's fork children leave by os._exit: record it
+        _next_beat_ns, _beat_paused = 0, False  # the child's first beat: an interval from now
         _start_beat()
 
 
@@ -1304,12 +1317,51 @@ def _check_sidecar() -> None:
         _sidecar_pid = 0
 
 
-def _beat_loop(my_pid: int) -> None:
+_next_beat_ns = 0
+"""When the next beat is due (monotonic ns; 0: one interval after the beat thread starts). A beat
+thread restarted after a fork waits only for what is left of the interval."""
+_beat_stop: Any = None
+"""The running beat thread's wake-up lock (held while it waits): released, the thread ends (`_pause_beat`)."""
+_beat_paused = False
+
+
+def _wait_beat(wake: Any) -> bool:
+    """Wait until the next beat is due; True when the thread is to end instead (``wake`` was
+    released). A lock's timed wait: neither a patched ``time.sleep`` nor a frozen clock changes it."""
+    global _next_beat_ns
+    now = core.monotonic_ns()
+    if not _next_beat_ns:
+        _next_beat_ns = now + int(core.beat_interval * 1e9)
+    if wake.acquire(True, max(_next_beat_ns - now, 0) / 1e9):
+        return True
+    _next_beat_ns = max(_next_beat_ns + int(core.beat_interval * 1e9), core.monotonic_ns())
+    return False
+
+
+ASYNC_SIGNALS = (1, 2, 3, 10, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30)
+"""The standard asynchronous signals (Linux numbers): HUP, INT, QUIT, USR1, USR2, PIPE, ALRM, TERM,
+STKFLT, CHLD, CONT, TSTP, TTIN, TTOU, URG, XCPU, XFSZ, VTALRM, PROF, WINCH, POLL, PWR. Not the faults
+(SEGV, BUS, FPE, ILL, TRAP, SYS, ABRT) and not the real-time ones (the stack request is one)."""
+
+
+def _beat_loop(my_pid: int, wake: Any = None) -> None:
     from lora_otel._boot import hooks
 
+    if sys.platform.startswith("linux"):
+        # The program's signals are not ours to take: a program that blocks SIGTERM in its main
+        # thread to take it with sigwaitinfo (the documented way) would otherwise have it delivered
+        # here, where its default action ends the whole process, or Python's handler runs late.
+        import _signal  # the C half of signal (no enum to build)
+
+        with core.fail_open("beat signal mask"):
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, ASYNC_SIGNALS)
     narrate_loaded = False
     while core.active and os.getpid() == my_pid:
-        time.sleep(core.beat_interval)
+        if wake is not None:
+            if _wait_beat(wake):
+                return
+        else:
+            core.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
         try:
@@ -1319,8 +1371,9 @@ def _beat_loop(my_pid: int) -> None:
 
                 narrate_loaded = True
                 where.set_cwd(_start_cwd)
+            narrate.note_interactive()
             core.beat()
-            narrate.tick(time.time_ns(), core.main_frames)
+            narrate.tick(core.now_ns(), core.main_frames)
             _check_stacks_fd()
             if not hooks._importing:
                 hooks._after_import()
@@ -1330,5 +1383,179 @@ def _beat_loop(my_pid: int) -> None:
             core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
 
 
+BEAT_STACK = 256 * 1024
+"""The beat thread's stack: what it needs with room to spare, not the 8 MiB default (``ulimit -s``),
+which a program under a finite address-space limit would have lost."""
+NPROC_ROOM = 16
+"""Tasks (processes and threads) that must stay free under ``RLIMIT_NPROC`` for the beat thread to start."""
+
+
+def beat_off_reason() -> str:
+    """Why this process gets no beat thread ("" when it does): its resources are the program's.
+
+    Under a finite ``RLIMIT_AS`` (``ulimit -v``) a thread costs address space (its stack, and the
+    malloc arena glibc gives a thread that allocates: 64 MiB reserved), which the program's largest
+    allocation would lose. Under ``RLIMIT_NPROC`` (``ulimit -u``), a thread is a task of the user's:
+    where fewer than `NPROC_ROOM` are left, the program's own fork or thread would fail because of
+    ours. Without a beat, the watchdog does not call the process frozen (``config.beat_off``); its
+    stages are still journaled and still stall. ``/proc/self/limits`` is read (``import resource``
+    would cost ~1 ms at every start)."""
+    text = _read_small("/proc/self/limits")
+    address_space = nproc = b"unlimited"
+    for line in text.splitlines():
+        if line.startswith(b"Max address space"):
+            address_space = line[26:].split()[0]
+        elif line.startswith(b"Max processes"):
+            nproc = line[26:].split()[0]
+    if address_space != b"unlimited":
+        return "RLIMIT_AS is %s bytes (ulimit -v): a thread would take address space from the program" % (
+            address_space.decode()
+        )
+    if nproc != b"unlimited":
+        try:
+            limit = int(nproc)
+        except ValueError:
+            return ""
+        used = _tasks_of_user(limit) if _tasks_of_all() + NPROC_ROOM >= limit else 0
+        if used + NPROC_ROOM >= limit:
+            return (
+                "RLIMIT_NPROC is %d (ulimit -u) and this user runs %d tasks: a thread would take one "
+                "the program may need" % (limit, used)
+            )
+    return ""
+
+
+def _tasks_of_all() -> int:
+    """How many tasks the whole machine runs (``/proc/loadavg``, one small read): a bound on any
+    user's, so that the count of this user's (a read per process) is needed only when it is near."""
+    try:
+        return int(_read_small("/proc/loadavg").split()[3].partition(b"/")[2])
+    except (ValueError, IndexError):
+        return 1 << 30
+
+
+def _read_small(path: str) -> bytes:
+    """A small ``/proc`` file's bytes (b"" when it cannot be read): two system calls, no file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 8192)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _tasks_of_user(stop: int) -> int:
+    """How many tasks (threads) this process's real user runs, counting no further than ``stop``."""
+    uid = b"%d" % os.getuid()
+    count = 0
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % name, "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        i = status.find(b"\nUid:")
+        t = status.find(b"\nThreads:")
+        if i < 0 or t < 0 or status[i + 5 :].split()[:1] != [uid]:
+            continue
+        count += int(status[t + 9 :].split()[0])
+        if count >= stop:
+            break
+    return count
+
+
 def _start_beat() -> None:
-    _thread.start_new_thread(_beat_loop, (core.pid,))
+    """The beat thread, on a small stack (set for our thread only, and only while no other Python
+    thread could start one meanwhile); none where `beat_off_reason` says so."""
+    if core.beat_off:
+        return
+    old = -1
+    try:
+        if not _thread._count():  # no other Python thread: the size is ours alone until restored
+            old = _thread.stack_size(BEAT_STACK)
+    except (ValueError, RuntimeError):  # a platform that cannot set it
+        old = -1
+    global _beat_stop
+    wake = _thread.allocate_lock()
+    wake.acquire()
+    try:
+        _thread.start_new_thread(_beat_loop, (core.pid, wake))
+        _beat_stop = wake
+    finally:
+        if old >= 0:
+            _thread.stack_size(old)
+
+
+def _os_threads() -> int:
+    """This process's threads, as the kernel counts them (what Python 3.12+ counts to warn at a fork)."""
+    try:
+        return int(_read_small("/proc/self/stat").rpartition(b")")[2].split()[17])
+    except (ValueError, IndexError):
+        return 0
+
+
+def _pause_beat() -> None:
+    """Before ``os.fork`` on Python 3.12+, where the beat thread is the only other thread: end it,
+    and wait (50 ms at most) until the kernel no longer counts it, so that the fork does not warn
+    ``DeprecationWarning: This process is multi-threaded, use of fork() may lead to deadlocks``
+    because of lora_otel. The beat starts again after the fork, in both processes, on its old
+    schedule. Where the program has threads of its own, the warning is its own: nothing is done."""
+    global _beat_stop, _beat_paused
+    wake = _beat_stop
+    if wake is None or _os_threads() != 2:
+        return
+    caller = sys._getframe(2)  # (0: here, 1: the fork hook, 2: who forks)
+    if caller.f_code.co_filename.endswith("subprocess.py"):
+        return  # `subprocess` forks to exec at once and does not warn
+    if not _fork_warning_shown(caller):
+        return  # filtered out (multiprocessing's forks, by Python's default filters): nothing to avoid
+    _beat_stop, _beat_paused = None, True
+    wake.release()
+    deadline = core.monotonic_ns() + 50_000_000
+    while _os_threads() > 1 and core.monotonic_ns() < deadline:
+        core.sleep(0.0002)
+
+
+def _fork_warning_shown(frame: Any) -> bool:
+    """Whether Python's warning filters would show the fork warning raised for ``frame``'s line:
+    by default only in ``__main__`` (``ignore::DeprecationWarning`` elsewhere, as in
+    multiprocessing's fork workers). ``error`` counts as not shown: CPython drops that exception."""
+    warnings = sys.modules.get("warnings")
+    filters = getattr(warnings, "filters", None)
+    if filters is None:
+        return True
+    module = frame.f_globals.get("__name__", "")
+    text = "This process (pid=%d) is multi-threaded, use of fork() may lead to deadlocks in the child." % os.getpid()
+    action = getattr(warnings, "defaultaction", "default")
+    for f in filters:
+        try:
+            f_action, msg, category, mod, lineno = f
+            if (
+                (msg is None or msg.match(text))
+                and issubclass(DeprecationWarning, category)
+                and (mod is None or mod.match(module))
+                and (not lineno or lineno == frame.f_lineno)
+            ):
+                action = f_action
+                break
+        except (TypeError, ValueError, AttributeError):
+            return True
+    return action not in ("ignore", "error")
+
+
+def _after_fork_parent() -> None:
+    global _beat_paused
+    if _beat_paused:
+        _beat_paused = False
+        with _FORK_HOOK:
+            _start_beat()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from lora_otel._boot import core, stages
 
@@ -71,7 +70,7 @@ def on_step_post(*_args: object) -> None:
     """torch's global optimizer step post-hook: counts the step."""
     global _step_span
     core.steps += 1
-    core.last_step_ns = time.time_ns()
+    core.last_step_ns = core.now_ns()
     if _step_span is not None:
         with core.fail_open("step span"):
             core.span_end(_step_span)

@@ -15,7 +15,8 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
   C code, SIGSTOP, uninterruptible I/O) — whatever stage it is in. ``LORA_OTEL_FROZEN_AFTER``
   changes the 10 s. A beat is a record when something changed, else a touch of the journal's
   modification time: frozen means neither a record nor the modification time moved
-  (`Journal.last_life_ns`).
+  (`Journal.last_life_ns`). A process with no beat by design (``config.beat_off``: a resource
+  limit the beat thread would have cut into) is never called frozen.
 
 Limits are configured by ``--stall-after``/``LORA_OTEL_STALL_AFTER``: a number of seconds for
 every stage (``300``), or per stage (``import=300,cuda init=60,training=900,default=600``); a
@@ -176,7 +177,8 @@ def detect(
     if life > now_ns:
         life = now_ns if life - now_ns < frozen_after_s * 1e9 else journal.last_evidence_ns or 0
     silent_s = (now_ns - max(last_beat, life)) / 1e9
-    if silent_s >= frozen_after_s:
+    config = journal.config if isinstance(journal.config, dict) else {}
+    if silent_s >= frozen_after_s and not config.get("beat_off"):  # (no beat by design: resource limits)
         return Stall(
             "frozen",
             span,
@@ -242,16 +244,18 @@ def idle_may_be_stuck(journal: Journal) -> bool:
     """Whether quiet time with no stage open (or ``arguments`` still open) may mean this process is
     stuck — the job's own narration's rule (`lora_otel._boot.narrate`), so every view agrees: a
     training job's own process (not a quiet child), that has imported torch, runs no web UI
-    (gradio, uvicorn, streamlit wait for their users) and is not a distributed launcher waiting for
-    its ranks now (`lora_otel._boot.narrate.waits_for_ranks`: a child with a rank variable of its
-    own). A process waiting on its workers — a multiprocessing pool, a ProcessPoolExecutor, a
-    subprocess — can be stuck like any job. A service, pip, a helper script or a DataLoader worker
-    idles by design."""
+    (gradio, uvicorn, streamlit wait for their users), is no notebook kernel, REPL or Jupyter server
+    (``lora_otel.interactive`` on the root span) and is not a distributed launcher waiting for its
+    ranks now (`lora_otel._boot.narrate.waits_for_ranks`: a child with a rank variable of its own).
+    A process waiting on its workers — a multiprocessing pool, a ProcessPoolExecutor, a subprocess —
+    can be stuck like any job. A service, pip, a helper script or a DataLoader worker idles by design."""
     config = journal.config if isinstance(journal.config, dict) else {}
     if config.get("quiet") is True:
         return False
-    names = {span.name for span in journal.spans}
     root_attrs = journal.root.attrs if journal.root is not None else {}
+    if root_attrs.get("lora_otel.interactive"):  # a kernel, a REPL, a Jupyter server: waits for a person
+        return False
+    names = {span.name for span in journal.spans}
     if (
         "import torch" not in names
         and "training" not in names

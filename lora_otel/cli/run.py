@@ -1,11 +1,12 @@
 """``lora-otel run``: start a command with the preamble active in it, and report on it.
 
-The command inherits stdin, stdout and stderr untouched; SIGINT and SIGTERM sent to the supervisor
-are forwarded; the command's exit status is passed through (a death by signal is repeated on the
-supervisor, so the launcher above sees the same signal). ``--tree`` prints the span tree afterwards,
-on stderr: the supervisor's stdout carries the command's bytes and nothing else, so
-``lora-otel run -- python dump.py > out.json`` and ``… | jq`` work, and a terminal or a log panel
-(they show both streams) still shows the tree.
+The command inherits stdin, stdout and stderr untouched; SIGINT, SIGTERM and the other signals
+that would end the supervisor are forwarded, unless the command got them already from its
+process group (`lora_otel.cli.forward`); the command's exit status is passed through (a death by
+signal is repeated on the supervisor, so the launcher above sees the same signal). ``--tree``
+prints the span tree afterwards, on stderr: the supervisor's stdout carries the command's bytes
+and nothing else, so ``lora-otel run -- python dump.py > out.json`` and ``… | jq`` work, and a
+terminal or a log panel (they show both streams) still shows the tree.
 
 It exports nothing itself: when an OTLP endpoint is configured by the standard ``OTEL_EXPORTER_OTLP_*``
 variables, the traced process starts its own detached sidecar (``lora_otel._boot.spawn``), exactly
@@ -22,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lora_otel._boot.seam import paths
 
@@ -160,35 +161,23 @@ def run_command(args: argparse.Namespace) -> int:
 
     oom = OomWatch()
     oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup
-    try:
-        # The job never outlives its wrapper: when a launcher SIGKILLs `lora-otel run`, the kernel
-        # SIGKILLs the command too, as the launcher's SIGKILL would have without the wrapper.
-        child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent())
-    except OSError as e:
-        print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
-        return 127 if isinstance(e, FileNotFoundError) else 126
+    from lora_otel.cli import forward as fw
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        try:
-            child.send_signal(signum)
-        except OSError:
-            pass
-
-    old = {}
     # Every signal whose default would end the supervisor and that a launcher, a scheduler or a
     # user sends to stop, checkpoint or wake a job (Slurm's --signal=USR1@90, Lightning's SIGUSR1
     # requeue, SIGQUIT, alarms) goes to the command instead: the supervisor dying of it would have
-    # the kernel kill the command with it (its parent-death signal). The terminal sends Ctrl-C to
-    # the whole foreground group, the child included; a SIGINT sent to the supervisor alone is
-    # forwarded.
-    for sig in FORWARDED:
-        old[sig] = signal.signal(sig, forward)
+    # the kernel kill the command with it (its parent-death signal). A signal sent to the whole
+    # group (Ctrl-C, GNU timeout, kill -- -PGID) reached the command already and is not sent again
+    # (`lora_otel.cli.forward`); one sent to the supervisor alone is forwarded.
     try:
-        rc = child.wait()
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
+        if fw.can_witness():
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [*FORWARDED, signal.SIGCHLD])
+            witness = fw.Witness(FORWARDED)
+            rc = _run_witnessed(cmd, env, witness if witness.start() else None, old_mask)
+        else:
+            rc = _run_with_handlers(cmd, env)
+    except _StartError as e:
+        return e.code
     _drop_if_unused(journal)
     record_exit(journal, rc, oom.struck() if rc == -signal.SIGKILL else None)
     if getattr(args, "tree", False):
@@ -204,6 +193,62 @@ def run_command(args: argparse.Namespace) -> int:
         os.kill(os.getpid(), sig)
         return 128 + sig
     return rc
+
+
+class _StartError(Exception):
+    """The command could not be started (the line is printed); ``code`` is the exit status to give."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _start(cmd: list[str], env: dict[str, str], preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+    try:
+        # The job never outlives its wrapper: when a launcher SIGKILLs `lora-otel run`, the kernel
+        # SIGKILLs the command too, as the launcher's SIGKILL would have without the wrapper.
+        return subprocess.Popen(cmd, env=env, preexec_fn=preexec)
+    except OSError as e:
+        print("lora-otel run: cannot start %s: %s" % (cmd[0], e.strerror or e), file=sys.stderr)
+        raise _StartError(127 if isinstance(e, FileNotFoundError) else 126) from None
+
+
+def _run_witnessed(cmd: list[str], env: dict[str, str], witness: Any, old_mask: Any) -> int:
+    """The command run with this thread's signals blocked and taken one by one (`forward.supervise`);
+    the command itself starts with the mask this process had."""
+    from lora_otel.cli import forward as fw
+
+    pdeathsig = die_with_parent()
+
+    def preexec() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if pdeathsig is not None:
+            pdeathsig()
+
+    try:
+        return fw.supervise(_start(cmd, env, preexec), witness, FORWARDED)
+    finally:
+        if witness is not None:
+            witness.stop()
+        fw.drain(FORWARDED)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _run_with_handlers(cmd: list[str], env: dict[str, str]) -> int:
+    """Where signals cannot be taken one by one: each forwarded signal is passed on."""
+    child = _start(cmd, env, die_with_parent())
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    old = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        return child.wait()
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def _print_tree(journal: str) -> None:

@@ -280,9 +280,7 @@ CAUSE_PID = "lora_otel.diagnosis.in_pid"
 """The diagnosis attribute naming another process as the cause (a pool's worker holding the task)."""
 
 
-def speaks_for_job(
-    stall: Stall, cause_pid: Optional[int] = None, evidence: Optional[dict[str, Any]] = None
-) -> bool:
+def speaks_for_job(stall: Stall, cause_pid: Optional[int] = None, evidence: Optional[dict[str, Any]] = None) -> bool:
     """Whether the watchdog writes the STALLED line: the job cannot (frozen), does not know the
     limit (learned), or cannot see the cause (``cause_pid``: the diagnosis names another process,
     the worker of its pool that holds the task, which the job's own STALLED line cannot name), or

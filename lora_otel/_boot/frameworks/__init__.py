@@ -29,7 +29,6 @@ What a training run records (every framework the same way):
 from __future__ import annotations
 
 import functools
-import time
 
 from lora_otel._boot import core, stages
 
@@ -260,7 +259,7 @@ class TrainingRun:
 
         if self.training_id is not None or self.epoch_id is not None:
             self.end("error", "ended without the trainer's end callback (it raised, or training restarted)")
-        self._started = time.monotonic()
+        self._started = core.monotonic_ns() / 1e9
         self._last_event = float("-inf")
         cleaned = clean(attrs)
         sid = stages.training_id if stages.training_id in core.open_spans else core.find_open("training")
@@ -291,7 +290,7 @@ class TrainingRun:
             if status == "ok":
                 core.info_line(
                     "training ended (%s) after %.2f s, %d optimizer steps"
-                    % (self.started_by, time.monotonic() - self._started, core.steps)
+                    % (self.started_by, core.monotonic_ns() / 1e9 - self._started, core.steps)
                 )
         elif extra and sid in core.open_spans:
             core.span_attrs(sid, extra)
@@ -328,7 +327,7 @@ class TrainingRun:
         self._pending.update(found)
         if step is not None:
             self._pending_step = step
-        now = time.monotonic()
+        now = core.monotonic_ns() / 1e9
         if now - self._last_event >= METRICS_EVENT_INTERVAL_S:
             self._last_event = now
             self.flush_metrics()

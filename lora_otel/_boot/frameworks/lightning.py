@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import time
 
 from lora_otel._boot import core
 from lora_otel._boot.frameworks import (
@@ -88,7 +87,7 @@ class _Recorder:
     ) -> None:
         if not core.active:
             return
-        now = time.monotonic()
+        now = core.monotonic_ns() / 1e9
         if now - self._last_metrics >= METRICS_EVENT_INTERVAL_S and self._mine(trainer):
             self._last_metrics = now
             with core.fail_open("lightning callback"):
