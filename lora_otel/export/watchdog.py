@@ -18,6 +18,7 @@ Standard library plus the analysis modules; nothing here waits on the network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -25,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end, end_of
 from lora_otel.analysis.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
 from lora_otel.analysis.learned import Learned, learn
 from lora_otel.analysis.stall import Stall, detect, journal_limits
@@ -256,12 +258,19 @@ def stalled_line(stall: Stall, diagnosis: str) -> str:
     return "STALLED: %s, %s \u2014 %s" % (what, why, diagnosis)
 
 
-def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
-    """``process 1234 was killed by the OOM killer in load model after 45 s``."""
+def death_line(journal: Journal, oom: Optional[str], now_ns: int, end: Optional[ChildEnd] = None) -> str:
+    """``process 1234 was killed by the OOM killer in load model after 45 s``; ``end``: how its
+    parent saw it end (``was killed by SIGKILL (its parent reaped it) in ...``), when it reaped it."""
     from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
-    how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
+    if end is not None:
+        if oom and end.signal == "SIGKILL" and not end.oom_killed:
+            end = dataclasses.replace(end, oom_killed=True)
+        how = "was %s (its parent reaped it)" % describe_end(end)
+        now_ns = min(now_ns, end.at_ns)
+    else:
+        how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
     if span is None or span is journal.root:
         root = journal.root
         after = (now_ns - root.start_ns) / 1e9 if root is not None else 0.0
@@ -277,11 +286,18 @@ def speaks_for_job(stall: Stall) -> bool:
     return stall.kind == "frozen" or isinstance(stall.learned, Learned)
 
 
-def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
+def death_record(
+    journal: Journal, oom: Optional[str], now_ns: int, by: str, end: Optional[ChildEnd] = None
+) -> dict[str, Any]:
     from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     no_stage = span is None or span is journal.root
+    evidence: dict[str, Any] = {"oom": oom} if oom else {}
+    if end is not None:
+        evidence.update({"signal": end.signal, "exit_code": end.exit_code, "reaped_by": end.parent_pid})
+        evidence = {key: value for key, value in evidence.items() if value is not None}
+        now_ns = min(now_ns, end.at_ns)
     start = journal.root.start_ns if no_stage and journal.root is not None else (span.start_ns if span else now_ns)
     return {
         "v": 1,
@@ -293,8 +309,9 @@ def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> 
         "limit_s": None,
         "open_s": round((now_ns - start) / 1e9, 3),
         "learned": None,
-        "evidence": {"oom": oom} if oom else {},
-        "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
+        "evidence": evidence,
+        "diagnosis": death_line(journal, oom, now_ns, end).replace("process %s " % journal.pid, "The process ", 1)
+        + ".",
         "by": by,
     }
 
@@ -413,7 +430,19 @@ class Watch:
             self.by,
             self.lines,
             self.say,
+            self.parent_end(journal),
         )
+
+    def parent_end(self, journal: Journal) -> Optional[ChildEnd]:
+        """How the process ended as a peer that reaped it journaled (its ``child exit`` event), or None."""
+        if self.peers is None:
+            return None
+        try:
+            peers = [peer for peer in self.peers() if peer is not journal]
+            return end_of(journal, child_ends(peers))
+        except Exception as e:  # noqa: BLE001 - the death is told without it
+            self.say("child exit events not read: %s: %s" % (type(e).__name__, e))
+            return None
 
     def close(self) -> None:
         self.tail.close()
@@ -441,15 +470,22 @@ def write_stall(
 
 
 def report_death(
-    path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines, say: Callable[[str], None]
+    path: str,
+    journal: Journal,
+    oom: Optional[str],
+    now_ns: int,
+    by: str,
+    lines: JobLines,
+    say: Callable[[str], None],
+    end: Optional[ChildEnd] = None,
 ) -> Optional[str]:
     """For a process gone without an exit record (nor an exec): the ``died`` record and its line."""
     if journal.exit is not None or journal.exec is not None or journal.root is None:
         return None
     if process_state(journal) == "exec'd":
         return None
-    text = death_line(journal, oom, now_ns)
-    why = append_record(path, death_record(journal, oom, now_ns, by))
+    text = death_line(journal, oom, now_ns, end)
+    why = append_record(path, death_record(journal, oom, now_ns, by, end))
     if why:
         say("stall record not written: %s" % why)
     lines.say(journal, text, alive=False)
