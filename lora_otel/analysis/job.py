@@ -7,7 +7,8 @@ processes without one (a launcher) first by start time, then each rank followed 
 children (a child without a rank of its own takes its parent's). Without ranks, by start time.
 
 Each process gets an *outcome*, by the same rules as ``lora-otel watch``'s exit status:
-``finished`` (an exit record, normal, code 0; or it exec'd another program), ``stopped`` (gone
+``finished`` (an exit record, normal, code 0; or it exec'd another program; or its parent reaped it
+with code 0), ``stopped`` (gone
 without an exit record, after another process of the job journaled stopping it: a
 ``multiprocessing.Pool`` shutting down terminates its workers), ``failed`` (an exit record with an exception or a
 non-zero code), ``killed`` (no exit record and the process is gone, or ``lora-otel run`` recorded a
@@ -19,9 +20,12 @@ A job's *callout* names the one process to look at, first match wins:
 1. the one *stuck*: a stalled running process, or a failed/killed one that was already past a
    stall limit when its journal ends; of several, the one stuck longest (it is usually the cause,
    the others wait for it in a collective);
-2. the one that went wrong first: of the failed/killed processes, the first to end (a launcher
-   last: its failure follows its children's). Within 5 s of the first end, one that failed (an exit
-   record) goes before those killed, and those of the same outcome ended "together";
+2. the one that went wrong first: of the failed/killed processes, the first to end — by its exit
+   record, or its traced parent's reap of it (``child exit``, `lora_otel.analysis.ends`), or, gone
+   without either, its last sign of life (a launcher last: its failure follows its children's). A
+   process that failed of its own error within `UNSURE_NS` after one gone without a word may have
+   been first and goes before it; those of the same outcome within 5 s ended "together". The later
+   failures are named after it, as consequences where they read as one (`consequence_of_first`);
 3. the slowest: of running processes that train, one at least 3 steps (and 10 %) behind the others;
 4. none (every process finished normally, or they all advance together).
 
@@ -395,7 +399,6 @@ def _mark_ended(procs: list[Proc]) -> None:
 
 CONSEQUENCE_PATTERNS = (
     ("lost peer", "a lost peer"),
-    ("peer", "a lost peer"),
     ("connectionreset", "a connection reset"),
     ("connection reset", "a connection reset"),
     ("connectionabort", "a connection lost"),
@@ -409,6 +412,7 @@ CONSEQUENCE_PATTERNS = (
     ("processexitedexception", "a child's failure"),
     ("brokenprocesspool", "a child's failure"),
     ("eoferror", "a connection lost"),
+    ("peer", "a lost peer"),
 )
 """Words of an error that follows another process's death (lowercased): a rank whose peer died
 loses its connection; a launcher reports its child's failure."""

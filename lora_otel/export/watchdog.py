@@ -319,6 +319,11 @@ def death_record(
 # --- following ------------------------------------------------------------------------------------
 
 
+PARENT_REAP_WAIT_S = 1.0
+"""How long the watchdog waits for a live traced parent to reap a child that died without a word,
+before it tells the death without the parent's ``child exit`` event."""
+
+
 class Watch:
     """The local watchdog for one journal. `poll` often; `ended` once its process is gone.
 
@@ -433,13 +438,22 @@ class Watch:
             self.parent_end(journal),
         )
 
-    def parent_end(self, journal: Journal) -> Optional[ChildEnd]:
-        """How the process ended as a peer that reaped it journaled (its ``child exit`` event), or None."""
-        if self.peers is None:
-            return None
+    def parent_end(self, journal: Journal, wait_s: float = PARENT_REAP_WAIT_S) -> Optional[ChildEnd]:
+        """How the process ended as its parent journaled it (a ``child exit`` event): a peer this
+        sidecar follows, or the parent's journal beside this one (a child started before its
+        parent became a job has a sidecar of its own). A parent still alive gets ``wait_s`` to reap
+        it (a dead child stays a zombie until then). None when no traced parent says."""
         try:
-            peers = [peer for peer in self.peers() if peer is not journal]
-            return end_of(journal, child_ends(peers))
+            deadline = time.monotonic() + wait_s
+            while True:
+                peers = [peer for peer in self.peers() if peer is not journal] if self.peers is not None else []
+                parent = parent_journal(journal)
+                end = end_of(journal, child_ends(peers + ([parent] if parent is not None else [])))
+                if end is not None or parent is None or time.monotonic() >= deadline:
+                    return end
+                if process_state(parent) != "running":
+                    return None
+                time.sleep(0.1)
         except Exception as e:  # noqa: BLE001 - the death is told without it
             self.say("child exit events not read: %s: %s" % (type(e).__name__, e))
             return None
@@ -467,6 +481,51 @@ def write_stall(
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
     say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
     return record
+
+
+PARENT_SCAN_MAX = 256
+"""At most this many journals beside a child's are opened to find its parent's (named after a
+``--log`` file, a parent's journal does not say its pid in its name)."""
+
+
+def parent_journal(journal: Journal) -> Optional[Journal]:
+    """The journal of the process's parent (``process.parent_pid``) beside its own, when it is one
+    the watchdog may read (`owned_file_reason`) and started before it; else None. Journals named
+    ``<time>-<ppid>.otel.jsonl`` are tried first, then the others by their first record's pid."""
+    import json
+
+    from lora_otel.journal.reader import JournalError, journal_paths, read_journal
+
+    root = journal.root
+    ppid = root.attrs.get("process.parent_pid") if root is not None else None
+    if root is None or not isinstance(ppid, int) or isinstance(ppid, bool) or ppid <= 1:
+        return None
+    own = os.path.abspath(journal.path)
+    suffix = "-%d.otel.jsonl" % ppid
+    try:
+        paths = [os.path.abspath(path) for path in journal_paths(os.path.dirname(own))]
+    except OSError:
+        return None
+    paths = [path for path in paths if path != own]
+    paths.sort(key=lambda path: (not path.endswith(suffix), path))
+    for path in paths[:PARENT_SCAN_MAX]:
+        if owned_file_reason(path):
+            continue
+        if not path.endswith(suffix):
+            try:
+                with open(path, "rb") as f:
+                    first = json.loads(f.readline(65536) or b"{}")
+            except (OSError, ValueError):
+                continue
+            if not isinstance(first, dict) or first.get("pid") != ppid:
+                continue
+        try:
+            parent = read_journal(path)
+        except JournalError:
+            continue
+        if parent.pid == ppid and parent.root is not None and parent.root.start_ns <= root.start_ns:
+            return parent
+    return None
 
 
 def report_death(

@@ -1,0 +1,147 @@
+"""The first failure of a job, named in every view (issue 21 item 3).
+
+A job of several processes leads with the one that went wrong first — ordered by when each ended
+(its exit record, or its traced parent's reap of it: the ``child exit`` event) or, gone without
+either, when it was last seen alive — and how it ended; the errors that follow it (a lost peer, a
+launcher reporting its children) are listed after it, as consequences.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from conftest import JournalBuilder
+from procs import PYTHON, clean_env, lora_otel_cli, wait_for
+
+from lora_otel.analysis.job import read_dir
+from lora_otel.journal.reader import read_journal
+
+# A parent starts A and B. B is SIGKILLed (as the OOM killer would); the parent reaps it, then tells
+# A, which fails with "lost peer B" as a rank whose peer died does; the parent exits 1.
+JOB = r"""
+import os, signal, subprocess, sys, time
+role = sys.argv[1]
+if role == "B":
+    import lora_otel
+    with lora_otel.stage("load"):  # (a stage makes it a job: watched, its death told)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+elif role == "A":
+    while not os.path.exists("b-gone"):
+        time.sleep(0.05)
+    raise RuntimeError("lost peer B")
+else:
+    a = subprocess.Popen([sys.executable, "job.py", "A", "--log", "a.log"])
+    b = subprocess.Popen([sys.executable, "job.py", "B", "--log", "b.log"])
+    print("pids", a.pid, b.pid, flush=True)
+    b.wait()
+    open("b-gone", "w").close()
+    a.wait()
+    sys.exit(1)
+"""
+
+
+def run_job(tmp_path: Path) -> tuple[int, int]:
+    """Run the job to its end, then wait for the watchdog's ``died`` record of B; A's and B's pids."""
+    (tmp_path / "job.py").write_text(JOB)
+    r = subprocess.run(
+        [PYTHON, "job.py", "parent", "--log", "parent.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    a, b = (int(x) for x in next(x for x in r.stdout.splitlines() if x.startswith("pids ")).split()[1:])
+    wait_for(
+        lambda: (tmp_path / "b.log.otel.jsonl").exists() and read_journal(tmp_path / "b.log.otel.jsonl").stalls,
+        timeout=60,
+        what="the watchdog's died record for B",
+    )
+    return a, b
+
+
+def first_failure_line(text: str, b: int) -> str:
+    found = [line for line in text.splitlines() if line.startswith(f"child (pid {b}) died first")]
+    assert found, text
+    return found[0]
+
+
+def test_killed_child_is_named_before_the_peer_that_lost_it(tmp_path: Path) -> None:
+    """B, SIGKILLed and reaped by its traced parent, is named first in ``inspect``, ``watch --once``,
+    the report and its death line, with how it ended (SIGKILL); A's error comes after it, as a
+    consequence; the parent's exit code 1 too."""
+    a, b = run_job(tmp_path)
+
+    inspect = lora_otel_cli("inspect", str(tmp_path))
+    line = first_failure_line(inspect.stdout, b)
+    assert line.startswith(f"child (pid {b}) died first: killed by SIGKILL"), line
+    assert f"then, as consequences: child (pid {a}) failed: uncaught RuntimeError: lost peer B" in line, line
+    assert "launcher (pid " in line and "failed with exit code 1 (a launcher reporting its children)" in line
+    heading = inspect.stdout.splitlines()[0]
+    assert "killed by SIGKILL" in heading and "lost peer" not in heading, heading
+    assert re.search(rf"child +pid {b} +gone .*killed by SIGKILL .*\(its parent reaped it\)", inspect.stdout)
+    assert "STALLED: died in load" in inspect.stdout and "The process was killed by SIGKILL" in inspect.stdout
+
+    watch = lora_otel_cli("watch", "--once", str(tmp_path))
+    assert first_failure_line(watch.stdout, b) == line
+
+    report = lora_otel_cli("report", str(tmp_path), "-o", str(tmp_path / "report.html"))
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert f"child (pid {b}) died first: killed by SIGKILL" in html
+    assert "lost peer B (exit code 1) (a lost peer)" in html
+
+    death = wait_for(
+        lambda: [x for x in (tmp_path / "b.log").read_text().splitlines() if "was killed" in x],
+        timeout=30,
+        what="B's death line in b.log",
+    )[0]
+    assert f"process {b} was killed by SIGKILL (its parent reaped it) in load after" in death, death
+
+
+def gone_process(directory: Path, name: str, number: int, parent: str | None) -> JournalBuilder:
+    j = JournalBuilder(directory / name)
+    j._last_id = number << 16
+    j.process(0.0, parent_id=parent, attrs={"service.name": name})
+    return j
+
+
+def test_gone_without_a_word_is_ordered_by_when_last_seen_alive(tmp_path: Path) -> None:
+    """Without a traced parent's reap, a process gone without an exit record is placed by its last
+    sign of life: last seen at 1 s, it went before a peer that failed with a lost connection at 4 s."""
+    launcher = gone_process(tmp_path, "launcher.otel.jsonl", 1, None)
+    spawn = launcher.start("train", 0.1)
+    a = gone_process(tmp_path, "a.otel.jsonl", 2, spawn)
+    b = gone_process(tmp_path, "b.otel.jsonl", 3, spawn)
+    b.beat(1.0)
+    a.beat(3.9)
+    a.end(a.root_id, 4.0, "error", "uncaught ConnectionResetError: peer closed")
+    a.exit(4.0, code=1, how="exception", message="uncaught ConnectionResetError: peer closed")
+    launcher.end(spawn, 4.5, "error")
+    launcher.exit(4.6, code=1)
+    jobs, _ = read_dir(str(tmp_path), a.ns(10))
+    [job] = jobs
+    assert job.callout is not None and job.callout.proc.journal.path.endswith("b.otel.jsonl"), job.callout
+    assert job.callout.text.startswith("child (pid "), job.callout.text
+    assert "died first: killed (no exit record)" in job.callout.text
+    assert "ConnectionResetError: peer closed (exit code 1) (a connection reset)" in job.callout.text
+
+
+def test_a_failure_right_after_an_unsure_death_may_be_first(tmp_path: Path) -> None:
+    """A process gone without a word died some time after it was last seen alive: a peer that failed
+    of its own error (not a lost peer) within that time is named first."""
+    launcher = gone_process(tmp_path, "launcher.otel.jsonl", 1, None)
+    spawn = launcher.start("train", 0.1)
+    a = gone_process(tmp_path, "a.otel.jsonl", 2, spawn)
+    b = gone_process(tmp_path, "b.otel.jsonl", 3, spawn)
+    b.beat(1.0)
+    a.end(a.root_id, 1.5, "error", "uncaught ValueError: bad shape")
+    a.exit(1.5, code=1, how="exception", message="uncaught ValueError: bad shape")
+    jobs, _ = read_dir(str(tmp_path), a.ns(10))
+    [job] = jobs
+    assert job.callout is not None and job.callout.proc.journal.path.endswith("a.otel.jsonl"), job.callout.text
+    assert "failed first: uncaught ValueError: bad shape" in job.callout.text
