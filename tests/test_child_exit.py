@@ -81,9 +81,11 @@ def exit0(): os._exit(0)
 out = {}
 a = child(exit3); pid, st = os.waitpid(a, 0); out["waitpid"] = [pid == a, os.waitstatus_to_exitcode(st)]
 b = child(kill9); pid, st = os.wait(); out["wait"] = [pid == b, os.waitstatus_to_exitcode(st)]
-c = child(term); pid, st, ru = os.wait3(0); out["wait3"] = [pid == c, os.waitstatus_to_exitcode(st), hasattr(ru, "ru_utime")]
+c = child(term); pid, st, ru = os.wait3(0)
+out["wait3"] = [pid == c, os.waitstatus_to_exitcode(st), hasattr(ru, "ru_utime")]
 d = child(segv); pid, st, ru = os.wait4(d, 0); out["wait4"] = [pid == d, os.waitstatus_to_exitcode(st)]
-e = child(exit0); info = os.waitid(os.P_PID, e, os.WEXITED); out["waitid"] = [info.si_pid == e, info.si_status, info.si_code == os.CLD_EXITED]
+e = child(exit0); info = os.waitid(os.P_PID, e, os.WEXITED)
+out["waitid"] = [info.si_pid == e, info.si_status, info.si_code == os.CLD_EXITED]
 print("result", json.dumps(out))
 print("pids", a, b, c, d, e)
 """,

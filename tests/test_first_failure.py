@@ -8,8 +8,10 @@ launcher reporting its children) are listed after it, as consequences.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from conftest import JournalBuilder
@@ -145,3 +147,73 @@ def test_a_failure_right_after_an_unsure_death_may_be_first(tmp_path: Path) -> N
     [job] = jobs
     assert job.callout is not None and job.callout.proc.journal.path.endswith("a.otel.jsonl"), job.callout.text
     assert "failed first: uncaught ValueError: bad shape" in job.callout.text
+
+
+class TestStallJudgedAgain:
+    """A stall record is frozen when written; the job's verdict is judged again from the peers'
+    later evidence."""
+
+    def two_ranks(self, tmp_path: Path, rank1_alive: bool) -> tuple[JournalBuilder, JournalBuilder]:
+        """Rank 0 waits in an all_reduce (its stall record says so); rank 1 is in training too."""
+        t0 = time.time_ns() - 400 * 10**9
+        ranks = []
+        for rank in (0, 1):
+            j = JournalBuilder(tmp_path / f"rank{rank}.otel.jsonl", t0=t0)
+            j._last_id = (rank + 1) << 16
+            j.process(
+                0.0,
+                alive=rank == 0 or rank1_alive,
+                attrs={"service.name": "train", "rank": rank, "local_rank": rank, "world_size": 2},
+            )
+            ranks.append(j)
+        rank0, rank1 = ranks
+        training = rank0.start("training", 1.0)
+        rank0.beat(100.0, steps=10, last_step_t=99.0)
+        rank0.beat(399.0, steps=10, last_step_t=99.0)
+        record = {
+            "v": 1,
+            "k": "stall",
+            "ts": rank0.ns(200.0),
+            "span_id": training,
+            "stage": "training",
+            "kind": "alive",
+            "limit_s": 60.0,
+            "open_s": 199.0,
+            "learned": None,
+            "evidence": {},
+            "diagnosis": (
+                "Waiting inside a collective (all_reduce, called at train.py:17 in <module>); rank 1 is in training."
+            ),
+            "by": "watchdog",
+        }
+        rank0.raw(json.dumps(record).encode() + b"\n")
+        rank1.start("training", 1.0)
+        rank1.beat(99.5, steps=10, last_step_t=99.0)
+        return rank0, rank1
+
+    def test_a_peer_dead_since_is_blamed_not_the_waiting_rank(self, tmp_path: Path) -> None:
+        """Rank 0's record says it waits in a collective; rank 1 is found gone later: the job's
+        callout names rank 1, and rank 0 as waiting for it."""
+        rank0, rank1 = self.two_ranks(tmp_path, rank1_alive=False)
+        jobs, _ = read_dir(str(tmp_path), time.time_ns())
+        [job] = jobs
+        assert job.callout is not None, job.phrase
+        assert job.callout.proc.rank == 1, job.callout.text
+        assert job.callout.text.startswith(f"rank 1 (pid {rank1.read().pid}) died first: killed (no exit record)")
+        assert f"; rank 0 (pid {rank0.read().pid}) waits for it in a collective (in training" in job.callout.text
+        assert job.outcome == "killed"
+
+    def test_a_peer_stuck_elsewhere_is_blamed_though_stuck_later(self, tmp_path: Path, monkeypatch) -> None:
+        """Rank 0 waits in a collective since 100 s; rank 1, stuck in a stage of its own since 150 s
+        (it never reached the collective), is the one the job's callout names."""
+        for name in ("LORA_OTEL_STALL_AFTER", "LORA_OTEL_FROZEN_AFTER"):
+            monkeypatch.delenv(name, raising=False)
+        _, rank1 = self.two_ranks(tmp_path, rank1_alive=True)
+        rank1.start("import datasets", 150.0, attrs={"lora_otel.module": "datasets"})
+        rank1.beat(399.0, steps=10, last_step_t=99.0)
+        jobs, _ = read_dir(str(tmp_path), time.time_ns())
+        [job] = jobs
+        assert job.callout is not None and job.callout.kind == "stuck", job.phrase
+        assert job.callout.proc.rank == 1, job.callout.text
+        assert job.callout.text.startswith(f"rank 1 (pid {rank1.read().pid}) is the one stuck: in import datasets")
+        assert "; rank 0 (pid " in job.callout.text and "waits for it in a collective" in job.callout.text

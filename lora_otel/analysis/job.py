@@ -531,13 +531,29 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
             or (proc.stall.kind == "between" and not proc.children)
         )
     ]
+    bad = [proc for proc in procs if proc.outcome in ("failed", "killed")]
+    # A stall written while its peers' evidence was not in yet is judged again here: a process
+    # waiting in a collective waits for its peers; a peer stuck elsewhere, or one that failed or
+    # died, is the one to blame.
+    waiting = [proc for proc in stuck if waits_for_peers(proc)]
+    blamed = [proc for proc in stuck if proc not in waiting]
+    if waiting and not blamed and any(proc not in waiting for proc in bad):
+        culprits = [proc for proc in bad if proc not in waiting]
+        proc, together = _first_failure(culprits, order)
+        if proc.outcome == "failed":
+            text = f"{proc.who} failed first{_failure(proc)}"
+        else:
+            text = f"{proc.who} died first: {_killed_phrase(proc)}"
+        return Callout(proc.outcome, proc, text + _waiting_for(waiting))
     if stuck:
-        proc = min(stuck, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
+        candidates = blamed or stuck
+        proc = min(candidates, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
         text = f"{proc.who} is the one stuck: {_stuck_phrase(proc)}"
         if proc.outcome != "stalled":
             text += f", then {_end_phrase(proc)}"
+        if blamed and waiting:
+            text += _waiting_for(waiting)
         return Callout("stuck", proc, text)
-    bad = [proc for proc in procs if proc.outcome in ("failed", "killed")]
     if bad:
         proc, together = _first_failure(bad, order)
         who = proc.who if not together else f"{proc.who} and {together} other{'s' if together > 1 else ''}"
@@ -564,6 +580,31 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
             word = "the other is" if len(others) == 1 else "the others are"
             return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} while {word} at {at}")
     return None
+
+
+COLLECTIVE_WAIT = "Waiting inside a collective"
+"""How the diagnosis of a process waiting in a torch.distributed collective begins (diagnose.py's
+``collective`` rule): it waits for its peers."""
+
+
+def waits_for_peers(proc: Proc) -> bool:
+    """Whether ``proc``'s stall is a wait for its peers: its stall record says it waits inside a
+    collective (the record is frozen when written; the peers' later evidence decides the blame)."""
+    if proc.stall is None:
+        return False
+    diagnosis = proc.stall.reason if isinstance(proc.stall.reason, str) else ""
+    records = [record for record in proc.journal.stalls if record.get("kind") != "died"]
+    if records and isinstance(records[-1].get("diagnosis"), str):
+        diagnosis = records[-1]["diagnosis"]
+    return diagnosis.startswith(COLLECTIVE_WAIT)
+
+
+def _waiting_for(waiting: list[Proc]) -> str:
+    """``; rank 0 (pid 4242) waits for it in a collective (in all_reduce for 300 s)``."""
+    parts = [f"{proc.who} waits for it in a collective ({_stuck_phrase(proc)})" for proc in waiting[:MAX_AFTER]]
+    if len(waiting) > MAX_AFTER:
+        parts.append(f"{len(waiting) - MAX_AFTER} more wait for it")
+    return "; " + "; ".join(parts)
 
 
 def _first_failure(bad: list[Proc], order: dict[int, int]) -> tuple[Proc, int]:
