@@ -246,3 +246,24 @@ print("pids", a, b)
         assert describe_end(ends[b]) == "exited with code 3"
         assert describe_end(ChildEnd(1, 2, 0, None, "SIGKILL", False, True)) == "killed by the OOM killer (SIGKILL)"
         assert describe_end(ChildEnd(1, 2, 0, None, "SIGSEGV", True, False)) == "killed by SIGSEGV (core dumped)"
+
+    def test_oom_killer_is_told_from_the_cgroup_count(self, tmp_path: Path) -> None:
+        """A SIGKILL reaped while the memory cgroup's ``oom_kill`` count rose above the one the
+        parent journaled when it became a job (or at its previous SIGKILLed reap) reads as the OOM
+        killer's; one with the count unchanged stays a plain SIGKILL."""
+        from conftest import JournalBuilder
+
+        j = JournalBuilder(tmp_path / "parent.otel.jsonl")
+        root = j.process(0.0)
+        j.record("attrs", 0.5, span_id=root, attrs={"lora_otel.cgroup.oom_kills": 2})
+        for t, pid, kills in ((1.0, 101, 3), (2.0, 102, 3)):
+            j.event(
+                root,
+                t,
+                CHILD_EXIT,
+                {"child.pid": pid, "child.signal": "SIGKILL", "child.core_dumped": False, "child.oom_kills": kills},
+            )
+        ends = child_ends([j.read()])
+        assert ends[101].oom_killed is True
+        assert describe_end(ends[101]) == "killed by the OOM killer (SIGKILL)"
+        assert ends[102].oom_killed is None and describe_end(ends[102]) == "killed by SIGKILL"

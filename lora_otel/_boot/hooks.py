@@ -719,12 +719,20 @@ def _journal_waitid(result: object) -> None:
     core.span_event(core.root_id, CHILD_EXIT, attrs)
 
 
+_memory_cgroup: tuple[int, str | None] | None = None
+"""(pid, this process's memory cgroup) found at the first SIGKILLed child's reap, for the next ones."""
+
+
 def _add_oom_kills(attrs: dict[str, object]) -> None:
-    """``child.oom_kills``: this process's memory cgroup's ``oom_kill`` count now (two small reads,
-    made only for a child killed by SIGKILL)."""
+    """``child.oom_kills``: this process's memory cgroup's ``oom_kill`` count now (one small read,
+    and a few more the first time: made only for a child killed by SIGKILL)."""
+    global _memory_cgroup
     from lora_otel._boot import cgroup
 
-    kills = cgroup.oom_kill_count(cgroup.memory_cgroup())
+    pid = os.getpid()
+    if _memory_cgroup is None or _memory_cgroup[0] != pid:
+        _memory_cgroup = (pid, cgroup.memory_cgroup())
+    kills = cgroup.oom_kill_count(_memory_cgroup[1])
     if kills is not None:
         attrs["child.oom_kills"] = kills
 
@@ -747,9 +755,9 @@ def _reaping(orig: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         result = orig(*args, **kwargs)
-        with core.fail_open(where):
-            # (pid, status) from wait/waitpid, (pid, status, rusage) from wait3/wait4; pid 0: none ready
-            if result[0] and core.active:
+        # (pid, status) from wait/waitpid, (pid, status, rusage) from wait3/wait4; pid 0: none ready
+        if result[0]:
+            with core.fail_open(where):
                 _journal_reaped(result[0], result[1])
         return result
 
