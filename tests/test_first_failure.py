@@ -217,3 +217,56 @@ class TestStallJudgedAgain:
         assert job.callout.proc.rank == 1, job.callout.text
         assert job.callout.text.startswith(f"rank 1 (pid {rank1.read().pid}) is the one stuck: in import datasets")
         assert "; rank 0 (pid " in job.callout.text and "waits for it in a collective" in job.callout.text
+
+
+# The launcher's reaction to a death: it stops the other child with SIGTERM.
+STOPS_THE_REST = r"""
+import os, signal, subprocess, sys, time
+role = sys.argv[1]
+if role in ("A", "B"):
+    import lora_otel
+    with lora_otel.stage("load" if role == "B" else "wait for peer"):
+        open(role + ".ready", "w").close()
+        if role == "B":
+            while not os.path.exists("A.ready"):
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(120)
+else:
+    a = subprocess.Popen([sys.executable, "job.py", "A", "--log", "a.log"])
+    b = subprocess.Popen([sys.executable, "job.py", "B", "--log", "b.log"])
+    print("pids", a.pid, b.pid, flush=True)
+    b.wait()
+    a.terminate()
+    a.wait()
+    sys.exit(1)
+"""
+
+
+def test_death_line_of_a_consequence_names_the_first_failure(tmp_path: Path) -> None:
+    """B is SIGKILLed; the launcher then stops A with SIGTERM: A's death line says it was killed by
+    SIGTERM and, before it, that B died first, killed by SIGKILL."""
+    (tmp_path / "job.py").write_text(STOPS_THE_REST)
+    r = subprocess.run(
+        [PYTHON, "job.py", "parent", "--log", "parent.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    a, b = (int(x) for x in next(x for x in r.stdout.splitlines() if x.startswith("pids ")).split()[1:])
+    death = wait_for(
+        lambda: (
+            (tmp_path / "a.log").exists()
+            and [x for x in (tmp_path / "a.log").read_text().splitlines() if "was killed" in x]
+        ),
+        timeout=60,
+        what="A's death line in a.log",
+    )[0]
+    assert f"process {a} was killed by SIGTERM (its parent reaped it) in wait for peer after" in death, death
+    assert f"; before it, child (pid {b}) died first: killed by SIGKILL in load after" in death, death
+    inspect = lora_otel_cli("inspect", str(tmp_path))
+    line = first_failure_line(inspect.stdout, b)
+    assert f"then, as consequences: child (pid {a}) died: killed by SIGTERM (stopped with SIGTERM)" in line, line

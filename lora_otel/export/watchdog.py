@@ -436,7 +436,35 @@ class Watch:
             self.lines,
             self.say,
             self.parent_end(journal),
+            self.first_failure,
         )
+
+    def first_failure(self, journal: Journal, now_ns: int) -> Optional[str]:
+        """When another process of the job failed first (its callout, `lora_otel.analysis.job`),
+        that callout without the failures after it (``child (pid 12) died first: killed by
+        SIGKILL in load after 1 s``); None when this one was first or alone. The job's journals:
+        those this sidecar follows and those beside this one with its trace id."""
+        try:
+            from lora_otel.analysis.job import group_jobs, make_proc
+
+            followed = [peer for peer in self.peers() if peer is not journal] if self.peers is not None else []
+            known = {os.path.abspath(peer.path) for peer in followed}
+            beside = [peer for peer in job_journals(journal) if os.path.abspath(peer.path) not in known]
+            members = [journal, *followed, *beside]
+            if len(members) < 2:
+                return None
+            procs = [make_proc(member, process_state(member), now_ns) for member in members if member.spans]
+            for job in group_jobs(procs):
+                callout = job.callout
+                if not any(proc.journal is journal for proc in job.procs) or callout is None:
+                    continue
+                if callout.proc.journal is journal or callout.kind not in ("failed", "killed"):
+                    return None
+                return callout.text.split("; then", 1)[0]
+            return None
+        except Exception as e:  # noqa: BLE001 - the death is told without it
+            self.say("the job's first failure not read: %s: %s" % (type(e).__name__, e))
+            return None
 
     def parent_end(self, journal: Journal, wait_s: float = PARENT_REAP_WAIT_S) -> Optional[ChildEnd]:
         """How the process ended as its parent journaled it (a ``child exit`` event): a peer this
@@ -488,6 +516,35 @@ PARENT_SCAN_MAX = 256
 ``--log`` file, a parent's journal does not say its pid in its name)."""
 
 
+def job_journals(journal: Journal) -> list[Journal]:
+    """The journals beside ``journal`` of the same trace (its job), that the watchdog may read
+    (`owned_file_reason`); at most `PARENT_SCAN_MAX` files are looked at, by their first record."""
+    import json
+
+    from lora_otel.journal.reader import JournalError, journal_paths, read_journal
+
+    root = journal.root
+    if root is None:
+        return []
+    own = os.path.abspath(journal.path)
+    try:
+        paths = [os.path.abspath(path) for path in journal_paths(os.path.dirname(own))]
+    except OSError:
+        return []
+    out = []
+    for path in [path for path in paths if path != own][:PARENT_SCAN_MAX]:
+        if owned_file_reason(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                first = json.loads(f.readline(65536) or b"{}")
+            if isinstance(first, dict) and first.get("trace_id") == root.trace_id:
+                out.append(read_journal(path))
+        except (OSError, ValueError, JournalError):
+            continue
+    return out
+
+
 def parent_journal(journal: Journal) -> Optional[Journal]:
     """The journal of the process's parent (``process.parent_pid``) beside its own, when it is one
     the watchdog may read (`owned_file_reason`) and started before it; else None. Journals named
@@ -537,6 +594,7 @@ def report_death(
     lines: JobLines,
     say: Callable[[str], None],
     end: Optional[ChildEnd] = None,
+    first_failure: Optional[Callable[[Journal, int], Optional[str]]] = None,
 ) -> Optional[str]:
     """For a process gone without an exit record (nor an exec): the ``died`` record and its line."""
     if journal.exit is not None or journal.exec is not None or journal.root is None:
@@ -547,5 +605,8 @@ def report_death(
     why = append_record(path, death_record(journal, oom, now_ns, by, end))
     if why:
         say("stall record not written: %s" % why)
+    first = first_failure(journal, now_ns) if first_failure is not None else None
+    if first:
+        text += "; before it, %s" % first  # the job's first failure: this death may be its consequence
     lines.say(journal, text, alive=False)
     return text
