@@ -170,8 +170,11 @@ class TestOneJob:
             ["4bf92f35  torchrun  failed: torch.OutOfMemoryError: CUDA out of memory (exit code 1, rank 1)"],
         )
         lines = inspect(capsys, str(tmp_path))[1]
+        pid = rank1.read().pid
         assert [line for line in lines if " failed first" in line] == [
-            f"rank 1 (pid {rank1.read().pid}) failed first: torch.OutOfMemoryError: CUDA out of memory (exit code 1)"
+            f"rank 1 (pid {pid}) failed first: torch.OutOfMemoryError: CUDA out of memory (exit code 1); "
+            f"then: rank 0 (pid {pid}) died: killed (no exit record); launcher (pid {pid}) failed: "
+            "ChildFailedError: train.py FAILED (exit code 1) (a launcher reporting its children)"
         ]
 
     def test_killed_together(self, capsys, tmp_path):

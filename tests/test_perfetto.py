@@ -493,7 +493,8 @@ class TestTwoRanksOneNeverArrives:
         }
         assert last_steps == {"rank 0": 39, "rank 1": 40}
         assert not of(doc, pids["launcher"], "C")  # torchrun makes no step: no flat line at 0
-        assert "rank 0" in doc["otherData"]["jobs"][0]["summary"], doc["otherData"]["jobs"]  # the one to look at
+        # the one to look at: rank 1, which never arrived (rank 0 waits for it in the collective)
+        assert "rank 1" in doc["otherData"]["jobs"][0]["summary"], doc["otherData"]["jobs"]
 
     def test_opens_in_the_perfetto_ui(self, gloo_job: list[Journal], tmp_path: Path) -> None:
         """The real Perfetto UI, offline, imports the file without an error: its trace processor

@@ -231,7 +231,8 @@ def test_import_hang(tmp_path: Path, browser, artifacts: Path) -> None:
 def test_two_ranks_rank_1_never_arrives(tmp_path: Path, browser, artifacts: Path) -> None:
     """torchrun, 2 gloo ranks, no collector (the local watchdog): rank 1 skips an all_reduce, rank 0
     waits in it. Reported while it hangs: launcher, rank 0, rank 1 in that order; rank 0's training
-    stalled with the diagnosis naming rank 1; its stack in all_reduce; both ranks' steps plotted."""
+    stalled with the diagnosis naming rank 1; its stack in all_reduce; both ranks' steps plotted; the
+    callout blames rank 1 (stuck too, elsewhere), rank 0 waiting for it in the collective."""
     pytest.importorskip("torch.distributed")
     (tmp_path / "train.py").write_text(TRAIN)
     where = tmp_path / "journals"
@@ -253,6 +254,8 @@ def test_two_ranks_rank_1_never_arrives(tmp_path: Path, browser, artifacts: Path
             return any("rank 1 never arrived" in str(s.get("diagnosis")) for s in stalls)
 
         wait_for(rank0_stalled, what="rank 0's stall record naming rank 1", timeout=90)
+        # rank 1, past its own step limit too, is the one the job's callout blames
+        wait_for(lambda: _ranks(where)[1].stalls, what="rank 1's stall record", timeout=90)
         ranks = _ranks(where)
         out = tmp_path / "job.html"
         text = write_report(tmp_path, "journals", out)
@@ -268,10 +271,12 @@ def test_two_ranks_rank_1_never_arrives(tmp_path: Path, browser, artifacts: Path
         lanes = opened.lanes()
         assert [lane.split(" · ")[0] for lane in lanes] == ["▾ launcher", "▾ rank 0", "▾ rank 1"], lanes
         assert lanes[1].startswith(f"▾ rank 0 · pid {ranks[0].pid} · ")
-        assert opened.page.locator(".callout").inner_text().startswith(f"rank 0 (pid {ranks[0].pid}) is the one stuck")
+        callout = opened.page.locator(".callout").inner_text()
+        assert callout.startswith(f"rank 1 (pid {ranks[1].pid}) is the one stuck"), callout
+        assert f"; rank 0 (pid {ranks[0].pid}) waits for it in a collective" in callout, callout
         assert_stalled_bar(opened, "training", "rank 1 never arrived")
-        verdict = opened.page.locator(".verdict").inner_text()
-        assert "Waiting inside a collective (all_reduce" in verdict and "rank 1 never arrived" in verdict
+        verdict = opened.page.locator(".verdict").inner_text()  # the called-out rank 1's: where it is
+        assert "STALLED: training: no optimizer step" in verdict and "train.py:" in verdict, verdict
         details = click_shows(opened, "training", 3)
         assert "rank 0 (pid" in details and "rank 1 never arrived" in details
         stack = opened.page.locator(".details pre.stacks").first.inner_text().splitlines()

@@ -13,6 +13,10 @@
 - **frameworks**: when ``transformers.trainer``, ``lightning.pytorch``/``pytorch_lightning`` or
   ``accelerate`` finishes loading (also lazily, through ``importlib``), the matching module of
   :mod:`lora_otel.integrations` instruments it (a ``sys.meta_path`` entry sees the load).
+- **children's ends**: ``os.wait``/``waitpid``/``wait3``/``wait4``/``waitid`` (so ``subprocess`` and
+  multiprocessing, which reap with them) journal each child they reap as a ``child exit`` event
+  on the root span: its pid, exit code or signal, core dump. A child killed without a word (SIGKILL,
+  the OOM killer) so still has its end said, by its parent.
 - **child processes**: ``subprocess`` and multiprocessing's spawn hand a child started inside a
   span a ``TRACEPARENT`` naming that span, so its ``process`` span hangs under the stage, import
   or ``training`` that started it (forked children already do).
@@ -244,6 +248,7 @@ def install_import_hook() -> None:
     if builtins.__import__ is not traced_import:
         builtins.__import__ = traced_import
     install_os_system_hook()
+    install_wait_hooks()
     if _integration_finder not in sys.meta_path:
         sys.meta_path.insert(0, _integration_finder)
     _after_import()
@@ -433,6 +438,21 @@ def install_subprocess_hook(subprocess: ModuleType) -> None:
 
     _execute_child._lora_otel = True  # type: ignore[attr-defined]
     popen._execute_child = _execute_child
+    _reap_through_hook(subprocess, popen)
+
+
+def _reap_through_hook(subprocess: ModuleType, popen: Any) -> None:
+    """``subprocess`` loaded before the wait hooks (``import lora_otel.auto`` late) took the plain
+    ``os.waitpid`` for ``Popen.poll``: give it the hooked one."""
+    hooked = os.waitpid
+    plain = getattr(hooked, "__wrapped__", None)
+    if plain is None or getattr(subprocess, "_waitpid", None) is not plain:
+        return
+    subprocess._waitpid = hooked  # type: ignore[attr-defined]  # subprocess's own module global
+    poll = getattr(popen, "_internal_poll", None)
+    defaults = getattr(poll, "__defaults__", None)
+    if type(defaults) is tuple and plain in defaults:
+        poll.__defaults__ = tuple(hooked if value is plain else value for value in defaults)  # type: ignore[union-attr]
 
 
 preexec_fork = 0
@@ -586,6 +606,187 @@ def _journal_stop(orig: Callable[[Any], _R], signal_name: str) -> Callable[[Any]
     stop._lora_otel = True  # type: ignore[attr-defined]
     stop.__wrapped__ = orig  # type: ignore[attr-defined]
     return stop
+
+
+# --- children's ends ------------------------------------------------------------------------
+
+CHILD_EXIT = "child exit"
+"""The root span event a process writes for each child it reaps (``os.wait*``, hence ``subprocess``
+and multiprocessing): ``child.pid``, ``child.exit_code`` (it exited) or ``child.signal`` (a name
+such as ``SIGKILL``: it was killed), ``child.core_dumped``; and, for a SIGKILL, ``child.oom_kills``:
+the ``oom_kill`` count of this process's memory cgroup just after (`lora_otel.analysis.ends`
+compares it with the count before)."""
+
+# Linux's numbers (x86, arm, powerpc, s390: all but alpha, mips and sparc). The `signal` module is
+# not imported for this: it costs 4 ms (enum) and a process that reaps a child may not have it.
+_SIGNAL_NAMES = (
+    "",
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGILL",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGFPE",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGSEGV",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGCHLD",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGWINCH",
+    "SIGIO",
+    "SIGPWR",
+    "SIGSYS",
+)
+_LINUX_NUMBERS = sys.platform.startswith("linux") and os.uname().machine.startswith(
+    ("x86", "i686", "i386", "aarch64", "arm", "ppc", "s390", "riscv")
+)
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9: the name of a signal number (``SIGRTMIN+2``, or ``signal 77`` when unknown)."""
+    signal = _modules.get("signal")
+    if signal is not None:
+        try:
+            name = signal.Signals(number).name
+            if type(name) is str:
+                return name
+        except (ValueError, AttributeError):
+            pass
+        rtmin = getattr(signal, "SIGRTMIN", None)
+        if type(rtmin) is int and rtmin <= number <= getattr(signal, "SIGRTMAX", rtmin):
+            return "SIGRTMIN+%d" % (number - rtmin)
+    if _LINUX_NUMBERS and 0 < number < len(_SIGNAL_NAMES):
+        return _SIGNAL_NAMES[number]
+    return "signal %d" % number
+
+
+def _journal_reaped(pid: int, status: int) -> None:
+    """The ``child exit`` event for a child reaped with wait status ``status`` (nothing for a
+    stopped or continued child, or none reaped)."""
+    if pid <= 0 or not core.active:
+        return
+    if os.WIFEXITED(status):
+        attrs: dict[str, object] = {
+            "child.pid": pid,
+            "child.exit_code": os.WEXITSTATUS(status),
+            "child.core_dumped": False,
+        }
+    elif os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        attrs = {"child.pid": pid, "child.signal": signal_name(number), "child.core_dumped": os.WCOREDUMP(status)}
+        if number == 9:
+            _add_oom_kills(attrs)
+    else:
+        return
+    core.span_event(core.root_id, CHILD_EXIT, attrs)
+
+
+def _journal_waitid(result: object) -> None:
+    """The ``child exit`` event from ``os.waitid``'s ``siginfo`` result (None: none ready)."""
+    if result is None or not core.active:
+        return
+    code, pid, value = getattr(result, "si_code", None), getattr(result, "si_pid", 0), getattr(result, "si_status", 0)
+    if type(pid) is not int or type(value) is not int or pid <= 0:
+        return
+    if code == getattr(os, "CLD_EXITED", 1):
+        attrs: dict[str, object] = {"child.pid": pid, "child.exit_code": value, "child.core_dumped": False}
+    elif code in (getattr(os, "CLD_KILLED", 2), getattr(os, "CLD_DUMPED", 3)):
+        attrs = {
+            "child.pid": pid,
+            "child.signal": signal_name(value),
+            "child.core_dumped": code == getattr(os, "CLD_DUMPED", 3),
+        }
+        if value == 9:
+            _add_oom_kills(attrs)
+    else:
+        return
+    core.span_event(core.root_id, CHILD_EXIT, attrs)
+
+
+_memory_cgroup: tuple[int, str | None] | None = None
+"""(pid, this process's memory cgroup) found at the first SIGKILLed child's reap, for the next ones."""
+
+
+def _add_oom_kills(attrs: dict[str, object]) -> None:
+    """``child.oom_kills``: this process's memory cgroup's ``oom_kill`` count now (one small read,
+    and a few more the first time: made only for a child killed by SIGKILL)."""
+    global _memory_cgroup
+    from lora_otel._boot import cgroup
+
+    pid = os.getpid()
+    if _memory_cgroup is None or _memory_cgroup[0] != pid:
+        _memory_cgroup = (pid, cgroup.memory_cgroup())
+    kills = cgroup.oom_kill_count(_memory_cgroup[1])
+    if kills is not None:
+        attrs["child.oom_kills"] = kills
+
+
+def install_wait_hooks() -> None:
+    """Wrap ``os.wait``, ``waitpid``, ``wait3``, ``wait4`` and ``waitid``: each journals the child it
+    reaped (`CHILD_EXIT`), then returns (or raises) exactly what the call did. Installed with the
+    import hook, before ``subprocess`` (which takes ``os.waitpid`` when it loads) can be imported."""
+    for name in ("wait", "waitpid", "wait3", "wait4"):
+        orig = getattr(os, name, None)
+        if orig is not None and not getattr(orig, "_lora_otel", False):
+            setattr(os, name, _reaping(orig, name))
+    orig_waitid = getattr(os, "waitid", None)
+    if orig_waitid is not None and not getattr(orig_waitid, "_lora_otel", False):
+        os.waitid = _reaping_waitid(orig_waitid)
+
+
+def _reaping(orig: Callable[..., Any], name: str) -> Callable[..., Any]:
+    where = "os.%s hook" % name
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = orig(*args, **kwargs)
+        # (pid, status) from wait/waitpid, (pid, status, rusage) from wait3/wait4; pid 0: none ready
+        if result[0]:
+            with core.fail_open(where):
+                _journal_reaped(result[0], result[1])
+        return result
+
+    call._lora_otel = True  # type: ignore[attr-defined]
+    call.__wrapped__ = orig  # type: ignore[attr-defined]
+    call.__name__ = orig.__name__
+    call.__qualname__ = orig.__name__
+    call.__doc__ = orig.__doc__
+    return call
+
+
+def _reaping_waitid(orig: Callable[..., Any]) -> Callable[..., Any]:
+    nowait = getattr(os, "WNOWAIT", 0x01000000)
+
+    def waitid(*args: Any, **kwargs: Any) -> Any:
+        result = orig(*args, **kwargs)
+        if result is not None:
+            with core.fail_open("os.waitid hook"):
+                options = args[2] if len(args) > 2 else kwargs.get("options", 0)
+                if type(options) is int and not options & nowait:  # WNOWAIT: still to be reaped
+                    _journal_waitid(result)
+        return result
+
+    waitid._lora_otel = True  # type: ignore[attr-defined]
+    waitid.__wrapped__ = orig  # type: ignore[attr-defined]
+    waitid.__name__ = orig.__name__
+    waitid.__qualname__ = orig.__name__
+    waitid.__doc__ = orig.__doc__
+    return waitid
 
 
 def install_os_system_hook() -> None:

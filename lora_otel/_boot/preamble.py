@@ -486,7 +486,7 @@ def promote(reason: str) -> None:
         with core.fail_open("live export"):
             _start_sidecar(os.environ)
         with core.fail_open("promotion"):
-            core.span_attrs(core.root_id, {"lora_otel.promoted": core.promoted})
+            core.span_attrs(core.root_id, _promotion_attrs())
         with core.fail_open("process description"):
             for attempt in range(3):
                 try:  # (maybe in the beat thread, while the program's threads change os.environ)
@@ -497,6 +497,19 @@ def promote(reason: str) -> None:
                         raise
     finally:
         _promote_lock.release()
+
+
+def _promotion_attrs() -> dict[str, object]:
+    """``lora_otel.promoted``, and ``lora_otel.cgroup.oom_kills``: the memory cgroup's ``oom_kill``
+    count now, the baseline a child's ``child exit`` event is compared with (`hooks.CHILD_EXIT`)."""
+    from lora_otel._boot import cgroup
+
+    attrs: dict[str, object] = {"lora_otel.promoted": core.promoted}
+    with core.fail_open("promotion"):
+        kills = cgroup.oom_kill_count(cgroup.memory_cgroup())
+        if kills is not None:
+            attrs["lora_otel.cgroup.oom_kills"] = kills
+    return attrs
 
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

@@ -7,7 +7,8 @@ processes without one (a launcher) first by start time, then each rank followed 
 children (a child without a rank of its own takes its parent's). Without ranks, by start time.
 
 Each process gets an *outcome*, by the same rules as ``lora-otel watch``'s exit status:
-``finished`` (an exit record, normal, code 0; or it exec'd another program), ``stopped`` (gone
+``finished`` (an exit record, normal, code 0; or it exec'd another program; or its parent reaped it
+with code 0), ``stopped`` (gone
 without an exit record, after another process of the job journaled stopping it: a
 ``multiprocessing.Pool`` shutting down terminates its workers), ``failed`` (an exit record with an exception or a
 non-zero code), ``killed`` (no exit record and the process is gone, or ``lora-otel run`` recorded a
@@ -19,9 +20,12 @@ A job's *callout* names the one process to look at, first match wins:
 1. the one *stuck*: a stalled running process, or a failed/killed one that was already past a
    stall limit when its journal ends; of several, the one stuck longest (it is usually the cause,
    the others wait for it in a collective);
-2. the one that went wrong first: of the failed/killed processes, the first to end (a launcher
-   last: its failure follows its children's). Within 5 s of the first end, one that failed (an exit
-   record) goes before those killed, and those of the same outcome ended "together";
+2. the one that went wrong first: of the failed/killed processes, the first to end — by its exit
+   record, or its traced parent's reap of it (``child exit``, `lora_otel.analysis.ends`), or, gone
+   without either, its last sign of life (a launcher last: its failure follows its children's). A
+   process that failed of its own error within `UNSURE_NS` after one gone without a word may have
+   been first and goes before it; those of the same outcome within 5 s ended "together". The later
+   failures are named after it, as consequences where they read as one (`consequence_of_first`);
 3. the slowest: of running processes that train, one at least 3 steps (and 10 %) behind the others;
 4. none (every process finished normally, or they all advance together).
 
@@ -37,8 +41,9 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end, end_of
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall, detect
 from lora_otel.journal.reader import (
     Journal,
@@ -50,6 +55,9 @@ from lora_otel.journal.reader import (
     read_journal,
 )
 from lora_otel.journal.tree import View, _display, deepest_open_span
+
+if TYPE_CHECKING:
+    from lora_otel.analysis.verdict import Verdict
 
 OUTCOME_STATUS = {"finished": 0, "stopped": 0, "running": 0, "failed": 1, "killed": 3, "stalled": 3}
 """A job's outcome → the exit status of ``lora-otel inspect --summary`` (the worst job's counts)."""
@@ -86,6 +94,11 @@ class Proc:
     depth: int = 0
     stopped_by: Optional[str] = None
     """Outcome ``stopped``: the signal its parent journaled sending (``SIGTERM``)."""
+    end: Optional[ChildEnd] = None
+    """Gone without an exit record: how it ended, as its parent's ``child exit`` event says."""
+    consequence: Optional[str] = None
+    """Failed or killed after the job's first failure, as a consequence of it: why that is thought
+    (``lost peer``, ``SIGTERM``, ``a launcher``); set by the callout."""
 
     @property
     def start_ns(self) -> int:
@@ -94,14 +107,23 @@ class Proc:
 
     @property
     def end_ns(self) -> int:
-        """When it ended (exit record, else the last evidence), or now while it runs."""
+        """When it ended (exit record; else its parent's reap of it; else the last evidence of
+        life), or now while it runs."""
         if self.journal.exit is not None:
             exit_ts: int = self.journal.exit["ts"]  # the reader checked it is an int
             return exit_ts
         if self.journal.exec is not None:
             exec_ts: int = self.journal.exec["ts"]
             return exec_ts
+        if self.end is not None and self.state != "running":
+            return self.end.at_ns
         return self.view.reference_ns
+
+    @property
+    def end_known(self) -> bool:
+        """Whether `end_ns` is when it ended (an exit record, or its parent reaped it), not only
+        when it was last seen alive (a process gone without a word died some time after that)."""
+        return self.journal.exit is not None or self.journal.exec is not None or self.end is not None
 
     @property
     def trace_id(self) -> str:
@@ -309,9 +331,32 @@ def attach_verdicts(
         if proc is None or (proc.stall is None and not proc.journal.stalls):
             continue
         peers = [other.journal for other in job.procs if other is not proc]
-        proc.view.verdict = current(
+        verdict = current(
             proc.journal, proc.stall if proc.state == "running" else None, now_ns, peers, frozen_after_s, by
         )
+        if verdict is not None and verdict.kind == "died" and proc.end is not None:
+            verdict = reaped_verdict(verdict, proc)
+        proc.view.verdict = verdict
+
+
+def reaped_verdict(verdict: Verdict, proc: Proc) -> Verdict:
+    """A ``died`` record written before (or without) its parent's ``child exit`` event, told again
+    with it: the signal, and its time up to the reap."""
+    from lora_otel.journal.tree import deepest_open_span
+
+    assert proc.end is not None
+    span = deepest_open_span(proc.journal)
+    start = span.start_ns if span is not None else proc.start_ns
+    where = "" if span is None or span is proc.journal.root else f" in {span.name}"
+    open_s = max(proc.end.at_ns - start, 0) / 1e9
+    end = proc.end
+    if end.signal == "SIGKILL" and not end.oom_killed and verdict.evidence.get("oom"):
+        end = dataclasses.replace(end, oom_killed=True)
+    diagnosis = (
+        f"The process was {describe_end(end)}{where} after {format_duration(round(open_s * 1e9))} "
+        f"(its parent, pid {end.parent_pid}, reaped it)."
+    )
+    return dataclasses.replace(verdict, open_s=open_s, diagnosis=diagnosis)
 
 
 def group_jobs(procs: Iterable[Proc]) -> list[Job]:
@@ -326,6 +371,7 @@ def group_jobs(procs: Iterable[Proc]) -> list[Job]:
 
 def _make_job(trace_id: str, procs: list[Proc]) -> Job:
     _link(procs)
+    _mark_ended(procs)
     _mark_stopped(procs)
     procs.sort(key=_order_key)
     callout = _callout(procs)
@@ -338,6 +384,71 @@ def _make_job(trace_id: str, procs: list[Proc]) -> Job:
     job = Job(trace_id, procs, callout, outcome, "")
     job.phrase = _phrase(job)
     return job
+
+
+def _mark_ended(procs: list[Proc]) -> None:
+    """A process gone without an exit record that its parent reaped (a ``child exit`` event of
+    another process of the job) ended as that event says: killed by its signal; ``finished`` when
+    it exited with code 0 (``os._exit(0)``), ``failed`` with another code."""
+    ends = child_ends(proc.journal for proc in procs)
+    if not ends:
+        return
+    for proc in procs:
+        if proc.state == "running" or proc.journal.exit is not None or proc.journal.exec is not None:
+            continue
+        end = end_of(proc.journal, ends)
+        if end is None or end.parent_pid == proc.journal.pid:
+            continue
+        proc.end = end
+        proc.view.ended = (end.at_ns, describe_end(end))
+        if proc.outcome == "killed" and end.signal is None and end.exit_code is not None:
+            proc.outcome = "finished" if end.exit_code == 0 else "failed"
+
+
+CONSEQUENCE_PATTERNS = (
+    ("lost peer", "a lost peer"),
+    ("connectionreset", "a connection reset"),
+    ("connection reset", "a connection reset"),
+    ("connectionabort", "a connection lost"),
+    ("connection closed", "a connection lost"),
+    ("connection refused", "a connection lost"),
+    ("brokenpipe", "a broken pipe"),
+    ("broken pipe", "a broken pipe"),
+    ("remote process exited", "a lost peer"),
+    ("has exited", "a lost peer"),
+    ("childfailederror", "a child's failure"),
+    ("processexitedexception", "a child's failure"),
+    ("brokenprocesspool", "a child's failure"),
+    ("eoferror", "a connection lost"),
+    ("peer", "a lost peer"),
+)
+"""Words of an error that follows another process's death (lowercased): a rank whose peer died
+loses its connection; a launcher reports its child's failure."""
+SHUTDOWN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+"""Signals a launcher sends the rest of a job when one process of it failed."""
+
+
+def consequence_of_first(proc: Proc) -> Optional[str]:
+    """Why ``proc``'s end looks like a consequence of another process's failure, or None: it is a
+    launcher (its failure reports its children's), it was stopped by a shutdown signal, or its
+    error speaks of a lost peer or connection."""
+    if proc.children:
+        return "a launcher reporting its children"
+    signal = proc.end.signal if proc.end is not None else None
+    exit_ = proc.journal.exit
+    if signal is None and exit_ is not None and exit_["how"] == "signal":
+        code = exit_["code"]
+        signal = (
+            {128 + 15: "SIGTERM", 128 + 2: "SIGINT", 128 + 1: "SIGHUP"}.get(code) if isinstance(code, int) else None
+        )
+    if signal in SHUTDOWN_SIGNALS:
+        return f"stopped with {signal}"
+    message = exit_.get("message") if exit_ is not None else None
+    text = (message if isinstance(message, str) else "").lower()
+    for word, why in CONSEQUENCE_PATTERNS:
+        if word in text:
+            return why
+    return None
 
 
 TERMINATED_CHILD = "terminated child"
@@ -429,26 +540,38 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
             or (proc.stall.kind == "between" and not proc.launches_ranks)
         )
     ]
+    bad = [proc for proc in procs if proc.outcome in ("failed", "killed")]
+    # A stall written while its peers' evidence was not in yet is judged again here: a process
+    # waiting in a collective waits for its peers; a peer stuck elsewhere, or one that failed or
+    # died, is the one to blame.
+    waiting = [proc for proc in stuck if waits_for_peers(proc)]
+    blamed = [proc for proc in stuck if proc not in waiting]
+    if waiting and not blamed and any(proc not in waiting for proc in bad):
+        culprits = [proc for proc in bad if proc not in waiting]
+        proc, together = _first_failure(culprits, order)
+        if proc.outcome == "failed":
+            text = f"{proc.who} failed first{_failure(proc)}"
+        else:
+            text = f"{proc.who} died first: {_killed_phrase(proc)}"
+        return Callout(proc.outcome, proc, text + _waiting_for(waiting))
     if stuck:
-        proc = min(stuck, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
+        candidates = blamed or stuck
+        proc = min(candidates, key=lambda p: (p.stuck_since_ns, p.journal.steps, order[id(p)]))
         text = f"{proc.who} is the one stuck: {_stuck_phrase(proc)}"
         if proc.outcome != "stalled":
             text += f", then {_end_phrase(proc)}"
+        if blamed and waiting:
+            text += _waiting_for(waiting)
         return Callout("stuck", proc, text)
-    bad = [proc for proc in procs if proc.outcome in ("failed", "killed")]
     if bad:
-        bad.sort(key=lambda p: (bool(p.children), p.end_ns, order[id(p)]))
-        # A killed process's end is its last beat, up to a second early: one that failed (an exit
-        # record) just after it may still have been first. Launchers end after their children.
-        window = [p for p in bad if not p.children and p.end_ns - bad[0].end_ns < TOGETHER_NS] or bad[:1]
-        proc = next((p for p in window if p.outcome == "failed"), window[0])
-        together = sum(1 for p in window if p is not proc and p.outcome == proc.outcome)
+        proc, together = _first_failure(bad, order)
         who = proc.who if not together else f"{proc.who} and {together} other{'s' if together > 1 else ''}"
         first = "" if len(bad) == 1 else " together" if together else " first"
         if proc.outcome == "failed":
             text = f"{who} failed{first}{_failure(proc)}"
         else:
             text = f"{who} died{first}: {_killed_phrase(proc)}"
+        text += _after_first(proc, bad, together)
         return Callout(proc.outcome, proc, text)
     training = [
         proc
@@ -466,6 +589,95 @@ def _callout(procs: list[Proc]) -> Optional[Callout]:
             word = "the other is" if len(others) == 1 else "the others are"
             return Callout("slowest", slow, f"slowest: {slow.who} at step {slow.journal.steps} while {word} at {at}")
     return None
+
+
+COLLECTIVE_WAIT = "Waiting inside a collective"
+"""How the diagnosis of a process waiting in a torch.distributed collective begins (diagnose.py's
+``collective`` rule): it waits for its peers."""
+
+
+def waits_for_peers(proc: Proc) -> bool:
+    """Whether ``proc``'s stall is a wait for its peers: its stall record says it waits inside a
+    collective (the record is frozen when written; the peers' later evidence decides the blame)."""
+    if proc.stall is None:
+        return False
+    diagnosis = proc.stall.reason if isinstance(proc.stall.reason, str) else ""
+    records = [record for record in proc.journal.stalls if record.get("kind") != "died"]
+    if records and isinstance(records[-1].get("diagnosis"), str):
+        diagnosis = records[-1]["diagnosis"]
+    return diagnosis.startswith(COLLECTIVE_WAIT)
+
+
+def _waiting_for(waiting: list[Proc]) -> str:
+    """``; rank 0 (pid 4242) waits for it in a collective (in all_reduce for 300 s)``."""
+    parts = [f"{proc.who} waits for it in a collective ({_stuck_phrase(proc)})" for proc in waiting[:MAX_AFTER]]
+    if len(waiting) > MAX_AFTER:
+        parts.append(f"{len(waiting) - MAX_AFTER} more wait for it")
+    return "; " + "; ".join(parts)
+
+
+def _first_failure(bad: list[Proc], order: dict[int, int]) -> tuple[Proc, int]:
+    """The process of ``bad`` (failed or killed) that went wrong first, and how many others of
+    the same outcome ended together with it (within `TOGETHER_NS`: a job killed as a whole).
+
+    Each is ordered by when it ended: its exit record, or its parent's reap of it; one gone without
+    either by when it was last seen alive (it died after that, by up to `UNSURE_NS`), so a process
+    that failed (an exit record) within that time after it may have been first, unless its error
+    reads as a consequence (`consequence_of_first`). Launchers come last: their failure follows
+    their children's."""
+    bad.sort(key=lambda p: (bool(p.children), p.end_ns, order[id(p)]))
+    proc = bad[0]
+    if not proc.end_known and proc.outcome == "killed":
+        proc = next(
+            (
+                p
+                for p in bad
+                if not p.children
+                and p.outcome == "failed"
+                and p.end_ns - bad[0].end_ns < UNSURE_NS
+                and consequence_of_first(p) is None
+            ),
+            proc,
+        )
+    window = [p for p in bad if not p.children and abs(p.end_ns - proc.end_ns) < TOGETHER_NS]
+    together = sum(1 for p in window if p is not proc and p.outcome == proc.outcome and _same_end(p, proc))
+    for p in bad:
+        p.consequence = None if p is proc else consequence_of_first(p)
+    return proc, together
+
+
+def _same_end(one: Proc, other: Proc) -> bool:
+    """Whether two processes of the same outcome ended the same way (two SIGKILLs; not a SIGKILL and
+    a SIGTERM, nor a death and a consequence)."""
+    if consequence_of_first(one) is not None:
+        return False
+    signals = {p.end.signal if p.end is not None else None for p in (one, other)}
+    return len(signals) == 1 or None in signals
+
+
+UNSURE_NS = 1_500_000_000
+"""A process gone without a word (no exit record, no reap by a traced parent) died this long after
+it was last seen alive, at most, as far as the order of failures goes (the beat is every second)."""
+MAX_AFTER = 3
+"""The callout names at most this many of the failures that followed the first."""
+
+
+def _after_first(first: Proc, bad: list[Proc], together: int) -> str:
+    """``; then, as consequences: child (pid 12) failed: RuntimeError: lost peer B (a lost peer), ...``:
+    the other failures, after the first, each with why it is taken for a consequence."""
+    if together:
+        return ""
+    later = [p for p in bad if p is not first]
+    if not later:
+        return ""
+    parts = []
+    for p in later[:MAX_AFTER]:
+        what = f"failed{_failure(p)}" if p.outcome == "failed" else f"died: {_end_phrase(p)}"
+        parts.append(f"{p.who} {what}" + (f" ({p.consequence})" if p.consequence else ""))
+    if len(later) > MAX_AFTER:
+        parts.append(f"{len(later) - MAX_AFTER} more")
+    consequences = all(p.consequence for p in later)
+    return ("; then, as consequences: " if consequences else "; then: ") + "; ".join(parts)
 
 
 # --- phrases -------------------------------------------------------------------------------------
@@ -495,6 +707,8 @@ def _end_phrase(proc: Proc) -> str:
     if proc.outcome == "killed":
         if exit_ is not None and exit_["message"]:
             return _display(exit_["message"])
+        if proc.end is not None:
+            return describe_end(proc.end)
         supervisor = _gone_supervisor(proc)
         if supervisor is not None:
             return f"killed with its lora-otel run (pid {supervisor}, gone without recording the end)"
@@ -545,7 +759,7 @@ def _killed_phrase(proc: Proc) -> str:
         text += f" in {_display(deepest.name)}"
         if proc.journal.steps:
             return text + f" at step {proc.journal.steps}"
-        return text + f" after {format_duration(proc.view.open_for_ns(deepest) or 0)}"
+        return text + f" after {format_duration(max(proc.end_ns - deepest.start_ns, 0))}"
     return text + f" after {format_duration(proc.end_ns - proc.start_ns)}"
 
 

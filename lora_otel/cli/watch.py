@@ -326,6 +326,7 @@ class Followed:
     verdict: Optional[Any] = None  # the stall and its diagnosis (`lora_otel.analysis.verdict.Verdict`)
     verdict_key: str = ""
     alive_until_ns: Optional[int] = None  # the last poll that found the process there
+    ended: Optional[tuple[int, str]] = None  # gone: its parent's reap of it (`View.ended`)
     was_stalled: bool = False  # stalled at the last poll that found it there
     error: Optional[str] = None
     said: set[str] = field(default_factory=set)
@@ -452,7 +453,11 @@ class Watcher:
         jobs = jobs_mod.group_jobs(procs)
         for job in jobs:
             for proc in job.procs:
-                which[id(proc)].label = proc.label if len(job.procs) > 1 else None
+                f = which[id(proc)]
+                f.label = proc.label if len(job.procs) > 1 else None
+                f.ended = proc.view.ended
+                if proc.end is not None and f.verdict is not None and f.verdict.kind == "died":
+                    f.verdict = jobs_mod.reaped_verdict(f.verdict, proc)
         rest.sort(key=lambda f: f.tail.path)
         return jobs, which, rest
 
@@ -546,6 +551,7 @@ class Watcher:
             verdict=f.verdict,
             stalled=self._stalled(f),
             alive_until_ns=f.alive_until_ns,
+            ended=f.ended,
             stall=f.stall,
             color=color,
         )
@@ -617,7 +623,12 @@ class Watcher:
         if not f.running and f.once("end"):
             stuck = (
                 View(
-                    journal, f.state, now_ns, stalled=self._stalled(f) or None, alive_until_ns=f.alive_until_ns
+                    journal,
+                    f.state,
+                    now_ns,
+                    stalled=self._stalled(f) or None,
+                    alive_until_ns=f.alive_until_ns,
+                    ended=f.ended,
                 ).stuck()
                 if journal is not None
                 else "journal unreadable"

@@ -18,6 +18,7 @@ Standard library plus the analysis modules; nothing here waits on the network.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -25,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end, end_of
 from lora_otel.analysis.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
 from lora_otel.analysis.learned import Learned, learn
 from lora_otel.analysis.stall import Stall, detect, journal_limits
@@ -256,12 +258,19 @@ def stalled_line(stall: Stall, diagnosis: str) -> str:
     return "STALLED: %s, %s \u2014 %s" % (what, why, diagnosis)
 
 
-def death_line(journal: Journal, oom: Optional[str], now_ns: int) -> str:
-    """``process 1234 was killed by the OOM killer in load model after 45 s``."""
+def death_line(journal: Journal, oom: Optional[str], now_ns: int, end: Optional[ChildEnd] = None) -> str:
+    """``process 1234 was killed by the OOM killer in load model after 45 s``; ``end``: how its
+    parent saw it end (``was killed by SIGKILL (its parent reaped it) in ...``), when it reaped it."""
     from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
-    how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
+    if end is not None:
+        if oom and end.signal == "SIGKILL" and not end.oom_killed:
+            end = dataclasses.replace(end, oom_killed=True)
+        how = "was %s (its parent reaped it)" % describe_end(end)
+        now_ns = min(now_ns, end.at_ns)
+    else:
+        how = "was killed by the OOM killer" if oom else "was killed (by a signal: SIGKILL, SIGTERM, ...; or os._exit)"
     if span is None or span is journal.root:
         root = journal.root
         after = (now_ns - root.start_ns) / 1e9 if root is not None else 0.0
@@ -294,11 +303,18 @@ def speaks_for_job(stall: Stall, cause_pid: Optional[int] = None, evidence: Opti
     return bool(evidence) and full_pipe(evidence or {}) is not None
 
 
-def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> dict[str, Any]:
+def death_record(
+    journal: Journal, oom: Optional[str], now_ns: int, by: str, end: Optional[ChildEnd] = None
+) -> dict[str, Any]:
     from lora_otel.journal.tree import deepest_open_span
 
     span = deepest_open_span(journal)
     no_stage = span is None or span is journal.root
+    evidence: dict[str, Any] = {"oom": oom} if oom else {}
+    if end is not None:
+        evidence.update({"signal": end.signal, "exit_code": end.exit_code, "reaped_by": end.parent_pid})
+        evidence = {key: value for key, value in evidence.items() if value is not None}
+        now_ns = min(now_ns, end.at_ns)
     start = journal.root.start_ns if no_stage and journal.root is not None else (span.start_ns if span else now_ns)
     return {
         "v": 1,
@@ -310,13 +326,19 @@ def death_record(journal: Journal, oom: Optional[str], now_ns: int, by: str) -> 
         "limit_s": None,
         "open_s": round((now_ns - start) / 1e9, 3),
         "learned": None,
-        "evidence": {"oom": oom} if oom else {},
-        "diagnosis": death_line(journal, oom, now_ns).replace("process %s " % journal.pid, "The process ", 1) + ".",
+        "evidence": evidence,
+        "diagnosis": death_line(journal, oom, now_ns, end).replace("process %s " % journal.pid, "The process ", 1)
+        + ".",
         "by": by,
     }
 
 
 # --- following ------------------------------------------------------------------------------------
+
+
+PARENT_REAP_WAIT_S = 1.0
+"""How long the watchdog waits for a live traced parent to reap a child that died without a word,
+before it tells the death without the parent's ``child exit`` event."""
 
 
 class Watch:
@@ -438,7 +460,56 @@ class Watch:
             self.by,
             self.lines,
             self.say,
+            self.parent_end(journal),
+            self.first_failure,
         )
+
+    def first_failure(self, journal: Journal, now_ns: int) -> Optional[str]:
+        """When another process of the job failed first (its callout, `lora_otel.analysis.job`),
+        that callout without the failures after it (``child (pid 12) died first: killed by
+        SIGKILL in load after 1 s``); None when this one was first or alone. The job's journals:
+        those this sidecar follows and those beside this one with its trace id."""
+        try:
+            from lora_otel.analysis.job import group_jobs, make_proc
+
+            followed = [peer for peer in self.peers() if peer is not journal] if self.peers is not None else []
+            known = {os.path.abspath(peer.path) for peer in followed}
+            beside = [peer for peer in job_journals(journal) if os.path.abspath(peer.path) not in known]
+            members = [journal, *followed, *beside]
+            if len(members) < 2:
+                return None
+            procs = [make_proc(member, process_state(member), now_ns) for member in members if member.spans]
+            for job in group_jobs(procs):
+                callout = job.callout
+                if not any(proc.journal is journal for proc in job.procs) or callout is None:
+                    continue
+                if callout.proc.journal is journal or callout.kind not in ("failed", "killed"):
+                    return None
+                return callout.text.split("; then", 1)[0]
+            return None
+        except Exception as e:  # noqa: BLE001 - the death is told without it
+            self.say("the job's first failure not read: %s: %s" % (type(e).__name__, e))
+            return None
+
+    def parent_end(self, journal: Journal, wait_s: float = PARENT_REAP_WAIT_S) -> Optional[ChildEnd]:
+        """How the process ended as its parent journaled it (a ``child exit`` event): a peer this
+        sidecar follows, or the parent's journal beside this one (a child started before its
+        parent became a job has a sidecar of its own). A parent still alive gets ``wait_s`` to reap
+        it (a dead child stays a zombie until then). None when no traced parent says."""
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                peers = [peer for peer in self.peers() if peer is not journal] if self.peers is not None else []
+                parent = parent_journal(journal)
+                end = end_of(journal, child_ends(peers + ([parent] if parent is not None else [])))
+                if end is not None or parent is None or time.monotonic() >= deadline:
+                    return end
+                if process_state(parent) != "running":
+                    return None
+                time.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - the death is told without it
+            self.say("child exit events not read: %s: %s" % (type(e).__name__, e))
+            return None
 
     def close(self) -> None:
         self.tail.close()
@@ -480,17 +551,102 @@ def cause_pid(attrs: dict[str, Any], journal: Journal) -> Optional[int]:
     return None
 
 
+PARENT_SCAN_MAX = 256
+"""At most this many journals beside a child's are opened to find its parent's (named after a
+``--log`` file, a parent's journal does not say its pid in its name)."""
+
+
+def job_journals(journal: Journal) -> list[Journal]:
+    """The journals beside ``journal`` of the same trace (its job), that the watchdog may read
+    (`owned_file_reason`); at most `PARENT_SCAN_MAX` files are looked at, by their first record."""
+    import json
+
+    from lora_otel.journal.reader import JournalError, journal_paths, read_journal
+
+    root = journal.root
+    if root is None:
+        return []
+    own = os.path.abspath(journal.path)
+    try:
+        paths = [os.path.abspath(path) for path in journal_paths(os.path.dirname(own))]
+    except OSError:
+        return []
+    out = []
+    for path in [path for path in paths if path != own][:PARENT_SCAN_MAX]:
+        if owned_file_reason(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                first = json.loads(f.readline(65536) or b"{}")
+            if isinstance(first, dict) and first.get("trace_id") == root.trace_id:
+                out.append(read_journal(path))
+        except (OSError, ValueError, JournalError):
+            continue
+    return out
+
+
+def parent_journal(journal: Journal) -> Optional[Journal]:
+    """The journal of the process's parent (``process.parent_pid``) beside its own, when it is one
+    the watchdog may read (`owned_file_reason`) and started before it; else None. Journals named
+    ``<time>-<ppid>.otel.jsonl`` are tried first, then the others by their first record's pid."""
+    import json
+
+    from lora_otel.journal.reader import JournalError, journal_paths, read_journal
+
+    root = journal.root
+    ppid = root.attrs.get("process.parent_pid") if root is not None else None
+    if root is None or not isinstance(ppid, int) or isinstance(ppid, bool) or ppid <= 1:
+        return None
+    own = os.path.abspath(journal.path)
+    suffix = "-%d.otel.jsonl" % ppid
+    try:
+        paths = [os.path.abspath(path) for path in journal_paths(os.path.dirname(own))]
+    except OSError:
+        return None
+    paths = [path for path in paths if path != own]
+    paths.sort(key=lambda path: (not path.endswith(suffix), path))
+    for path in paths[:PARENT_SCAN_MAX]:
+        if owned_file_reason(path):
+            continue
+        if not path.endswith(suffix):
+            try:
+                with open(path, "rb") as f:
+                    first = json.loads(f.readline(65536) or b"{}")
+            except (OSError, ValueError):
+                continue
+            if not isinstance(first, dict) or first.get("pid") != ppid:
+                continue
+        try:
+            parent = read_journal(path)
+        except JournalError:
+            continue
+        if parent.pid == ppid and parent.root is not None and parent.root.start_ns <= root.start_ns:
+            return parent
+    return None
+
+
 def report_death(
-    path: str, journal: Journal, oom: Optional[str], now_ns: int, by: str, lines: JobLines, say: Callable[[str], None]
+    path: str,
+    journal: Journal,
+    oom: Optional[str],
+    now_ns: int,
+    by: str,
+    lines: JobLines,
+    say: Callable[[str], None],
+    end: Optional[ChildEnd] = None,
+    first_failure: Optional[Callable[[Journal, int], Optional[str]]] = None,
 ) -> Optional[str]:
     """For a process gone without an exit record (nor an exec): the ``died`` record and its line."""
     if journal.exit is not None or journal.exec is not None or journal.root is None:
         return None
     if process_state(journal) == "exec'd":
         return None
-    text = death_line(journal, oom, now_ns)
-    why = append_record(path, death_record(journal, oom, now_ns, by))
+    text = death_line(journal, oom, now_ns, end)
+    why = append_record(path, death_record(journal, oom, now_ns, by, end))
     if why:
         say("stall record not written: %s" % why)
+    first = first_failure(journal, now_ns) if first_failure is not None else None
+    if first:
+        text += "; before it, %s" % first  # the job's first failure: this death may be its consequence
     lines.say(journal, text, alive=False)
     return text

@@ -86,6 +86,9 @@ class View:
     """Whether a stall limit says it is stuck; None: not known (then "stuck" past `STUCK_AFTER_S`)."""
     alive_until_ns: Optional[int] = None
     """A process gone without an exit record was seen alive (frozen) until then by a follower."""
+    ended: Optional[tuple[int, str]] = None
+    """A process gone without an exit record: when its parent reaped it and how it ended, as the
+    parent's ``child exit`` event says (``killed by SIGKILL``; `lora_otel.analysis.ends`)."""
 
     @property
     def reference_ns(self) -> int:
@@ -93,6 +96,8 @@ class View:
         (the last record, or a later stall record or follower that saw it still there)."""
         if self.state == "running":
             return self.now_ns
+        if self.ended is not None and self.journal.exit is None and self.journal.exec is None:
+            return self.ended[0]
         seen = [ts for ts in (self.journal.last_life_ns, self.alive_until_ns) if ts]
         if self.journal.exit is None and self.journal.exec is None:
             seen += [
@@ -119,12 +124,15 @@ class View:
         deepest = deepest_open_span(journal)
         if deepest is None:
             return f"ended without an exit record after {self._lifetime()} (process {self.state})"
-        if deepest is journal.root:
+        if deepest is journal.root and self.ended is None:
             if self.state == "running":
                 return f"{self._between()} ({self._process_clause()})"
             return f"ended with spans open: {_display(deepest.name)} (process {self.state})"
         open_ns = self.open_for_ns(deepest) or 0
         open_for = format_duration(open_ns)
+        if self.ended is not None and self.state != "running":
+            where = "" if deepest is journal.root else f" in {_display(deepest.name)}"
+            return f"{_display(self.ended[1])}{where} after {open_for} (its parent reaped it)"
         if self._is_stuck(open_ns):
             return f"stuck in {_display(deepest.name)} for {open_for} ({self._process_clause()})"
         if self.state == "running":
