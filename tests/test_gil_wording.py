@@ -190,3 +190,50 @@ def test_ptracer_is_named_only_under_scope_1(tmp_path: Path) -> None:
     scope.write_text("1\n")
     has_yama = os.path.exists("/proc/sys/kernel/yama/ptrace_scope")
     assert run_allow(scope) == [str(has_yama), "True"]
+
+
+# --- a pause for native stacks is never taken where it would disturb the program -----------------
+
+SIGWAIT_LOOP = (
+    "import signal, sys, time\n"
+    "sigs = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, sigs)\n"
+    "print('ready', flush=True)\n"
+    "got = []\n"
+    "for line in iter(sys.stdin.readline, ''):\n"  # one wait per line the test sends, then a report
+    "    s = signal.sigtimedwait(sigs, 1.0)\n"
+    "    got.append(s and s.si_signo)\n"
+    "print('got', [g for g in got if g], flush=True)\n"
+)
+
+
+@needs_py_spy
+def test_py_spy_does_not_pause_a_sigtimedwait(tmp_path: Path) -> None:
+    """A thread in ``sigtimedwait`` (a service's shutdown loop): pausing the process for native stacks
+    makes the call return a signal nobody sent (seen in CI). The dump is taken ``--nonblocking``: the
+    Python frames are read, the program gets nothing, and the evidence says why native stacks are absent."""
+    from lora_otel.analysis.evidence import py_spy_dump, stop_would_interrupt
+
+    proc = subprocess.Popen(
+        [PYTHON, "-c", SIGWAIT_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean_env()
+    )
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        out = {}
+        for _ in range(3):
+            proc.stdin.write("wait\n")
+            proc.stdin.flush()
+            why = wait_for(lambda: stop_would_interrupt(proc.pid), timeout=60, what="the sigtimedwait wait channel")
+            assert why.startswith("thread %d waits in do_sigtimedwait" % proc.pid), why
+            out = py_spy_dump(proc.pid)
+        proc.stdin.close()
+        assert proc.stdout.readline() == "got []\n"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
+    assert "sigtimedwait" in out[PREFIX + "py_spy.dump"], out
+    assert "which pausing the process would interrupt" in out[PREFIX + "py_spy.native_error"], out

@@ -278,6 +278,32 @@ def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
         stop(proc)
 
 
+def test_the_why_line_is_not_written_over_in_a_positioned_stderr_file(tmp_path: Path) -> None:
+    """``> log.txt 2>&1`` (a file the job writes at its own position, no O_APPEND): the watchdog's
+    line goes in through the job's own open file, so the job's next lines come after it and neither
+    is written over. (Before: appended through another open, it was overwritten by the job's next
+    write, leaving garbled text in the job's own output.)"""
+    script = (
+        "import argparse, os, sys, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+        "deadline = time.monotonic() + 90\n"
+        "while time.monotonic() < deadline and 'is stalled' not in open('run.log').read():\n"
+        "    time.sleep(0.2)\n"
+        "for i in range(200):\n"
+        "    sys.stderr.write('job line %03d\\n' % i)\n"
+        "sys.stderr.flush()\n"
+    )
+    proc = launch(tmp_path, script, LORA_OTEL_STALL_AFTER="between=2")
+    try:
+        assert proc.wait(timeout=120) == 0
+        lines = text(tmp_path / "log.txt").splitlines()
+        assert [line for line in lines if line.startswith("job line ")] == ["job line %03d" % i for i in range(200)]
+        [why] = [line for line in lines if "why the job is stalled: " in line]
+        assert why.endswith("not a lock, the network or the GPU."), why
+        assert lines.index(why) < lines.index("job line 000")
+    finally:
+        stop(proc)
+
+
 def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
     """Three earlier runs in the same directory imported `quickmod` in milliseconds; in the fourth it
     hangs: at 10 s one line says it is slow ("usually … over the last 3 runs"), and at the learned

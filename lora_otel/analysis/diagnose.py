@@ -39,6 +39,7 @@ _NET_MARKERS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/"
 _NET_WCHAN = ("sk_wait", "tcp_", "inet_", "sock_", "unix_stream", "udp_")
 # Wait channels of a task polling descriptors: on the network when it holds a quiet connection.
 _POLL_WCHAN = (
+    "poll_schedule_timeout",
     "wait_woken",
     "sk_wait_data",
     "do_poll",
@@ -175,7 +176,7 @@ class Facts:
         on_network = (
             any(m in stacks for m in _NET_MARKERS)
             or wchan.startswith(_NET_WCHAN)
-            or (bool(conns) and state.startswith("S") and wchan in _POLL_WCHAN)
+            or (bool(conns) and state.startswith("S") and wchan.split(".", 1)[0] in _POLL_WCHAN)
         )
         return cls(
             stall,
@@ -240,7 +241,11 @@ def _disk(f: Facts) -> Optional[Diagnosis]:
 
 def _file_lock(f: Facts) -> Optional[Diagnosis]:
     main = _main_thread(f.stacks) or []
-    where = next((_short(fr) for fr in main if fr.python and not _in(fr.file.replace("\\", "/"), "filelock/")), "")
+    # The program's call that waits: the caller of the outermost filelock frame (a poll caught inside
+    # os.stat or pathlib is not the place), else the innermost Python frame.
+    locking = [i for i, fr in enumerate(main) if _in(fr.file.replace("\\", "/"), "filelock/")]
+    callers = main[locking[-1] + 1 :] if locking else main
+    where = next((_short(fr) for fr in callers if fr.python), "")
     found = filelocks.sentence(f.evidence, where)
     if found is None:
         return None
@@ -296,10 +301,54 @@ def _network(f: Facts) -> Optional[Diagnosis]:
     accepting = accept_wait(f.stacks, f.evidence)
     if accepting is not None:
         return Diagnosis(accepting)
+    connecting = connect_wait(f.evidence, f.stall, f.innermost)
+    if connecting is not None:
+        return Diagnosis(connecting)
     quiet = network_quiet(f.evidence, f.stall)
     if quiet is not None:
         return Diagnosis(quiet)
     return Diagnosis("Waiting on the network (%s)." % (f.innermost or "a socket call"))
+
+
+def connect_wait(evidence: Mapping[str, Any], stall: Stall, innermost: str) -> Optional[str]:
+    """``Connecting to 10.0.0.5:443 with no answer …`` when the process holds a TCP socket in
+    SYN_SENT (a connect the other side never answered); else None."""
+    syn = [str(c) for c in evidence.get(PREFIX + "net.tcp_connections") or () if str(c).endswith(" SYN_SENT")]
+    remotes = sorted({c.split(" -> ", 1)[1].rsplit(" ", 1)[0] for c in syn if " -> " in c})
+    if not remotes:
+        return None
+    return (
+        "Connecting to %s with no answer (SYN sent, nothing back: an address that drops packets — a "
+        "black-holed endpoint, a firewall, a host that is down)%s; the stall has lasted %s."
+        % (
+            ", ".join(remotes[:3]),
+            " at %s" % innermost if innermost else "",
+            format_duration(round(stall.open_for_s * 1e9)),
+        )
+    )
+
+
+_SLEEP_WCHAN = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "schedule_hrtimeout")
+"""Kernel wait channels of a task in ``time.sleep`` (``clock_nanosleep``)."""
+
+
+def _sleeping(f: Facts) -> Optional[Diagnosis]:
+    if f.stall.kind == "frozen":
+        return None
+    sampled = f.journal.main_frames if f.journal is not None else None
+    last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None
+    in_sleep = last is not None and last[2] == "time.sleep"
+    if not (f.wchan.startswith(_SLEEP_WCHAN) or (not f.wchan and in_sleep)):
+        return None
+    where = f.innermost
+    if not where and sampled and in_sleep and len(sampled) >= 2 and isinstance(sampled[-2], list):
+        file, line, func = [*sampled[-2], "", "", ""][:3]
+        where = "%s:%s in %s" % (str(file).replace("\\", "/").rsplit("/", 1)[-1], line, func)
+    return Diagnosis(
+        "The main thread is sleeping (time.sleep)%s: a wait the program chose — a back-off or retry "
+        "loop, a poll for a file or a condition, or a sleep left in the code — not a lock, the network "
+        "or the GPU." % (" at %s" % where if where else "")
+    )
 
 
 def _frozen(f: Facts) -> Optional[Diagnosis]:
@@ -329,7 +378,7 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
     if has_native_stacks(dump):
         unknown = "py-spy's native stacks do not show which thread holds the GIL"
     else:
-        error = str(f.evidence.get(PREFIX + "py_spy.error") or "")
+        error = str(f.evidence.get(PREFIX + "py_spy.error") or f.evidence.get(PREFIX + "py_spy.native_error") or "")
         unknown = "whether it holds the GIL is unknown without native stacks (%s)" % (
             "py-spy: %s" % error if error else "py-spy, `pip install lora-otel[pyspy]`"
         )
@@ -434,6 +483,12 @@ RULES: tuple[Rule, ...] = (
         "(MainThread) holding it); without that: Blocked in the kernel (wait channel ...); "
         "whether it holds the GIL is unknown without native stacks ...",
         _frozen,
+    ),
+    Rule(
+        "sleeping",
+        "the main thread's wait channel (hrtimer_nanosleep), or its beat sample ending in time.sleep",
+        "The main thread is sleeping (time.sleep) at job.py:3 in <module>: a wait the program chose ...",
+        _sleeping,
     ),
     Rule(
         "cannot tell",
@@ -566,7 +621,19 @@ def _threads(stacks: str) -> list[tuple[str, list[Frame]]]:
         elif m := _PY_SPY.match(line):
             func, file, line_no = m.groups()
             threads[-1][1].append(Frame(file, line_no or "", func, file.endswith(".py")))
-    return [(head, frames) for head, frames in threads if frames and "lora_otel/_boot/" not in frames[0].file]
+    out = []
+    for head, frames in threads:
+        ours = 0
+        while ours < len(frames) and _OURS in frames[ours].file.replace("\\", "/"):
+            ours += 1
+        if ours and all(_in(fr.file.replace("\\", "/"), "threading.py") for fr in frames[ours:]):
+            continue  # the beat, or another thread of ours
+        if frames[ours:]:
+            out.append((head, frames[ours:]))  # a hook of ours around a blocking call: its caller is where it is
+    return out
+
+
+_OURS = "lora_otel/_boot/"
 
 
 def _short(frame: Frame) -> str:
@@ -755,8 +822,11 @@ def _innermost_frame(stacks: str) -> str:
         elif threads and line.strip().startswith("File "):
             threads[-1].append(line.strip())
     for frames in threads:
-        if frames and "lora_otel/_boot/" not in frames[0]:
-            return _short_frame(frames[0])
+        ours = 0
+        while ours < len(frames) and _OURS in frames[ours]:
+            ours += 1
+        if frames[ours:] and not (ours and all("threading.py" in fr for fr in frames[ours:])):
+            return _short_frame(frames[ours])
     return ""
 
 

@@ -465,18 +465,66 @@ def python_stacks(
     return out
 
 
+STOP_INTERRUPTS = (
+    "do_sigtimedwait",
+    "ep_poll",
+    "do_epoll_wait",
+    "do_semtimedop",
+    "sk_wait_data",
+    "inet_csk_accept",
+    "inet_csk_wait_for_connect",
+    "wait_woken",
+    "sk_stream_wait_memory",
+    "unix_stream_read_generic",
+    "unix_stream_data_wait",
+    "__skb_wait_for_more_packets",
+    "read_events",
+    "inotify_read",
+)
+"""Kernel wait channels of calls that a stop (ptrace's included) ends with ``EINTR`` instead of
+restarting them (signal(7): ``sigtimedwait``, ``epoll_wait``, ``semop``, a socket with a timeout,
+``io_getevents``): a thread in one is not paused for native stacks. (Measured: ``py-spy dump``
+pausing a ``signal.sigtimedwait`` loop made it return a signal nobody sent.)"""
+
+
+def stop_would_interrupt(pid: int) -> Optional[str]:
+    """``thread 4712 waits in do_sigtimedwait``: a thread of ``pid`` that a ptrace stop would disturb
+    (`STOP_INTERRUPTS`), or None."""
+    try:
+        tids = sorted(os.listdir("/proc/%d/task" % pid))
+    except OSError:
+        return None
+    for tid in tids[:512]:
+        try:
+            wchan = _read("/proc/%d/task/%s/wchan" % (pid, tid)).strip()
+        except OSError:
+            continue
+        if wchan.split(".", 1)[0] in STOP_INTERRUPTS:  # do_sigtimedwait.isra.0: the compiler's suffix
+            return "thread %s waits in %s" % (tid, wchan)
+    return None
+
+
 def py_spy_dump(pid: int) -> dict[str, Any]:
     """``py-spy dump --native`` of the process (``py_spy.dump``), or why not (``py_spy.error``: the
-    first line of py-spy's complaint, such as a ptrace refusal); nothing when py-spy is not installed."""
+    first line of py-spy's complaint, such as a ptrace refusal); nothing when py-spy is not installed.
+
+    ``--native`` pauses the process while it reads (ptrace); when a thread waits in a call a stop
+    would interrupt (`stop_would_interrupt`) it is read ``--nonblocking`` instead — Python frames
+    only, nothing paused — and ``py_spy.native_error`` says why."""
     spy = py_spy_path()
     if spy is None:
         return {}
+    disturbed = stop_would_interrupt(pid)
+    mode = "--nonblocking" if disturbed else "--native"
     try:
-        r = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
+        r = subprocess.run([spy, "dump", mode, "--pid", str(pid)], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {PREFIX + "py_spy.error": str(e)}
     if r.returncode == 0:
-        return {PREFIX + "py_spy.dump": r.stdout[-16000:]}
+        out = {PREFIX + "py_spy.dump": r.stdout[-16000:]}
+        if disturbed:
+            out[PREFIX + "py_spy.native_error"] = "not read: %s, which pausing the process would interrupt" % disturbed
+        return out
     lines = [line.strip() for line in r.stderr.splitlines() if line.strip()]
     said = next((line for line in lines if line.startswith("Error:")), lines[0] if lines else "exit %d" % r.returncode)
     return {PREFIX + "py_spy.error": said[len("Error:") :].strip() if said.startswith("Error:") else said}

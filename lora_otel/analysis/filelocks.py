@@ -186,7 +186,11 @@ def locals_paths(pid: int, py_spy: Optional[str] = None) -> tuple[list[str], Opt
         return [], "py-spy is not installed (it reads the waiting frames' locals)"
     try:
         # -ll: whole values (one -l cuts a string at 128 characters; a hub cache's lock path is longer)
-        r = subprocess.run([spy, "dump", "-ll", "--pid", str(pid)], capture_output=True, text=True, timeout=10)
+        # --nonblocking: read without pausing the process (a pause interrupts a sigtimedwait, an
+        # epoll_wait: evidence.STOP_INTERRUPTS); a poll loop's locals stay put between its tries.
+        r = subprocess.run(
+            [spy, "dump", "-ll", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return [], "py-spy: %s" % e
     if r.returncode != 0:

@@ -51,7 +51,13 @@ _POOLS = (
     ("multiprocessing/popen_", "multiprocessing.Process", False),
     ("multiprocess/popen_", "multiprocess.Process", False),
     ("subprocess.py", "subprocess", False),
+    # a queue or pipe its workers feed (a hand-made worker pool): named only when workers are seen
+    ("multiprocessing/queues.py", "multiprocessing.Queue", False),
+    ("multiprocess/queues.py", "multiprocess.Queue", False),
+    ("multiprocessing/connection.py", "multiprocessing pipe", False),
+    ("multiprocess/connection.py", "multiprocess pipe", False),
 )
+_FED_BY_WORKERS = ("multiprocessing.Queue", "multiprocess.Queue", "multiprocessing pipe", "multiprocess pipe")
 _SUBPROCESS_WAITS = ("wait", "_wait", "_try_wait", "communicate", "_communicate", "run", "call", "check_call")
 _WAIT_MODULES = (
     "threading.py",
@@ -117,8 +123,8 @@ def waiting_in(frames: Sequence[PoolFrame]) -> Optional[PoolWait]:
     call = ""
     for frame in frames:
         file = frame[0]
-        if not file:
-            continue  # a C function the innermost frame calls (waiter.acquire, os.waitpid)
+        if not file or _in(file, "lora_otel/_boot/"):
+            continue  # a C function the innermost frame calls (waiter.acquire, os.waitpid), or our hook around it
         if not any(_in(file, module) for module in _WAIT_MODULES):
             if found is None:
                 return None
@@ -259,6 +265,16 @@ def _where(worker: Worker, now_ns: int) -> str:
     return text + (" (its journal's beat)" if worker.end is None else " at its last beat")
 
 
+def _program_frame(worker: Worker) -> str:
+    """``job.py:14 in worker``: the innermost frame of the worker's own code at its last beat, or ""."""
+    frames = worker.journal.main_frames if worker.journal is not None else None
+    for frame in reversed(frames or []):
+        file = str(frame[0]) if frame else ""
+        if file and not any(_in(file, m) for m in _WORKER_IDLE_MODULES):
+            return _short((file, str(frame[1]), str(frame[2])))
+    return ""
+
+
 def _proc_row(row: Optional[Mapping[str, Any]]) -> str:
     if not row:
         return ""
@@ -296,6 +312,8 @@ def pool_wait(
     if wait is None or journal is None:
         return None
     workers = workers_of(journal, peers, evidence_children)
+    if wait.what in _FED_BY_WORKERS and not workers:
+        return None  # a queue fed by threads, or by processes it did not start: not its pool
     if wait.what == "concurrent.futures executor" and any(
         w.journal is not None and any(_in(f[0], "concurrent/futures/process.py") for f in beat_frames(w.journal))
         for w in workers
@@ -376,12 +394,25 @@ def pool_wait(
     if not parts:
         if not workers:
             return head + "; none of its worker processes is seen (not in /proc, no journal names it).", attrs
+        fed = wait.what in _FED_BY_WORKERS
         parts.append(
             "no worker shows a task: %s"
             % ", ".join(
-                "pid %d %s" % (w.pid, "waits for work" if w in idle else (w.end or "ended")) for w in workers[:4]
+                "pid %d %s"
+                % (
+                    w.pid,
+                    ("waits for work" + (" at %s" % _program_frame(w) if fed and _program_frame(w) else ""))
+                    if w in idle
+                    else (w.end or "ended"),
+                )
+                for w in workers[:4]
             )
         )
+        if fed and idle:
+            parts.append(
+                "each side waits for the other: the main thread for what its workers send, they for work "
+                "nobody sends them"
+            )
     elif idle and not subprocess:
         parts.append(
             "%d other worker%s wait%s for work"

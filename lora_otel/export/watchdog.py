@@ -184,6 +184,50 @@ def _write_checked(
         os.close(fd)
 
 
+_PIDFD_GETFD = 438  # the syscall's number on x86_64 and arm64 alike (the generic table)
+
+
+def _positioned_file(pid: int, fd: int) -> bool:
+    """Whether the process's ``fd`` is a regular file opened without ``O_APPEND``."""
+    try:
+        if not stat.S_ISREG(os.stat("/proc/%d/fd/%d" % (pid, fd)).st_mode):
+            return False
+        with open("/proc/%d/fdinfo/%d" % (pid, fd), "rb") as f:
+            for line in f:
+                if line.startswith(b"flags:"):
+                    return not int(line.split()[1], 8) & os.O_APPEND
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def _write_shared(pid: int, fd: int, data: bytes, ident: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:
+    """Write ``data`` through the process's own open file (``pidfd_getfd``, Linux 5.6, where ptrace
+    is allowed), at the position it shares with the process; None (nothing written) where that
+    cannot be had: the line then goes to the ``--log`` file only, never over the job's output."""
+    import ctypes
+
+    pidfd = dup = -1
+    try:
+        pidfd = os.pidfd_open(pid)
+        libc = ctypes.CDLL(None, use_errno=True)
+        dup = int(libc.syscall(_PIDFD_GETFD, pidfd, fd, 0))
+        if dup < 0:
+            return None
+        st = os.fstat(dup)
+        got = (st.st_dev, st.st_ino)
+        if ident is not None and got != tuple(ident):
+            return None
+        os.write(dup, data)
+        return got
+    except (OSError, AttributeError, ValueError):
+        return None
+    finally:
+        for one in (dup, pidfd):
+            if one >= 0:
+                os.close(one)
+
+
 StderrHint = tuple[Optional[tuple[int, int]], Optional[str]]
 """``((st_dev, st_ino), path or None)``: what the job's stderr was, when its journal does not say."""
 
@@ -217,7 +261,12 @@ class JobLines:
         ident, path = self._stderr(journal)
         if ident:
             got = None
-            if alive:
+            if alive and _positioned_file(journal.pid, 2):
+                # A regular file the job writes at its own position (``2> file``, not ``2>>``): a line
+                # appended by another open would be written over by the job's next write. Through the
+                # job's own descriptor (pidfd_getfd) the position is shared, as if the job wrote it.
+                got = _write_shared(journal.pid, 2, data, ident)
+            elif alive:
                 got = _write_checked("/proc/%d/fd/2" % journal.pid, data, follow=True, ident=ident)
             if got is None and path:
                 got = _write_checked(path, data, follow=False, ident=ident)
