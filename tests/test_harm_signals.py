@@ -297,8 +297,8 @@ class TestHandlers:
 
     def test_program_that_takes_signals_with_sigwait(self, tmp_path: Path, collector) -> None:
         """A service that blocks every signal and takes them with ``sigwait`` (its shutdown
-        loop): a stall sends no stack request, which it would receive as its own signal and act on;
-        the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
+        loop): a stall never sends it a signal it would receive as its own and act on — the stack
+        request goes to a thread that runs the handler, or is not sent and the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
         # It takes signals until its journal holds the stall record, and 2 s more (a stack request
         # sent at the stall would be pending by then). The stall is one between stages, after the
         # signals are blocked and the arguments parsed: `import torch` (seconds on a loaded machine)
@@ -328,7 +328,12 @@ class TestHandlers:
         wait_sidecar_gone(tmp_path)
         text = collector_text(collector)
         assert "stall detected" in text
-        assert "waits for signals (sigwait)" in text or "blocks signal %d" % STACK_SIGNAL in text, text[-3000:]
+        # torch's own threads, started before the mask, run the handler: the request goes to one of
+        # them alone (tgkill), the stacks are had, and the program's sigtimedwait got nothing (above).
+        # Without such a thread the evidence says why no request was sent.
+        had = "lora_otel.evidence.python.stacks: Str(" in text
+        refused = "waits for signals (sigwait)" in text or "blocks signal %d" % STACK_SIGNAL in text
+        assert had or refused, text[-3000:]
 
     def test_own_handler_for_the_stack_signal(self, tmp_path: Path, collector) -> None:
         """A program that installs its own handler for lora_otel's stack request signal after start:

@@ -294,6 +294,10 @@ class StackRequest:
     signal: int
     path: str
     refusal: Optional[str] = None
+    tid: Optional[int] = None
+    """The thread the signal is sent to (``tgkill``): one that runs the handler — it does not block
+    the signal and waits in no ``sigwait`` — so that no other thread can take the request as the
+    program's own signal; None: the whole process (``kill``)."""
 
 
 def stack_request(journal: Journal) -> Optional[StackRequest]:
@@ -315,7 +319,13 @@ def stack_request(journal: Journal) -> Optional[StackRequest]:
     if not isinstance(signum, int) or isinstance(signum, bool):
         # Written by a lora_otel that registered SIGUSR1 without saying so: not verifiable.
         return StackRequest(0, path, "not requested: the journal does not say which signal its stack handler is on")
-    return StackRequest(signum, path, _refusal(journal, attrs, signum))
+    refusal = _refusal(journal, attrs, signum)
+    tid = None
+    if refusal is None and journal.pid:
+        tid, why = handler_thread(journal.pid, signum)
+        if tid is None:
+            refusal = "not requested: %s; the program would receive signal %d itself" % (why, signum)
+    return StackRequest(signum, path, refusal, tid)
 
 
 def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[str]:
@@ -337,9 +347,6 @@ def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[s
         return "not requested: cannot read /proc/%d/status to see which signals it catches" % pid
     if not caught & (1 << (signum - 1)):
         return "not requested: signal %d is not caught in the process any more (its handler was reset)" % signum
-    taker = signal_taker(pid, signum)
-    if taker:
-        return "not requested: %s; the program would receive signal %d itself" % (taker, signum)
     fd, file_id = attrs.get("lora_otel.stacks.fd"), attrs.get("lora_otel.stacks.file")
     if not isinstance(fd, int) or not isinstance(file_id, list) or len(file_id) != 2:
         return "not requested: the journal does not identify the stacks file's descriptor"
@@ -355,47 +362,72 @@ def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[s
     return None
 
 
-def signal_taker(pid: int, signum: int) -> Optional[str]:
-    """Why ``signum`` might reach the program instead of faulthandler's handler, or None.
+def handler_thread(pid: int, signum: int) -> tuple[Optional[int], str]:
+    """(the thread to send ``signum`` to, "") or (None, why there is none).
 
-    A handler only runs in a thread that does not block the signal; a program that blocks it and
-    takes it synchronously (``signal.sigwait``/``sigtimedwait``, whose thread shows
-    ``do_sigtimedwait`` as its wait channel while it waits, unblocking the set meanwhile; or a
-    ``signalfd``, whose ``fdinfo`` names the signals it reads) would receive the request as its
-    own signal, and may act on it (shut down, reload)."""
+    A handler only runs in a thread that does not block the signal. A signal sent to the whole
+    process may go to any thread that does not block it — including one in ``signal.sigwait`` /
+    ``sigtimedwait`` (whose mask is lifted for the waited set while it waits: ``do_sigtimedwait`` is
+    its wait channel), and when every thread blocks it, it stays pending until the program takes it
+    itself (``sigwait``, a ``signalfd``). Sent to one thread (``tgkill``) that does not block it and
+    is in no sigwait, only that thread's handler can take it: a program whose helper threads block
+    every signal (pyarrow's jemalloc thread, the beat itself) is still asked. The main thread is
+    preferred. None when no thread qualifies, or ``tgkill`` is not known here and some thread blocks it."""
     bit = 1 << (signum - 1)
     try:
-        tids = os.listdir("/proc/%d/task" % pid)
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=lambda t: (t != str(pid), t))
     except OSError:
-        return None
-    for tid in tids:
+        return None, "cannot read the threads of process %d" % pid
+    free: list[int] = []
+    taker = ""
+    for tid in tids[:4096]:
         try:
             wchan = _read("/proc/%d/task/%s/wchan" % (pid, tid))
             status = _read("/proc/%d/task/%s/status" % (pid, tid))
         except OSError:
             continue
         if "sigtimedwait" in wchan:
-            return "thread %s of the process waits for signals (sigwait)" % tid
-        for line in status.splitlines():
-            if line.startswith("SigBlk:") and int(line.split(":", 1)[1].strip(), 16) & bit:
-                return "thread %s of the process blocks signal %d (to take it with sigwait or a signalfd)" % (
-                    tid,
-                    signum,
-                )
-    try:
-        fds = os.listdir("/proc/%d/fd" % pid)
-    except OSError:
-        return None
-    for fd in fds:
-        try:
-            if os.readlink("/proc/%d/fd/%s" % (pid, fd)) != "anon_inode:[signalfd]":
-                continue
-            for line in _read("/proc/%d/fdinfo/%s" % (pid, fd)).splitlines():
-                if line.startswith("sigmask:") and int(line.split(":", 1)[1].strip(), 16) & bit:
-                    return "the process reads signal %d from a signalfd (descriptor %s)" % (signum, fd)
-        except (OSError, ValueError):
+            taker = taker or "thread %s of the process waits for signals (sigwait)" % tid
             continue
-    return None
+        blocked = next((line for line in status.splitlines() if line.startswith("SigBlk:")), "")
+        try:
+            blocks = bool(int(blocked.split(":", 1)[1].strip(), 16) & bit) if blocked else True
+        except ValueError:
+            blocks = True
+        if blocks:
+            taker = taker or "thread %s of the process blocks signal %d (to take it with sigwait or a signalfd)" % (
+                tid,
+                signum,
+            )
+            continue
+        if not status.startswith("Name:") or "\nState:\tZ" in status or "\nState:\tX" in status:
+            continue
+        free.append(int(tid))
+    if not free:
+        return None, taker or "no thread of the process runs a signal handler"
+    if _TGKILL is None and taker:
+        return None, taker + " (and signals cannot be sent to one thread here)"
+    return free[0], ""
+
+
+_TGKILL = {"x86_64": 234, "aarch64": 131, "arm64": 131, "riscv64": 131, "ppc64le": 250, "ppc64": 250, "s390x": 241}.get(
+    os.uname().machine
+)
+"""The ``tgkill`` system call's number on this machine (Python has no ``os.tgkill``), or None."""
+
+
+def send_request(pid: int, request: StackRequest) -> None:
+    """Send the request's signal: to its thread with ``tgkill`` where it has one, else to ``pid``.
+    Raises OSError as ``os.kill`` does."""
+    if request.tid is not None and _TGKILL is not None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(_TGKILL, pid, request.tid, request.signal) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return
+    os.kill(pid, request.signal)
 
 
 def caught_signals(pid: int) -> Optional[int]:
@@ -430,7 +462,7 @@ def python_stacks(
         state = ""
     if request is not None and state in ("T", "t"):
         try:
-            os.kill(pid, request.signal)
+            send_request(pid, request)
         except OSError:
             pass
         out[PREFIX + "python.stacks.error"] = (
@@ -441,7 +473,7 @@ def python_stacks(
         stacks_path = request.path
         try:
             before = os.path.getsize(stacks_path) if os.path.exists(stacks_path) else 0
-            os.kill(pid, request.signal)
+            send_request(pid, request)
             deadline = time.monotonic() + wait_s
             text = ""
             while time.monotonic() < deadline:
