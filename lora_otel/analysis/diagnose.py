@@ -813,8 +813,12 @@ def _collective(
 def _innermost_frame(stacks: str) -> str:
     """``file:line in func`` of the innermost frame of the program's thread in a faulthandler dump.
 
-    Threads whose innermost frame is lora_otel's own (the beat) are skipped.
+    The main thread (the one whose outermost frame is ``<module>``) when the dump shows it; else the
+    first thread whose innermost frame is not lora_otel's own (the beat).
     """
+    main = next((frames for _, frames in _threads(stacks) if frames and frames[-1].func == "<module>"), None)
+    if main:
+        return _short(main[0])
     threads: list[list[str]] = []
     for line in stacks.splitlines():
         if line.startswith(("Current thread", "Thread ")):
@@ -1031,6 +1035,35 @@ def _thread_name(frames: list[Frame]) -> str:
     return "thread %s()" % outer[-1].func if outer else "a thread"
 
 
+_IDLE_HELPERS = (
+    "tqdm/_monitor.py",
+    "concurrent/futures/thread.py",
+    "concurrent/futures/process.py",
+    "multiprocessing/pool.py",
+    "multiprocessing/queues.py",
+    "multiprocessing/resource_sharer.py",
+    "torch/utils/data/_utils/pin_memory.py",
+    "huggingface_hub/",
+    "datasets/",
+    "transformers/",
+    "queue.py",
+    "socketserver.py",
+    "sched.py",
+)
+"""Modules whose background threads idle in a timed wait (tqdm's monitor, an executor's idle
+worker, a pool's handler threads, torch's pin-memory thread, the hubs' upload and telemetry
+threads): a thread of theirs waiting on a condition is not what a job is stuck on."""
+
+
+def _idle_helper(frames: list[Frame]) -> bool:
+    """A thread other than the main one that waits on a condition or event (``threading.py``'s
+    ``wait``) inside one of `_IDLE_HELPERS`, or in nothing but the threading module itself."""
+    if _thread_name(frames) == "the main thread" or not (frames[0].func == "wait" and _in(frames[0].file, "threading.py")):
+        return False
+    outer = [fr.file.replace("\\", "/") for fr in frames if fr.python and not _in(fr.file, "threading.py")]
+    return not outer or any(_in(file, module) for file in outer for module in _IDLE_HELPERS)
+
+
 def lock_waits(stacks: str) -> Optional[str]:
     """Threads waiting to acquire ``threading`` locks (as the source lines of their innermost frames
     show), which lock each waits for and which it holds; a cycle is called a deadlock. None when no
@@ -1041,6 +1074,8 @@ def lock_waits(stacks: str) -> Optional[str]:
             continue
         lock = _waits_for(frames[0])
         if lock is None:
+            continue
+        if _idle_helper(frames):
             continue
         held = [h for h in _holds(frames) if h != lock]
         waits.append((_thread_name(frames), lock, _short(frames[0]), held))
