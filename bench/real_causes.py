@@ -270,7 +270,8 @@ GLOO = Case(
             """),
     },
     place=r"train\.py:@allreduce|train\.py:@skip",  # rank 0 waiting, or rank 1 where it is
-    cause=r"rank 1 never arrived",
+    # rank 0's own why line, or the job view's callout naming rank 1 the stuck one and rank 0 waiting for it
+    cause=r"rank 1 never arrived|rank 1 \(pid \d+\) is the one stuck.*rank 0 \(pid \d+\) waits for it in a collective",
     env={"LORA_OTEL_STALL_AFTER": "training=3", "OMP_NUM_THREADS": "1"},
     needs=("torch",),
     about="two gloo ranks on CPU (init_method file://); rank 1 never reaches the all_reduce",

@@ -72,17 +72,24 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def watchdog_line(tmp_path: Path) -> str:
-    """The watchdog's STALLED line in --log (the job's own STALLED line has no diagnosis)."""
+    """The watchdog's line with the diagnosis in --log: its STALLED line where the job's own lines
+    may not get through (stderr in the full pipe), else the why line after the job's own STALLED
+    line (which has no diagnosis)."""
     return wait_for(
-        lambda: [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x and "Blocked writing" in x],
+        lambda: [
+            x
+            for x in text(tmp_path / "run.log").splitlines()
+            if ("STALLED:" in x or "is stalled: " in x) and "Blocked writing" in x
+        ],
         timeout=60,
-        what="the watchdog's STALLED line in run.log",
+        what="the watchdog's line with the diagnosis in run.log",
     )[0]
 
 
 def test_launcher_that_never_reads_is_named_with_its_pid(tmp_path: Path) -> None:
-    """stdout a pipe nobody reads, stderr a file: the STALLED line on --log (and on the job's
-    stderr) says the job is blocked writing to its stdout, names the pipe's inode, its fill, and
+    """stdout a pipe nobody reads, stderr a file: the job's own STALLED line gets through (stderr is
+    no pipe), and the watchdog's why line after it on --log (and on the job's stderr) says the job
+    is blocked writing to its stdout, names the pipe's inode, its fill, and
     the launcher (pid, command line) holding the read end while it waits for its child to exit;
     the stall record has the same sentence and the pipe's facts, and inspect leads with it."""
     launcher = launch(tmp_path, "file")
@@ -91,7 +98,9 @@ def test_launcher_that_never_reads_is_named_with_its_pid(tmp_path: Path) -> None
         job = int(text(tmp_path / "job.pid"))
         inode = os.readlink("/proc/%d/fd/1" % job)[6:-1]
         assert line.startswith("[lora-otel][%d][" % job), line
-        assert "write report open for" in line, line
+        assert "why write report is stalled: Blocked writing" in line, line
+        own = [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x]
+        assert own and "write report open for" in own[0] and "Blocked" not in own[0], text(tmp_path / "run.log")
         assert "Blocked writing to its stdout, a pipe nobody reads" in line, line
         assert "pipe:[%s]" % inode in line, line
         assert "its read end is held by pid %d (" % launcher.pid in line and "launcher.py" in line, line
@@ -122,6 +131,7 @@ def test_stdout_and_stderr_in_one_pipe(tmp_path: Path) -> None:
     launcher = launch(tmp_path, "same")
     try:
         line = watchdog_line(tmp_path)
+        assert "STALLED:" in line, "stderr is in the full pipe: the watchdog speaks for the job"
         assert "Blocked writing to its stdout and stderr (one pipe), a pipe nobody reads" in line, line
         assert "its read end is held by pid %d (" % launcher.pid in line, line
         own = [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x and x != line]

@@ -298,7 +298,8 @@ class TestHandlers:
     def test_program_that_takes_signals_with_sigwait(self, tmp_path: Path, collector) -> None:
         """A service that blocks every signal and takes them with ``sigwait`` (its shutdown
         loop): a stall never sends it a signal it would receive as its own and act on — the stack
-        request goes to a thread that runs the handler, or is not sent and the evidence says why. (Found by the hostile trial: it got signal 44 and shut down.)"""
+        request goes to a thread that runs the handler, or is not sent and the evidence says why.
+        (Found by the hostile trial: it got signal 44 and shut down.)"""
         # It takes signals until its journal holds the stall record, and 2 s more (a stack request
         # sent at the stall would be pending by then). The stall is one between stages, after the
         # signals are blocked and the arguments parsed: `import torch` (seconds on a loaded machine)

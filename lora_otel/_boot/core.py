@@ -100,6 +100,18 @@ _log_failed = False
 quiet = False
 """A process started by a traced process (see ``preamble._is_child``): its info lines go to the
 journal and the ``--log`` file only, not to the terminal; error lines still go to stderr."""
+JOB_LOG_ENV = "LORA_OTEL_JOB_LOG"
+"""The job's ``--log`` file (an absolute path), set by the job's top process for the processes it
+starts: a quiet child with no log of its own appends its warnings and errors there (`log_bad_only`)."""
+log_bad_only = False
+"""Only warn and error lines go to the ``--log`` file: it is the job's (a quiet child's, a forked
+worker's), where the job's own narration goes; their start-up and info lines stay in their journals."""
+worker = False
+"""A `quiet` process that is a worker of its parent — a forked child (a DataLoader or pool worker),
+or a ``multiprocessing``/``multiprocess``/loky spawn worker, resource tracker or fork server —
+which idles between tasks by design and is never called stalled between stages. A quiet child that
+is no worker (``python train.py`` started by a launcher, ``accelerate launch``'s single trainer) is
+watched like the job's top process: its quiet time may be a hang (issue 22 item 3)."""
 beat_off = ""
 """Why this process has no beat thread ("" when it has one): `preamble.beat_off_reason`."""
 
@@ -133,8 +145,9 @@ _settler: Callable[[], None] | None = None
 def forked(new_pid: int, now_ns: int) -> None:
     """In the fork hook: this is process ``new_pid`` now, forked at ``now_ns``, not settled yet
     (`forked_at`); not a job, its lines off the terminal (`quiet`)."""
-    global pid, main_ident, forked_at, promoted, quiet
-    pid, main_ident, forked_at, promoted, quiet = new_pid, get_ident(), now_ns, "", True
+    global pid, main_ident, forked_at, promoted, quiet, worker, log_bad_only
+    pid, main_ident, forked_at, promoted, quiet, worker = new_pid, get_ident(), now_ns, "", True, True
+    log_bad_only = True
 
 
 def settle() -> None:
@@ -791,6 +804,7 @@ def drop_log(reason: str) -> None:
 
     fd, path, created, size0, written = _log_fd, log_path, _log_created, _log_size0, _log_written
     _log_fd, log_path, log_option = -1, None, ""  # first: no line goes there from now on
+    os.environ.pop(JOB_LOG_ENV, None)  # nor a line of the processes it starts
     undone = ""
     if fd >= 0 and files.same(fd, (_log_dev, _log_ino)):
         try:
@@ -847,7 +861,7 @@ def _emit(msg: str, level: str) -> None:
     text = _format_line(msg)
     if level != "note" and (level != "info" or not quiet):
         _stderr(text)
-    if _log_fd >= 0:
+    if _log_fd >= 0 and (not log_bad_only or level in ("warn", "error")):
         try:
             _write_log(text.encode("utf-8", "backslashreplace"))
         except Exception as e:  # noqa: BLE001

@@ -304,7 +304,7 @@ def note_interactive() -> None:
 def _idle_ok() -> bool:
     """Whether a quiet time (or ``arguments`` still open) may mean this job is stuck (docstring)."""
     return (
-        not core.quiet
+        not (core.quiet and core.worker)
         and not _interactive_said
         and "torch" in sys.modules
         and not any(m in sys.modules for m in _UI_MODULES)

@@ -101,6 +101,29 @@ def is_child(env: Mapping[str, str], trace_id: str | None) -> bool:
     return bool(trace_id) and top_trace == trace_id and top_pid != str(os.getpid())
 
 
+_WORKER_ARGV = ("multiprocessing", "multiprocess.", "loky", "joblib")
+"""Words of a ``-c``/``-m`` argument that starts a worker of its parent: ``multiprocessing.spawn``'s
+``spawn_main``, its resource tracker and fork server (and ``multiprocess``'s, datasets' fork of it),
+joblib's loky workers."""
+
+
+def is_worker(argv: list[str]) -> bool:
+    """Whether this exec'd interpreter is a worker of its parent (`core.worker`): a
+    ``--multiprocessing-fork`` argument, or a ``-c``/``-m`` argument naming `_WORKER_ARGV` — read
+    from ``/proc/self/cmdline``, since ``sys.argv`` holds neither the code of ``-c`` nor the module
+    of ``-m`` yet (``argv`` where there is no /proc)."""
+    try:
+        args = [os.fsdecode(a) for a in _read_proc_self("cmdline").split(b"\0")[:12]]
+    except OSError:
+        args = argv[:12]
+    if "--multiprocessing-fork" in args or "--multiprocessing-fork" in argv:
+        return True
+    return any(
+        args[i] in ("-c", "-m") and i + 1 < len(args) and any(w in args[i + 1] for w in _WORKER_ARGV)
+        for i in range(len(args))
+    )
+
+
 def _read_proc_self(name: str) -> bytes:
     """``/proc/self/<name>`` in one read (``OSError`` where there is no /proc)."""
     fd = os.open("/proc/self/" + name, os.O_RDONLY)
@@ -235,6 +258,7 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
         "config": {
             "import_threshold_ms": core.import_threshold_ms,
             "quiet": core.quiet,
+            "worker": core.worker,
             # the limits the job runs with, as given (`lora_otel._boot.limits` reads them)
             "stall_after": env.get("LORA_OTEL_STALL_AFTER"),
             "frozen_after": env.get("LORA_OTEL_FROZEN_AFTER"),
@@ -331,7 +355,9 @@ def _start(how: str) -> None:
     # 1. First evidence: the root span on disk, then one line on stderr (not in a child).
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
     rank = _new_rank(env)
-    core.quiet = is_child(env, trace_id) and rank is None
+    child = is_child(env, trace_id)
+    core.quiet = child and rank is None
+    core.worker = core.quiet and is_worker(argv)
     core.trace_id = trace_id or core.new_trace_id()
     if not core.quiet:
         env[JOB_ENV] = "%s:%d" % (core.trace_id, core.pid)
@@ -357,6 +383,15 @@ def _start(how: str) -> None:
         not exact and bool(core.log_path) and chosen == os.path.abspath(core.log_path or "") + paths.JOURNAL_SUFFIX
     )
     core.open_journal(chosen, exact=exact)
+    if not child:  # the processes it starts write their warnings to its log file, or none
+        env.pop(core.JOB_LOG_ENV, None)
+        if core.log_path and core._log_fd >= 0:
+            env[core.JOB_LOG_ENV] = os.path.abspath(core.log_path)
+    elif not core.log_path and env.get(core.JOB_LOG_ENV):  # a quiet child, a rank: into the job's log
+        core.log_bad_only = True
+        core.open_log(env[core.JOB_LOG_ENV])
+        if core._log_fd >= 0:
+            core.log_path = env[core.JOB_LOG_ENV]
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False) or 1.0  # (said below when bad)
     start_ns, ticks = _process_start(now)

@@ -3,9 +3,10 @@
 `sample` reads the main thread's frame from ``sys._current_frames()`` (from the beat thread) and
 walks ``f_back``: at most `MAX_FRAMES` entries ``[file, line, function]``, outermost first. Frames
 of lora_otel itself are left out (a hook of ours around ``os.waitpid`` shows as its caller's call),
-and those of the import machinery (``<frozen importlib._bootstrap>``) unless innermost: a program stuck in ``import toolkit.job`` reads ``run.py:3 in <module> →
-toolkit/job.py:2 in <module>``, not five importlib frames. Paths lose the prefix of the standard
-library, of ``site-packages``/``dist-packages`` and of the working directory at start.
+and those of the import machinery (``<frozen importlib._bootstrap>``) unless innermost: a program
+stuck in ``import toolkit.job`` reads ``run.py:3 in <module> → toolkit/job.py:2 in <module>``, not
+five importlib frames. Paths lose the prefix of the standard library, of
+``site-packages``/``dist-packages`` and of the working directory at start.
 
 When the main thread sits in a C function (``time.sleep``, ``socket.recv_into``, ``lock.acquire``)
 its innermost Python frame is the caller. If that frame is at a call instruction at two beats in
@@ -83,7 +84,7 @@ def sample(main_ident: int, _frames: Callable[[], dict[int, FrameType]] = sys._c
         return None
     # A hook of ours around a blocking call (os.waitpid, a lock) is not where the program is: its
     # caller is, and the callee read there names the call it made.
-    inner = frame
+    inner: FrameType | None = frame
     while inner is not None and inner.f_code.co_filename.startswith(_lora_otel_dir):
         inner = inner.f_back
     if inner is not None:

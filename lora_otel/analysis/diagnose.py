@@ -1058,7 +1058,9 @@ threads): a thread of theirs waiting on a condition is not what a job is stuck o
 def _idle_helper(frames: list[Frame]) -> bool:
     """A thread other than the main one that waits on a condition or event (``threading.py``'s
     ``wait``) inside one of `_IDLE_HELPERS`, or in nothing but the threading module itself."""
-    if _thread_name(frames) == "the main thread" or not (frames[0].func == "wait" and _in(frames[0].file, "threading.py")):
+    if _thread_name(frames) == "the main thread" or not (
+        frames[0].func == "wait" and _in(frames[0].file, "threading.py")
+    ):
         return False
     outer = [fr.file.replace("\\", "/") for fr in frames if fr.python and not _in(fr.file, "threading.py")]
     return not outer or any(_in(file, module) for file in outer for module in _IDLE_HELPERS)

@@ -23,6 +23,7 @@ with the reason under ``lora_otel.evidence.<what>.error``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,10 +171,14 @@ def _vmstat(key: str) -> Optional[int]:
     return None
 
 
-def children_facts(pid: int, journals: Optional[dict[int, Journal]] = None) -> dict[str, Any]:
+def children_facts(
+    pid: int, journals: Optional[dict[int, Journal]] = None, read_frames: bool = False
+) -> dict[str, Any]:
     """The process's child processes (DataLoader workers among them): each as ``"pid state wchan
     cpu% [where its journal says it is]"`` under ``process.children``, from ``/proc`` (sampled 0.2 s)
-    and ``journals`` (by pid) when one of them is its."""
+    and ``journals`` (by pid) when one of them is its. ``read_frames``: a child whose journal does
+    not say where it is gets its main thread's ``frames`` read from outside (py-spy, the watchdog
+    only: `main_frames_from_outside`)."""
     try:
         kids: list[int] = []
         for tid in os.listdir("/proc/%d/task" % pid):
@@ -215,7 +220,54 @@ def children_facts(pid: int, journals: Optional[dict[int, Journal]] = None) -> d
             row["journal"] = other.path
             row["where"] = _where(other)
         rows.append(row)
+    if read_frames:  # a worker that never beats (a forked one blocked at once) says nothing itself
+        for row in [r for r in rows if not r.get("where")][:MAX_CHILD_FRAMES]:
+            kid_pid = row["pid"]
+            if not isinstance(kid_pid, int):
+                continue
+            frames = main_frames_from_outside(kid_pid)
+            if frames:
+                row["frames"] = frames
     return {PREFIX + "process.children": rows} if rows else {}
+
+
+MAX_CHILD_FRAMES = 4
+"""At most this many children read with py-spy at one stall (each read takes a few tenths of a second)."""
+_SPY_THREAD = re.compile(r'^Thread (?:0x[0-9a-fA-F]+|\d+) \([^)]*\)(?::\s*"([^"]*)")?')
+_SPY_FRAME = re.compile(r"^\s+(\S+) \((.*):(\d+)\)\s*$")
+
+
+def main_frames_from_outside(pid: int) -> Optional[list[list[Any]]]:
+    """The main thread's Python frames of process ``pid`` as the beat would sample them (``[file,
+    line, function]``, outermost first), read by ``py-spy dump --nonblocking`` (nothing paused, no
+    signal); None without py-spy, or when it cannot read the process."""
+    spy = py_spy_path()
+    if spy is None:
+        return None
+    try:
+        r = subprocess.run(
+            [spy, "dump", "--nonblocking", "--full-filenames", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    frames: list[list[Any]] = []
+    main = False
+    for line in r.stdout.splitlines():
+        head = _SPY_THREAD.match(line)
+        if head:
+            if main:
+                break
+            main = head.group(1) == "MainThread"
+            continue
+        frame = _SPY_FRAME.match(line) if main else None
+        if frame:
+            frames.append([frame.group(2), int(frame.group(3)), frame.group(1).rsplit(".", 1)[-1]])
+    return frames[::-1] or None
 
 
 def _where(journal: Journal) -> str:
@@ -649,7 +701,7 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     out.update(python_stacks(pid, request, py_spy=False))
     out.update(gpu_facts(pid))
     out.update(memory_facts(pid))
-    out.update(children_facts(pid))
+    out.update(children_facts(pid, read_frames=True))
     # -- pipes: a stdout/stderr pipe nobody reads (analysis/pipes.py) --
     out.update(pipe_facts(pid))
     # py-spy last: it takes its own time (a second on a torch process, more under memory pressure,

@@ -120,6 +120,21 @@ class Proc:
         return self.view.reference_ns
 
     @property
+    def order_ns(self) -> int:
+        """When it ended, for the order of failures: `end_ns`, except for a process killed without an
+        exit record whose parent reaped it later — a parent waiting on a sibling first reaps it
+        late — which died after it was last seen alive and before that reap: at most one beat
+        after its last sign of life (a live process touches its journal every beat)."""
+        journal = self.journal
+        if self.end is None or journal.exit is not None or journal.exec is not None or self.state == "running":
+            return self.end_ns
+        life = journal.last_life_ns
+        config = journal.config if isinstance(journal.config, dict) else {}
+        beat_s = config.get("beat_s")
+        beat_ns = int(beat_s * 1e9) if isinstance(beat_s, (int, float)) and 0 < beat_s < 60 else 1_000_000_000
+        return min(self.end.at_ns, life + beat_ns) if life else self.end.at_ns
+
+    @property
     def end_known(self) -> bool:
         """Whether `end_ns` is when it ended (an exit record, or its parent reaped it), not only
         when it was last seen alive (a process gone without a word died some time after that)."""
@@ -620,12 +635,13 @@ def _first_failure(bad: list[Proc], order: dict[int, int]) -> tuple[Proc, int]:
     """The process of ``bad`` (failed or killed) that went wrong first, and how many others of
     the same outcome ended together with it (within `TOGETHER_NS`: a job killed as a whole).
 
-    Each is ordered by when it ended: its exit record, or its parent's reap of it; one gone without
-    either by when it was last seen alive (it died after that, by up to `UNSURE_NS`), so a process
+    Each is ordered by when it ended (`Proc.order_ns`): its exit record, or for one killed that its
+    parent reaped, a beat after it was last seen alive (the reap may come much later); one gone
+    without either by when it was last seen alive (it died after that, by up to `UNSURE_NS`), so a process
     that failed (an exit record) within that time after it may have been first, unless its error
     reads as a consequence (`consequence_of_first`). Launchers come last: their failure follows
     their children's."""
-    bad.sort(key=lambda p: (bool(p.children), p.end_ns, order[id(p)]))
+    bad.sort(key=lambda p: (bool(p.children), p.order_ns, order[id(p)]))
     proc = bad[0]
     if not proc.end_known and proc.outcome == "killed":
         proc = next(
@@ -634,7 +650,7 @@ def _first_failure(bad: list[Proc], order: dict[int, int]) -> tuple[Proc, int]:
                 for p in bad
                 if not p.children
                 and p.outcome == "failed"
-                and p.end_ns - bad[0].end_ns < UNSURE_NS
+                and p.order_ns - bad[0].order_ns < UNSURE_NS
                 and consequence_of_first(p) is None
             ),
             proc,
@@ -759,8 +775,15 @@ def _killed_phrase(proc: Proc) -> str:
         text += f" in {_display(deepest.name)}"
         if proc.journal.steps:
             return text + f" at step {proc.journal.steps}"
-        return text + f" after {format_duration(max(proc.end_ns - deepest.start_ns, 0))}"
-    return text + f" after {format_duration(proc.end_ns - proc.start_ns)}"
+        return text + f" after {format_duration(max(proc.order_ns - deepest.start_ns, 0))}{_reaped_later(proc)}"
+    return text + f" after {format_duration(proc.order_ns - proc.start_ns)}{_reaped_later(proc)}"
+
+
+def _reaped_later(proc: Proc) -> str:
+    """`` (reaped by its parent 1.6 s later)`` when the death was placed a beat after the last sign
+    of life (`Proc.order_ns`), well before the parent's reap."""
+    late = proc.end_ns - proc.order_ns
+    return f" (reaped by its parent {format_duration(late)} later)" if late >= 500_000_000 else ""
 
 
 def _with_tag(text: str, job: Job, proc: Proc) -> str:

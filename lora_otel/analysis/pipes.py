@@ -64,6 +64,12 @@ def _full(evidence: Mapping[str, Any], fd: int) -> Optional[bool]:
     return queued >= capacity * FULL_FRACTION
 
 
+def stderr_blocked(evidence: Mapping[str, Any]) -> bool:
+    """Whether the job's own lines (on its stderr) may not get through: its stderr is a pipe that is
+    full, or whose fill could not be read. A full stdout with stderr elsewhere does not stop them."""
+    return isinstance(evidence.get(PREFIX + "pipe.fd2.inode"), int) and _full(evidence, 2) is not False
+
+
 def _fill(evidence: Mapping[str, Any], fd: int) -> str:
     queued = evidence.get(PREFIX + "pipe.fd%d.queued_bytes" % fd)
     capacity = evidence.get(PREFIX + "pipe.fd%d.capacity_bytes" % fd)

@@ -252,26 +252,46 @@ def _where(worker: Worker, now_ns: int) -> str:
     """``its main thread has been at job.py:5 in task → time.sleep for 24 s (its last beat)``."""
     journal = worker.journal
     if journal is None or not journal.main_frames:
-        return ""
+        outside = _outside_frames(worker)
+        if not outside:
+            return ""
+        return "its main thread is at %s (read by py-spy)" % where_text(_program_part(outside))
     since = journal.main_frames_since or journal.main_frames_ts
-    frames = list(journal.main_frames)
-    while len(frames) > 1 and frames[0] and any(_in(str(frames[0][0]), m) for m in _WORKER_IDLE_MODULES):
-        if not str(frames[1][0] if frames[1] else ""):
-            break  # keep the Python frame that calls the C function
-        frames.pop(0)  # the pool's own loop around the task: the program's frames say where
+    frames = _program_part(list(journal.main_frames))
     text = "its main thread %s at %s" % ("has been" if worker.end is None else "was", where_text(frames))
     if since is not None and worker.end is None:
         text += " for %s" % format_duration(max(now_ns - since, 0))
     return text + (" (its journal's beat)" if worker.end is None else " at its last beat")
 
 
+def _program_part(frames: list[Any]) -> list[Any]:
+    """The frames without the pool's own loop around the task (outermost first): the program's
+    frames say where."""
+    frames = list(frames)
+    while len(frames) > 1 and frames[0] and any(_in(str(frames[0][0]), m) for m in _WORKER_IDLE_MODULES):
+        if not str(frames[1][0] if frames[1] else ""):
+            break  # keep the Python frame that calls the C function
+        frames.pop(0)
+    return frames
+
+
+def _outside_frames(worker: Worker) -> list[Any]:
+    """The worker's main-thread frames as the watchdog read them from outside (``frames`` of its
+    ``process.children`` row: `evidence.children_facts`), outermost first; [] when not read."""
+    frames = worker.row.get("frames") if worker.row else None
+    return [f for f in frames if isinstance(f, list) and len(f) == 3] if isinstance(frames, list) else []
+
+
 def _program_frame(worker: Worker) -> str:
-    """``job.py:14 in worker``: the innermost frame of the worker's own code at its last beat, or ""."""
-    frames = worker.journal.main_frames if worker.journal is not None else None
-    for frame in reversed(frames or []):
-        file = str(frame[0]) if frame else ""
-        if file and not any(_in(file, m) for m in _WORKER_IDLE_MODULES):
-            return _short((file, str(frame[1]), str(frame[2])))
+    """``job.py:14 in worker``: the innermost frame of the worker's own code at its last beat (or as
+    read from outside), or ""."""
+    journal_frames = worker.journal.main_frames if worker.journal is not None else None
+    # the beat keeps the innermost few frames: all the pool's own in a deep wait, when py-spy saw more
+    for frames in (journal_frames or [], _outside_frames(worker)):
+        for frame in reversed(frames):
+            file = str(frame[0]) if frame else ""
+            if file and not any(_in(file, m) for m in _WORKER_IDLE_MODULES):
+                return _short((file, str(frame[1]), str(frame[2])))
     return ""
 
 

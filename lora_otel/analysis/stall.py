@@ -243,14 +243,16 @@ _UI_IMPORTS = ("import gradio", "import uvicorn", "import streamlit")
 def idle_may_be_stuck(journal: Journal) -> bool:
     """Whether quiet time with no stage open (or ``arguments`` still open) may mean this process is
     stuck — the job's own narration's rule (`lora_otel._boot.narrate`), so every view agrees: a
-    training job's own process (not a quiet child), that has imported torch, runs no web UI
-    (gradio, uvicorn, streamlit wait for their users), is no notebook kernel, REPL or Jupyter server
-    (``lora_otel.interactive`` on the root span) and is not a distributed launcher waiting for its
+    training job's own process or a quiet child that is no worker of its parent (config ``worker``:
+    a forked or spawned pool or DataLoader worker idles between tasks by design), that has imported
+    torch, runs no web UI (gradio, uvicorn, streamlit wait for their users), is no notebook kernel,
+    REPL or Jupyter server (``lora_otel.interactive`` on the root span) and is not a distributed
+    launcher waiting for its
     ranks now (`lora_otel._boot.narrate.waits_for_ranks`: a child with a rank variable of its own).
     A process waiting on its workers — a multiprocessing pool, a ProcessPoolExecutor, a subprocess —
     can be stuck like any job. A service, pip, a helper script or a DataLoader worker idles by design."""
     config = journal.config if isinstance(journal.config, dict) else {}
-    if config.get("quiet") is True:
+    if config.get("quiet") is True and config.get("worker") is not False:  # a worker (older journals: any quiet child)
         return False
     root_attrs = journal.root.attrs if journal.root is not None else {}
     if root_attrs.get("lora_otel.interactive"):  # a kernel, a REPL, a Jupyter server: waits for a person

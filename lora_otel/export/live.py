@@ -46,10 +46,11 @@ from opentelemetry.trace import Status, StatusCode
 
 from lora_otel._version import __version__
 from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
-from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather, python_stacks, stack_request
+from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather
 from lora_otel.analysis.stall import Stall, detect, journal_limits
 from lora_otel.export import otlp
 from lora_otel.export.watchdog import cause_pid
+from lora_otel.export.watchdog import peer_stacks as default_peer_stacks
 from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 
 
@@ -86,8 +87,6 @@ _STATUS_HINTS = {
     403: "check the credentials in OTEL_EXPORTER_OTLP_HEADERS",
     404: "no OTLP receiver at that path; check OTEL_EXPORTER_OTLP_ENDPOINT",
 }
-PEER_STACKS_S = 3.0  # at most this long asking the other ranks for their stacks, at one stall
-MAX_PEER_STACKS = 32
 PEER_STACKS_ATTACHED = 4  # ranks whose stacks go into the stall event, 4000 characters each
 
 
@@ -322,30 +321,6 @@ def outboxes(exporter: Any, log_exporter: Any = None) -> tuple[Outbox, Optional[
     )
 
 
-def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
-    """The Python stacks of the other ranks of ``journal``'s world that still run, by journal path.
-
-    Each is asked as the stalled process is (the stack request signal to its faulthandler, whose
-    file its journal names, after the same checks: `evidence.stack_request`; never py-spy), for at
-    most `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
-    """
-    out: dict[str, str] = {}
-    deadline = time.monotonic() + PEER_STACKS_S
-    for _, peer in sorted(world_peers(journal, peers).items())[:MAX_PEER_STACKS]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        if not peer.pid or process_state(peer) != "running":
-            continue
-        request = stack_request(peer)
-        if request is None or request.refusal:
-            continue
-        text = python_stacks(peer.pid, request, wait_s=min(1.0, left), py_spy=False).get(PREFIX + "python.stacks")
-        if text:
-            out[peer.path] = text
-    return out
-
-
 class _NotRemote:
     """``parent_id in known`` for a journal: every parent is in it except the root's (TRACEPARENT's)."""
 
@@ -409,7 +384,7 @@ class Follower:
         self.watch = watch
         self.evidence = evidence
         self.peers = peers
-        self.peer_stacks = peer_stacks or globals()["peer_stacks"]
+        self.peer_stacks = peer_stacks or default_peer_stacks
         self.exported: set[str] = set()  # open spans sent as incomplete (stalls); forgotten once they end
         self.incomplete_end: dict[str, int] = {}  # span id -> the end its incomplete export used
         self.dropped_imports: dict[str, Span] = {}  # short imports: never exported, their children move up

@@ -26,8 +26,17 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+from lora_otel.analysis.diagnose import world_peers
 from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end, end_of
-from lora_otel.analysis.evidence import PREFIX, OomWatch, StackAsker, StackRequest, gather
+from lora_otel.analysis.evidence import (
+    PREFIX,
+    OomWatch,
+    StackAsker,
+    StackRequest,
+    gather,
+    python_stacks,
+    stack_request,
+)
 from lora_otel.analysis.learned import Learned, learn
 from lora_otel.analysis.stall import Stall, detect, journal_limits
 from lora_otel.journal.reader import Journal, JournalTail, process_state
@@ -342,14 +351,14 @@ def speaks_for_job(stall: Stall, cause_pid: Optional[int] = None, evidence: Opti
     """Whether the watchdog writes the STALLED line: the job cannot (frozen), does not know the
     limit (learned), or cannot see the cause (``cause_pid``: the diagnosis names another process,
     the worker of its pool that holds the task, which the job's own STALLED line cannot name), or
-    cannot know why (it is blocked writing to a full stdout/stderr pipe, which its own lines on
-    stderr may not get through either: `pipes.full_pipe`). Other stalls the job says itself (its
+    cannot know why (it is blocked writing to a full pipe and its stderr is one, so its own lines may
+    not get through either: `pipes.full_pipe`, `pipes.stderr_blocked`). Other stalls the job says itself (its
     own beat), and the watchdog follows them with the cause (`why_line`)."""
     if stall.kind == "frozen" or isinstance(stall.learned, Learned) or cause_pid is not None:
         return True
-    from lora_otel.analysis.pipes import full_pipe
+    from lora_otel.analysis.pipes import full_pipe, stderr_blocked
 
-    return bool(evidence) and full_pipe(evidence or {}) is not None
+    return bool(evidence) and full_pipe(evidence or {}) is not None and stderr_blocked(evidence or {})
 
 
 def death_record(
@@ -383,6 +392,35 @@ def death_record(
 
 
 # --- following ------------------------------------------------------------------------------------
+
+
+PEER_STACKS_S = 3.0
+"""At most this long asking the other ranks for their stacks, at one stall."""
+MAX_PEER_STACKS = 32
+
+
+def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
+    """The Python stacks of the other ranks of ``journal``'s world that still run, by journal path.
+
+    Each is asked as the stalled process is (the stack request signal to its faulthandler, whose
+    file its journal names, after the same checks: `evidence.stack_request`; never py-spy), for at
+    most `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
+    """
+    out: dict[str, str] = {}
+    deadline = time.monotonic() + PEER_STACKS_S
+    for _, peer in sorted(world_peers(journal, peers).items())[:MAX_PEER_STACKS]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if not peer.pid or process_state(peer) != "running":
+            continue
+        request = stack_request(peer)
+        if request is None or request.refusal:
+            continue
+        text = python_stacks(peer.pid, request, wait_s=min(1.0, left), py_spy=False).get(PREFIX + "python.stacks")
+        if text:
+            out[peer.path] = text
+    return out
 
 
 PARENT_REAP_WAIT_S = 1.0
@@ -472,14 +510,20 @@ class Watch:
         from lora_otel.analysis.diagnose import explain
 
         evidence = self._ask(journal)
+        from lora_otel.analysis.diagnose import collective_in, stacks_text
+
         peers: list[Journal] = []
-        if self.peers is not None:
-            try:
-                peers = list(self.peers())
-            except Exception:  # noqa: BLE001 - the diagnosis goes on without them
-                peers = []
+        others: dict[str, str] = {}
+        try:  # what this sidecar follows, and the job's journals beside (the other ranks' sidecars follow those)
+            peers = [peer for peer in (self.peers() if self.peers is not None else []) if peer is not journal]
+            known = {os.path.abspath(peer.path) for peer in peers} | {os.path.abspath(journal.path)}
+            peers += [peer for peer in job_journals(journal) if os.path.abspath(peer.path) not in known]
+            if collective_in(stacks_text(evidence)) is not None:
+                others = peer_stacks(journal, peers)
+        except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
+            evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
         _, frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)
-        found = explain(stall, evidence, journal, peers, {}, frozen_after_s=frozen_after)
+        found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
         sentence = found.sentence
         return self.write(journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal))
 
@@ -694,6 +738,13 @@ def report_death(
     why = append_record(path, death_record(journal, oom, now_ns, by, end))
     if why:
         say("stall record not written: %s" % why)
+    if first_failure is not None and not why:  # judged with the death just recorded: when it died
+        try:
+            from lora_otel.journal.reader import read_journal
+
+            journal = read_journal(path)
+        except Exception:  # noqa: BLE001 - judged on the journal as it was read before
+            pass
     first = first_failure(journal, now_ns) if first_failure is not None else None
     if first:
         text += "; before it, %s" % first  # the job's first failure: this death may be its consequence
