@@ -198,7 +198,11 @@ def test_stack_signal_dumps_stacks_of_a_frozen_process(tmp_path: Path) -> None:
         wait_for(lambda: journal_has_open(tmp_path / "lora-otel", "import frozenmod"), what="import span")
         [path] = journals(tmp_path / "lora-otel")
         stacks = Path(str(path)[: -len(".otel.jsonl")] + ".stacks.txt")
-        attrs = read_journal(path).root.attrs
+        # the stack handler's attributes follow the root span's start (a loaded machine: later than the import)
+        attrs = wait_for(
+            lambda: "lora_otel.stacks.signal" in read_journal(path).root.attrs and read_journal(path).root.attrs,
+            what="the stack handler's attributes",
+        )
         assert attrs["lora_otel.stacks.path"] == str(stacks)
         assert attrs["lora_otel.stacks.signal"] == signal.SIGRTMIN + 10
         # Asked again every half second until a dump shows pause() taken hold of: on a loaded

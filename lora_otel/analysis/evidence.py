@@ -242,7 +242,7 @@ def main_frames_from_outside(pid: int) -> Optional[list[list[Any]]]:
     line, function]``, outermost first), read by ``py-spy dump --nonblocking`` (nothing paused, no
     signal); None without py-spy, or when it cannot read the process."""
     spy = py_spy_path()
-    if spy is None:
+    if spy is None or _stopped(pid):
         return None
     try:
         r = subprocess.run(
@@ -598,6 +598,8 @@ def py_spy_dump(pid: int) -> dict[str, Any]:
     spy = py_spy_path()
     if spy is None:
         return {}
+    if _stopped(pid):  # ptrace on a job-control stop changes how it resumes: not touched
+        return {PREFIX + "py_spy.error": "not read: the process is stopped (SIGSTOP, or a debugger holds it)"}
     disturbed = stop_would_interrupt(pid)
     mode = "--nonblocking" if disturbed else "--native"
     try:
@@ -612,6 +614,14 @@ def py_spy_dump(pid: int) -> dict[str, Any]:
     lines = [line.strip() for line in r.stderr.splitlines() if line.strip()]
     said = next((line for line in lines if line.startswith("Error:")), lines[0] if lines else "exit %d" % r.returncode)
     return {PREFIX + "py_spy.error": said[len("Error:") :].strip() if said.startswith("Error:") else said}
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped now (state ``T``/``t``: SIGSTOP, a debugger)."""
+    try:
+        return _stat_fields(pid)[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def py_spy_path() -> Optional[str]:
