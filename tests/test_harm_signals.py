@@ -338,13 +338,14 @@ class TestHandlers:
 
     def test_own_handler_for_the_stack_signal(self, tmp_path: Path, collector) -> None:
         """A program that installs its own handler for lora_otel's stack request signal after start:
-        a stall never triggers it, and the evidence says why there are no stacks."""
+        a stall never triggers it, and the evidence says why there are no stacks. (py-spy off: with it
+        the stacks are read from outside and no signal is considered — test_stack_requests.py.)"""
         signum = STACK_SIGNAL
         script = HOLD_GIL + (
             "import signal, time\ncalls = []\nsignal.signal(%d, lambda s, f: calls.append(s))\n"
             "time.sleep(1.5)\nhold_gil(6)\nprint('handler calls:', len(calls), flush=True)\n" % signum
         )
-        r = run_job(tmp_path, script, collector.http_endpoint)
+        r = run_job(tmp_path, script, collector.http_endpoint, LORA_OTEL_PY_SPY="0")
         assert r.returncode == 0 and "handler calls: 0" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_sidecar_gone(tmp_path)
         text = collector_text(collector)
@@ -358,13 +359,14 @@ class TestHandlers:
         code) and opens its own files, the stacks file's descriptor is gone or, if a file took its
         number (``dup2`` onto it), someone else's: a stall then sends no signal (a dump would go
         nowhere or into the user's file); the evidence says why. (The descriptor sits high, so a
-        plain ``closerange(3, 1024)`` does not reach it.)"""
+        plain ``closerange(3, 1024)`` does not reach it; py-spy off, which would read the stacks
+        without any signal.)"""
         script = HOLD_GIL + (
             "import os\nos.closerange(3, os.sysconf('SC_OPEN_MAX'))\n"
             "files = [open('user%d.bin' % i, 'wb') for i in range(8)]\n"
             "hold_gil(6)\nprint('done', flush=True)\n"
         )
-        r = run_job(tmp_path, script, collector.http_endpoint)
+        r = run_job(tmp_path, script, collector.http_endpoint, LORA_OTEL_PY_SPY="0")
         assert r.returncode == 0 and "done" in r.stdout, (r.stdout, r.stderr[-2000:])
         wait_for(lambda: "stall detected" in collector_text(collector), timeout=20, what="the stall")
         for user_file in tmp_path.glob("user*.bin"):

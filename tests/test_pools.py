@@ -290,12 +290,20 @@ def test_a_launcher_is_told_by_the_variables_of_a_process_below_it(tmp_path: Pat
         try:
             deep = name.endswith("grandchild")
 
+            # What the process below runs once its exec is done: before it, it is a copy of its
+            # parent (whose command line names `sleep` too), and `sh -c "… exec sleep 60"` has not
+            # set the variables yet.
+            final = argv if argv[0] == sys.executable and not deep else ["sleep", "60"]
+
+            def is_final(pid: str, final: list = final) -> bool:
+                return Path("/proc/%s/cmdline" % pid).read_bytes().split(b"\0")[:-1] == [a.encode() for a in final]
+
             def below(pid: int = parent.pid, deep: bool = deep) -> bool:
                 kids = Path("/proc/%d/task/%d/children" % (pid, pid)).read_text().split()
-                if not deep or not kids:  # the child once exec'd (before, it is a copy of the parent)
-                    return bool(kids) and b"sleep" in Path("/proc/%s/cmdline" % kids[0]).read_bytes()
+                if not deep or not kids:
+                    return bool(kids) and is_final(kids[0])
                 grand = Path("/proc/%s/task/%s/children" % (kids[0], kids[0])).read_text().split()
-                return bool(grand) and b"sleep" in Path("/proc/%s/cmdline" % grand[0]).read_bytes()
+                return bool(grand) and is_final(grand[0])
 
             wait_for(below, timeout=60, what="the process below %s" % name)
             assert waits_for_ranks(parent.pid) is expected, name

@@ -4,7 +4,8 @@ Real jobs have helper threads that block every signal (pyarrow's jemalloc thread
 datasets job) or take signals with ``sigwait``; a signal sent to the process could stay pending for
 them or be taken by them as the program's own. Sent with ``tgkill`` to a thread that runs
 faulthandler's handler (the main thread first), it reaches nobody else: the stacks are had, and the
-program's ``sigwait`` gets nothing (`lora_otel.analysis.evidence.handler_thread`).
+program's ``sigwait`` gets nothing (`lora_otel.analysis.evidence.handler_thread`). That is the
+fallback: where py-spy may attach, the stacks are read from outside and no signal is sent at all.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
 from procs import PYTHON, clean_env, journals
 
-from lora_otel.analysis.evidence import handler_thread
+from lora_otel.analysis.evidence import FROM_OUTSIDE, handler_thread, py_spy_path
 from lora_otel.journal.reader import read_journal
 
 STACK_SIGNAL = 44
@@ -44,20 +46,26 @@ with lora_otel.stage("load model"):  # stuck on a lock until the stall record is
         if seen is None and any(b'"stall"' in open(p, 'rb').read() for p in glob.glob('j/*.otel.jsonl')):
             seen = time.monotonic()
 print("got", got or None, "stall seen", seen is not None, flush=True)
+print("main ident 0x%016x" % threading.get_ident(), flush=True)
 """
 
 
-def test_helper_threads_that_block_or_take_the_signal_do_not_stop_the_request(tmp_path: Path) -> None:
+def run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
     (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
-    r = subprocess.run(
+    return subprocess.run(
         [PYTHON, "job.py"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=150,
-        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR="j", LORA_OTEL_STALL_AFTER="load model=2"),
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR="j", LORA_OTEL_STALL_AFTER="load model=2", **extra),
     )
-    assert r.returncode == 0 and r.stdout == "got None stall seen True\n", (r.stdout, r.stderr[-3000:])
+
+
+def test_helper_threads_that_block_or_take_the_signal_do_not_stop_the_request(tmp_path: Path) -> None:
+    """py-spy off (``LORA_OTEL_PY_SPY=0``): the signal is the only way, and it reaches one thread."""
+    r = run(tmp_path, LORA_OTEL_PY_SPY="0")
+    assert r.returncode == 0 and r.stdout.startswith("got None stall seen True\n"), (r.stdout, r.stderr[-3000:])
     [path] = journals(tmp_path / "j")
     [record] = read_journal(path).stalls
     assert record["diagnosis"].startswith(
@@ -66,6 +74,29 @@ def test_helper_threads_that_block_or_take_the_signal_do_not_stop_the_request(tm
     [stacks] = (tmp_path / "j").glob("*.stacks.txt")
     text = stacks.read_text()
     assert "in jemalloc_like" in text and "in sigwaiter" in text and 'job.py", line 18 in <module>' in text, text
+
+
+@pytest.mark.skipif(py_spy_path() is None, reason="py-spy is not installed (the [pyspy] extra)")
+def test_py_spy_reads_the_stacks_and_no_signal_is_sent(tmp_path: Path) -> None:
+    """Where py-spy may attach, it reads the stacks from outside: the stall record's evidence says
+    so, the stacks file holds its dump (inspect and the report read it there) — the main thread
+    named by its thread id — and no faulthandler dump, whose headers carry the thread's
+    ``threading.get_ident()``: the program received no signal. The sigwait thread got nothing."""
+    r = run(tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("got None stall seen True\n"), (r.stdout, r.stderr[-3000:])
+    ident = r.stdout.split("main ident ", 1)[1].split()[0]
+    [path] = journals(tmp_path / "j")
+    journal = read_journal(path)
+    [record] = journal.stalls
+    assert record["diagnosis"].startswith(
+        "Waiting for a lock: the main thread waits in model_lock.acquire at job.py:18 in <module>"
+    ), record["diagnosis"]
+    assert record["evidence"]["python.stacks.from"] == FROM_OUTSIDE, record["evidence"]
+    [stacks] = (tmp_path / "j").glob("*.stacks.txt")
+    text = stacks.read_text()
+    assert "Current thread 0x%016x (most recent call first):" % journal.pid in text, text
+    assert 'job.py", line 18 in <module>' in text and "in jemalloc_like" in text and "in sigwaiter" in text, text
+    assert ident not in text, text
 
 
 def test_no_thread_to_run_the_handler(tmp_path: Path) -> None:
@@ -90,3 +121,68 @@ def test_no_thread_to_run_the_handler(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
+
+
+SPY_DUMP = """\
+Process 4711: python job.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4711 (idle): "MainThread"
+    clock_nanosleep (/usr/lib/x86_64-linux-gnu/libc.so.6)
+    time_sleep (/usr/lib/libpython3.11.so.1.0)
+    Loader.wait (/work/job.py:6)
+    <module> (/work/job.py:9)
+Thread 4713 (idle): "worker"
+    f (/work/job.py:3)
+    Thread.run (/usr/lib/python3.11/threading.py:982)
+Thread 4714 (idle): "native only"
+    epoll_wait (/usr/lib/x86_64-linux-gnu/libc.so.6)
+"""
+
+
+def test_py_spy_dump_in_faulthandler_format() -> None:
+    """What every reader of ``python.stacks`` parses: faulthandler's headers and frame lines, the
+    main thread as the current one, native frames and threads with no Python frame left out."""
+    from lora_otel.analysis.diagnose import _threads
+    from lora_otel.analysis.evidence import as_faulthandler
+
+    text = as_faulthandler(SPY_DUMP)
+    assert text.splitlines() == [
+        "Current thread 0x%016x (most recent call first):" % 4711,
+        '  File "/work/job.py", line 6 in wait',
+        '  File "/work/job.py", line 9 in <module>',
+        "Thread 0x%016x (most recent call first):" % 4713,
+        '  File "/work/job.py", line 3 in f',
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run',
+    ], text
+    [(head, frames), _] = _threads(text)
+    assert head.startswith("Current thread") and (frames[0].file, frames[0].line, frames[0].func) == (
+        "/work/job.py",
+        "6",
+        "wait",
+    )
+    assert as_faulthandler("Error: Permission denied (os error 13)\n") == ""
+
+
+def test_a_dump_read_from_outside_lands_only_in_the_recorded_file(tmp_path: Path) -> None:
+    """`append_dump` appends to the stacks file the journal recorded, and to nothing else: a file
+    put in its place (same name, another inode), a symlink, or a missing file get nothing."""
+    from lora_otel.analysis.evidence import StackRequest, append_dump
+
+    stacks = tmp_path / "run.stacks.txt"
+    stacks.write_text("")
+    st = stacks.stat()
+    request = StackRequest(STACK_SIGNAL, str(stacks), None, None, (st.st_dev, st.st_ino))
+    append_dump(request, 'Current thread 0x1 (most recent call first):\n  File "a.py", line 1 in <module>')
+    assert stacks.read_text().startswith("Current thread 0x1 (most recent call first):\n"), stacks.read_text()
+    stacks.unlink()
+    append_dump(request, "x")  # gone: not created
+    assert not stacks.exists()
+    user = tmp_path / "user.txt"
+    user.write_text("mine\n")
+    stacks.symlink_to(user)
+    append_dump(request, "x")  # a symlink in its place: not followed
+    stacks.unlink()
+    stacks.write_text("other\n")  # another file by that name
+    append_dump(request, "x")
+    assert user.read_text() == "mine\n" and stacks.read_text() == "other\n"

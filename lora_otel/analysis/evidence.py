@@ -8,10 +8,12 @@ with the reason under ``lora_otel.evidence.<what>.error``.
   threads, I/O bytes (``/proc/<pid>/{stat,status,wchan,io}``);
 - ``network_facts(pid)``: bytes received/sent by the process's network namespace
   (``/proc/<pid>/net/dev``), so two samples tell whether a download is moving;
-- ``python_stacks(pid, request)``: the stack request signal → the preamble's ``faulthandler`` dump
-  (works on a frozen process), sent only when `stack_request` verified that the process is still
-  the traced image with lora_otel's handler on that signal; and ``py-spy dump --native`` when
-  py-spy is installed and permitted;
+- ``python_stacks(pid, request)``: ``py-spy dump --native`` when py-spy is installed and may
+  attach — its Python frames are then the stacks (``python.stacks``, in faulthandler's format,
+  appended to the stacks file) and no signal reaches the program; otherwise the stack request
+  signal → the preamble's ``faulthandler`` dump (works on a frozen process), sent only when
+  `stack_request` verified that the process is still the traced image with lora_otel's handler on
+  that signal. ``LORA_OTEL_PY_SPY=0`` in the watchdog's environment keeps py-spy off every process;
 - ``file_lock_facts(pid, found)``: the lock file the process waits for and its holder
   (`lora_otel.analysis.filelocks`: ``/proc/locks``, its fds, py-spy's view of its locals);
 - ``pipe_facts(pid)``: whether its stdout/stderr is a pipe, how full it is, which processes hold
@@ -24,9 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from lora_otel._boot.seam import memory_cgroup, oom_kill_count, redact
 from lora_otel.analysis import filelocks
+from lora_otel.analysis.filelocks import py_spy_path
 from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
@@ -350,6 +351,9 @@ class StackRequest:
     """The thread the signal is sent to (``tgkill``): one that runs the handler — it does not block
     the signal and waits in no ``sigwait`` — so that no other thread can take the request as the
     program's own signal; None: the whole process (``kill``)."""
+    file: Optional[tuple[int, int]] = None
+    """The stacks file's (device, inode) as the journal recorded it: a dump read from outside is
+    appended to ``path`` only while it is still that file."""
 
 
 def stack_request(journal: Journal) -> Optional[StackRequest]:
@@ -377,7 +381,9 @@ def stack_request(journal: Journal) -> Optional[StackRequest]:
         tid, why = handler_thread(journal.pid, signum)
         if tid is None:
             refusal = "not requested: %s; the program would receive signal %d itself" % (why, signum)
-    return StackRequest(signum, path, refusal, tid)
+    file_id = attrs.get("lora_otel.stacks.file")
+    ident = (file_id[0], file_id[1]) if isinstance(file_id, list) and len(file_id) == 2 else None
+    return StackRequest(signum, path, refusal, tid, ident)
 
 
 def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[str]:
@@ -493,18 +499,35 @@ def caught_signals(pid: int) -> Optional[int]:
     return None
 
 
+FROM_OUTSIDE = "py-spy, read from outside (no signal sent)"
+"""``python.stacks.from`` of stacks that py-spy read: the program received nothing."""
+
+
 def python_stacks(
     pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True
 ) -> dict[str, Any]:
-    """Ask the process for its stacks (the request's signal) and read what its faulthandler
-    wrote; py-spy too (unless ``py_spy`` is False).
+    """The process's Python stacks: read from outside by py-spy where it can attach (``py_spy``
+    True), else asked for with the request's signal and read from what its faulthandler wrote.
 
-    No signal when ``request`` is None (no handler) or carries a ``refusal`` (then the refusal is
-    the ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
+    py-spy first: its dump (``py_spy.dump``, native frames too) gives the stacks in faulthandler's
+    format (``python.stacks``, ``python.stacks.from`` = `FROM_OUTSIDE`; appended to the stacks
+    file, where ``inspect`` and the report read the last dump) and no signal is sent. Without
+    py-spy, or when it cannot read the process (ptrace refused, the process stopped): no signal when
+    ``request`` is None (no handler) or carries a ``refusal`` (then the refusal is the
+    ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
     continues, so it is not waited for: the signal stays pending and the dump lands in the stacks
     file when it resumes.
     """
     out: dict[str, Any] = {}
+    if py_spy:
+        out.update(py_spy_dump(pid))
+        text = as_faulthandler(str(out.get(PREFIX + "py_spy.dump") or ""))
+        if text:
+            out[PREFIX + "python.stacks"] = text[-16000:]
+            out[PREFIX + "python.stacks.from"] = FROM_OUTSIDE
+            if request is not None and not request.refusal:
+                append_dump(request, text)
+            request = None
     if request is not None and request.refusal:
         out[PREFIX + "python.stacks.error"] = request.refusal
         request = None
@@ -538,12 +561,11 @@ def python_stacks(
                 time.sleep(0.02)
             if text:
                 out[PREFIX + "python.stacks"] = text[-16000:]
+                out[PREFIX + "python.stacks.from"] = "the stack request signal %d (faulthandler)" % request.signal
             else:
                 out[PREFIX + "python.stacks.error"] = NO_DUMP % (wait_s, request.signal)
         except OSError as e:
             out[PREFIX + "python.stacks.error"] = str(e)
-    if py_spy:
-        out.update(py_spy_dump(pid))
     # -- file locks: told by the stacks, py-spy's included (analysis/filelocks.py) --
     out.update(file_lock_facts(pid, out))
     return out
@@ -603,7 +625,9 @@ def py_spy_dump(pid: int) -> dict[str, Any]:
     disturbed = stop_would_interrupt(pid)
     mode = "--nonblocking" if disturbed else "--native"
     try:
-        r = subprocess.run([spy, "dump", mode, "--pid", str(pid)], capture_output=True, text=True, timeout=10)
+        r = subprocess.run(
+            [spy, "dump", mode, "--full-filenames", "--pid", str(pid)], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return {PREFIX + "py_spy.error": str(e)}
     if r.returncode == 0:
@@ -616,21 +640,82 @@ def py_spy_dump(pid: int) -> dict[str, Any]:
     return {PREFIX + "py_spy.error": said[len("Error:") :].strip() if said.startswith("Error:") else said}
 
 
+_SPY_ANY_FRAME = re.compile(r"^\s+(\S+) \((.*)\)\s*$")
+
+
+def as_faulthandler(dump: str) -> str:
+    """The Python frames of a ``py-spy dump`` in faulthandler's format (what the stack request
+    writes, and every reader of ``python.stacks`` parses): one ``Thread 0x… (most recent call
+    first):`` block per thread — ``Current thread`` for the main one — with ``File "…", line N in
+    f`` lines, innermost first; native frames left out. '' when the dump has no Python frame."""
+    from lora_otel.analysis.gil import _is_python
+
+    blocks: list[list[str]] = []
+    for line in dump.splitlines():
+        head = _SPY_THREAD.match(line)
+        if head:
+            try:
+                ident = int(line.split()[1], 0)
+            except (IndexError, ValueError):
+                ident = 0
+            kind = "Current thread" if head.group(1) == "MainThread" else "Thread"
+            blocks.append(["%s 0x%016x (most recent call first):" % (kind, ident)])
+            continue
+        frame = _SPY_ANY_FRAME.match(line)
+        if frame and blocks and _is_python(frame.group(2)):
+            file, _, number = frame.group(2).rpartition(":")
+            func = frame.group(1).rsplit(".", 1)[-1]  # py-spy's qualified name (Thread.run); faulthandler's is run
+            blocks[-1].append('  File "%s", line %s in %s' % (file, number, func))
+    blocks.sort(key=lambda b: not b[0].startswith("Current thread"))  # faulthandler's order: the current one first
+    return "\n".join("\n".join(b) for b in blocks if len(b) > 1)
+
+
+def stacks_from_outside(pid: int, timeout_s: float = 5.0) -> str:
+    """The Python stacks of ``pid`` in faulthandler's format, read by ``py-spy dump --nonblocking``
+    (nothing paused, no signal); '' without py-spy or when it cannot read the process."""
+    spy = py_spy_path()
+    if spy is None or _stopped(pid):
+        return ""
+    try:
+        r = subprocess.run(
+            [spy, "dump", "--nonblocking", "--full-filenames", "--pid", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return as_faulthandler(r.stdout) if r.returncode == 0 else ""
+
+
+def append_dump(request: StackRequest, text: str) -> None:
+    """Append a dump read from outside to the request's stacks file, as a dump of the process's own
+    would be, so that ``inspect`` and the report show it; only while the path is still the file the
+    journal recorded (never created, never a symlink followed)."""
+    if not request.path or request.file is None:
+        return
+    try:
+        fd = os.open(
+            request.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == tuple(request.file):
+            os.write(fd, (text.rstrip("\n") + "\n\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _stopped(pid: int) -> bool:
     """Whether the process is stopped now (state ``T``/``t``: SIGSTOP, a debugger)."""
     try:
         return _stat_fields(pid)[0] in ("T", "t")
     except (OSError, IndexError):
         return False
-
-
-def py_spy_path() -> Optional[str]:
-    """py-spy (the ``pyspy`` extra): the one installed beside this interpreter (a virtual
-    environment's ``bin/``, which need not be on ``PATH``), else the first on ``PATH``."""
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.path.isfile(beside) and os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("py-spy")
 
 
 NO_DUMP = "no dump within %.0f s after signal %d (a handler of the program's own, set from C, may have it)"
@@ -708,15 +793,15 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     if before is not None and after is not None and elapsed > 0:  # is a download moving? (diagnose)
         out[PREFIX + "io.read_bytes_per_s"] = round((after - before) / elapsed, 1)
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
-    out.update(python_stacks(pid, request, py_spy=False))
     out.update(gpu_facts(pid))
     out.update(memory_facts(pid))
     out.update(children_facts(pid, read_frames=True))
     # -- pipes: a stdout/stderr pipe nobody reads (analysis/pipes.py) --
     out.update(pipe_facts(pid))
-    # py-spy last: it takes its own time (a second on a torch process, more under memory pressure,
-    # where it competes for the same cgroup), which must not shift the samples above.
-    out.update(py_spy_dump(pid))
+    # The stacks last: py-spy takes its own time (a second on a torch process, more under memory
+    # pressure, where it competes for the same cgroup), which must not shift the samples above;
+    # the signal is sent only when py-spy could not read them.
+    out.update(python_stacks(pid, request))
     return out
 
 

@@ -172,9 +172,20 @@ def polls(stacks: str) -> bool:
 
 
 def py_spy_path() -> Optional[str]:
-    """py-spy on ``PATH``, else beside this interpreter (a virtual environment's ``bin``), or None."""
+    """py-spy (the ``pyspy`` extra): the one installed beside this interpreter (a virtual
+    environment's ``bin/``, which need not be on ``PATH``), else the first on ``PATH``; None when
+    ``LORA_OTEL_PY_SPY=0`` (no process is read with ptrace: the stack request signal only)."""
+    if not py_spy_allowed():
+        return None
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("py-spy")
+
+
+def py_spy_allowed() -> bool:
+    """False when ``LORA_OTEL_PY_SPY`` is ``0``/``false``/``no``/``off``: py-spy is never run."""
+    return os.environ.get("LORA_OTEL_PY_SPY", "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def locals_paths(pid: int, py_spy: Optional[str] = None) -> tuple[list[str], Optional[str]]:

@@ -33,9 +33,11 @@ from lora_otel.analysis.evidence import (
     OomWatch,
     StackAsker,
     StackRequest,
+    append_dump,
     gather,
     python_stacks,
     stack_request,
+    stacks_from_outside,
 )
 from lora_otel.analysis.learned import Learned, learn
 from lora_otel.analysis.stall import Stall, detect, journal_limits
@@ -402,9 +404,10 @@ MAX_PEER_STACKS = 32
 def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
     """The Python stacks of the other ranks of ``journal``'s world that still run, by journal path.
 
-    Each is asked as the stalled process is (the stack request signal to its faulthandler, whose
-    file its journal names, after the same checks: `evidence.stack_request`; never py-spy), for at
-    most `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
+    Each is read from outside by py-spy (``--nonblocking``: nothing paused, no signal) where it can,
+    else asked as the stalled process is (the stack request signal to its faulthandler, whose file
+    its journal names, after the same checks: `evidence.stack_request`), for at most
+    `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
     """
     out: dict[str, str] = {}
     deadline = time.monotonic() + PEER_STACKS_S
@@ -415,9 +418,12 @@ def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
         if not peer.pid or process_state(peer) != "running":
             continue
         request = stack_request(peer)
-        if request is None or request.refusal:
-            continue
-        text = python_stacks(peer.pid, request, wait_s=min(1.0, left), py_spy=False).get(PREFIX + "python.stacks")
+        text = stacks_from_outside(peer.pid, timeout_s=max(left, 0.5))
+        if text and request is not None and not request.refusal:
+            append_dump(request, text)
+        elif not text and request is not None and not request.refusal:
+            asked = python_stacks(peer.pid, request, wait_s=min(1.0, left), py_spy=False)
+            text = str(asked.get(PREFIX + "python.stacks") or "")
         if text:
             out[peer.path] = text
     return out
