@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from procs import journal_has_open, journals, wait_for
+from procs import PYTHON, clean_env, journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 
 from lora_otel.analysis.stall import StallConfigError, detect, parse_limits
@@ -100,7 +102,7 @@ class TestDetection:
             kill_and_reap(proc)
 
     def test_training_that_stops_stepping(self, tmp_path: Path) -> None:
-        """Steps every 50 ms, then none: stalled once the gap passes max(floor, 20 x median step)."""
+        """Steps every 50 ms, then none: stalled once the gap passes the given training limit."""
         proc = start_traced(
             tmp_path,
             "import lora_otel, time\n"
@@ -110,14 +112,14 @@ class TestDetection:
         try:
             wait_for(lambda: journal_of(tmp_path).steps >= 60, what="60 steps", timeout=30)
             limits = parse_limits("training=1")
-            assert detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits) is None
+            assert detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=parse_limits("training=60")) is None
             stall = wait_for(
                 lambda: detect(journal_of(tmp_path), time.time_ns(), alive=True, limits=limits),
                 what="training stall",
                 timeout=15,
             )
             assert stall.kind == "alive" and stall.span.name == "training"
-            assert stall.limit_s >= 1 and "no optimizer step for" in stall.reason
+            assert stall.limit_s == 1 and "no optimizer step for" in stall.reason
         finally:
             kill_and_reap(proc)
 
@@ -137,3 +139,59 @@ def test_a_stage_inside_training_keeps_the_step_gap_rule(journal) -> None:
     limits = parse_limits("epoch 0=30")
     own = detect(j, journal.ns(300), alive=True, limits=limits)
     assert own.span.name == "epoch 0" and own.limit_s == 30
+
+
+class TestTrainingLimit:
+    """An explicit ``training=N`` is the limit; the step-based one (20 x the median step, when longer
+    than the 120 s floor) is used only when none is given, and the line says so (issue 22 item 4)."""
+
+    def test_given_limit_wins_over_the_step_rule(self, journal) -> None:
+        """Steps every 10 s (step rule: 200 s), then none for 30 s: with ``training=25`` the limit is
+        25 s and the reason names no step rule; with no training limit given it is 200 s, and says why."""
+        journal.process(alive=True)
+        journal.start("training", 1)
+        for i in range(6):
+            journal.beat(1 + 10 * i, steps=i + 1, last_step_t=1 + 10 * i)
+        journal.beat(81, steps=6, last_step_t=51)
+        j = journal.read()
+        given = detect(j, journal.ns(81), alive=True, limits=parse_limits("training=25"))
+        assert given is not None and given.limit_s == 25 and given.limit_why == "", given
+        assert given.reason == "no optimizer step for 30 s (limit 25 s)", given.reason
+        assert detect(j, journal.ns(81), alive=True, limits=parse_limits("between=5")) is None
+        journal.beat(51 + 201, steps=6, last_step_t=51)
+        j = journal.read()
+        late = journal.ns(51 + 201)
+        by_steps = detect(j, late, alive=True, limits=parse_limits("between=5"))
+        assert by_steps is not None and by_steps.limit_s == 200, by_steps
+        assert by_steps.limit_why == "20x the median step of 10.00 s", by_steps
+        every = detect(j, late, alive=True, limits=parse_limits("150"))  # one number for all: given too
+        assert every is not None and every.limit_s == 150 and every.limit_why == "", every
+
+    def test_the_jobs_own_line_uses_the_given_limit(self, tmp_path: Path) -> None:
+        """A real job stepping every 0.3 s (step rule 6 s), then stuck, with ``training=2``: its own
+        STALLED line says ``(limit 2 s)`` — before, ``(limit 6 s)``, whatever was given."""
+        (tmp_path / "job.py").write_text(
+            "import lora_otel, time\n"
+            "for i in range(12):\n    lora_otel.progress(step=i + 1)\n    time.sleep(0.3)\n"
+            "time.sleep(600)\n",
+            encoding="utf-8",
+        )
+        log = tmp_path / "err.txt"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(
+                [PYTHON, "job.py"],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER="training=2", LORA_OTEL_BEAT_S="0.2"),
+            )
+        try:
+            line = wait_for(
+                lambda: next((x for x in log.read_text().splitlines() if "STALLED: training" in x), None),
+                timeout=60,
+                what="the job's STALLED line",
+            )
+            assert re.search(r"STALLED: training, no optimizer step for \d\.\d s \(limit 2 s\)", line), line
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -323,12 +323,54 @@ def _stderr(text: str) -> None:
                 "" if n == 1 else "s",
             )
             data = _format_line(said).encode() + data
+        if _mid_line():
+            data = b"\n" + data
         if _put_stderr(data):
             _stderr_dropped = 0
         else:
             _stderr_dropped += text.count("\n") or 1
     except Exception:  # noqa: BLE001 - nowhere left to report
         pass
+
+
+def _mid_line() -> bool:
+    """Whether descriptor 2 is in the middle of a line now — a progress bar's unfinished ``\r`` line
+    (tqdm's, every transformers load shows one): then a line of ours starts with a newline instead of
+    being glued onto it.
+
+    A regular file (``>> log.txt 2>&1``) tells by its last byte, read through a description of our
+    own (``/proc/self/fd/2``: the program's may be write-only). A terminal or a pipe cannot be read
+    back: a live, enabled tqdm bar on the process's stderr says it (attribute reads only — the
+    class's set of instances, each one's ``disable`` and ``fp``; nothing of tqdm's is called)."""
+    try:
+        kind = stderr_kind or _learn_stderr_kind()
+        if kind == "file":
+            fd = os.open("/proc/self/fd/2", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+            try:
+                size = os.fstat(fd).st_size
+                return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+            finally:
+                os.close(fd)
+        return _tqdm_bar_on_stderr()
+    except Exception:  # noqa: BLE001 - unknown: as before, no newline added
+        return False
+
+
+def _tqdm_bar_on_stderr() -> bool:
+    import sys
+
+    std = _modules.get("tqdm.std")
+    instances = getattr(getattr(std, "tqdm", None), "_instances", None)
+    if not instances:
+        return False
+    streams = (sys.stderr, sys.__stderr__)
+    for bar in list(instances):
+        if getattr(bar, "disable", True):
+            continue
+        fp = getattr(bar, "fp", None)
+        if fp in streams or getattr(fp, "wrapped", None) in streams:  # tqdm wraps it (DisableOnWriteError)
+            return True
+    return False
 
 
 def _put_stderr(data: bytes) -> bool:

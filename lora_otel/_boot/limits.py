@@ -4,8 +4,10 @@
 seconds for every stage (``300``), or per stage (``import=300,cuda init=60,training=900,
 between=60,default=600``); a stage is matched by its full name first (``import bitsandbytes=900``),
 then by kind (``import``), then ``default``. ``between`` is the quiet time with no stage open
-(other than ``process``) since the last stage ended. ``LORA_OTEL_FROZEN_AFTER``: seconds without
-a beat before a live process counts as frozen.
+(other than ``process``) since the last stage ended. ``training`` is the time since the last
+optimizer step: as given when the text names it (``training=900``, or one number for every stage);
+by default 120 s or 20 × the median step, whichever is longer (`training_limit`).
+``LORA_OTEL_FROZEN_AFTER``: seconds without a beat before a live process counts as frozen.
 
 Standard library only, no imports at all: the training process parses these in its preamble, and
 :mod:`lora_otel.analysis.stall` uses the same parser and defaults.
@@ -23,6 +25,9 @@ DEFAULT_LIMITS_S = {
 }
 FROZEN_AFTER_S = 10.0
 TRAINING_STEP_FACTOR = 20.0
+GIVEN_TRAINING = "training as given"
+"""In what `parse_limits` returns when the text gave the training limit itself (its value: that
+limit): then that number is the limit, never the step-based one."""
 STALL_AFTER_ENV = "LORA_OTEL_STALL_AFTER"
 FROZEN_AFTER_ENV = "LORA_OTEL_FROZEN_AFTER"
 
@@ -51,7 +56,7 @@ def parse_limits(text: str | None) -> dict[str, float]:
         every = None
     if every is not None:
         _check(every, text)
-        return dict.fromkeys([*limits, "default"], every)
+        return dict.fromkeys([*limits, "default", GIVEN_TRAINING], every)
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
@@ -63,6 +68,8 @@ def parse_limits(text: str | None) -> dict[str, float]:
             raise LimitError("stall limit for %r is not a number of seconds: %r" % (name, value.strip())) from None
         _check(seconds, part)
         limits[name] = seconds
+        if name == "training":
+            limits[GIVEN_TRAINING] = seconds
     return limits
 
 
@@ -83,6 +90,20 @@ def parse_frozen_after(text: str | None) -> float:
     if not value > 0:
         raise LimitError("%s=%r must be more than 0 seconds" % (FROZEN_AFTER_ENV, text))
     return value
+
+
+def training_limit(limits: Mapping[str, float], median_step_s: float | None) -> tuple[float, str]:
+    """(the training limit, why it is not the one given or the floor — "" when it is).
+
+    Given (``training=N``, `GIVEN_TRAINING`): N, whatever the steps. Else the floor (120 s, or a
+    ``default=``) or 20 × the median step when that is longer: ``20x the median step of 2.00 s``."""
+    floor = limits.get("training") or limits.get("default") or DEFAULT_LIMITS_S["training"]
+    if GIVEN_TRAINING in limits or not median_step_s:
+        return floor, ""
+    by_steps = TRAINING_STEP_FACTOR * median_step_s
+    if by_steps <= floor:
+        return floor, ""
+    return by_steps, "%dx the median step of %.2f s" % (TRAINING_STEP_FACTOR, median_step_s)
 
 
 def limit_for(name: str, limits: Mapping[str, float]) -> float | None:

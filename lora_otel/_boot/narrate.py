@@ -171,9 +171,7 @@ def _subject(now_ns: int) -> Subject | None:
             up = by_id[up][1]
     if training is not None:
         tsid, tinfo = training
-        floor = _lim.limit_for("training", _limits) or _lim.DEFAULT_LIMITS_S["training"]
-        med = _median_step_s()
-        limit = max(floor, _lim.TRAINING_STEP_FACTOR * med) if med else floor
+        limit = _lim.training_limit(_limits, _median_step_s())[0]
         last = core.last_step_ns
         since = last if last and last > tinfo[3] else tinfo[3]
         return "training", ("training", tsid, since), "training", since, limit
@@ -336,13 +334,18 @@ def _still(ep: _Episode, open_s: float, frames: list[Frame] | None) -> str:
 
 
 def _stalled(ep: _Episode, open_s: float, limit: float, frames: list[Frame] | None) -> str:
+    why = ""
     if ep.kind == "training":
         what = "training, no optimizer step for %s" % _secs(open_s)
+        why = _lim.training_limit(_limits, _median_step_s())[1]
     elif ep.kind == "between":
         what = "no stage open for %s since %s" % (_secs(open_s), "%s ended" % ep.name if ep.name else "start")
     else:
         what = "%s open for %s" % (ep.name, _secs(open_s))
-    return "STALLED: %s (limit %g s)%s" % (what, limit, _where(frames))
+    # The time and its limit rounded alike (`_secs`, monotonic; a whole number of seconds as given):
+    # never "12 s (limit 12.5516 s)", which reads as below its limit.
+    shown = "%d s" % limit if limit == int(limit) else _secs(limit)
+    return "STALLED: %s (limit %s%s)%s" % (what, shown, ": " + why if why else "", _where(frames))
 
 
 def _ended(ep: _Episode, now_ns: int, subject: Subject | None) -> str | None:

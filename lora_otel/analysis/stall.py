@@ -5,7 +5,8 @@ and ``lora-otel watch``/``inspect`` can share it. Two kinds:
 
 - ``alive``: the process still beats, but a stage has been open longer than its limit —
   ``arguments`` 60 s, each ``import`` 120 s, ``cuda init``/``cuda probe`` 120 s, and for
-  ``training`` the time since the last optimizer step, max(120 s, 20 × the median step time);
+  ``training`` the time since the last optimizer step, max(120 s, 20 × the median step time), or
+  exactly N when ``training=N`` is given (`limits.training_limit`);
   user stages have no limit unless one is configured, and one inside ``training`` (an ``epoch N``
   span) leaves the step-gap rule of ``training`` in force.
 - ``between``: no stage is open other than ``process`` (and no ``training``), and none has been
@@ -74,6 +75,7 @@ class Stall:
     learned: Any = None  # the `learned.Learned` whose limit applied, or None
     after: Optional[str] = None  # "between": the stage that ended last (None: none has)
     since_ns: Optional[int] = None  # "between": when it ended (or the process started)
+    limit_why: str = ""  # why the limit is not the one given: "20x the median step of 2.00 s" ("": it is)
 
     @property
     def stage(self) -> str:
@@ -204,9 +206,7 @@ def detect(
         if ancestor is not None and ancestor.name == "training" and ancestor.is_open:
             span = ancestor
     if span.name == "training":
-        floor = limit_for(span, limits) or DEFAULT_LIMITS_S["training"]
-        med = median_step_s(journal)
-        step_limit = max(floor, TRAINING_STEP_FACTOR * med) if med else floor
+        step_limit, why = _limits.training_limit(limits, median_step_s(journal))
         since = journal.last_step_ns if journal.last_step_ns and journal.last_step_ns > span.start_ns else span.start_ns
         gap = (now_ns - since) / 1e9
         if gap >= step_limit:
@@ -215,8 +215,8 @@ def detect(
                 span,
                 gap,
                 step_limit,
-                "no optimizer step for %d s (limit %d s%s)"
-                % (gap, step_limit, ", 20x the median step of %.2f s" % med if med and step_limit > floor else ""),
+                "no optimizer step for %d s (limit %d s%s)" % (gap, step_limit, ", " + why if why else ""),
+                limit_why=why,
             )
         return None
     limit = limit_for(span, limits)

@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-after",
         metavar="SPEC",
         help="DIR/--summary: stall limits for running processes, as for watch (default: "
-        "$LORA_OTEL_STALL_AFTER, else import 120 s, training 120 s or 20x the median step, ...)",
+        "$LORA_OTEL_STALL_AFTER, else import 120 s, training 120 s or 20x the median step "
+        "unless training=N is given, ...)",
     )
 
     p = add("replay", cmd_replay)
@@ -211,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-after",
         metavar="SPEC",
         help="stall limits: 300, or import=300,training=900 (default: $LORA_OTEL_STALL_AFTER, "
-        "else import 120 s, training 120 s or 20x the median step, ...)",
+        "else import 120 s, training 120 s or 20x the median step unless training=N is given, ...)",
     )
     p.add_argument("--once", action="store_true", help="print the current view once and exit")
     p.add_argument("--no-color", action="store_true", help="no colour on a terminal (also: NO_COLOR=1)")

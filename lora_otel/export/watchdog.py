@@ -187,10 +187,30 @@ def _write_checked(
             return None
         if not follow and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()):
             return None
-        os.write(fd, data)
+        os.write(fd, _own_line(path, st, data))
         return got
     except OSError:
         return None
+    finally:
+        os.close(fd)
+
+
+def _own_line(path: str, st: os.stat_result, data: bytes) -> bytes:
+    """``data`` with a newline first when the regular file at ``path`` ends mid-line (a progress
+    bar's unfinished ``\r`` line): our line is never glued onto it."""
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return data
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return data
+    try:
+        same = os.fstat(fd)
+        if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):
+            return data
+        return data if os.pread(fd, 1, st.st_size - 1) == b"\n" else b"\n" + data
+    except OSError:
+        return data
     finally:
         os.close(fd)
 
@@ -314,7 +334,7 @@ def stalled_line(stall: Stall, diagnosis: str) -> str:
     elif isinstance(stall.learned, Learned):
         why = "%s, limit %s learned from %s" % (stall.learned.describe(), seconds(stall.limit_s), stall.learned.over())
     else:
-        why = "limit %s" % seconds(stall.limit_s)
+        why = "limit %s" % seconds(stall.limit_s) + (": %s" % stall.limit_why if stall.limit_why else "")
     return "STALLED: %s, %s \u2014 %s" % (what, why, diagnosis)
 
 
