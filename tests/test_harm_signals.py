@@ -131,6 +131,35 @@ class TestExec:
         assert journal.exec is None and journal.exit is not None and not journal.problems
         assert lora_otel_cli("inspect", str(path)).stdout.startswith("finished normally")
 
+    @pytest.mark.parametrize("how", ["execv", "execve"])
+    def test_a_process_that_execs_python_says_it_started_once(self, tmp_path: Path, how: str) -> None:
+        """A traced wrapper that execs another traced Python (axolotl's CLI does): one ``started
+        pid N`` line, then ``pid N exec'd into …`` — not two starts; the marker is gone from the
+        new image's environment, and an execve's own mapping is not changed."""
+        call = (
+            "os.execv(sys.executable, argv)"
+            if how == "execv"
+            else "env = dict(os.environ)\nos.execve(sys.executable, argv, env)"
+        )
+        script = (
+            "import os, sys, lora_otel\nwith lora_otel.stage('prepare'):\n    pass\n"
+            "argv = [sys.executable, '-c', 'import os; print(\"marker\", os.environ.get(\"LORA_OTEL_EXEC_FROM\"))']\n"
+            + call
+            + "\n"
+        )
+        (tmp_path / "job.py").write_text(script)
+        r = subprocess.run(
+            [PYTHON, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=clean_env(LORA_OTEL="1")
+        )
+        assert r.returncode == 0 and r.stdout == "marker None\n", (r.stdout, r.stderr)
+        started = [line for line in r.stderr.splitlines() if "] started pid " in line]
+        execd = [
+            line
+            for line in r.stderr.splitlines()
+            if "] pid %d exec'd into " % int(started[0].split("[")[2][:-1]) in line
+        ]
+        assert len(started) == 1 and len(execd) == 1, r.stderr
+
     @pytest.mark.parametrize("preexec", ["setsid", "setpgrp"])
     def test_popen_with_preexec_fn(self, tmp_path: Path, collector, preexec: str) -> None:
         """``subprocess.Popen([...], preexec_fn=os.setsid)`` (or ``os.setpgrp``) forks with the

@@ -401,7 +401,13 @@ def _start(how: str) -> None:
     if supervised:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
-    core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
+    if env.pop(EXEC_FROM_ENV, None) == str(core.pid):  # this pid started once already, then exec'd
+        core.info_line(
+            "pid %d exec'd into %s (%s); journal: %s"
+            % (core.pid, _exec_image(argv), how, core.journal_path or "(none)")
+        )
+    else:
+        core.info_line("started pid %d (%s); journal: %s" % (core.pid, how, core.journal_path or "(none)"))
     if log_problem and not core.names_std_stream(log_value):
         core.info_line("%s: lora_otel's lines are not copied there (LORA_OTEL_LOG=PATH chooses a file)" % log_problem)
     bad_log_arg = paths.log_options(env)[1] if "LORA_OTEL_LOG_ARG" in env else ""
@@ -1149,6 +1155,15 @@ def _exec_record(
         _write_by_path(rec)
 
 
+def _exec_image(argv: list[str]) -> str:
+    """``python -m axolotl.cli.train``: what the process runs now, short (redacted, at most 3 words)."""
+    from lora_otel._boot import redact
+
+    words = redact.redact_argv([os.path.basename(sys.executable), *argv[:2]])
+    text = " ".join(words)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _write_by_path(rec: dict[str, Any]) -> None:
     """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
     the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
@@ -1170,22 +1185,55 @@ def _write_by_path(rec: dict[str, Any]) -> None:
         os.close(fd)
 
 
+EXEC_FROM_ENV = "LORA_OTEL_EXEC_FROM"
+"""Set (to the pid) in the environment an exec hands on, when a traced process execs: the image it
+becomes, traced too, says it was exec'd instead of a second ``started pid`` line. Popped at start."""
+
+
 def _execv(path: StrOrBytesPath, argv: _ExecVArgs) -> NoReturn:
     _exec_record(path, argv)
+    had = os.environ.get(EXEC_FROM_ENV)
+    marked = _exec_marker(os.environ)
+    if marked:
+        os.environ[EXEC_FROM_ENV] = marked
     try:
         _real_execv(path, argv)  # never returns: the process becomes another program, or it raises
     except BaseException as e:
+        if marked:
+            if had is None:
+                os.environ.pop(EXEC_FROM_ENV, None)
+            else:
+                os.environ[EXEC_FROM_ENV] = had
         _exec_record(path, argv, error=e)
         raise
 
 
 def _execve(path: FileDescriptorOrPath, argv: _ExecVArgs, env: _ExecEnv) -> NoReturn:
     _exec_record(path, argv)
+    marked = _exec_marker(env)
     try:
-        _real_execve(path, argv, env)  # never returns (as above)
+        # A copy with the marker: the program's own mapping is left as it was.
+        handed: Any = dict(env) if marked else env
+        if marked:
+            handed[EXEC_FROM_ENV] = marked
+        _real_execve(path, argv, handed)
     except BaseException as e:
         _exec_record(path, argv, error=e)
         raise
+
+
+def _exec_marker(env: object) -> str:
+    """The pid to hand on in `EXEC_FROM_ENV`, or "" when the image exec'd will not be traced (no
+    ``LORA_OTEL`` in the environment it gets) or this process is not the traced one."""
+    try:
+        get = getattr(env, "get", None)
+        if not core.active or os.getpid() != core.pid or get is None:
+            return ""
+        if not (get("LORA_OTEL") or get(b"LORA_OTEL")):
+            return ""
+        return str(core.pid)
+    except Exception:  # noqa: BLE001 - an exec is never stopped by lora_otel
+        return ""
 
 
 def _install_exec_hooks() -> None:
