@@ -83,3 +83,31 @@ def test_trainer_below_a_launcher_is_watched_and_workers_stay_quiet(tmp_path: Pa
     # no start-up line of a child process in the job's log: only the launcher's own
     for pid in (trainer, worker, spawned):
         assert not [x for x in log.splitlines() if x.startswith("[lora-otel][%d][" % pid) and "argv:" in x], log
+
+
+def test_the_launchers_last_line_names_the_trainers_steps(tmp_path: Path) -> None:
+    """A launcher that made no optimizer step itself ends with the steps of the trainer below it
+    (``0 optimizer steps here; train, pid N, made 10``), read from the trainer's journal — before,
+    its last line said ``0 optimizer steps`` while the trainer made 10."""
+    (tmp_path / "launch.py").write_text(
+        "import subprocess, sys, lora_otel\nwith lora_otel.stage('prepare'):\n    pass\n"
+        "print('trainer pid', subprocess.run([sys.executable, 'train.py'], capture_output=True, text=True).stdout)\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train.py").write_text(
+        "import os, time, lora_otel\nfor i in range(10):\n    lora_otel.progress(step=i + 1)\n    time.sleep(0.02)\n"
+        "print(os.getpid(), end='')\n",
+        encoding="utf-8",
+    )
+    r = subprocess.run(
+        [PYTHON, "launch.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR="j"),
+    )
+    assert r.returncode == 0, r.stderr
+    trainer = int(r.stdout.split()[-1])
+    [last] = [line for line in r.stderr.splitlines() if "exiting normally after" in line]
+    assert last.endswith("(0 optimizer steps here; train, pid %d, made 10)" % trainer), last

@@ -994,7 +994,8 @@ def _on_exit() -> None:
         else:
             # A process that never became a job ends as quietly as it would without lora_otel.
             say = core.info_line if core.promoted else core.note_line
-            say("exiting normally after %.1f s (%d optimizer steps)" % (elapsed, core.steps))
+            below = _steps_below() if core.promoted and not core.steps else ""
+            say("exiting normally after %.1f s (%d optimizer steps%s)" % (elapsed, core.steps, below))
         core.beat(force=True)
         core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
         rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": core.now_ns(), "code": status_code, "how": how}
@@ -1004,6 +1005,46 @@ def _on_exit() -> None:
         core.active = False
         if how == "normal" and status_code == 0:
             _discard_short_run()
+
+
+def _steps_below(max_named: int = 4) -> str:
+    """``" here; train, pid 4242, made 10"``: the optimizer steps of the processes below
+    this one that trained (a launcher's trainer, its ranks), from their journals in this job's
+    registry (`spawn.registry_path`: the first record's pid and ``service.name``, the last beat's
+    ``steps``); "" when none did. Read once, at exit, from the files' two ends only."""
+    import re
+
+    try:
+        with open(paths.stem(core.journal_path or "") + ".children", encoding="utf-8", errors="replace") as f:
+            journals = [line.strip() for line in f.read(65536).splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return ""
+    named: list[str] = []
+    for path in dict.fromkeys(journals):
+        if path == core.journal_path or len(named) > max_named:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            head = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+            size = os.fstat(fd).st_size
+            tail = os.pread(fd, 16384, max(size - 16384, 0)).decode("utf-8", "replace")
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        steps = re.findall(r'"k":"beat"[^\n]*?"steps":(\d+)', tail)
+        pid = re.search(r'"pid":(\d+)', head)
+        if not steps or not pid or int(steps[-1]) == 0:
+            continue
+        name = re.search(r'"service\.name":"([^"\\]{1,60})"', head)
+        who = "%s, pid %s," % (name.group(1), pid.group(1)) if name else "pid %s" % pid.group(1)
+        named.append("%s made %s" % (who, steps[-1]))
+    if not named:
+        return ""
+    return " here; %s%s" % ("; ".join(named[:max_named]), "; ..." if len(named) > max_named else "")
 
 
 # --- a short run leaves nothing behind ------------------------------------------------------
