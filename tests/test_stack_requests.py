@@ -11,6 +11,7 @@ fallback: where py-spy may attach, the stacks are read from outside and no signa
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -186,3 +187,51 @@ def test_a_dump_read_from_outside_lands_only_in_the_recorded_file(tmp_path: Path
     stacks.write_text("other\n")  # another file by that name
     append_dump(request, "x")
     assert user.read_text() == "mine\n" and stacks.read_text() == "other\n"
+
+
+SAMPLED_JOB = """\
+import glob, signal, threading, time, lora_otel
+signal.signal(44, lambda s, f: None)  # the program's own handler on the stack signal: no request
+done = threading.Event()
+def load_weights():
+    while not done.wait(0.2):  # a wait the stacks would show; here only the beat's sample can
+        if any(b'"stall"' in open(p, 'rb').read() for p in glob.glob('j/*.otel.jsonl')):
+            done.set()
+with lora_otel.stage("load model"):
+    time.sleep(1.5)  # a beat or two with the handler in place first
+    load_weights()
+print("stall seen", flush=True)
+"""
+
+
+def test_no_stacks_the_diagnosis_reads_the_beats_sample(tmp_path: Path) -> None:
+    """Stacks cannot be had (the program took the stack signal; py-spy off): the diagnosis reads the
+    beat's last sample of the main thread instead of saying "Cannot tell from the evidence", and
+    says how old the sample is and why there are no stacks (issue 22 item 2)."""
+    (tmp_path / "job.py").write_text(SAMPLED_JOB, encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=clean_env(
+            LORA_OTEL="1",
+            LORA_OTEL_DIR="j",
+            LORA_OTEL_STALL_AFTER="load model=3",
+            LORA_OTEL_PY_SPY="0",
+            LORA_OTEL_BEAT_S="0.2",
+        ),
+    )
+    assert r.returncode == 0 and r.stdout == "stall seen\n", (r.stdout, r.stderr[-3000:])
+    [path] = journals(tmp_path / "j")
+    [record] = read_journal(path).stalls
+    diagnosis = record["diagnosis"]
+    # Before: "Cannot tell from the evidence." (no stacks, so no frame at all).
+    assert diagnosis.startswith("Waiting for a lock: the main thread waits in waiter.acquire at threading.py:"), (
+        diagnosis
+    )
+    assert re.search(r"\(Read from the beat's last sample of the main thread \([\d.]+ m?s old\): ", diagnosis), (
+        diagnosis
+    )
+    assert "(not requested: the program handles signal 44 itself).)" in diagnosis, diagnosis

@@ -133,6 +133,9 @@ def explain(
         found = rule.check(facts)
         if found is not None:
             found.attrs.setdefault("lora_otel.diagnosis.rule", rule.name)
+            if facts.from_sample and rule.name != "cannot tell":
+                found.sentence = found.sentence.rstrip() + " " + _sample_note(facts)
+                found.attrs["lora_otel.diagnosis.from"] = "the beat's sample of the main thread"
             return found
     raise AssertionError("the last rule always answers")  # pragma: no cover
 
@@ -157,6 +160,7 @@ class Facts:
     innermost: str  # the main thread's innermost Python frame, "" when none
     conns: tuple[str, ...]  # ESTABLISHED TCP connections
     on_network: bool  # blocked on a socket (stack, wait channel, or a connection and a poll)
+    from_sample: bool = False  # no stacks could be had: ``stacks`` is the beat's main-thread sample
 
     @classmethod
     def of(
@@ -170,6 +174,8 @@ class Facts:
         frozen_after_s: float = FROZEN_AFTER_S,
     ) -> Facts:
         stacks = stacks_text(evidence)
+        sample = sampled_stacks(journal) if journal is not None and not stacks.strip() else ""
+        stacks = sample or stacks
         state = str(evidence.get(PREFIX + "process.state") or "")
         wchan = str(evidence.get(PREFIX + "process.wait_channel") or "")
         conns = tuple(c for c in evidence.get(PREFIX + "net.tcp_connections") or () if c.endswith("ESTABLISHED"))
@@ -192,7 +198,24 @@ class Facts:
             _innermost_frame(stacks),
             conns,
             on_network,
+            bool(sample),
         )
+
+
+def sampled_stacks(journal: Journal) -> str:
+    """The beat's last sample of the main thread (``main_frames``: at most four ``[file, line,
+    function]``, outermost first) as a faulthandler dump of that one thread, for the rules to read
+    when no stacks could be had (no handler, the request refused, py-spy absent); '' when none. A
+    called C function's entry (``["", 0, "time.sleep"]``) is left out: its caller is the place."""
+    frames = journal.main_frames
+    rows = [f for f in frames or () if isinstance(f, list) and len(f) == 3 and f[0]]
+    if not rows:
+        return ""
+    lines = ["Current thread 0x%016x (most recent call first):" % 0]
+    lines += ['  File "%s", line %s in %s' % (file, line, func) for file, line, func in reversed(rows)]
+    if rows[0][2] != "<module>":  # the sample keeps the innermost frames: the main thread's outer ones are cut
+        lines.append('  File "(outer frames not sampled)", line ??? in <module>')
+    return "\n".join(lines)
 
 
 class Rule(NamedTuple):
@@ -385,7 +408,31 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
     return Diagnosis("%s%s; %s." % (doing, where, unknown))
 
 
+def _sample_age(f: Facts) -> str:
+    ts = f.journal.main_frames_ts if f.journal is not None else None
+    return " (%s old)" % format_duration(max(f.now_ns - ts, 0)) if isinstance(ts, int) else ""
+
+
+def _no_stacks_why(f: Facts) -> str:
+    why = str(f.evidence.get(PREFIX + "python.stacks.error") or "").strip().rstrip(".")
+    return " (%s)" % why if why else ""
+
+
+def _sample_note(f: Facts) -> str:
+    """``(Read from the beat's last sample of the main thread (2.1 s old): no stacks could be read
+    (not requested: …).)``, after a sentence a rule built from that sample."""
+    return "(Read from the beat's last sample of the main thread%s: no stacks could be read%s.)" % (
+        _sample_age(f),
+        _no_stacks_why(f),
+    )
+
+
 def _cannot_tell(f: Facts) -> Optional[Diagnosis]:
+    if f.from_sample and f.innermost:
+        return Diagnosis(
+            "Cannot tell why; no stacks could be read%s, and the beat's last sample of the main thread%s "
+            "ends at %s." % (_no_stacks_why(f), _sample_age(f), f.innermost)
+        )
     if f.innermost:
         return Diagnosis("Cannot tell why; the innermost Python frame is %s." % f.innermost)
     return Diagnosis("Cannot tell from the evidence.")
