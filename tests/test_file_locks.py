@@ -452,7 +452,7 @@ def test_accept_names_the_address_it_listens_on(tmp_path: Path) -> None:
         line = wait_for(stalled, timeout=60, what="inspect to call it stalled")
         assert line.startswith("STALLED: wait for workers open for "), line
         assert "Waiting for a connection on 127.0.0.1:%d (accept" % port in line, line
-        assert line.endswith("); no client has connected."), line
+        assert "); no client has connected." in line, line  # (inspect asks for no stacks: the beat's sample said where)
     finally:
         stop(job)
 

@@ -264,6 +264,9 @@ _integrations: dict[str, str] = {
     "lightning.pytorch": "lightning",
     "pytorch_lightning": "lightning",
     "accelerate": "accelerate",
+    "transformers.hf_argparser": "hf_args",  # HfArgumentParser.parse_dict/parse_yaml_file end arguments
+    "transformers.modeling_utils": "hf_models",  # from_pretrained: "load model"
+    "datasets.arrow_dataset": "datasets",  # Dataset.map/filter: "prepare dataset"
     "subprocess": "install_subprocess_hook",
     "multiprocessing.util": "install_mp_spawn_hook",  # loaded lazily, when a spawn starts
     "multiprocessing.process": "install_mp_terminate_hook",

@@ -20,6 +20,8 @@ DEFAULT_LIMITS_S = {
     "import": 120.0,
     "cuda init": 120.0,
     "cuda probe": 120.0,
+    "load model": 600.0,  # transformers' from_pretrained (a download included when not cached)
+    "prepare dataset": 900.0,  # datasets' map/filter (a big tokenisation takes minutes)
     "training": 120.0,  # the floor of the step-gap limit
     "between": 120.0,  # no stage open (other than process) since the last one ended
 }

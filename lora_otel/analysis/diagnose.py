@@ -419,9 +419,9 @@ def _no_stacks_why(f: Facts) -> str:
 
 
 def _sample_note(f: Facts) -> str:
-    """``(Read from the beat's last sample of the main thread (2.1 s old): no stacks could be read
+    """``(Read from the beat's last sample of the main thread (2.1 s old): no stack dump to read
     (not requested: …).)``, after a sentence a rule built from that sample."""
-    return "(Read from the beat's last sample of the main thread%s: no stacks could be read%s.)" % (
+    return "(Read from the beat's last sample of the main thread%s: no stack dump to read%s.)" % (
         _sample_age(f),
         _no_stacks_why(f),
     )
@@ -430,7 +430,7 @@ def _sample_note(f: Facts) -> str:
 def _cannot_tell(f: Facts) -> Optional[Diagnosis]:
     if f.from_sample and f.innermost:
         return Diagnosis(
-            "Cannot tell why; no stacks could be read%s, and the beat's last sample of the main thread%s "
+            "Cannot tell why; no stack dump to read%s, and the beat's last sample of the main thread%s "
             "ends at %s." % (_no_stacks_why(f), _sample_age(f), f.innermost)
         )
     if f.innermost:

@@ -504,7 +504,7 @@ FROM_OUTSIDE = "py-spy, read from outside (no signal sent)"
 
 
 def python_stacks(
-    pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True
+    pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True, native: bool = False
 ) -> dict[str, Any]:
     """The process's Python stacks: read from outside by py-spy where it can attach (``py_spy``
     True), else asked for with the request's signal and read from what its faulthandler wrote.
@@ -520,7 +520,7 @@ def python_stacks(
     """
     out: dict[str, Any] = {}
     if py_spy:
-        out.update(py_spy_dump(pid))
+        out.update(py_spy_dump(pid, native))
         text = as_faulthandler(str(out.get(PREFIX + "py_spy.dump") or ""))
         if text:
             out[PREFIX + "python.stacks"] = text[-16000:]
@@ -610,20 +610,27 @@ def stop_would_interrupt(pid: int) -> Optional[str]:
     return None
 
 
-def py_spy_dump(pid: int) -> dict[str, Any]:
-    """``py-spy dump --native`` of the process (``py_spy.dump``), or why not (``py_spy.error``: the
-    first line of py-spy's complaint, such as a ptrace refusal); nothing when py-spy is not installed.
+NOT_PAUSED = "not read: only a frozen process is paused for its native stacks (a pause can interrupt its system calls)"
 
-    ``--native`` pauses the process while it reads (ptrace); when a thread waits in a call a stop
-    would interrupt (`stop_would_interrupt`) it is read ``--nonblocking`` instead — Python frames
-    only, nothing paused — and ``py_spy.native_error`` says why."""
+
+def py_spy_dump(pid: int, native: bool = True) -> dict[str, Any]:
+    """``py-spy dump`` of the process (``py_spy.dump``), or why not (``py_spy.error``: the first
+    line of py-spy's complaint, such as a ptrace refusal); nothing when py-spy is not installed.
+
+    ``native``: ``--native``, which pauses the process while it reads (ptrace) — asked only for a
+    frozen process, whose GIL question needs native frames, and whose threads cannot run into a new
+    system call meanwhile (they wait for the GIL); and even then, when a thread waits in a call a
+    stop would interrupt (`stop_would_interrupt`), it is read ``--nonblocking``. Otherwise
+    ``--nonblocking`` — Python frames only, nothing paused: a running thread can enter
+    ``sigtimedwait`` between a look at its wait channel and the pause, and a pause there makes it
+    return a signal nobody sent. ``py_spy.native_error`` says why native frames were not read."""
     spy = py_spy_path()
     if spy is None:
         return {}
     if _stopped(pid):  # ptrace on a job-control stop changes how it resumes: not touched
         return {PREFIX + "py_spy.error": "not read: the process is stopped (SIGSTOP, or a debugger holds it)"}
-    disturbed = stop_would_interrupt(pid)
-    mode = "--nonblocking" if disturbed else "--native"
+    disturbed = stop_would_interrupt(pid) if native else None
+    mode = "--native" if native and not disturbed else "--nonblocking"
     try:
         r = subprocess.run(
             [spy, "dump", mode, "--full-filenames", "--pid", str(pid)], capture_output=True, text=True, timeout=10
@@ -634,6 +641,8 @@ def py_spy_dump(pid: int) -> dict[str, Any]:
         out = {PREFIX + "py_spy.dump": r.stdout[-16000:]}
         if disturbed:
             out[PREFIX + "py_spy.native_error"] = "not read: %s, which pausing the process would interrupt" % disturbed
+        elif not native:
+            out[PREFIX + "py_spy.native_error"] = NOT_PAUSED
         return out
     lines = [line.strip() for line in r.stderr.splitlines() if line.strip()]
     said = next((line for line in lines if line.startswith("Error:")), lines[0] if lines else "exit %d" % r.returncode)
@@ -740,11 +749,15 @@ class StackAsker:
         self.gather = gather_fn  # (pid, request) -> evidence dict, `gather` by default
         self.unanswered = False
 
-    def __call__(self, journal: Journal) -> dict[str, Any]:
+    def __call__(self, journal: Journal, native: bool = False) -> dict[str, Any]:
+        """``native``: the stall is a frozen one (`gather`)."""
         request = stack_request(journal)
         if self.unanswered:
             request = refuse_after_silence(request)
-        evidence = self.gather(journal.pid, request) if journal.pid else {}
+        if not journal.pid:
+            evidence: dict[str, Any] = {}
+        else:
+            evidence = self.gather(journal.pid, request, native=True) if native else self.gather(journal.pid, request)
         if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
             self.unanswered = True
         return evidence
@@ -783,8 +796,9 @@ def read_chars(pid: int) -> Optional[int]:
     return None
 
 
-def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
-    """Everything above, in one dict (``request``: from `stack_request`, or None for no signal)."""
+def gather(pid: int, request: Optional[StackRequest], native: bool = False) -> dict[str, Any]:
+    """Everything above, in one dict (``request``: from `stack_request`, or None for no signal;
+    ``native``: a frozen process, whose native stacks py-spy may pause it to read)."""
     out: dict[str, Any] = {}
     before, started = read_chars(pid), time.monotonic()
     out.update(process_facts(pid))
@@ -801,7 +815,7 @@ def gather(pid: int, request: Optional[StackRequest]) -> dict[str, Any]:
     # The stacks last: py-spy takes its own time (a second on a torch process, more under memory
     # pressure, where it competes for the same cgroup), which must not shift the samples above;
     # the signal is sent only when py-spy could not read them.
-    out.update(python_stacks(pid, request))
+    out.update(python_stacks(pid, request, native=native))
     return out
 
 

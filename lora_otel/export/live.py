@@ -565,7 +565,7 @@ class Follower:
         while span is not None and all(span is not link for link in chain):  # a corrupt journal's parents may cycle
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
-        evidence = self._ask(journal)
+        evidence = self._ask(journal, native=stall.kind == "frozen")
         peers: list[Journal] = []
         others: dict[str, str] = {}
         if self.peers is not None:

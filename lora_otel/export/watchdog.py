@@ -535,7 +535,7 @@ class Watch:
         """Gather, diagnose, append the record, speak for the job where it cannot."""
         from lora_otel.analysis.diagnose import explain
 
-        evidence = self._ask(journal)
+        evidence = self._ask(journal, native=stall.kind == "frozen")
         from lora_otel.analysis.diagnose import collective_in, stacks_text
 
         peers: list[Journal] = []

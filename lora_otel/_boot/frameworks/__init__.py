@@ -60,6 +60,13 @@ def install(kind: str, module: ModuleType) -> None:
         from lora_otel._boot.frameworks import lightning as integration  # type: ignore[no-redef]
     elif kind == "accelerate":
         from lora_otel._boot.frameworks import accelerate as integration  # type: ignore[no-redef]
+    elif kind in ("hf_args", "hf_models", "datasets"):
+        from lora_otel._boot.frameworks import hf
+
+        hf.install(kind, module)
+        installed.append(getattr(module, "__name__", kind))
+        core.span_attrs(core.root_id, {"lora_otel.integrations": list(installed)})
+        return
     else:
         raise ValueError("no lora_otel integration called %r" % (kind,))
     integration.install(module)
