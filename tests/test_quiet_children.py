@@ -9,6 +9,7 @@ line at all; and a forked pool worker wrote its five start-up lines into the job
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -111,3 +112,42 @@ def test_the_launchers_last_line_names_the_trainers_steps(tmp_path: Path) -> Non
     trainer = int(r.stdout.split()[-1])
     [last] = [line for line in r.stderr.splitlines() if "exiting normally after" in line]
     assert last.endswith("(0 optimizer steps here; train, pid %d, made 10)" % trainer), last
+
+
+ROTATING = """\
+import argparse, json, os, shutil, subprocess, sys
+args = argparse.ArgumentParser()
+args.add_argument("--log")
+args.add_argument("--mode")
+a = args.parse_args()
+if a.mode == "moved":
+    shutil.move(a.log, a.log + ".1")  # the launcher rotates its log away
+elif a.mode == "shared":
+    os.chmod(a.log, 0o666)  # a log others may write: lora_otel will not append to it
+elif a.mode == "symlink":
+    os.rename(a.log, a.log + ".real")
+    os.symlink(os.path.basename(a.log) + ".real", a.log)
+r = subprocess.run([sys.executable, "-c", "print('child ok')"], capture_output=True, text=True)
+print(json.dumps([r.stdout, r.stderr, os.path.exists(a.log)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["moved", "shared", "symlink"])
+def test_a_child_never_complains_about_or_recreates_the_jobs_log(tmp_path: Path, mode: str) -> None:
+    """A child whose job's ``--log`` cannot be used (moved away, writable by others, a symlink now)
+    writes nothing about it on its stderr — its output is the program's own — and never creates the
+    file again (a hostile trial: every child said `cannot append to log file …`, and a rotated log
+    came back empty)."""
+    (tmp_path / "launcher.py").write_text(ROTATING, encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "launcher.py", "--log", "run.log", "--mode", mode],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR="j"),
+    )
+    assert r.returncode == 0, r.stderr
+    out, err, exists = json.loads(r.stdout)
+    assert (out, err) == ("child ok\n", ""), r.stdout  # before: `[lora-otel]… cannot append to log file …`
+    assert exists is (mode != "moved"), r.stdout  # before: a moved log came back, empty

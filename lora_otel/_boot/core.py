@@ -791,14 +791,16 @@ def _same_as_std(dev_ino: tuple[int, int]) -> bool:
     return False
 
 
-def open_log(path: str, explicit: bool = False) -> None:
+def open_log(path: str, explicit: bool = False, job_log: bool = False) -> None:
     """Also append human lines to ``path``: the program's log file as `paths.choose_log` chose it.
 
     Created new with the mode the program would give it (0666 minus the umask), in a directory that
     exists (created only for an ``explicit`` ``LORA_OTEL_LOG``); or an existing regular file of
     this user's, not a symlink, that nobody outside its group can write (`files.open_program_log`).
     Not when it is the stream the lines already go to (stdout redirected to the same file): then
-    each line would be there twice.
+    each line would be there twice. ``job_log``: the log of the job this process is a child of
+    (``LORA_OTEL_JOB_LOG``): only when it exists, and no line about it when it cannot be used (the
+    job's own process said so already, or the job moved it away).
     """
     global _log_fd, _log_failed, _log_dev, _log_ino, _log_created, _log_size0, _log_written
     from lora_otel._boot import files
@@ -808,7 +810,7 @@ def open_log(path: str, explicit: bool = False) -> None:
             d = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(d):
                 os.makedirs(d, exist_ok=True)
-        fd, created = files.open_program_log(path)
+        fd, created = files.open_program_log(path, create=not job_log)
         st = os.fstat(fd)
         ident = (st.st_dev, st.st_ino)
         if _same_as_std(ident):  # `prog --log run.log > run.log`: the lines reach it already
@@ -819,6 +821,8 @@ def open_log(path: str, explicit: bool = False) -> None:
         _log_created, _log_size0, _log_written = created, st.st_size, 0
     except OSError as e:
         _log_failed = True
+        if job_log:
+            return
         _stderr(
             _format_line("cannot append to log file %s (%s); lines go to the terminal only" % (path, e.strerror or e))
         )

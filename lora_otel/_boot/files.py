@@ -93,16 +93,18 @@ def open_append(path: str, create: bool = True) -> int:
         raise
 
 
-def open_program_log(path: str) -> tuple[int, bool]:
+def open_program_log(path: str, create: bool = True) -> tuple[int, bool]:
     """``(fd, created)`` for appending lora_otel's lines to the program's own log file: created new
     (``O_EXCL|O_NOFOLLOW``) with the mode the program would give it, 0666 minus the umask; or the
     existing file, not through a symlink, when it is a regular file of this user's that only this
     user and its group can write (``umask 002`` makes a program's log group-writable). Raises
-    ``OSError`` as :func:`open_append` does."""
-    try:
-        return os.open(path, APPEND | os.O_CREAT | os.O_EXCL, 0o666), True
-    except FileExistsError:
-        pass
+    ``OSError`` as :func:`open_append` does. ``create`` False: the existing file only (a child
+    writing into its job's log never makes one where the job's was moved away)."""
+    if create:
+        try:
+            return os.open(path, APPEND | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            pass
     try:
         fd = os.open(path, APPEND)
     except OSError as e:

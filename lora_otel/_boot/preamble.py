@@ -389,7 +389,7 @@ def _start(how: str) -> None:
             env[core.JOB_LOG_ENV] = os.path.abspath(core.log_path)
     elif not core.log_path and env.get(core.JOB_LOG_ENV):  # a quiet child, a rank: into the job's log
         core.log_bad_only = True
-        core.open_log(env[core.JOB_LOG_ENV])
+        core.open_log(env[core.JOB_LOG_ENV], job_log=True)
         if core._log_fd >= 0:
             core.log_path = env[core.JOB_LOG_ENV]
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
