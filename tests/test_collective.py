@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import JournalBuilder
-from procs import clean_env, journals, start_torchrun, wait_for
+from procs import PYTHON, clean_env, journals, start_torchrun, wait_for
 from test_sidecar import assert_unique, sidecar_pid, wait_gone
 
 from lora_otel.analysis.diagnose import collective_in, explain, world_peers
@@ -326,3 +326,54 @@ def test_world_peers_picks_the_rank_processes(tmp_path: Path) -> None:
     other_world = _rank_journal(tmp_path / "o.otel.jsonl", 1, steps=2, world=8)
     peers = world_peers(me.read(), [rank1.read(), worker.read(), launcher.read(), other_world.read()])
     assert list(peers) == [1] and peers[1].path == str(rank1.path)
+
+
+RENDEZVOUS = """\
+import glob, os, threading, time, lora_otel
+import torch.distributed as dist
+def watch():  # end the wait once the stall record is written (and 1 s more), as a user's Ctrl-C would
+    while not any(b'"stall"' in open(p, "rb").read() for p in glob.glob("j/*.otel.jsonl")):
+        time.sleep(0.1)
+    time.sleep(1)
+    print("stall seen", flush=True)
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+with lora_otel.stage("join"):
+    dist.init_process_group("gloo")  # WORLD_SIZE=2 left in the environment: rank 1 never comes
+"""
+
+
+@pytest.mark.torch
+def test_a_rendezvous_waiting_for_a_rank_never_started_is_named(tmp_path: Path) -> None:
+    """``RANK=0 WORLD_SIZE=2`` left in the environment, one process: ``init_process_group`` waits
+    in TCPStore for rank 1 forever. The diagnosis names the rendezvous and the world it waits for
+    (a newcomer's trial: before, TCPStore's C++ retry sleep read as "sleeping (time.sleep) … not
+    the network")."""
+    pytest.importorskip("torch.distributed")
+    from collector import free_port
+
+    (tmp_path / "job.py").write_text(RENDEZVOUS, encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=clean_env(
+            LORA_OTEL="1",
+            LORA_OTEL_DIR="j",
+            LORA_OTEL_STALL_AFTER="join=3",
+            RANK="0",
+            WORLD_SIZE="2",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        ),
+    )
+    assert r.returncode == 0 and r.stdout == "stall seen\n", (r.stdout, r.stderr[-3000:])
+    [path] = journals(tmp_path / "j")
+    [record] = read_journal(path).stalls
+    assert record["diagnosis"].startswith(
+        "Waiting in torch.distributed's rendezvous (init_process_group, at job.py:11 in <module>): "
+        "rank 0 of world size 2 waits for the other ranks"
+    ), record["diagnosis"]

@@ -351,6 +351,34 @@ def connect_wait(evidence: Mapping[str, Any], stall: Stall, innermost: str) -> O
     )
 
 
+def _rendezvous(f: Facts) -> Optional[Diagnosis]:
+    """The main thread is in ``init_process_group``'s rendezvous (its TCPStore connecting or
+    waiting for the world to join): the other ranks are what it waits for — one never started (a
+    ``WORLD_SIZE`` left in the environment), still loading, or unable to reach the store's address.
+    TCPStore retries with a C++ sleep: without this rule that read as a ``time.sleep``."""
+    main = _main_thread(f.stacks) or (_threads(f.stacks)[0][1] if _threads(f.stacks) else None)
+    if not main or not any(
+        _in(fr.file.replace("\\", "/"), "torch/distributed/rendezvous.py")
+        or (fr.func == "init_process_group" and _in(fr.file.replace("\\", "/"), "torch/distributed/"))
+        for fr in main
+    ):
+        return None
+    called = next((_short(fr) for fr in main if fr.python and not _in(fr.file.replace("\\", "/"), "torch/")), "")
+    rank = _rank(f.journal) if f.journal is not None else None
+    world = _rank(f.journal, "world_size") if f.journal is not None else None
+    who = (
+        "rank %d of world size %d waits" % (rank, world)
+        if rank is not None and world is not None
+        else "this process waits"
+    )
+    return Diagnosis(
+        "Waiting in torch.distributed's rendezvous (init_process_group%s): %s for the other ranks to reach "
+        "the store (MASTER_ADDR:MASTER_PORT) — a rank that was never started (WORLD_SIZE or RANK left in the "
+        "environment), is still starting, or cannot reach that address keeps every rank here."
+        % (", at %s" % called if called else "", who)
+    )
+
+
 _SLEEP_WCHAN = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "schedule_hrtimeout")
 """Kernel wait channels of a task in ``time.sleep`` (``clock_nanosleep``)."""
 
@@ -530,6 +558,14 @@ RULES: tuple[Rule, ...] = (
         "(MainThread) holding it); without that: Blocked in the kernel (wait channel ...); "
         "whether it holds the GIL is unknown without native stacks ...",
         _frozen,
+    ),
+    Rule(
+        "rendezvous",
+        "the main thread inside torch.distributed's rendezvous (init_process_group, the TCPStore); rank and "
+        "world size from the root span",
+        "Waiting in torch.distributed's rendezvous (init_process_group, at train.py:12 in <module>): rank 0 of "
+        "world size 2 waits for the other ranks to reach the store ...",
+        _rendezvous,
     ),
     Rule(
         "sleeping",
@@ -972,6 +1008,12 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
         ),
         "",
     )
+    if _fetches_in_process(main):
+        # num_workers=0: the batch is made right here; what blocks is the dataset or the collate function.
+        return "The DataLoader makes its batch in the main process (no workers) and is stuck in it%s for %s." % (
+            " at %s" % called if called else "",
+            format_duration(round(stall.open_for_s * 1e9)),
+        )
     head = "The main thread waits for a DataLoader batch%s" % (" (at %s)" % called if called else "")
     kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict)]
     workers = [
@@ -986,10 +1028,15 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
     stuck = [
         k
         for k in workers
-        if k.get("where") or k.get("state") in ("R", "D") or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)
+        if k.get("where")
+        or _in_work(k)
+        or k.get("state") in ("R", "D")
+        or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)
     ]
     busy = [
-        k for k in stuck if not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN) or k.get("state") in ("R", "D")
+        k
+        for k in stuck
+        if _in_work(k) or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN) or k.get("state") in ("R", "D")
     ]
     shown = busy or stuck
     if not shown:
@@ -1011,6 +1058,12 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
             " in %s" % k["wchan"] if k.get("wchan") not in (None, "-") else "",
             k.get("cpu_percent", "?"),
         )
+        frames = k.get("frames")
+        if not where and isinstance(frames, list) and frames:
+            from lora_otel.journal.reader import where_text
+
+            inner = [[_package_path(str(f[0])), *f[1:]] for f in frames[-4:] if isinstance(f, list) and len(f) == 3]
+            return text + "; its main thread is at %s (read from outside)" % where_text(inner)
         return text + ("; its journal: %s" % where if where else "")
 
     return "%s for %s; %s." % (
@@ -1018,6 +1071,44 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
         format_duration(round(stall.open_for_s * 1e9)),
         "; ".join(describe(k) for k in shown[:MAX_NAMED]),
     )
+
+
+def _in_work(worker: Mapping[str, Any]) -> bool:
+    """A worker whose main thread, read from outside (``frames``), is in the dataset or the collate
+    function — not in the worker loop's wait for its next index (``_utils/worker.py`` at the queue's
+    ``get``): blocked in the program's own code whatever its wait channel (an event, a lock, a pipe
+    look idle)."""
+    frames = [f for f in worker.get("frames") or () if isinstance(f, list) and len(f) == 3]
+    if not frames:
+        return False
+    inner = str(frames[-1][0]).replace("\\", "/")
+    return not any(m in inner for m in ("multiprocessing/", "/queue.py", "_utils/worker.py", "/threading.py")) or any(
+        "_utils/fetch.py" in str(f[0]) for f in frames
+    )
+
+
+def _package_path(file: str) -> str:
+    """``/venv/lib/python3.11/site-packages/torch/utils/data/x.py`` → ``torch/utils/data/x.py``;
+    ``/usr/lib/python3.11/queue.py`` → ``queue.py``; a program's file → its name (the beat's way)."""
+    file = file.replace("\\", "/")
+    for mark in ("/site-packages/", "/dist-packages/"):
+        if mark in file:
+            return file.rsplit(mark, 1)[1]
+    found = re.search(r"/lib/python3\.\d+/(.*)$", file)
+    return found.group(1) if found else file.rsplit("/", 1)[-1]
+
+
+def _fetches_in_process(main: list[Frame]) -> bool:
+    """Whether the main thread is inside a DataLoader's in-process fetch (``_utils/fetch.py``: a
+    ``num_workers=0`` loader calling the dataset and the collate function itself), not waiting on
+    workers."""
+    for frame in main:  # innermost first: the first DataLoader frame met tells
+        file = frame.file.replace("\\", "/")
+        if _in(file, "torch/utils/data/_utils/fetch.py"):
+            return True
+        if _in(file, "torch/utils/data/dataloader.py") or "multiprocessing/" in file or "/queue" in file:
+            return False
+    return False
 
 
 def _main_thread(stacks: str) -> Optional[list[Frame]]:

@@ -194,7 +194,11 @@ def locals_paths(pid: int, py_spy: Optional[str] = None) -> tuple[list[str], Opt
     from the process's working directory, only those that exist. Returns (paths, why none)."""
     spy = py_spy or py_spy_path()
     if not spy:
-        return [], "py-spy is not installed (it reads the waiting frames' locals)"
+        return [], (
+            "py-spy is off (LORA_OTEL_PY_SPY=0)"
+            if not py_spy_allowed()
+            else "py-spy was not found on PATH or beside this interpreter (it reads the waiting frames' locals)"
+        )
     try:
         # -ll: whole values (one -l cuts a string at 128 characters; a hub cache's lock path is longer)
         # --nonblocking: read without pausing the process (a pause interrupts a sigtimedwait, an
