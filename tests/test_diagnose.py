@@ -16,9 +16,10 @@ from lora_otel.analysis.stall import detect, parse_limits
 from lora_otel.journal.reader import read_journal
 
 
-def evidence_for(tmp_path: Path, pid: int):
+def evidence_for(tmp_path: Path, pid: int, native: bool = False):
+    """What the watchdog gathers (``native``: for a frozen stall, as it asks)."""
     [path] = journals(tmp_path / "lora-otel")
-    return gather(pid, stack_request(read_journal(path)))
+    return gather(pid, stack_request(read_journal(path)), native=native)
 
 
 def test_hub_download_that_never_answers(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_frozen_native_call(tmp_path: Path) -> None:
         stall = wait_for(
             lambda: detect(read_journal(path), time.time_ns(), alive=True, frozen_after_s=2), what="frozen", timeout=15
         )
-        sentence = diagnose(stall, evidence_for(tmp_path, proc.pid))
+        sentence = diagnose(stall, evidence_for(tmp_path, proc.pid, native=True))
         if py_spy_path() is not None:  # the GIL is said held only when py-spy's stacks show it
             assert sentence.startswith("Holding the GIL in native code while blocked"), sentence
         else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 from lora_otel.analysis import filelocks
-from lora_otel.analysis.evidence import PREFIX
+from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
 from lora_otel.analysis.pools import pool_wait
@@ -616,7 +616,11 @@ def with_baseline(
 
 
 def stacks_text(evidence: Mapping[str, Any]) -> str:
-    """The Python stacks in ``evidence``: faulthandler's dump, then py-spy's."""
+    """The Python stacks in ``evidence``: faulthandler's dump, then py-spy's — once: stacks that
+    py-spy read are ``python.stacks`` already (its dump in faulthandler's form), and the same threads
+    twice would be read as twice the threads."""
+    if evidence.get(PREFIX + "python.stacks.from") == FROM_OUTSIDE:
+        return str(evidence.get(PREFIX + "python.stacks") or "")
     return "\n".join(str(evidence.get(PREFIX + key) or "") for key in ("python.stacks", "py_spy.dump"))
 
 
@@ -1114,10 +1118,20 @@ def _fetches_in_process(main: list[Frame]) -> bool:
 def _main_thread(stacks: str) -> Optional[list[Frame]]:
     """The main thread's frames, innermost first: the thread whose outermost frame is ``<module>``."""
     threads = _threads(stacks)
+    main = _named_main(threads)
+    return main if main is not None else (threads[-1][1] if threads else None)
+
+
+def _named_main(threads: list[tuple[str, list[Frame]]]) -> Optional[list[Frame]]:
+    """The thread whose outermost frame is ``<module>``; else (at exit, in an atexit handler, no
+    frame is) the dump's current thread or py-spy's ``MainThread``; None when none is told."""
     for _, frames in threads:
         if frames and frames[-1].func == "<module>":
             return frames
-    return threads[-1][1] if threads else None
+    for head, frames in threads:
+        if frames and (head.startswith("Current thread") or '"MainThread"' in head):
+            return frames
+    return None
 
 
 _WITH = re.compile(r"^\s*(?:async\s+)?with\s+(.+?)\s*:\s*(?:#.*)?$")
@@ -1209,16 +1223,18 @@ def lock_waits(stacks: str) -> Optional[str]:
     show), which lock each waits for and which it holds; a cycle is called a deadlock. None when no
     thread waits on a lock."""
     waits = []
-    for _, frames in _threads(stacks):
+    threads = _threads(stacks)
+    main = _named_main(threads)
+    for _, frames in threads:
         if not frames or not frames[0].python:
             continue
         lock = _waits_for(frames[0])
         if lock is None:
             continue
-        if _idle_helper(frames):
+        if frames is not main and _idle_helper(frames):
             continue
         held = [h for h in _holds(frames) if h != lock]
-        waits.append((_thread_name(frames), lock, _short(frames[0]), held))
+        waits.append(("the main thread" if frames is main else _thread_name(frames), lock, _short(frames[0]), held))
     if not waits:
         return None
     waits.sort(key=lambda w: w[0] != "the main thread")
