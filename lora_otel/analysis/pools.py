@@ -123,8 +123,10 @@ def waiting_in(frames: Sequence[PoolFrame]) -> Optional[PoolWait]:
     call = ""
     for frame in frames:
         file = frame[0]
-        if not file or _in(file, "lora_otel/_boot/"):
-            continue  # a C function the innermost frame calls (waiter.acquire, os.waitpid), or our hook around it
+        if not file or _in(file, "lora_otel/_boot/") or file == "<string>":
+            # a C function the innermost frame calls (waiter.acquire, os.waitpid), our hook around
+            # it, or a method multiprocess(ing) generated for a manager's proxy (`<string>:2 in get`)
+            continue
         if not any(_in(file, module) for module in _WAIT_MODULES):
             if found is None:
                 return None
