@@ -154,15 +154,23 @@ class Proc:
     @property
     def role(self) -> str:
         """``rank`` (has a rank of its own), ``rank child`` (a rank's child, or a child with its
-        parent's rank), ``launcher`` (no rank, started others), ``child`` or ``process``."""
+        parent's rank), ``launcher`` (no rank, started a program that is no worker of it), ``child``
+        or ``process`` (a job whose only children are its workers is a process, not a launcher)."""
         own_rank_differs = self.parent is None or self.parent.effective_rank != self.rank
         if self.rank is not None and own_rank_differs:
             return "rank"
         if self.effective_rank is not None:
             return "rank child"
-        if self.children:
+        if any(not child.is_worker for child in self.children):
             return "launcher"
         return "child" if self.parent is not None else "process"
+
+    @property
+    def is_worker(self) -> bool:
+        """A worker of its parent (root config ``worker``: a forked or spawned pool or DataLoader
+        worker, a resource tracker): its parent is a job with helpers, not a launcher."""
+        config = self.journal.config if isinstance(self.journal.config, dict) else {}
+        return config.get("quiet") is True and config.get("worker") is True
 
     @property
     def launches_ranks(self) -> bool:
@@ -174,11 +182,12 @@ class Proc:
 
     @property
     def label(self) -> str:
-        """``rank 1``, ``rank 1 child``, ``launcher``, ``child`` or ``process``."""
+        """``rank 1``, ``rank 1 child``, ``launcher``, ``worker`` (a child that is its parent's
+        worker), ``child`` or ``process``."""
         role = self.role
         if role.startswith("rank"):
             return f"rank {self.effective_rank}" + (" child" if role == "rank child" else "")
-        return role
+        return "worker" if role == "child" and self.is_worker else role
 
     @property
     def who(self) -> str:
@@ -448,7 +457,7 @@ def consequence_of_first(proc: Proc) -> Optional[str]:
     launcher (its failure reports its children's), it was stopped by a shutdown signal, or its
     error speaks of a lost peer or connection."""
     if proc.children:
-        return "a launcher reporting its children"
+        return "a launcher reporting its children" if proc.role == "launcher" else "reporting its workers' end"
     signal = proc.end.signal if proc.end is not None else None
     exit_ = proc.journal.exit
     if signal is None and exit_ is not None and exit_["how"] == "signal":
