@@ -7,7 +7,9 @@ weights and a word-level tokenizer built here (nothing is downloaded), with one 
 - ``worker``: the collator blocks inside a DataLoader worker (``dataloader_num_workers=2``);
 - ``hub``: a hub download from an endpoint that accepts and never answers (a black-holed
   ``HF_ENDPOINT``);
-- ``exit``: training ends, then an exit handler never returns (a telemetry flush).
+- ``exit``: training ends, then an exit handler never returns (a telemetry flush);
+- ``rank``: under ``accelerate launch`` with 2 processes, rank 1's collate function blocks (main
+  process), so rank 0 waits for it in DDP's gradient all-reduce.
 
 The job prints ``TRAINED <steps>`` when training ends. ``--release FILE``: a blocked call returns
 once FILE exists, so a test can let the job go on and finish.
@@ -74,10 +76,12 @@ def black_hole() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--hang", choices=["none", "map", "collator", "worker", "hub", "exit"], default="none")
+    parser.add_argument("--hang", choices=["none", "map", "collator", "worker", "hub", "exit", "rank"], default="none")
     parser.add_argument("--release", default="")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
+    if "RANK" in os.environ:  # each rank of `accelerate launch` makes its own files
+        args.out = os.path.join(args.out, "rank" + os.environ["RANK"])
 
     if args.hang == "hub":
         os.environ["HF_ENDPOINT"] = black_hole()
@@ -129,7 +133,8 @@ def main() -> None:
         dataloader_num_workers=2 if args.hang == "worker" else 0,
         disable_tqdm=True,
     )
-    collator = BlockingCollator(tokenizer, args.release) if args.hang in ("collator", "worker") else None
+    blocks = args.hang in ("collator", "worker") or (args.hang == "rank" and os.environ.get("RANK") == "1")
+    collator = BlockingCollator(tokenizer, args.release) if blocks else None
     trainer = SFTTrainer(
         model=model,
         args=config,

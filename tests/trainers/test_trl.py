@@ -12,6 +12,9 @@ diagnosed, so the job then finishes and its exit code is checked too.
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -121,3 +124,81 @@ def test_each_hang_is_named_in_the_jobs_lines_and_inspect(tmp_path: Path, hang: 
             out = finish(proc, tmp_path)
     if hang != "hub":
         assert out.splitlines()[-1] == "TRAINED 8"
+
+
+def accelerate_launch(tmp_path: Path, nproc: int, hang: str) -> subprocess.Popen:
+    """``accelerate launch`` of the job, as its users start it: one CPU process (``--cpu``), or two
+    (``--multi_gpu``: without GPUs it starts plain processes and the Trainer takes gloo; accelerate
+    1.x takes several CPU processes only through mpirun). HOME points into tmp_path: no accelerate
+    config of the user's is read."""
+    from collector import free_port
+
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    how = ["--cpu"] if nproc == 1 else ["--multi_gpu", "--main_process_port", str(free_port())]
+    env = clean_env(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        HOME=str(home),
+        HF_HOME=str(home / "hf"),
+        LORA_OTEL="1",
+        LORA_OTEL_DIR=str(tmp_path / "j"),
+        LORA_OTEL_STALL_AFTER=LIMITS,
+    )
+    with open(tmp_path / "stderr.txt", "wb") as stderr, open(tmp_path / "stdout.txt", "wb") as stdout:
+        return subprocess.Popen(
+            [
+                *(PYTHON, "-m", "accelerate.commands.launch", *how, "--num_processes", str(nproc)),
+                *("--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"),
+                *(str(JOB), "--out", str(tmp_path / "o"), "--hang", hang, "--release", str(tmp_path / "go")),
+            ],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+        )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="needs accelerate")
+def test_accelerate_launch_one_process_runs_unchanged(tmp_path: Path) -> None:
+    """``accelerate launch --cpu --num_processes 1``: the trainer is the launcher's quiet child; the
+    job ends as without lora_otel, and the launcher's last line names the trainer's steps."""
+    proc = accelerate_launch(tmp_path, 1, "none")
+    assert finish(proc, tmp_path).splitlines()[-1] == "TRAINED 8"
+    [last] = [x for x in (tmp_path / "stderr.txt").read_text().splitlines() if "exiting normally" in x][-1:]
+    assert "optimizer steps here; sft_job, pid " in last and ", made 8)" in last, last
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="needs accelerate")
+def test_accelerate_launch_a_rank_that_never_reaches_the_collective(tmp_path: Path) -> None:
+    """Two ranks; rank 1's collate function blocks, so rank 0 waits in a collective: rank 0's line
+    says rank 1 never arrived and where rank 1 is; rank 1's line names its DataLoader; ``inspect
+    DIR`` leads with rank 1 as the one stuck. Released, both ranks finish."""
+    proc = accelerate_launch(tmp_path, 2, "rank")
+    err = tmp_path / "stderr.txt"
+    try:
+
+        def whys() -> list[str]:
+            lines = [x for x in err.read_text(errors="replace").splitlines() if "] why training is stalled: " in x]
+            said = " ".join(lines)
+            return lines if "rank 1 never arrived" in said and "The DataLoader makes its batch" in said else []
+
+        lines = wait_for(whys, timeout=240, what="both ranks' why lines")
+        waiting = next(x for x in lines if "Waiting inside a collective" in x)
+        assert "rank 1 never arrived: rank 1 is not in a collective (at sft_job.py:" in waiting, waiting
+        assert "in wait_for_release" in waiting, waiting
+        inspect = lora_otel_cli("inspect", str(tmp_path / "j"))
+        assert re.search(
+            r"rank 1 \(pid \d+\) is the one stuck: .*rank 0 \(pid \d+\) waits for it in a collective", inspect.stdout
+        ), inspect.stdout
+    finally:
+        (tmp_path / "go").touch()
+        try:
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, err.read_text()[-3000:]
+    assert (tmp_path / "stdout.txt").read_text().count("TRAINED") == 2
