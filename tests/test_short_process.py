@@ -392,3 +392,41 @@ class TestIdleJournal:
         j = read_journal(path)  # written now: its modification time is two hours after its record
         assert j.touched_ns > start + 7_000 * 10**9
         assert j.last_life_ns == start + 120 * 10**9
+
+
+FORK_TREE = """\
+import os, sys
+def tree(depth):  # each node forks two children at once; half end with os._exit, half with sys.exit
+    kids = []
+    for i in range(2):
+        pid = os.fork()
+        if pid == 0:
+            if depth > 0:
+                tree(depth - 1)
+            if i == 0:
+                os._exit(0)
+            sys.exit(0)
+        kids.append(pid)
+    for pid in kids:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+tree(3)
+print("tree ok", flush=True)
+"""
+
+
+def test_a_tree_of_short_forks_leaves_nothing(tmp_path: Path) -> None:
+    """A tree of forks that each reap their own children and end at once, all exit 0: no journal
+    is left (a hostile trial: 15 of them at depth 3 — each kept because a sibling's journal, just
+    created and still empty, was taken for one of its own children's)."""
+    (tmp_path / "tree.py").write_text(FORK_TREE, encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "tree.py"],
+        cwd=tmp_path,
+        env=env(tmp_path, LORA_OTEL_KEEP_SHORT=""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout == "tree ok\n", r.stderr
+    left = files(tmp_path / "j") if (tmp_path / "j").exists() else []
+    assert left == [], left

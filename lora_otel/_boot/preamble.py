@@ -1148,9 +1148,28 @@ def _has_children(path: str) -> bool:
             continue
         finally:
             os.close(fd)
-        if not head or (trace in head and ppid in head):
-            return True  # (empty: a process that has just created its journal; its first record may be ours)
+        if trace in head and ppid in head:
+            return True
+        if not head and _my_child(other):
+            return True  # a child that has just created its journal: its first record may name us
     return False
+
+
+def _my_child(journal_name: str) -> bool:
+    """Whether the process a journal is named after (its last ``-<pid>``/``.<pid>``) is a child of
+    this one now (``/proc/<pid>/stat``'s parent). An empty journal of a sibling or a stranger —
+    created a moment ago, written a moment later — keeps nothing (a hostile trial's fork tree left
+    every journal behind, each kept for a sibling's empty file)."""
+    stem = journal_name[: -len(paths.JOURNAL_SUFFIX)]
+    tail = stem.replace("-", ".").rsplit(".", 1)[-1]
+    if not tail.isdigit():
+        return True  # not named after a pid: cannot tell, keep
+    try:
+        with open("/proc/%s/stat" % tail, "rb") as f:
+            stat = f.read()
+        return int(stat.rsplit(b")", 1)[1].split()[1]) == core.pid
+    except (OSError, ValueError, IndexError):
+        return not os.path.isdir("/proc/self")  # gone (or no /proc: cannot tell, keep)
 
 
 # --- exec -----------------------------------------------------------------------------------
