@@ -746,8 +746,14 @@ class StackAsker:
     follower and the local watchdog both gather through one of these."""
 
     def __init__(self, gather_fn: Any) -> None:
-        self.gather = gather_fn  # (pid, request) -> evidence dict, `gather` by default
+        self.gather = gather_fn  # (pid, request[, native]) -> evidence dict, `gather` by default
         self.unanswered = False
+        try:
+            import inspect
+
+            self.takes_native = "native" in inspect.signature(gather_fn).parameters
+        except (TypeError, ValueError):
+            self.takes_native = False  # a function of the caller's that takes (pid, request) only
 
     def __call__(self, journal: Journal, native: bool = False) -> dict[str, Any]:
         """``native``: the stall is a frozen one (`gather`)."""
@@ -757,6 +763,7 @@ class StackAsker:
         if not journal.pid:
             evidence: dict[str, Any] = {}
         else:
+            native = native and self.takes_native
             evidence = self.gather(journal.pid, request, native=True) if native else self.gather(journal.pid, request)
         if str(evidence.get(PREFIX + "python.stacks.error", "")).startswith(NO_DUMP.split("%")[0]):
             self.unanswered = True
