@@ -449,7 +449,9 @@ def test_short_options_redacted_only_when_a_secret(label: str, argv: list[str], 
 def test_pytest_run_keeps_its_argv(tmp_path: Path) -> None:
     """A user's ``python -m pytest -p no:cacheprovider`` with ``LORA_OTEL=1``: the journal's argv
     and the ``argv:`` line show ``no:cacheprovider``, no ``[REDACTED]``."""
-    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    # The test outlives the first beat (1 s), so the run is a job and says its argv: a run over in
+    # less is a short process, which says nothing of its arguments (it failed so, by chance, in CI).
+    (tmp_path / "test_one.py").write_text("import time\ndef test_one():\n    time.sleep(1.5)\n")
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_one.py"],
         cwd=tmp_path,
