@@ -139,7 +139,8 @@ def test_pool_map_with_a_task_that_never_returns(tmp_path: Path) -> None:
         assert parent is not None and any(pid == parent.pid for pid, msg in lora_lines(log) if msg == line)
         text = inspect_text(tmp_path)
         assert "STALLED: no stage open for " in text and "worker pid %d holds a task" % worker.pid in text, text
-        assert "pid %d is the one stuck" % parent.pid in text and "launcher" not in text, text  # its workers make no launcher
+        # Its children are its workers: it is the job's process, no launcher.
+        assert "pid %d is the one stuck" % parent.pid in text and "launcher" not in text, text
         watch = lora_otel_cli("watch", "--once", str(tmp_path / "lora-otel")).stdout
         assert "worker pid %d holds a task" % worker.pid in watch, watch
         page = lora_otel_cli("report", str(tmp_path / "lora-otel"), "-o", "-").stdout
