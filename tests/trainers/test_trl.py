@@ -202,3 +202,47 @@ def test_accelerate_launch_a_rank_that_never_reaches_the_collective(tmp_path: Pa
                 proc.wait()
     assert proc.returncode == 0, err.read_text()[-3000:]
     assert (tmp_path / "stdout.txt").read_text().count("TRAINED") == 2
+
+
+HF_ARGS = """\
+import dataclasses, json, sys
+import transformers
+
+@dataclasses.dataclass
+class ModelArgs:
+    model_name_or_path: str = "tiny"
+    lora_rank: int = 8
+
+parser = transformers.HfArgumentParser(ModelArgs)
+how = sys.argv[1]
+if how == "dict":
+    (args,) = parser.parse_dict({"lora_rank": 4})
+elif how == "yaml":
+    (args,) = parser.parse_yaml_file("args.yaml")
+else:
+    (args,) = parser.parse_json_file("args.json")
+print("rank", args.lora_rank, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["dict", "yaml", "json"])
+def test_hf_argument_parser_ends_arguments(tmp_path: Path, how: str) -> None:
+    """LLaMA-Factory and axolotl parse their config with ``HfArgumentParser.parse_dict`` /
+    ``parse_yaml_file`` / ``parse_json_file``, never ``parse_args``: that call ends ``arguments``
+    (before, it stayed open until training and every load was "still in arguments")."""
+    (tmp_path / "job.py").write_text(HF_ARGS, encoding="utf-8")
+    (tmp_path / "args.yaml").write_text("lora_rank: 4\n", encoding="utf-8")
+    (tmp_path / "args.json").write_text('{"lora_rank": 4}', encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "job.py", how],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j")),
+    )
+    assert r.returncode == 0 and r.stdout == "rank 4\n", r.stderr[-2000:]
+    [path] = journals(tmp_path / "j")
+    [arguments] = [s for s in read_journal(path).spans if s.name == "arguments"]
+    method = {"dict": "parse_dict", "yaml": "parse_yaml_file", "json": "parse_json_file"}[how]
+    assert arguments.attrs.get("lora_otel.arguments.parser") == "HfArgumentParser." + method, arguments.attrs

@@ -56,11 +56,18 @@ def install(kind: str, module: ModuleType) -> None:
                 setattr(dataset, name, _outermost(orig, "prepare dataset", _dataset_attrs(name)))
 
 
+_parsing = [0]  # depth of the parser calls running (parse_yaml_file calls parse_dict): the outermost names it
+
+
 def _ends_arguments(orig: Callable[..., Any], how: str) -> Callable[..., Any]:
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = orig(*args, **kwargs)
-        if core.active:
+        _parsing[0] += 1
+        try:
+            result = orig(*args, **kwargs)
+        finally:
+            _parsing[0] -= 1
+        if core.active and not _parsing[0]:
             with core.fail_open("arguments"):
                 stages.arguments_done(how)
         return result
