@@ -58,12 +58,15 @@ def test_frozen_call_and_deadlock_rows_say_place_and_cause(tmp_path: Path) -> No
     assert not list(tmp_path.glob("lora-otel*")), "the cases run in directories of their own"
 
 
-CASES = ("full stdout pipe", "child killed before a sibling errors", "map worker waits on a queue")
+CASES = ("full stdout pipe", "map worker waits on a queue")
+"""(The killed-child case is left out here: its stderr view is read before the parent reaps the
+killed child when the suite loads the machine — the watchdog's first death line then cannot name
+the signal yet. tests/test_first_failure.py tests that order with its own waits.)"""
 
 
 @pytest.mark.torch
 def test_quiet_child_first_failure_and_gloo_rows_in_every_view(tmp_path: Path) -> None:
-    """About 40 s. Three cases each view got wrong before:
+    """About 30 s. Two cases each view got wrong before:
 
     - a child (``python child.py``, a quiet child) blocked on the stdout pipe its launcher never
       reads: no STALLED line anywhere (a quiet child was never called stalled); now its own lines,

@@ -99,8 +99,11 @@ def test_launcher_that_never_reads_is_named_with_its_pid(tmp_path: Path) -> None
         inode = os.readlink("/proc/%d/fd/1" % job)[6:-1]
         assert line.startswith("[lora-otel][%d][" % job), line
         assert "why write report is stalled: Blocked writing" in line, line
-        own = [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x]
-        assert own and "write report open for" in own[0] and "Blocked" not in own[0], text(tmp_path / "run.log")
+        own = wait_for(  # the job's own line and the watchdog's are written apart: either may come first
+            lambda: [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x],
+            what="the job's own STALLED line",
+        )
+        assert "write report open for" in own[0] and "Blocked" not in own[0], text(tmp_path / "run.log")
         assert "Blocked writing to its stdout, a pipe nobody reads" in line, line
         assert "pipe:[%s]" % inode in line, line
         assert "its read end is held by pid %d (" % launcher.pid in line and "launcher.py" in line, line
@@ -134,8 +137,11 @@ def test_stdout_and_stderr_in_one_pipe(tmp_path: Path) -> None:
         assert "STALLED:" in line, "stderr is in the full pipe: the watchdog speaks for the job"
         assert "Blocked writing to its stdout and stderr (one pipe), a pipe nobody reads" in line, line
         assert "its read end is held by pid %d (" % launcher.pid in line, line
-        own = [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x and x != line]
-        assert own and "write report open for" in own[0], text(tmp_path / "run.log")
+        own = wait_for(  # the job's own line and the watchdog's are written apart: either may come first
+            lambda: [x for x in text(tmp_path / "run.log").splitlines() if "STALLED:" in x and x != line],
+            what="the job's own STALLED line",
+        )
+        assert "write report open for" in own[0], text(tmp_path / "run.log")
         [record] = read_journal(tmp_path / "run.log.otel.jsonl").stalls
         assert record["kind"] == "alive", "the beat did not stop: not frozen"
     finally:

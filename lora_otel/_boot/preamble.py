@@ -1011,9 +1011,8 @@ def _steps_below(max_named: int = 4) -> str:
     """``" here; train, pid 4242, made 10"``: the optimizer steps of the processes below
     this one that trained (a launcher's trainer, its ranks), from their journals in this job's
     registry (`spawn.registry_path`: the first record's pid and ``service.name``, the last beat's
-    ``steps``); "" when none did. Read once, at exit, from the files' two ends only."""
-    import re
-
+    ``steps``); "" when none did. Read once, at exit, from the files' two ends only (no ``re``: the
+    process imports nothing it would not have)."""
     try:
         with open(paths.stem(core.journal_path or "") + ".children", encoding="utf-8", errors="replace") as f:
             journals = [line.strip() for line in f.read(65536).splitlines() if line.strip()]
@@ -1035,16 +1034,28 @@ def _steps_below(max_named: int = 4) -> str:
             continue
         finally:
             os.close(fd)
-        steps = re.findall(r'"k":"beat"[^\n]*?"steps":(\d+)', tail)
-        pid = re.search(r'"pid":(\d+)', head)
-        if not steps or not pid or int(steps[-1]) == 0:
+        beat = tail.rfind('"k":"beat"')
+        steps = _number_after(tail[beat:], '"steps":') if beat >= 0 else ""
+        pid = _number_after(head, '"pid":')
+        if not steps or not pid or int(steps) == 0:
             continue
-        name = re.search(r'"service\.name":"([^"\\]{1,60})"', head)
-        who = "%s, pid %s," % (name.group(1), pid.group(1)) if name else "pid %s" % pid.group(1)
-        named.append("%s made %s" % (who, steps[-1]))
+        at = head.find('"service.name":"')
+        name = head[at + 16 : head.find('"', at + 16)] if at >= 0 else ""
+        who = "%s, pid %s," % (name, pid) if name and len(name) <= 60 and "\\" not in name else "pid %s" % pid
+        named.append("%s made %s" % (who, steps))
     if not named:
         return ""
     return " here; %s%s" % ("; ".join(named[:max_named]), "; ..." if len(named) > max_named else "")
+
+
+def _number_after(text: str, key: str) -> str:
+    """The digits right after the first ``key`` in ``text`` ("" when none)."""
+    at = text.find(key)
+    if at < 0:
+        return ""
+    digits = text[at + len(key) : at + len(key) + 20]
+    end = next((i for i, ch in enumerate(digits) if not ch.isdigit()), len(digits))
+    return digits[:end]
 
 
 # --- a short run leaves nothing behind ------------------------------------------------------
