@@ -741,7 +741,7 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
             if said:
                 _wait(lambda: _has_stall_record(case_dir), wait_s, "the stall record beside the line")
                 # the watchdog's why line follows the job's own STALLED line, after the record
-                _wait(lambda: "is stalled: " in _text(case_dir / "log.txt"), min(wait_s, 10.0), "the why line")
+                _wait(lambda: "is stalled: " in _text(case_dir / "log.txt"), max(wait_s, 30.0), "the why line")
             for view, name in (("stderr", "log.txt"), ("--log", "run.log")):
                 first[view] = _first_line(_text(case_dir / name), case.line)
         else:

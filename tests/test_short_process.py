@@ -158,7 +158,12 @@ class TestPromotion:
         )
         try:
             root = wait_for(
-                lambda: [r for r in roots(tmp_path) if r.attrs.get("lora_otel.sidecar.pid")],
+                # (the promotion and the sidecar's pid are two records: both, whichever is read first)
+                lambda: [
+                    r
+                    for r in roots(tmp_path)
+                    if r.attrs.get("lora_otel.sidecar.pid") and "lora_otel.promoted" in r.attrs
+                ],
                 what="the sidecar of a process that lived a beat",
             )[0]
             assert root.attrs["lora_otel.promoted"] == "first beat"
