@@ -186,12 +186,14 @@ def spanned(
     name: str,
     before: Callable[..., Mapping[str, object]] | None = None,
     after: Callable[..., Mapping[str, object]] | None = None,
+    outermost: bool = False,
 ) -> Callable[_P, _R]:
     """Wrap a framework method in a span ``name`` (the original is called exactly once).
 
     ``before(*args, **kwargs)`` returns the start attributes, ``after(result, *args, **kwargs)``
     the end attributes; both run under ``fail_open``. The span ends in error, with the exception's
-    text, when the method raises (the exception propagates unchanged).
+    text, when the method raises (the exception propagates unchanged). ``outermost``: no span when
+    one called ``name`` is open already (a method that calls itself again inside).
     """
     if getattr(orig, "_lora_otel", False):
         return orig
@@ -201,7 +203,8 @@ def spanned(
         sid = None
         if core.active:
             with core.fail_open(name):
-                sid = core.span_start(name, clean(before(*args, **kwargs)) if before else {})
+                if not (outermost and core.find_open(name) is not None):
+                    sid = core.span_start(name, clean(before(*args, **kwargs)) if before else {})
         try:
             result = orig(*args, **kwargs)
         except BaseException as e:

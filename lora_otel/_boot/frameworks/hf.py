@@ -24,11 +24,11 @@ from __future__ import annotations
 import functools
 
 from lora_otel._boot import core, stages
-from lora_otel._boot.frameworks import clean, error_text
+from lora_otel._boot.frameworks import spanned
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
     from types import ModuleType
     from typing import Any
 
@@ -47,13 +47,13 @@ def install(kind: str, module: ModuleType) -> None:
         raw = model.__dict__.get("from_pretrained") if model is not None else None
         func = getattr(raw, "__func__", None)
         if model is not None and func is not None and not getattr(func, "_lora_otel", False):
-            model.from_pretrained = classmethod(_outermost(func, "load model", _model_attrs))
+            model.from_pretrained = classmethod(spanned(func, "load model", _model_attrs, outermost=True))
     elif kind == "datasets":
         dataset = getattr(module, "Dataset", None)
         for name in ("map", "filter"):
             orig = getattr(dataset, name, None) if dataset is not None else None
             if orig is not None and not getattr(orig, "_lora_otel", False):
-                setattr(dataset, name, _outermost(orig, "prepare dataset", _dataset_attrs(name)))
+                setattr(dataset, name, spanned(orig, "prepare dataset", _dataset_attrs(name), outermost=True))
 
 
 _parsing = [0]  # depth of the parser calls running (parse_yaml_file calls parse_dict): the outermost names it
@@ -70,32 +70,6 @@ def _ends_arguments(orig: Callable[..., Any], how: str) -> Callable[..., Any]:
         if core.active and not _parsing[0]:
             with core.fail_open("arguments"):
                 stages.arguments_done(how)
-        return result
-
-    wrapper._lora_otel = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-def _outermost(orig: Callable[..., Any], name: str, before: Callable[..., Mapping[str, object]]) -> Callable[..., Any]:
-    """``orig`` in a span ``name`` unless one of that name is open in this thread already."""
-
-    @functools.wraps(orig)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        sid = None
-        if core.active:
-            with core.fail_open(name):
-                if core.find_open(name) is None:
-                    sid = core.span_start(name, clean(before(*args, **kwargs)))
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException as e:
-            if sid is not None:
-                with core.fail_open(name):
-                    core.span_end(sid, "error", error_text(e))
-            raise
-        if sid is not None:
-            with core.fail_open(name):
-                core.span_end(sid, "ok")
         return result
 
     wrapper._lora_otel = True  # type: ignore[attr-defined]
