@@ -59,3 +59,43 @@ def test_the_first_rule_that_answers_wins() -> None:
     answering = [rule.name for rule in RULES if rule.check(facts) is not None]
     assert answering[0] == "stopped" and "hub download" in answering
     assert explain(a_stall(), evidence).attrs["lora_otel.diagnosis.rule"] == "stopped"
+
+
+def test_a_wait_in_memory_reclaim_is_memory_not_disk() -> None:
+    """A process in D state in `reclaim_throttle` (a memory cgroup at its limit) is slowed by memory,
+    though the one sample's major-fault rate is below the threshold (seen in CI: it was called
+    "uninterruptible disk I/O"). A D-state wait elsewhere is still disk I/O."""
+    evidence = {
+        PREFIX + "process.state": "D (disk sleep)",
+        PREFIX + "process.wait_channel": "reclaim_throttle",
+        PREFIX + "memory.major_faults_per_s": 3.0,
+        PREFIX + "process.rss_bytes": 40_000_000,
+        PREFIX + "memory.limit_bytes": 50_331_648,
+    }
+    found = explain(a_stall(), evidence)
+    assert found.attrs["lora_otel.diagnosis.rule"] == "memory pressure", found
+    assert found.sentence.startswith("Loading is slowed by memory reclaim"), found.sentence
+    assert "memory limit of 50 MB" in found.sentence and "wait channel reclaim_throttle" in found.sentence
+    found = explain(a_stall(), {**evidence, PREFIX + "process.wait_channel": "io_schedule"})
+    assert found.sentence == "The process is in uninterruptible disk I/O (kernel wait channel io_schedule).", found
+
+
+def test_a_cgroup_at_its_limit_with_faults_is_memory_reclaim() -> None:
+    """The CI sample that read "uninterruptible disk I/O": a thrashing load in a 48 MiB cgroup at
+    99.5 % of its limit, 32 major faults/s in the 0.5 s sample, the page wait `folio_wait_bit_common`.
+    The same wait in a cgroup with room, or with no faults of its own, is disk I/O."""
+    evidence = {
+        PREFIX + "process.state": "D (uninterruptible (disk) sleep)",
+        PREFIX + "process.wait_channel": "folio_wait_bit_common",
+        PREFIX + "process.rss_bytes": 29_597_696,
+        PREFIX + "memory.major_faults_per_s": 31.9,
+        PREFIX + "memory.limit_bytes": 50_331_648,
+        PREFIX + "memory.cgroup_usage_bytes": 50_081_792,
+        PREFIX + "memory.pressure_some_avg10": 5.84,
+    }
+    found = explain(a_stall(), evidence)
+    assert found.sentence.startswith("Loading is slowed by memory reclaim"), found.sentence
+    assert "RSS 30 MB (its cgroup 50 MB) against a memory limit of 50 MB, 32 major page faults/s" in found.sentence
+    for change in ({PREFIX + "memory.cgroup_usage_bytes": 30_000_000}, {PREFIX + "memory.major_faults_per_s": 1.0}):
+        found = explain(a_stall(), {**evidence, **change})
+        assert found.sentence.startswith("The process is in uninterruptible disk I/O"), (change, found.sentence)

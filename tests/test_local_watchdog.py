@@ -538,7 +538,7 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
             lambda: read_journal(tmp_path / "run.log.otel.jsonl").stalls, timeout=15, what="the stall record"
         )
         assert record["stage"] == "load model" and record["kind"] == "alive"
-        assert record["diagnosis"].startswith("Loading is slowed by memory reclaim"), record
+        assert record["diagnosis"].startswith("Loading is slowed by memory reclaim"), json.dumps(record)[:3000]
         assert "major page faults/s" in record["diagnosis"] and "memory limit of 50 MB" in record["diagnosis"]  # 48 MiB
         doc = json.loads(lora_otel_cli("inspect", "--json", str(tmp_path / "run.log.otel.jsonl")).stdout)
         assert [s["diagnosis"] for s in doc["stalls"]] == [record["diagnosis"]]

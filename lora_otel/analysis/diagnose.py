@@ -938,6 +938,19 @@ MAJOR_FAULTS_PER_S = 50.0
 SWAP_IN_PER_S = 50.0
 PRESSURE_AVG10 = 10.0
 """Above any of these (per second; the kernel's ``some avg10`` %), the process counts as slowed by memory."""
+AT_LIMIT = 0.95
+"""A memory cgroup this full of its limit, with the process's own major faults, is reclaiming it."""
+
+
+_RECLAIM_WCHAN = (
+    "reclaim_throttle",
+    "throttle_direct_reclaim",
+    "shrink_",
+    "try_to_free",
+    "mem_cgroup_",
+    "balance_pgdat",
+)
+"""Kernel wait channels of memory reclaim (direct reclaim, a memory cgroup at its limit)."""
 
 
 def _mb(n: float) -> str:
@@ -960,16 +973,25 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
     # The kernel's pressure figure may be the whole machine's: it names this process only while the
     # process itself takes major faults (another job thrashing is not this one's stall).
     own_faults = isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S / 10
+    # The kernel's own word: a process that waits in reclaim is slowed by memory, whatever one
+    # sample's fault rate says.
+    wchan = str(evidence.get(PREFIX + "process.wait_channel") or "")
+    reclaiming = wchan.startswith(_RECLAIM_WCHAN)
+    # A memory cgroup at its limit while the process takes major faults: its pages are evicted and
+    # read back (one 0.5 s sample of a thrashing load read 32 faults/s, the cgroup at 99.5 %).
+    limit, usage = evidence.get(PREFIX + "memory.limit_bytes"), evidence.get(PREFIX + "memory.cgroup_usage_bytes")
+    at_limit = isinstance(limit, int) and isinstance(usage, int) and limit > 0 and usage >= AT_LIMIT * limit
     heavy = (
-        (isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S)
+        reclaiming
+        or (at_limit and own_faults)
+        or (isinstance(faults, (int, float)) and faults >= MAJOR_FAULTS_PER_S)
         or (isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S)
         or (pressure is not None and pressure >= PRESSURE_AVG10 and own_faults)
     )
     if not heavy:
         return None
     facts = []
-    rss, limit = evidence.get(PREFIX + "process.rss_bytes"), evidence.get(PREFIX + "memory.limit_bytes")
-    usage = evidence.get(PREFIX + "memory.cgroup_usage_bytes")
+    rss = evidence.get(PREFIX + "process.rss_bytes")
     if isinstance(rss, int) and isinstance(limit, int):
         facts.append(
             "RSS %s%s against a memory limit of %s"
@@ -983,6 +1005,8 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
         facts.append("%.0f pages swapped in/s" % swap)
     if pressure is not None:
         facts.append("memory pressure %.0f %% (some avg10)" % pressure)
+    if reclaiming:
+        facts.append("waiting in the kernel's reclaim (wait channel %s)" % wchan)
     swapping = isinstance(swap, (int, float)) and swap >= SWAP_IN_PER_S
     return "Loading is slowed by %s: %s." % (
         "swapping" if swapping else "memory reclaim (pages evicted and read back from disk)",
