@@ -118,6 +118,19 @@ def inspect_text(tmp: Path) -> str:
     return lora_otel_cli("inspect", str(tmp / "lora-otel")).stdout
 
 
+def _headline_and_wait(text: str, at_least_s: float) -> Optional[tuple[float, float, float]]:
+    """(the headline's "no stage open for A s", the diagnosis's "waits for its … for B s", its
+    worker's "has been at … for C s") once A is at least ``at_least_s``; else None."""
+    found = re.search(
+        r"STALLED: no stage open for ([\d.]+) s .*? waits for its multiprocessing\.Pool \(.*?\) for ([\d.]+) s; "
+        r".*? has been at .*? for ([\d.]+) s",
+        text,
+    )
+    if found is None or float(found.group(1)) < at_least_s:
+        return None
+    return float(found.group(1)), float(found.group(2)), float(found.group(3))
+
+
 def test_pool_map_with_a_task_that_never_returns(tmp_path: Path) -> None:
     """`multiprocessing.Pool.map` with one task that never returns: the job's own lines say
     STALLED with the worker that holds the task (its pid, where its main thread is, for how long),
@@ -139,6 +152,15 @@ def test_pool_map_with_a_task_that_never_returns(tmp_path: Path) -> None:
         assert parent is not None and any(pid == parent.pid for pid, msg in lora_lines(log) if msg == line)
         text = inspect_text(tmp_path)
         assert "STALLED: no stage open for " in text and "worker pid %d holds a task" % worker.pid in text, text
+        # Read later, the diagnosis's own durations have grown with the headline's (issue 21 item 7).
+        [record] = [r for r in read_journal(parent.path).stalls if r.get("kind") == "between"]
+        later = wait_for(
+            lambda: _headline_and_wait(inspect_text(tmp_path), record["open_s"] + 2),
+            timeout=60,
+            what="inspect 2 s after the record",
+        )
+        headline_s, waited_s, worker_s = later
+        assert headline_s == waited_s and worker_s > waited_s - 2, later
         # Its children are its workers: it is the job's process, no launcher.
         assert "pid %d is the one stuck" % parent.pid in text and "launcher" not in text, text
         watch = lora_otel_cli("watch", "--once", str(tmp_path / "lora-otel")).stdout

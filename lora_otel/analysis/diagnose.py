@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import filelocks
+from lora_otel.analysis import ages, filelocks
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -99,6 +99,8 @@ class Diagnosis:
     sentence: str
     attrs: dict[str, Any] = field(default_factory=dict)
     """Extra attributes for the stall's event and log record (``lora_otel.collective.*``)."""
+    ages: list[list[int]] = field(default_factory=list)
+    """Where the sentence's growing durations are: ``[offset, length, ns]`` (`lora_otel.analysis.ages`)."""
 
 
 def diagnose(
@@ -128,15 +130,17 @@ def explain(
     ``peers``: the journals of the job's other processes; ``peer_stacks``: the Python stacks of some
     of them now, by journal path. Both serve only a process waiting inside a collective.
     """
-    facts = Facts.of(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
-    for rule in RULES:
-        found = rule.check(facts)
-        if found is not None:
-            found.attrs.setdefault("lora_otel.diagnosis.rule", rule.name)
-            if facts.from_sample and rule.name != "cannot tell":
-                found.sentence = found.sentence.rstrip() + " " + _sample_note(facts)
-                found.attrs["lora_otel.diagnosis.from"] = "the beat's sample of the main thread"
-            return found
+    with ages.collecting() as grown:
+        facts = Facts.of(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
+        for rule in RULES:
+            found = rule.check(facts)
+            if found is not None:
+                found.attrs.setdefault("lora_otel.diagnosis.rule", rule.name)
+                if facts.from_sample and rule.name != "cannot tell":
+                    found.sentence = found.sentence.rstrip() + " " + _sample_note(facts)
+                    found.attrs["lora_otel.diagnosis.from"] = "the beat's sample of the main thread"
+                found.sentence, found.ages = ages.resolve(found.sentence, grown)
+                return found
     raise AssertionError("the last rule always answers")  # pragma: no cover
 
 
@@ -346,7 +350,7 @@ def connect_wait(evidence: Mapping[str, Any], stall: Stall, innermost: str) -> O
         % (
             ", ".join(remotes[:3]),
             " at %s" % innermost if innermost else "",
-            format_duration(round(stall.open_for_s * 1e9)),
+            ages.growing(stall.open_for_s * 1e9),
         )
     )
 
@@ -438,7 +442,7 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
 
 def _sample_age(f: Facts) -> str:
     ts = f.journal.main_frames_ts if f.journal is not None else None
-    return " (%s old)" % format_duration(max(f.now_ns - ts, 0)) if isinstance(ts, int) else ""
+    return " (%s old)" % ages.growing(f.now_ns - ts) if isinstance(ts, int) else ""
 
 
 def _no_stacks_why(f: Facts) -> str:
@@ -602,17 +606,18 @@ def with_baseline(
     attrs = dict(found.attrs)
     if isinstance(baseline, BaseException):
         attrs["lora_otel.baseline.error"] = str(baseline)
-        return Diagnosis(found.sentence, attrs)
+        return Diagnosis(found.sentence, attrs, found.ages)
     attrs["lora_otel.baseline.path"] = baseline.path
     try:
         relevant, other = bl.stall_drift(baseline, stall.span, journal, now_ns)
     except Exception as e:  # noqa: BLE001 - the diagnosis goes on without the baseline
         attrs["lora_otel.baseline.error"] = "cannot compare with %s: %s: %s" % (baseline.path, type(e).__name__, e)
-        return Diagnosis(found.sentence, attrs)
+        return Diagnosis(found.sentence, attrs, found.ages)
     attrs["lora_otel.baseline.drift"] = [d.text for d in relevant]
     if other:
         attrs["lora_otel.baseline.other_drift"] = [d.text for d in other[:20]]
-    return Diagnosis(bl.sentence_prefix(relevant) + found.sentence, attrs)
+    prefix = bl.sentence_prefix(relevant)
+    return Diagnosis(prefix + found.sentence, attrs, ages.shifted(found.ages, len(prefix)))
 
 
 def stacks_text(evidence: Mapping[str, Any]) -> str:
@@ -799,7 +804,7 @@ def _peer_facts(
     clauses = []
     last = peer.last_life_ns or 0
     if last and (now_ns - last) / 1e9 >= frozen_after_s:
-        clauses.append("is frozen (no beat for %d s)" % ((now_ns - last) / 1e9))
+        clauses.append("is frozen (no beat for %s)" % ages.growing(now_ns - last))
     if peer.steps != journal.steps:
         clauses.append("has made %s (rank %d: %d)" % (_steps(peer.steps), me, journal.steps))
     stage, mine = _stage(peer), _stage(journal)
@@ -1040,7 +1045,7 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
         # num_workers=0: the batch is made right here; what blocks is the dataset or the collate function.
         return "The DataLoader makes its batch in the main process (no workers) and is stuck in it%s for %s." % (
             " at %s" % called if called else "",
-            format_duration(round(stall.open_for_s * 1e9)),
+            ages.growing(stall.open_for_s * 1e9),
         )
     head = "The main thread waits for a DataLoader batch%s" % (" (at %s)" % called if called else "")
     kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict)]
@@ -1050,7 +1055,7 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
         if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k or str(k.get("cmdline", "")) == ""
     ] or kids
     if PREFIX + "process.children" not in evidence:
-        return "%s for %s; its workers were not looked at." % (head, format_duration(round(stall.open_for_s * 1e9)))
+        return "%s for %s; its workers were not looked at." % (head, ages.growing(stall.open_for_s * 1e9))
     if not workers:
         return "%s; no worker process is left (they may have died)." % head
     stuck = [
@@ -1096,7 +1101,7 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
 
     return "%s for %s; %s." % (
         head,
-        format_duration(round(stall.open_for_s * 1e9)),
+        ages.growing(stall.open_for_s * 1e9),
         "; ".join(describe(k) for k in shown[:MAX_NAMED]),
     )
 
@@ -1298,7 +1303,7 @@ def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
             remote,
             _bytes(rate),
             format_duration(round((sampled or 0) * 1e9)),
-            format_duration(round(stall.open_for_s * 1e9)),
+            ages.growing(stall.open_for_s * 1e9),
         )
     )
 

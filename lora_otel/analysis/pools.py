@@ -34,7 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lora_otel.journal.reader import Journal, format_duration, process_state, where_text
+from lora_otel.analysis import ages
+from lora_otel.journal.reader import Journal, process_state, where_text
 from lora_otel.journal.tree import iso_time
 
 PoolFrame = tuple[str, str, str]
@@ -262,7 +263,7 @@ def _where(worker: Worker, now_ns: int) -> str:
     frames = _program_part(list(journal.main_frames))
     text = "its main thread %s at %s" % ("has been" if worker.end is None else "was", where_text(frames))
     if since is not None and worker.end is None:
-        text += " for %s" % format_duration(max(now_ns - since, 0))
+        text += " for %s" % ages.growing(now_ns - since)
     return text + (" (its journal's beat)" if worker.end is None else " at its last beat")
 
 
@@ -346,13 +347,13 @@ def pool_wait(
         wait.what,
         call,
         wait.called_at or "?",
-        format_duration(round(open_for_s * 1e9)),
+        ages.growing(open_for_s * 1e9),
     )
     if not wait.called_at:
         head = "The main thread waits for its %s%s for %s" % (
             wait.what,
             " (%s)" % call.rstrip(", ") if call else "",
-            format_duration(round(open_for_s * 1e9)),
+            ages.growing(open_for_s * 1e9),
         )
     attrs: dict[str, Any] = {"lora_otel.pool.kind": wait.what}
     subprocess = wait.what == "subprocess" or wait.what.endswith(".Process") or "spawn" in wait.what

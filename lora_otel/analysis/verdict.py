@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lora_otel.analysis import evidence as ev
+from lora_otel.analysis.ages import aged
 from lora_otel.analysis.diagnose import explain
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
@@ -108,12 +109,17 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
     span = journal.span(span_id) if isinstance(span_id, str) else None
     if span is not None and not span.is_open and record.get("kind") != "died":
         return None  # the stage ended after all
+    open_s = _open_now(journal, record, now_ns)
+    diagnosis = str(record.get("diagnosis") or "")
+    if isinstance(open_s, (int, float)) and isinstance(record.get("open_s"), (int, float)):
+        # the diagnosis's own durations ("waits for its Pool for 5.25 s") grow as the headline's does
+        diagnosis = aged(diagnosis, record.get("ages"), round((open_s - record["open_s"]) * 1e9))
     return Verdict(
         record.get("stage") or (span.name if span is not None else None),
         str(record.get("kind")),
-        _open_now(journal, record, now_ns),
+        open_s,
         record.get("limit_s"),
-        record.get("diagnosis") or "",
+        diagnosis,
         record.get("by") or "watchdog",
         record.get("learned"),
         record.get("evidence") or {},

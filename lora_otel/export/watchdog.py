@@ -87,14 +87,22 @@ def evidence_summary(evidence: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stall_record(stall: Stall, diagnosis: str, evidence: dict[str, Any], by: str, now_ns: int) -> dict[str, Any]:
-    """The journal's ``stall`` record for ``stall`` (see docs/journal.md)."""
+def stall_record(
+    stall: Stall,
+    diagnosis: str,
+    evidence: dict[str, Any],
+    by: str,
+    now_ns: int,
+    ages: Optional[list[list[int]]] = None,
+) -> dict[str, Any]:
+    """The journal's ``stall`` record for ``stall`` (see docs/journal.md); ``ages``: where the
+    diagnosis's growing durations are (`lora_otel.analysis.ages`)."""
     no_stage = stall.kind == "between" or (stall.span.parent_id is None and stall.span.name == "process")
     evidence = evidence_summary(evidence)
     if stall.kind == "between" and stall.after:
         evidence["last_stage"] = stall.after
     learned = stall.learned
-    return {
+    record = {
         "v": 1,
         "k": "stall",
         "ts": now_ns,
@@ -108,6 +116,9 @@ def stall_record(stall: Stall, diagnosis: str, evidence: dict[str, Any], by: str
         "diagnosis": diagnosis,
         "by": by,
     }
+    if ages:
+        record["ages"] = ages
+    return record
 
 
 def append_record(journal_path: str, record: dict[str, Any]) -> str:
@@ -550,8 +561,7 @@ class Watch:
             evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
         _, frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)
         found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
-        sentence = found.sentence
-        return self.write(journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal))
+        return self.write(journal, stall, found.sentence, evidence, now, cause_pid(found.attrs, journal), found.ages)
 
     def write(
         self,
@@ -561,10 +571,11 @@ class Watch:
         evidence: dict[str, Any],
         now: int,
         cause: Optional[int] = None,
+        ages: Optional[list[list[int]]] = None,
     ) -> dict[str, Any]:
         """The stall record, and the STALLED line where the job cannot write it (``cause``: the pid
-        of another process the diagnosis names, `cause_pid`)."""
-        record = stall_record(stall, sentence, evidence, self.by, now)
+        of another process the diagnosis names, `cause_pid`; ``ages``: `Diagnosis.ages`)."""
+        record = stall_record(stall, sentence, evidence, self.by, now, ages)
         return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records, cause, evidence)
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
