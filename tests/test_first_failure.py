@@ -270,3 +270,45 @@ def test_death_line_of_a_consequence_names_the_first_failure(tmp_path: Path) -> 
     inspect = lora_otel_cli("inspect", str(tmp_path))
     line = first_failure_line(inspect.stdout, b)
     assert f"then, as consequences: child (pid {a}) died: killed by SIGTERM (stopped with SIGTERM)" in line, line
+
+
+LATE_REAP_JOB = r"""
+import os, signal, subprocess, sys, time
+role = sys.argv[1]
+if role == "B":
+    import lora_otel
+    with lora_otel.stage("load"):
+        os.kill(os.getpid(), signal.SIGKILL)
+elif role == "A":  # outlives B's death by 1.8 s: its parent, waiting on A first, reaps B only then
+    b = int(sys.argv[2])
+    while open("/proc/%d/stat" % b).read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.02)
+    time.sleep(1.8)
+else:
+    b = subprocess.Popen([sys.executable, "job.py", "B", "--log", "b.log"])
+    a = subprocess.Popen([sys.executable, "job.py", "A", str(b.pid)])
+    a.wait()
+    b.wait()
+"""
+
+
+def test_a_child_reaped_late_is_still_told_by_its_signal(tmp_path: Path) -> None:
+    """A launcher that waits on its children one after the other reaps a killed one only when the
+    one before it ends (here 1.8 s after the death): the death line still says SIGKILL, from the
+    parent's reap (the watchdog waited 1 s and wrote "killed (by a signal: SIGKILL, SIGTERM, ...)")."""
+    (tmp_path / "job.py").write_text(LATE_REAP_JOB)
+    r = subprocess.run(
+        [PYTHON, "job.py", "parent", "--log", "parent.log"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    death = wait_for(
+        lambda: [x for x in (tmp_path / "b.log").read_text().splitlines() if "was killed" in x],
+        timeout=60,
+        what="B's death line in b.log",
+    )[0]
+    assert "was killed by SIGKILL (its parent reaped it) in load" in death, death

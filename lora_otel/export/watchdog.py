@@ -460,9 +460,12 @@ def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
     return out
 
 
-PARENT_REAP_WAIT_S = 1.0
+PARENT_REAP_WAIT_S = 3.0
 """How long the watchdog waits for a live traced parent to reap a child that died without a word,
-before it tells the death without the parent's ``child exit`` event."""
+before it tells the death without the parent's ``child exit`` event. A launcher that waits on its
+children one after the other reaps a killed one only when the ones before it end (1.5 s and more
+in bench/real_causes.py's "child killed before a sibling errors"); 1 s told "killed (by a signal:
+SIGKILL, SIGTERM, ...)" there while the parent's event, 1.5 s on, said SIGKILL."""
 
 
 class Watch:
