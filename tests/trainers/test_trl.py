@@ -120,6 +120,10 @@ def test_each_hang_is_named_in_the_jobs_lines_and_inspect(tmp_path: Path, hang: 
         )
         inspect = lora_otel_cli("inspect", str(tmp_path / "j"))
         assert inspect.returncode in (0, 1) and cause in inspect.stdout, inspect.stdout
+        watch = lora_otel_cli("watch", "--once", "--no-color", str(tmp_path / "j"))
+        assert cause in watch.stdout, watch.stdout
+        page = lora_otel_cli("report", str(tmp_path / "j"), "-o", "-")
+        assert cause in page.stdout, page.stdout[-3000:]
     finally:
         if hang == "hub":  # blocked in a socket read nothing releases: ended as a user would
             proc.kill()
