@@ -99,3 +99,23 @@ def test_a_cgroup_at_its_limit_with_faults_is_memory_reclaim() -> None:
     for change in ({PREFIX + "memory.cgroup_usage_bytes": 30_000_000}, {PREFIX + "memory.major_faults_per_s": 1.0}):
         found = explain(a_stall(), {**evidence, **change})
         assert found.sentence.startswith("The process is in uninterruptible disk I/O"), (change, found.sentence)
+
+
+def test_a_connect_with_no_answer_names_the_programs_call() -> None:
+    """A connect the other side never answers (SYN_SENT) names the address and the program's own
+    call before the library frame it waits in (the report, which shows no frames, said only
+    `socket.py:836 in create_connection`)."""
+    evidence = {
+        PREFIX + "process.state": "S (sleeping)",
+        PREFIX + "process.wait_channel": "inet_wait_for_connect",
+        PREFIX + "net.tcp_connections": ["127.0.0.1:40000 -> 10.0.0.5:443 SYN_SENT"],
+        PREFIX + "python.stacks": (
+            "Current thread 0x1 (most recent call first):\n"
+            '  File "/usr/lib/python3.11/socket.py", line 836 in create_connection\n'
+            '  File "/venv/lib/python3.11/site-packages/urllib3/connection.py", line 198 in _new_conn\n'
+            '  File "/home/u/job.py", line 13 in <module>\n'
+        ),
+    }
+    found = explain(a_stall(), evidence)
+    assert found.sentence.startswith("Connecting to 10.0.0.5:443 with no answer"), found.sentence
+    assert " at job.py:13 in <module> → socket.py:836 in create_connection;" in found.sentence, found.sentence

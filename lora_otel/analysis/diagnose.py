@@ -328,7 +328,7 @@ def _network(f: Facts) -> Optional[Diagnosis]:
     accepting = accept_wait(f.stacks, f.evidence)
     if accepting is not None:
         return Diagnosis(accepting)
-    connecting = connect_wait(f.evidence, f.stall, f.innermost)
+    connecting = connect_wait(f.evidence, f.stall, f.innermost, _program_call(f.stacks))
     if connecting is not None:
         return Diagnosis(connecting)
     quiet = network_quiet(f.evidence, f.stall)
@@ -337,9 +337,24 @@ def _network(f: Facts) -> Optional[Diagnosis]:
     return Diagnosis("Waiting on the network (%s)." % (f.innermost or "a socket call"))
 
 
-def connect_wait(evidence: Mapping[str, Any], stall: Stall, innermost: str) -> Optional[str]:
+_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "<string>")
+"""A frame whose file has one of these is a library's or Python's own, not the program's."""
+
+
+def _program_call(stacks: str) -> str:
+    """``job.py:13 in <module>``: the main thread's innermost Python frame of the program's own
+    files (outside Python's library and installed packages); "" when none."""
+    main = _main_thread(stacks) or []
+    return next(
+        (_short(fr) for fr in main if fr.python and not any(p in fr.file.replace("\\", "/") for p in _LIBRARY_PARTS)),
+        "",
+    )
+
+
+def connect_wait(evidence: Mapping[str, Any], stall: Stall, innermost: str, caller: str = "") -> Optional[str]:
     """``Connecting to 10.0.0.5:443 with no answer …`` when the process holds a TCP socket in
-    SYN_SENT (a connect the other side never answered); else None."""
+    SYN_SENT (a connect the other side never answered); else None. ``caller``: the program's own
+    frame that made the call (`_program_call`), named before the library frame it waits in."""
     syn = [str(c) for c in evidence.get(PREFIX + "net.tcp_connections") or () if str(c).endswith(" SYN_SENT")]
     remotes = sorted({c.split(" -> ", 1)[1].rsplit(" ", 1)[0] for c in syn if " -> " in c})
     if not remotes:
@@ -349,7 +364,9 @@ def connect_wait(evidence: Mapping[str, Any], stall: Stall, innermost: str) -> O
         "black-holed endpoint, a firewall, a host that is down)%s; the stall has lasted %s."
         % (
             ", ".join(remotes[:3]),
-            " at %s" % innermost if innermost else "",
+            " at %s" % " → ".join(x for x in (caller if caller != innermost else "", innermost) if x)
+            if innermost or caller
+            else "",
             ages.growing(stall.open_for_s * 1e9),
         )
     )
