@@ -10,7 +10,7 @@ from lora_otel.analysis.diagnose import Diagnosis, explain
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import Stall
 from lora_otel.analysis.verdict import from_record
-from lora_otel.journal.reader import read_journal
+from lora_otel.journal.reader import format_duration, read_journal
 from lora_otel.journal.records import Span
 
 
@@ -85,3 +85,68 @@ def test_a_view_reads_the_record_as_of_now(tmp_path: Path) -> None:
     assert verdict is not None and verdict.open_s == 48.0, verdict
     assert verdict.diagnosis == "The main thread waits for its Pool for 48 s.", verdict.diagnosis
     assert from_record(journal).diagnosis == "The main thread waits for its Pool for 30 s."
+
+
+def journal_with(tmp_path: Path, stall: dict, *, start_ago_s: float = 60.0, beat_after: bool = False) -> tuple:
+    """A journal of this (running) process started ``start_ago_s`` ago with one ``stall`` record
+    (``ts`` as given, relative to now in seconds under ``at_s``), optionally a beat after it."""
+    import json
+    import os
+    import time
+
+    now = time.time_ns()
+    start = now - int(start_ago_s * 1e9)
+    records = [
+        {"v": 1, "k": "start", "ts": start, "span_id": "a" * 16, "trace_id": "b" * 32, "name": "process",
+         "parent_id": None, "pid": os.getpid(), "config": {"beat_s": 1.0, "beat_record_every": 60}, "attrs": {}},
+        {"v": 1, "k": "stall", "span_id": None, "stage": None, "limit_s": 5.0, "by": "watchdog",
+         **{k: v for k, v in stall.items() if k != "at_s"}, "ts": now + int(stall["at_s"] * 1e9)},
+    ]  # fmt: skip
+    if beat_after:
+        records.append({"v": 1, "k": "beat", "ts": now - 8 * 10**9, "steps": 0, "last_step_ts": None})
+    path = tmp_path / "job.otel.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.utime(path, ns=(start, start))  # no touch since the start: the records say when it lived
+    return read_journal(path), now
+
+
+POOL = "The main thread waits for its Pool for 30 s."
+
+
+def test_hand_edited_numbers_past_belief_are_not_read(tmp_path: Path) -> None:
+    """From the hostile trial: an age of 10**400 ns, or an ``open_s``/``limit_s`` of 10**400 or
+    1e300, crashed inspect, watch and the report with OverflowError. Now the age is left as
+    written and such an ``open_s`` or ``limit_s`` is no figure at all."""
+    journal, now = journal_with(
+        tmp_path, {"at_s": -30, "kind": "between", "open_s": 30.0, "diagnosis": POOL, "ages": [[39, 4, 10**400]]}
+    )
+    verdict = from_record(journal, now)
+    assert verdict is not None and verdict.diagnosis == POOL
+    for bad in ({"open_s": 10**400}, {"open_s": 1e300}, {"limit_s": 1e300}, {"limit_s": 10**400}):
+        stall = {"at_s": -30, "kind": "between", "open_s": 30.0, "diagnosis": POOL, **bad}
+        journal, now = journal_with(tmp_path, stall)
+        verdict = from_record(journal, now)
+        assert verdict is not None, bad
+        assert verdict.line().startswith("STALLED: no stage open for "), (bad, verdict.line())
+        assert len(verdict.line()) < 200, verdict.line()
+
+
+def test_a_frozen_record_followed_by_a_beat_no_longer_holds(tmp_path: Path) -> None:
+    """From the hostile trial: a job frozen, recorded, then beating again read `frozen: no beat for
+    375 ms (limit 10 s) — … (no beat for 12 s)`. A beat after the record ends that stall."""
+    stall = {"at_s": -10, "kind": "frozen", "open_s": 12.0, "diagnosis": "The process is frozen (no beat for 12 s)."}
+    journal, now = journal_with(tmp_path, stall, beat_after=True)
+    assert from_record(journal, now) is None
+    journal, now = journal_with(tmp_path, stall)
+    verdict = from_record(journal, now)
+    assert verdict is not None and verdict.kind == "frozen"
+
+
+def test_a_record_dated_before_the_process_is_capped_at_its_age(tmp_path: Path) -> None:
+    """From the hostile trial: a record with ``ts`` 0 read `no stage open for 1796320248 s` under a
+    tree line saying the process is 91 s old. The stall lasts at most as long as the process."""
+    stall = {"at_s": -3600, "kind": "between", "open_s": 30.0, "diagnosis": POOL, "ages": [[39, 4, 30 * 10**9]]}
+    journal, now = journal_with(tmp_path, stall, start_ago_s=60)
+    verdict = from_record(journal, now)
+    assert verdict is not None and verdict.open_s is not None and 59 <= verdict.open_s <= 61, verdict
+    assert verdict.diagnosis.endswith("for %s." % format_duration(round(verdict.open_s * 1e9))), verdict.diagnosis

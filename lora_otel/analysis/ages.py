@@ -19,6 +19,9 @@ from lora_otel.journal.reader import format_duration
 _OPEN, _CLOSE = "\ue000", "\ue001"
 """Private-use characters around a growing duration's index while a sentence is being built."""
 
+MAX_NS = 10**20
+"""An age past this (three thousand years: a record edited by hand) is left as written."""
+
 _collected: ContextVar[Optional[list[int]]] = ContextVar("lora_otel_growing", default=None)
 
 
@@ -84,6 +87,8 @@ def aged(sentence: str, ages: Any, later_ns: int) -> str:
         if not (isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item)):
             continue
         offset, length, ns = item
+        if not 0 <= ns <= MAX_NS:
+            continue
         if offset < pos or offset + length > len(sentence) or sentence[offset : offset + length] != format_duration(ns):
             continue
         out.append(sentence[pos:offset])

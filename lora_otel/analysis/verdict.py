@@ -105,20 +105,24 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
     record = journal.stalls[-1]
     if journal.exit is not None and journal.exit["ts"] >= record.get("ts", 0) and record.get("kind") != "died":
         return None
+    ts = record.get("ts")
+    if record.get("kind") == "frozen" and isinstance(ts, int) and (journal.last_life_ns or 0) > ts:
+        return None  # it beat again after the record: no longer frozen (a stall now is detected anew)
     span_id = record.get("span_id")
     span = journal.span(span_id) if isinstance(span_id, str) else None
     if span is not None and not span.is_open and record.get("kind") != "died":
         return None  # the stage ended after all
     open_s = _open_now(journal, record, now_ns)
     diagnosis = str(record.get("diagnosis") or "")
-    if isinstance(open_s, (int, float)) and isinstance(record.get("open_s"), (int, float)):
+    recorded = _sane_s(record.get("open_s"))
+    if open_s is not None and recorded is not None:
         # the diagnosis's own durations ("waits for its Pool for 5.25 s") grow as the headline's does
-        diagnosis = aged(diagnosis, record.get("ages"), round((open_s - record["open_s"]) * 1e9))
+        diagnosis = aged(diagnosis, record.get("ages"), round((open_s - recorded) * 1e9))
     return Verdict(
         record.get("stage") or (span.name if span is not None else None),
         str(record.get("kind")),
         open_s,
-        record.get("limit_s"),
+        _sane_s(record.get("limit_s")),
         diagnosis,
         record.get("by") or "watchdog",
         record.get("learned"),
@@ -126,9 +130,33 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
     )
 
 
+MAX_S = 1e10
+"""Seconds beyond which a record's ``open_s`` or ``limit_s`` (a journal edited by hand) is not believed."""
+
+
+def _sane_s(value: Any) -> Optional[float]:
+    """``value`` as seconds when it is a finite number of at most `MAX_S`; else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if value == value and abs(value) <= MAX_S else None
+
+
 def _open_now(journal: Journal, record: dict[str, Any], now_ns: Optional[int]) -> Optional[float]:
-    """The record's ``open_s``, as of ``now_ns`` (see `from_record`)."""
-    open_s, ts = record.get("open_s"), record.get("ts")
+    """The record's ``open_s``, as of ``now_ns`` (see `from_record`), never more than the
+    process's own age (a record dated before the process started is not believed that far)."""
+    found = _open_raw(journal, record, now_ns)
+    start = journal.root.start_ns if journal.root is not None else None
+    if found is not None and now_ns is not None and isinstance(start, int):
+        found = min(found, max(now_ns - start, 0) / 1e9)
+    return found
+
+
+def _open_raw(journal: Journal, record: dict[str, Any], now_ns: Optional[int]) -> Optional[float]:
+    open_s, ts = _sane_s(record.get("open_s")), record.get("ts")
     if now_ns is None or record.get("kind") == "died" or not isinstance(open_s, (int, float)):
         return open_s
     if not isinstance(ts, int) or isinstance(open_s, bool):
