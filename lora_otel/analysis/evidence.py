@@ -476,7 +476,13 @@ _TGKILL = {"x86_64": 234, "aarch64": 131, "arm64": 131, "riscv64": 131, "ppc64le
 
 def send_request(pid: int, request: StackRequest) -> None:
     """Send the request's signal: to its thread with ``tgkill`` where it has one, else to ``pid``.
-    Raises OSError as ``os.kill`` does."""
+    Raises OSError as ``os.kill`` does.
+
+    It is sent at a moment when no other thread of the process is running (`_quiet_moment`, up to
+    `QUIET_WAIT_S`): faulthandler's handler walks every thread's frames without the GIL, and a
+    thread running Python meanwhile (the beat at its work) can change them under it — a dump that
+    crashed the process with SIGSEGV was seen so (tests/test_stack_requests.py, the full suite)."""
+    _quiet_moment(pid, request.tid)
     if request.tid is not None and _TGKILL is not None:
         import ctypes
 
@@ -486,6 +492,38 @@ def send_request(pid: int, request: StackRequest) -> None:
             raise OSError(err, os.strerror(err))
         return
     os.kill(pid, request.signal)
+
+
+QUIET_WAIT_S = 1.0
+"""How long `send_request` waits for a moment when no other thread of the process runs."""
+
+
+def _quiet_moment(pid: int, tid: Optional[int], wait_s: float = QUIET_WAIT_S) -> bool:
+    """Wait until no thread of ``pid`` but ``tid`` is running (state ``R`` in its ``stat``), up to
+    ``wait_s``; True when such a moment came. It narrows the race, it cannot close it: a thread
+    may wake between this look and the signal."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            tids = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            return False
+        busy = False
+        for t in tids[:4096]:
+            if tid is not None and t == str(tid):
+                continue
+            try:
+                stat = _read("/proc/%d/task/%s/stat" % (pid, t))
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[-1].split()[:1] == ["R"]:
+                busy = True
+                break
+        if not busy:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 def caught_signals(pid: int) -> Optional[int]:
