@@ -157,9 +157,7 @@ def _open_now(journal: Journal, record: dict[str, Any], now_ns: Optional[int]) -
 
 def _open_raw(journal: Journal, record: dict[str, Any], now_ns: Optional[int]) -> Optional[float]:
     open_s, ts = _sane_s(record.get("open_s")), record.get("ts")
-    if now_ns is None or record.get("kind") == "died" or not isinstance(open_s, (int, float)):
-        return open_s
-    if not isinstance(ts, int) or isinstance(open_s, bool):
+    if now_ns is None or record.get("kind") == "died" or open_s is None or not isinstance(ts, int):
         return open_s
     running = process_state(journal) == "running"
     if running and record.get("kind") == "frozen" and journal.last_life_ns:
