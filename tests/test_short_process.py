@@ -50,7 +50,12 @@ class TestShortProcess:
         """``python -c pass``: one line on stderr (``started``), no sidecar and none of its files
         (log, children registry), no stacks file (before: seven lines, and a sidecar per process)."""
         r = subprocess.run(
-            [PYTHON, "-c", "pass"], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=60
+            [PYTHON, "-c", "pass"],
+            cwd=tmp_path,
+            env=env(tmp_path, LORA_OTEL_BEAT_S="10"),  # a loaded machine never makes it live a beat
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert r.returncode == 0 and r.stdout == ""
         lines = lora_lines(r.stderr)
@@ -61,10 +66,12 @@ class TestShortProcess:
     def test_pip_version_is_no_job(self, tmp_path: Path) -> None:
         """``pip --version`` (a real short tool of the environment): its own output untouched, one
         line of lora_otel's, no sidecar."""
+        # a beat of 10 s: pip takes 0.4 s alone but 1.5 s was seen in a full suite on 2 loaded cores,
+        # past the default 1 s beat that promotes any process living that long (a real job then)
         r = subprocess.run(
             [PYTHON, "-m", "pip", "--version"],
             cwd=tmp_path,
-            env=env(tmp_path),
+            env=env(tmp_path, LORA_OTEL_BEAT_S="10"),
             capture_output=True,
             text=True,
             timeout=120,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, journals
 
-from lora_otel.analysis.evidence import FROM_OUTSIDE, handler_thread, py_spy_path
+from lora_otel.analysis.evidence import FROM_BEAT, FROM_OUTSIDE, StackRequest, ask_beat, handler_thread, py_spy_path
 from lora_otel.journal.reader import read_journal
 
 STACK_SIGNAL = 44
@@ -64,7 +64,11 @@ def run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
 
 
 def test_helper_threads_that_block_or_take_the_signal_do_not_stop_the_request(tmp_path: Path) -> None:
-    """py-spy off (``LORA_OTEL_PY_SPY=0``): the signal is the only way, and it reaches one thread."""
+    """py-spy off (``LORA_OTEL_PY_SPY=0``): a process that still beats is asked through its beat
+    thread, which writes the dump holding the GIL — no signal at all, so neither the sigwait thread
+    nor a thread that blocks every signal can stand in the way. (Before, the signal went to one
+    thread with tgkill, and its handler, walking the frames without the GIL while the beat ran,
+    once crashed this job with SIGSEGV.) No ask file is left."""
     r = run(tmp_path, LORA_OTEL_PY_SPY="0")
     assert r.returncode == 0 and r.stdout.startswith("got None stall seen True\n"), (r.stdout, r.stderr[-3000:])
     [path] = journals(tmp_path / "j")
@@ -72,9 +76,68 @@ def test_helper_threads_that_block_or_take_the_signal_do_not_stop_the_request(tm
     assert record["diagnosis"].startswith(
         "Waiting for a lock: the main thread waits in model_lock.acquire at job.py:18 in <module>"
     ), record["diagnosis"]
+    assert record["evidence"]["python.stacks.from"] == FROM_BEAT, record["evidence"]
     [stacks] = (tmp_path / "j").glob("*.stacks.txt")
     text = stacks.read_text()
     assert "in jemalloc_like" in text and "in sigwaiter" in text and 'job.py", line 18 in <module>' in text, text
+    ident = r.stdout.split("main ident ", 1)[1].split()[0]
+    assert text.startswith("Current thread %s (most recent call first):\n" % ident), text  # the main thread first
+    assert "_beat_loop" not in text, text  # the beat writes it and leaves itself out
+    assert list((tmp_path / "j").glob("*.ask")) == []
+
+
+OWN_HANDLER_LATER = """import glob, signal, threading, time, lora_otel
+calls = []
+model_lock = threading.Lock()
+model_lock.acquire()
+seen, deadline = None, time.monotonic() + 90
+with lora_otel.stage("load model"):  # a job now: lora_otel's handler and stacks file are in place
+    signal.signal(44, lambda s, f: calls.append(s))  # then the program takes the signal for itself
+    while time.monotonic() < deadline and (seen is None or time.monotonic() < seen + 2):
+        model_lock.acquire(timeout=0.25)
+        if seen is None and any(b'"stall"' in open(p, 'rb').read() for p in glob.glob('j/*.otel.jsonl')):
+            seen = time.monotonic()
+print("handler calls", len(calls), "stall seen", seen is not None, flush=True)
+"""
+
+
+def test_a_program_that_took_the_signal_is_still_asked_through_its_beat(tmp_path: Path) -> None:
+    """The program installs its own handler on the stack signal after lora_otel's: the signal is
+    never sent (its handler runs 0 times), yet the stacks are had — the beat thread writes them when
+    asked through the file — and the diagnosis names the program's line. Before: ``not requested:
+    the program installed its own handler for signal 44``, and no stacks."""
+    (tmp_path / "job.py").write_text(OWN_HANDLER_LATER, encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR="j", LORA_OTEL_STALL_AFTER="load model=3", LORA_OTEL_PY_SPY="0"),
+    )
+    assert r.returncode == 0 and r.stdout == "handler calls 0 stall seen True\n", (r.stdout, r.stderr[-3000:])
+    [path] = journals(tmp_path / "j")
+    journal = read_journal(path)
+    assert "lora_otel.stacks.off" in journal.root.attrs  # the beat saw the program's handler
+    [record] = journal.stalls
+    assert record["evidence"]["python.stacks.from"] == FROM_BEAT, record["evidence"]
+    assert "python.stacks.error" not in record["evidence"], record["evidence"]
+    assert record["diagnosis"].startswith(
+        "Waiting for a lock: the main thread waits in model_lock.acquire at job.py:9 in <module>"
+    ), record["diagnosis"]
+
+
+def test_a_beat_that_does_not_answer_leaves_no_ask_file(tmp_path: Path) -> None:
+    """A process whose beat cannot run (frozen) never answers: after a beat and a second of waiting
+    the watchdog removes its ask file and gets nothing (then the signal is the fallback); the stacks
+    file is never created by the asking."""
+    stacks, ask = tmp_path / "run.stacks.txt", tmp_path / "run.stacks.ask"
+    stacks.write_text("")
+    request = StackRequest(44, str(stacks), ask=str(ask), beat_s=0.1)
+    assert ask_beat(request) == ""
+    assert not ask.exists() and stacks.read_text() == ""
+    missing = StackRequest(44, str(tmp_path / "gone.stacks.txt"), ask=str(tmp_path / "gone.stacks.ask"))
+    assert ask_beat(missing) == "" and list(tmp_path.glob("gone*")) == []
 
 
 @pytest.mark.skipif(py_spy_path() is None, reason="py-spy is not installed (the [pyspy] extra)")

@@ -629,6 +629,8 @@ and far from SIGRTMAX (Valgrind's), and none of systemd's manager commands (+0..
 
 _stacks_fd = -1
 _stacks_id: tuple[int, int] = (0, 0)
+_stacks_ask = ""
+"""The file whose presence asks the beat thread for a stack dump (`_answer_stack_ask`); "" when none."""
 _stacks_created: tuple[str, tuple[int, int]] | None = None
 """``(path, identity)`` of the stacks file when this process created it (not one it reused)."""
 
@@ -723,19 +725,88 @@ def _register_stack_dump() -> None:
             os.close(_stacks_fd)
         except OSError:
             pass
+    global _stacks_ask
     _stacks_fd, _stacks_id = fd, ident
     _stacks_created = (path, ident) if created else None
+    _stacks_ask = ask_path(path)
     faulthandler.register(signum, file=fd, all_threads=True, chain=False)
     _stack_signal = signum
     core.span_attrs(
         core.root_id,
         {
             "lora_otel.stacks.path": path,
+            "lora_otel.stacks.ask": _stacks_ask,
             "lora_otel.stacks.signal": signum,
             "lora_otel.stacks.fd": fd,
             "lora_otel.stacks.file": list(ident),
         },
     )
+
+
+def ask_path(stacks: str) -> str:
+    """``run.log.stacks.txt`` → ``run.log.stacks.ask``: the file a watchdog creates to ask the beat
+    thread for a stack dump (`_answer_stack_ask`); the beat removes it when the dump is written."""
+    return (stacks[:-4] if stacks.endswith(".txt") else stacks) + ".ask"
+
+
+MAX_DUMP_FRAMES = 100
+"""Frames written per thread, as faulthandler does (then ``  ...``)."""
+
+
+def _answer_stack_ask() -> None:
+    """Each beat: when a watchdog has created the ask file (`ask_path`), write every thread's
+    Python stack to the stacks file, in faulthandler's format (``Current thread`` is the main
+    thread), then remove the ask file: that is the answer the watchdog waits for.
+
+    The dump is made here, by Python code holding the GIL, so no thread's frames change under it.
+    faulthandler's signal handler walks the frames without the GIL from a signal, and a thread
+    running Python meanwhile (the beat at its own work) made it crash the process with SIGSEGV;
+    the signal is left for a frozen process, whose beat cannot answer and whose frames stand still.
+    One ``stat`` per beat when nobody asks."""
+    ask = _stacks_ask
+    if not ask or _stacks_fd < 0:
+        return
+    try:
+        os.lstat(ask)
+    except OSError:
+        return
+    from lora_otel._boot import files
+
+    try:
+        if files.same(_stacks_fd, _stacks_id):  # (`_check_stacks_fd` ran just before)
+            data = _stack_dump().encode("utf-8", "backslashreplace")
+            while data:
+                data = data[os.write(_stacks_fd, data) :]
+    finally:
+        try:
+            os.unlink(ask)
+        except OSError:
+            pass
+
+
+def _stack_dump() -> str:
+    """Every thread's Python stack but the calling one's (the beat), innermost first, as
+    faulthandler writes it: ``Current thread 0x… (most recent call first):`` for the main thread,
+    ``Thread 0x…`` for the others, ``  File "…", line N in f`` lines, a blank line after each."""
+    me = _thread.get_ident()
+    frames = sys._current_frames()
+    out: list[str] = []
+    for ident in sorted(frames, key=lambda t: t != core.main_ident):
+        if ident == me:
+            continue
+        title = "Current thread" if ident == core.main_ident else "Thread"
+        out.append("%s 0x%016x (most recent call first):\n" % (title, ident))
+        frame: Any = frames[ident]
+        n = 0
+        while frame is not None and n < MAX_DUMP_FRAMES:
+            code, line = frame.f_code, frame.f_lineno
+            where = (code.co_filename[:500], "???" if line is None else line, code.co_name)
+            out.append('  File "%s", line %s in %s\n' % where)
+            frame, n = frame.f_back, n + 1
+        if frame is not None:
+            out.append("  ...\n")
+        out.append("\n")
+    return "".join(out)
 
 
 def _kernel_disposition(signum: int) -> str:
@@ -1542,6 +1613,7 @@ def _beat_loop(my_pid: int, wake: Any = None) -> None:
             core.beat()
             narrate.tick(core.now_ns(), core.main_frames)
             _check_stacks_fd()
+            _answer_stack_ask()
             if not hooks._importing:
                 hooks._after_import()
             _check_sidecar()

@@ -10,7 +10,9 @@ with the reason under ``lora_otel.evidence.<what>.error``.
   (``/proc/<pid>/net/dev``), so two samples tell whether a download is moving;
 - ``python_stacks(pid, request)``: ``py-spy dump --native`` when py-spy is installed and may
   attach — its Python frames are then the stacks (``python.stacks``, in faulthandler's format,
-  appended to the stacks file) and no signal reaches the program; otherwise the stack request
+  appended to the stacks file) and no signal reaches the program; otherwise a file that asks the
+  process's beat thread to write the dump (`ask_beat`: Python holding the GIL, nothing signalled);
+  and where the beat cannot answer (a frozen process), the stack request
   signal → the preamble's ``faulthandler`` dump (works on a frozen process), sent only when
   `stack_request` verified that the process is still the traced image with lora_otel's handler on
   that signal. ``LORA_OTEL_PY_SPY=0`` in the watchdog's environment keeps py-spy off every process;
@@ -354,6 +356,12 @@ class StackRequest:
     file: Optional[tuple[int, int]] = None
     """The stacks file's (device, inode) as the journal recorded it: a dump read from outside is
     appended to ``path`` only while it is still that file."""
+    ask: Optional[str] = None
+    """The file whose creation asks the process's beat thread for the dump (``lora_otel.stacks.ask``),
+    when the process is still the traced one and its stacks file still its descriptor's — whatever
+    the signal's own refusal: no signal is involved; None: only the signal can ask."""
+    beat_s: float = 1.0
+    """The process's beat interval (its journal's ``config.beat_s``): how often the beat looks."""
 
 
 def stack_request(journal: Journal) -> Optional[StackRequest]:
@@ -383,10 +391,18 @@ def stack_request(journal: Journal) -> Optional[StackRequest]:
             refusal = "not requested: %s; the program would receive signal %d itself" % (why, signum)
     file_id = attrs.get("lora_otel.stacks.file")
     ident = (file_id[0], file_id[1]) if isinstance(file_id, list) and len(file_id) == 2 else None
-    return StackRequest(signum, path, refusal, tid, ident)
+    ask = attrs.get("lora_otel.stacks.ask")
+    if not isinstance(ask, str) or not ask or _refusal(journal, attrs, signum, signal=False) is not None:
+        ask = None
+    beat_s = journal.config.get("beat_s") if isinstance(journal.config, dict) else None
+    beat_s = float(beat_s) if isinstance(beat_s, (int, float)) and not isinstance(beat_s, bool) else 1.0
+    return StackRequest(signum, path, refusal, tid, ident, ask, min(max(beat_s, 0.01), 10.0))
 
 
-def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[str]:
+def _refusal(journal: Journal, attrs: dict[str, Any], signum: int, signal: bool = True) -> Optional[str]:
+    """Why the request must not be made now, or None. ``signal=False``: only the checks that
+    matter to a request through the beat (the process is the traced image, its descriptor still the
+    stacks file), not those of the signal (lora_otel still handles it)."""
     pid = journal.pid
     state = process_state(journal)
     if state == "exec'd":
@@ -394,13 +410,13 @@ def _refusal(journal: Journal, attrs: dict[str, Any], signum: int) -> Optional[s
     if state != "running" or not pid:
         return "not requested: the process is gone"
     off = attrs.get("lora_otel.stacks.off")
-    if isinstance(off, str):
+    if isinstance(off, str) and signal:
         return "not requested: %s" % off
     if not journal.image:
         return "not requested: the journal does not identify the process's program image"
     if image_changed(journal):  # checked again: the state above may predate an exec
         return "not requested: the process %s" % exec_phrase(journal)
-    caught = caught_signals(pid)
+    caught = caught_signals(pid) if signal else -1
     if caught is None:
         return "not requested: cannot read /proc/%d/status to see which signals it catches" % pid
     if not caught & (1 << (signum - 1)):
@@ -539,18 +555,70 @@ def caught_signals(pid: int) -> Optional[int]:
 
 FROM_OUTSIDE = "py-spy, read from outside (no signal sent)"
 """``python.stacks.from`` of stacks that py-spy read: the program received nothing."""
+FROM_BEAT = "lora_otel's beat thread, asked through a file (no signal sent)"
+"""``python.stacks.from`` of stacks that the process's beat thread wrote when asked (`ask_beat`)."""
+
+
+def ask_beat(request: StackRequest, wait_s: Optional[float] = None) -> str:
+    """Ask the process's beat thread for its Python stacks: create the request's ask file and wait
+    (``wait_s``; default: one beat interval and a second) for the beat to write the dump to the
+    stacks file and remove the ask file. The dump (what the file gained), or "" when the beat did
+    not answer — a frozen process, whose beat cannot run — and then the ask file is removed here.
+
+    The beat writes the dump holding the GIL, so no frame changes under it; the stack request
+    signal, whose handler walks the frames without the GIL, is for a process whose beat cannot
+    answer (`python_stacks`)."""
+    if not request.ask or not request.path:
+        return ""
+    wait = request.beat_s + 1.0 if wait_s is None else wait_s
+    try:
+        before = os.path.getsize(request.path)
+    except OSError:
+        return ""
+    try:
+        os.close(os.open(request.ask, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass  # another watchdog's request, or one left behind: the beat answers both at once
+    except OSError:
+        return ""
+    deadline = time.monotonic() + wait
+    answered = False
+    while time.monotonic() < deadline:
+        if not os.path.lexists(request.ask):
+            answered = True
+            break
+        time.sleep(0.02)
+    if not answered:
+        try:
+            os.unlink(request.ask)
+        except OSError:
+            pass
+        return ""
+    try:
+        with open(request.path, "rb") as f:
+            if request.file is not None:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino) != request.file:
+                    return ""
+            f.seek(before)
+            return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def python_stacks(
     pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True, native: bool = False
 ) -> dict[str, Any]:
     """The process's Python stacks: read from outside by py-spy where it can attach (``py_spy``
-    True), else asked for with the request's signal and read from what its faulthandler wrote.
+    True), else asked of its beat thread, else with the request's signal and read from what its
+    faulthandler wrote.
 
     py-spy first: its dump (``py_spy.dump``, native frames too) gives the stacks in faulthandler's
     format (``python.stacks``, ``python.stacks.from`` = `FROM_OUTSIDE`; appended to the stacks
     file, where ``inspect`` and the report read the last dump) and no signal is sent. Without
-    py-spy, or when it cannot read the process (ptrace refused, the process stopped): no signal when
+    py-spy, or when it cannot read the process (ptrace refused): a process that is not frozen
+    (``native`` False) is asked through its beat thread (`ask_beat`, `FROM_BEAT`), which writes the
+    dump holding the GIL; the signal only when that gets no answer (a frozen process), and no signal when
     ``request`` is None (no handler) or carries a ``refusal`` (then the refusal is the
     ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
     continues, so it is not waited for: the signal stays pending and the dump lands in the stacks
@@ -566,13 +634,19 @@ def python_stacks(
             if request is not None and not request.refusal:
                 append_dump(request, text)
             request = None
-    if request is not None and request.refusal:
-        out[PREFIX + "python.stacks.error"] = request.refusal
-        request = None
     try:
         state = _stat_fields(pid)[0]
     except (OSError, IndexError):
         state = ""
+    if request is not None and request.ask and not native and state not in ("T", "t", "Z", "X", ""):
+        text = ask_beat(request)
+        if text:
+            out[PREFIX + "python.stacks"] = text[-16000:]
+            out[PREFIX + "python.stacks.from"] = FROM_BEAT
+            request = None
+    if request is not None and request.refusal:
+        out[PREFIX + "python.stacks.error"] = request.refusal
+        request = None
     if request is not None and state in ("T", "t"):
         try:
             send_request(pid, request)
