@@ -4,7 +4,8 @@
 seconds for every stage (``300``), or per stage (``import=300,cuda init=60,training=900,
 between=60,default=600``); a stage is matched by its full name first (``import bitsandbytes=900``),
 then by kind (``import``), then ``default``. ``between`` is the quiet time with no stage open
-(other than ``process``) since the last stage ended. ``training`` is the time since the last
+(other than ``process``) since the last stage ended; ``exit`` the interpreter's exit (thread joins,
+atexit handlers) after the main code returned. ``training`` is the time since the last
 optimizer step: as given when the text names it (``training=900``, or one number for every stage);
 by default 120 s or 20 × the median step, whichever is longer (`training_limit`).
 ``LORA_OTEL_FROZEN_AFTER``: seconds without a beat before a live process counts as frozen.
@@ -24,6 +25,7 @@ DEFAULT_LIMITS_S = {
     "prepare dataset": 900.0,  # datasets' map/filter (a big tokenisation takes minutes)
     "training": 120.0,  # the floor of the step-gap limit
     "between": 120.0,  # no stage open (other than process) since the last one ended
+    "exit": 120.0,  # the interpreter's exit: non-daemon thread joins, the program's atexit handlers
 }
 FROZEN_AFTER_S = 10.0
 TRAINING_STEP_FACTOR = 20.0

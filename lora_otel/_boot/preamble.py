@@ -952,6 +952,92 @@ def _install_exit_hooks() -> None:
     _watch_system_exit()
 
 
+# --- the exit stage -------------------------------------------------------------------------
+
+EXIT_STAGE = "exit"
+_exit_began: tuple[int, int, int] | None = None
+"""(when, pid, steps then) of this job's interpreter exit: set when ``threading._shutdown`` begins
+in the main thread (`_watch_exit`)."""
+_exit_sid: str | None = None
+"""The open ``exit`` span's id, once the beat opened it."""
+_exit_done = False
+"""The exit stage is over for this process: ended, or work went on after the main thread returned."""
+_exit_watched = 0
+"""The pid in which ``threading._shutdown`` is wrapped (0: not yet)."""
+
+
+def _watch_exit() -> None:
+    """In a job, once ``threading`` is loaded: wrap ``threading._shutdown``, which the interpreter
+    calls as it exits, before the atexit handlers, to join the non-daemon threads (and run
+    ``concurrent.futures``' exit joins). From then on the process is in its ``exit`` stage: the
+    threads' joins and the program's atexit handlers (a telemetry flush, a logger's upload, a
+    process group torn down) run inside it, and ours, registered first, runs last and ends it.
+
+    The wrapper only notes the time; the beat opens the span (`_exit_tick`), so an exit quicker
+    than a beat writes nothing. Never raises."""
+    global _exit_watched
+    threading = sys.modules.get("threading")
+    if _exit_watched == os.getpid() or threading is None:
+        return
+    shutdown = getattr(threading, "_shutdown", None)
+    if not callable(shutdown) or getattr(shutdown, "_lora_otel", False):
+        _exit_watched = os.getpid()
+        return
+
+    def _shutdown() -> object:
+        global _exit_began
+        if (
+            _exit_began is None
+            and core.promoted
+            and core.active
+            and os.getpid() == core.pid
+            and _thread.get_ident() == core.main_ident
+        ):
+            _exit_began = (core.now_ns(), core.pid, core.steps)
+        return shutdown()
+
+    _shutdown._lora_otel = True  # type: ignore[attr-defined]
+    _shutdown.__wrapped__ = shutdown  # type: ignore[attr-defined]
+    threading._shutdown = _shutdown  # type: ignore[attr-defined]
+    _exit_watched = os.getpid()
+
+
+MAX_EXIT_THREADS = 8
+
+
+def _exit_tick() -> None:
+    """Each beat once the interpreter exits: open the ``exit`` span (started when the exit began,
+    with the non-daemon threads still alive and the atexit handlers the program registered), or
+    end it as not an exit after all — a thread the main one left made an optimizer step or opened
+    a stage (a program whose work runs in its own threads after the main thread returned)."""
+    global _exit_sid, _exit_done
+    began = _exit_began
+    if began is None or _exit_done or began[1] != core.pid:
+        return
+    if _exit_sid is None:
+        threading = sys.modules.get("threading")
+        alive = []
+        with core.fail_open("exit stage"):
+            main = threading.main_thread() if threading is not None else None
+            for t in threading.enumerate() if threading is not None else ():
+                if t is not main and not t.daemon and t.is_alive():
+                    alive.append(str(t.name)[:80])
+        attrs: dict[str, object] = {"lora_otel.exit.threads": alive[:MAX_EXIT_THREADS]}
+        count = getattr(sys.modules.get("atexit"), "_ncallbacks", None)
+        if callable(count):
+            with core.fail_open("exit stage"):
+                attrs["lora_otel.exit.atexit_handlers"] = max(int(count()) - 1, 0)  # (ours is one)
+        stages.arguments_done("none seen")
+        _exit_sid = core.span_start(EXIT_STAGE, attrs, parent_id=core.root_id, ts=began[0], push=False)
+        return
+    later = [info for sid, info in core.open_spans.items() if sid != _exit_sid and info[3] > began[0]]
+    if core.steps != began[2] or later:
+        _exit_done = True
+        if _exit_sid in core.open_spans:
+            core.span_end(_exit_sid, "ok", attrs={"lora_otel.exit.work_went_on": True})
+        core.note_line("the main thread has returned, but the program's threads go on working: not its exit yet")
+
+
 def note_system_exit(code: object) -> None:
     """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it).
 
@@ -1614,6 +1700,9 @@ def _beat_loop(my_pid: int, wake: Any = None) -> None:
             narrate.tick(core.now_ns(), core.main_frames)
             _check_stacks_fd()
             _answer_stack_ask()
+            if _exit_watched != my_pid and core.promoted:
+                _watch_exit()
+            _exit_tick()
             if not hooks._importing:
                 hooks._after_import()
             _check_sidecar()

@@ -136,6 +136,9 @@ def explain(
             found = rule.check(facts)
             if found is not None:
                 found.attrs.setdefault("lora_otel.diagnosis.rule", rule.name)
+                handler = exit_handler(stall, facts.stacks) if rule.name != "exit joins" else ""
+                if handler:
+                    found.sentence = handler + found.sentence
                 if facts.from_sample and rule.name != "cannot tell":
                     found.sentence = found.sentence.rstrip() + " " + _sample_note(facts)
                     found.attrs["lora_otel.diagnosis.from"] = "the beat's sample of the main thread"
@@ -310,6 +313,53 @@ def _worker_pool(f: Facts) -> Optional[Diagnosis]:
     children = f.evidence.get(PREFIX + "process.children") or ()
     found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns)
     return None if found is None else Diagnosis(*found)
+
+
+EXIT_STAGE = "exit"
+_EXIT_JOINS = (("threading.py", "_shutdown"), ("concurrent/futures/thread.py", "_python_exit"))
+"""Where the interpreter's exit joins the program's threads: every non-daemon thread, and a
+``ThreadPoolExecutor``'s workers (``threading._register_atexit``)."""
+MAX_NAMED_THREADS = 3
+
+
+def _exit_joins(f: Facts) -> Optional[Diagnosis]:
+    """The ``exit`` stage, its main thread joining threads the program left running: which ones
+    (the span's ``lora_otel.exit.threads``) and where each of them is."""
+    if f.stall.span.name != EXIT_STAGE:
+        return None
+    main = _main_thread(f.stacks) or []
+    if not any(_in(fr.file.replace("\\", "/"), file) and fr.func == func for fr in main for file, func in _EXIT_JOINS):
+        return None
+    named = f.stall.span.attrs.get("lora_otel.exit.threads")
+    names = [str(n) for n in named if isinstance(n, str)] if isinstance(named, list) else []
+    busy = [
+        frames
+        for _, frames in _threads(f.stacks)
+        if frames != main and not _idle_helper(frames) and any(fr.python for fr in frames)
+    ]
+    where = "; ".join(
+        "%s is at %s" % (_thread_name(frames), _short(next(fr for fr in frames if fr.python)))
+        for frames in busy[:MAX_NAMED_THREADS]
+    )
+    return Diagnosis(
+        "The interpreter's exit waits for threads the program left running (threading._shutdown joins "
+        "every non-daemon thread%s)%s. The process ends only when they do: end them before the program "
+        "returns, or make them daemon threads."
+        % (": %s" % ", ".join(names[:MAX_NAMED_THREADS]) if names else "", "; " + where if where else "")
+    )
+
+
+def exit_handler(stall: Stall, stacks: str) -> str:
+    """``"The exit runs an atexit handler, flush() in train.py. "``: in the ``exit`` stage, the
+    handler the main thread is in (its outermost frame: atexit calls it from C), to put before the
+    cause; "" otherwise."""
+    if stall.span.name != EXIT_STAGE:
+        return ""
+    main = _main_thread(stacks) or []
+    outer = [fr for fr in main if fr.python]
+    if not outer or outer[-1].func == "<module>" or any(_in(fr.file, "threading.py") for fr in outer[-1:]):
+        return ""
+    return "The exit runs an atexit handler, %s() in %s. " % (outer[-1].func, _package_path(outer[-1].file))
 
 
 def _locks(f: Facts) -> Optional[Diagnosis]:
@@ -553,6 +603,14 @@ RULES: tuple[Rule, ...] = (
         "The main thread waits for its multiprocessing.Pool (map, called at job.py:9 in <module>) for 25 s; worker "
         "pid 4711 holds a task: its main thread has been at job.py:5 in task → time.sleep for 24 s ...",
         _worker_pool,
+    ),
+    Rule(
+        "exit joins",
+        "the exit stage's main thread in threading._shutdown (or concurrent.futures' exit join); the span's "
+        "lora_otel.exit.threads; the other threads' stacks",
+        "The interpreter's exit waits for threads the program left running (threading._shutdown joins every "
+        "non-daemon thread: uploader); thread upload() is at job.py:5 in upload. ...",
+        _exit_joins,
     ),
     Rule(
         "thread locks",
