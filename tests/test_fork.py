@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from pathlib import Path
 
@@ -272,3 +273,29 @@ def test_a_forked_child_may_call_os_exit_with_its_keyword(tmp_path: Path) -> Non
     assert r.stdout.strip() == "3", r.stderr
     exits = [read_journal(p).exit for p in journals(tmp_path)]
     assert sorted((e or {}).get("code") for e in exits) == [0, 3], exits
+
+
+def test_a_short_forked_child_leaves_its_parents_stacks_file(tmp_path: Path) -> None:
+    """A job under a traced launcher (it joins the launcher's sidecar) forks a child that ends
+    normally at once: the child's journal is removed as a short run's, and the job's stacks file
+    stays (before: the child unlinked it, having inherited the job's note of the file it created —
+    seen under axolotl, whose trainer then had no stack dump for its diagnosis)."""
+    (tmp_path / "launcher.py").write_text(
+        "import subprocess, sys, time\nimport torch\ntime.sleep(1.5)\n"
+        "sys.exit(subprocess.call([sys.executable, 'job.py']))\n"
+    )
+    (tmp_path / "job.py").write_text(
+        "import os, sys, time\nimport torch\ntime.sleep(1.5)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n    import decimal, fractions\n    sys.exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(sorted(os.listdir('j')))\n"
+    )
+    env = clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), LORA_OTEL_KEEP_SHORT="")
+    r = subprocess.run([PYTHON, "launcher.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    left = ast.literal_eval(r.stdout)  # the job's own listing, taken after its child ended
+    jobs = [name for name in left if name.endswith(".otel.jsonl") and "." not in name[: -len(".otel.jsonl")]]
+    assert len(jobs) == 2, left  # the launcher's and the job's; the child's went
+    for journal in jobs:
+        assert journal.replace(".otel.jsonl", ".stacks.txt") in left, left

@@ -47,6 +47,9 @@ _fork_parent_span: str | None = None
 _argv: list[str] = []
 """The program's argv at start (``python -m x``: the module's name first), for `promote`."""
 _how = ""
+_execd: str | bool = False
+"""This pid started once already and exec'd into this program: the registry of the job's journals
+its first image opened (its sidecar's, which follows this journal too), or True when none."""
 """How lora_otel was activated (`start`'s argument)."""
 _image: dict[str, object] | None = None
 """This process's `image_identity` at start; a forked child runs the same image."""
@@ -328,7 +331,7 @@ def _module_argv(argv: list[str]) -> list[str]:
 
 
 def _start(how: str) -> None:
-    global _started_ns, _born_ns, _argv, _how, _image, _start_cwd
+    global _started_ns, _born_ns, _argv, _how, _image, _start_cwd, _execd
     t0 = core.perf_ns()
     now = core.now_ns()
     _started_ns = _born_ns = now
@@ -402,6 +405,7 @@ def _start(how: str) -> None:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
     if env.pop(EXEC_FROM_ENV, None) == str(core.pid):  # this pid started once already, then exec'd
+        _execd = env.get(REGISTRY_ENV, "").partition(":")[2] or True
         core.info_line(
             "pid %d exec'd into %s (%s); journal: %s"
             % (core.pid, _exec_image(argv), how, core.journal_path or "(none)")
@@ -909,6 +913,8 @@ def _describe_process(argv: list[str], how: str, terminal: bool = True) -> None:
     attrs.update(facts)
     core.span_attrs(core.root_id, attrs)
     say("argv: %s" % " ".join(clean_argv))
+    if _execd:  # said at this pid's first start already: the journal keeps them, the terminal not twice
+        say = core.note_line
     say("cwd: %s" % attrs["process.working_directory"])
     for line in envfacts.lines(facts):
         say(line)
@@ -1171,7 +1177,8 @@ def _steps_below(max_named: int = 4) -> str:
     ``steps``); "" when none did. Read once, at exit, from the files' two ends only (no ``re``: the
     process imports nothing it would not have)."""
     try:
-        with open(paths.stem(core.journal_path or "") + ".children", encoding="utf-8", errors="replace") as f:
+        registry = _execd if isinstance(_execd, str) else paths.stem(core.journal_path or "") + ".children"
+        with open(registry, encoding="utf-8", errors="replace") as f:
             journals = [line.strip() for line in f.read(65536).splitlines() if line.strip()]
     except (OSError, ValueError):
         return ""
@@ -1261,7 +1268,9 @@ def _discard_short_run() -> None:
         os.close(fd)
     except OSError:
         pass
-    if _stacks_created is not None:  # faulthandler keeps its descriptor: a late dump lands in no file
+    if _stacks_created is not None and _stacks_created[0] == stacks_path(path):
+        # (this process's own: a forked child inherits its parent's `_stacks_created`, and must
+        # never take the parent's file.) faulthandler keeps its descriptor: a late dump lands in no file
         _unlink_own(*_stacks_created)
     for d, dev, ino in core.created_dirs:  # deepest first
         try:
