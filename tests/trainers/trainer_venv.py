@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINERS: dict[str, list[str]] = {
     # LLaMA-Factory as its README installs it; torch is whatever its own requirements resolve to.
     "llamafactory": ["llamafactory==0.9.5"],
+    # axolotl as its README installs it without extras (no flash-attn, no deepspeed): it pins torch itself.
+    "axolotl": ["axolotl==0.19.0"],
 }
 """The requirements of each trainer's venv (pip's syntax)."""
 
