@@ -278,6 +278,28 @@ def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
         stop(proc)
 
 
+def test_the_why_line_waits_for_a_late_stalled_line(tmp_path: Path) -> None:
+    """A job whose beat comes late (a 12 s beat here; a loaded machine in the full suite, where the
+    beat thread waited between its beat record and its STALLED line) says STALLED after the
+    watchdog, polling on its own clock, has found the stall and its cause: the why line still comes
+    after it. (Before: written at once, it came 7 s before; a CI run failed on that order.)"""
+    script = (
+        "import argparse, threading\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+        "threading.Lock().acquire(); lock = threading.Lock(); lock.acquire(); lock.acquire()\n"
+    )
+    proc = launch(
+        tmp_path, script, LORA_OTEL_STALL_AFTER="between=1", LORA_OTEL_BEAT_S="12", LORA_OTEL_FROZEN_AFTER="300"
+    )
+    try:
+        wait_for(lambda: "is stalled: " in text(tmp_path / "run.log"), timeout=90, what="the why line")
+        lines = text(tmp_path / "run.log").splitlines()
+        stalled = [i for i, line in enumerate(lines) if "STALLED: " in line]
+        [why] = [i for i, line in enumerate(lines) if "why the job is stalled: " in line]
+        assert stalled and stalled[0] < why, lines
+    finally:
+        stop(proc)
+
+
 def test_the_why_line_is_not_written_over_in_a_positioned_stderr_file(tmp_path: Path) -> None:
     """``> log.txt 2>&1`` (a file the job writes at its own position, no O_APPEND): the watchdog's
     line goes in through the job's own open file, so the job's next lines come after it and neither

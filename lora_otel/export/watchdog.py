@@ -468,6 +468,16 @@ in bench/real_causes.py's "child killed before a sibling errors"); 1 s told "kil
 SIGKILL, SIGTERM, ...)" there while the parent's event, 1.5 s on, said SIGKILL."""
 
 
+WHY_WAIT_S = 10.0
+"""How long a why line waits for the job's own STALLED line, at least: three beats where the
+journal's ``config.beat_s`` makes that longer, at most `WHY_WAIT_MAX_S`. The job's beat says
+STALLED when the limit passes; the watchdog, polling on its own clock, may find the stall and its
+cause first (in the full suite on a loaded machine the why line once came before the STALLED
+line, the beat thread held up between its beat record and its line). A job that does not say it
+in that time gets the whole STALLED line from the watchdog instead."""
+WHY_WAIT_MAX_S = 60.0
+
+
 class Watch:
     """The local watchdog for one journal. `poll` often; `ended` once its process is gone.
 
@@ -500,6 +510,7 @@ class Watch:
         self.slow_told: set[str] = set()
         self._ask = StackAsker(evidence)  # a stack request that got no dump: this process is asked no more
         self.oom = OomWatch()
+        self._why: list[tuple[float, int, str, str]] = []  # waiting for the job's STALLED line (`_say_why`)
 
     def read(self) -> Journal:
         self.journal = self.tail.read()
@@ -516,6 +527,8 @@ class Watch:
         journal = self.read()
         now = time.time_ns() if now_ns is None else now_ns
         alive = process_state(journal) == "running"
+        if self._why:
+            self._say_why(journal, alive)
         if not alive or journal.root is None:
             return None
         if journal.pid:
@@ -528,7 +541,9 @@ class Watch:
         if key in self.stalled:
             return None
         self.stalled.add(key)
-        return self.report(journal, stall, now)
+        record = self.report(journal, stall, now)
+        self._say_why(self.read(), alive)  # the job's STALLED line may be in already
+        return record
 
     def _slow(self, journal: Journal, now: int) -> None:
         if not self.learned:
@@ -579,7 +594,43 @@ class Watch:
         """The stall record, and the STALLED line where the job cannot write it (``cause``: the pid
         of another process the diagnosis names, `cause_pid`; ``ages``: `Diagnosis.ages`)."""
         record = stall_record(stall, sentence, evidence, self.by, now, ages)
-        return write_stall(self.path, journal, stall, record, self.lines, self.say, self.records, cause, evidence)
+        since = now - int(stall.open_for_s * 1e9)
+        beat = (journal.config if isinstance(journal.config, dict) else {}).get("beat_s")
+        beats = 3 * beat if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0
+        wait_s = min(max(WHY_WAIT_S, beats), WHY_WAIT_MAX_S)
+        return write_stall(
+            self.path,
+            journal,
+            stall,
+            record,
+            self.lines,
+            self.say,
+            self.records,
+            cause,
+            evidence,
+            why_later=lambda line: self._why.append(
+                (time.monotonic() + wait_s, since, line, stalled_line(stall, record["diagnosis"]))
+            ),
+        )
+
+    def _say_why(self, journal: Journal, alive: bool) -> None:
+        """Write the why lines whose STALLED line the job has said (its ``line`` record): after it,
+        never before; for a job that did not say it in `WHY_WAIT_S`, the whole STALLED line."""
+        keep = []
+        for deadline, since, why, whole in self._why:
+            said = any(
+                said.level == "error" and said.msg.startswith("STALLED: ") and said.ts >= since - 1_000_000_000
+                for said in journal.lines
+            )
+            if not alive:
+                continue  # gone: `ended` tells what happened
+            if said:
+                self.lines.say(journal, why, alive=True)
+            elif time.monotonic() >= deadline:
+                self.lines.say(journal, whole, alive=True)
+            else:
+                keep.append((deadline, since, why, whole))
+        self._why = keep
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
@@ -658,10 +709,12 @@ def write_stall(
     records: Optional[list[dict[str, Any]]] = None,
     cause: Optional[int] = None,
     evidence: Optional[dict[str, Any]] = None,
+    why_later: Optional[Callable[[str], None]] = None,
 ) -> dict[str, Any]:
     """Append ``record`` to the journal at ``path``; write the STALLED line where the job cannot
     (`speaks_for_job`; ``cause``: the pid of another process the diagnosis names; ``evidence``: what
-    was gathered for the stall)."""
+    was gathered for the stall). ``why_later``: takes the why line, to write it once the job's own
+    STALLED line is there (`Watch`); without it the line is written now."""
     why = append_record(path, record)
     if why:
         say("stall record not written: %s" % why)
@@ -670,8 +723,12 @@ def write_stall(
     if speaks_for_job(stall, cause, evidence):
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
     elif not str(record["diagnosis"]).startswith("Cannot tell"):
-        # The job said STALLED with where its main thread is; why is known only here.
-        lines.say(journal, why_line(stall, record["diagnosis"]), alive=True)
+        # The job says STALLED with where its main thread is; why is known only here.
+        line = why_line(stall, record["diagnosis"])
+        if why_later is not None:
+            why_later(line)
+        else:
+            lines.say(journal, line, alive=True)
     say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
     return record
 
