@@ -35,6 +35,7 @@ def main() -> int:
         except SystemExit as e:  # `raise SystemExit(n)` in the script: the exit record gives n
             preamble.note_system_exit(e.code)
             raise
+        preamble.note_system_exit(None)  # it ended normally: a SystemExit it caught is not its end
         return 0
     from lora_otel.cli import main as cli_main
 

@@ -31,7 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
     from collections.abc import Callable, Iterable, Mapping, MutableMapping
     from os import _ExecEnv, _ExecVArgs
-    from types import CodeType
+    from types import CodeType, FrameType
     from typing import Any, NoReturn
 
     from _typeshed import FileDescriptorOrPath, StrOrBytesPath
@@ -43,6 +43,8 @@ _started_ns = 0
 _born_ns = 0
 """When this process began to be traced: the preamble's start, or the fork (a forked child)."""
 _exit_code: object = None
+_exit_noted = False
+"""Whether a ``SystemExit`` code was noted (`note_system_exit`; ``sys.exit()`` notes None)."""
 _fork_parent_span: str | None = None
 _argv: list[str] = []
 """The program's argv at start (``python -m x``: the module's name first), for `promote`."""
@@ -956,6 +958,7 @@ def _install_exit_hooks() -> None:
         __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
         quitter.__call__ = __call__
     _watch_system_exit()
+    _find_main_frame()
 
 
 # --- the exit stage -------------------------------------------------------------------------
@@ -1048,10 +1051,93 @@ def note_system_exit(code: object) -> None:
     """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it).
 
     Only in the main thread: ``sys.exit`` in another thread ends that thread, not the process."""
-    global _exit_code
+    global _exit_code, _exit_noted
     if _thread.get_ident() != core.main_ident:  # the thread that ran the preamble
         return
-    _exit_code = code
+    _exit_code, _exit_noted = code, True
+
+
+_main_frame: FrameType | None = None
+"""Python 3.9-3.11: the frame of the ``__main__`` module's code (`_find_main_frame`). Its last
+instruction once it is over tells a normal end (the code's final return) from one by an exception
+that no excepthook saw: a ``SystemExit`` the program raised itself, whose code the interpreter
+keeps from exit handlers (`main_ended`)."""
+_RETURN_VALUE = 83
+"""The opcode a module's code ends with on Python 3.9-3.11."""
+
+
+def _is_main_code(frame: FrameType) -> bool:
+    return frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"
+
+
+def _find_main_frame() -> None:
+    """Before 3.12 (no ``sys.monitoring``), keep the ``__main__`` module's frame: the bottom one of
+    this stack when the preamble runs inside it (``import lora_otel.auto``), else the first such
+    frame the interpreter enters after ``site`` (a profile function, on the main thread only, that
+    removes itself there; none when the program or a tool has one). Never raises."""
+    global _main_frame
+    if sys.version_info >= (3, 12) or _thread.get_ident() != core.main_ident or sys.flags.interactive:
+        return
+    with core.fail_open("main frame"):
+        frame: FrameType | None = sys._getframe()
+        while frame is not None:
+            if _is_main_code(frame):
+                _main_frame = frame
+            frame = frame.f_back
+        if _main_frame is not None or sys.getprofile() is not None:
+            return
+
+        def spot(frame: FrameType, event: str, arg: object) -> None:
+            global _main_frame
+            if event == "call" and _is_main_code(frame):
+                _main_frame = frame
+                sys.setprofile(None)
+
+        sys.setprofile(spot)
+
+
+_UNKNOWN = object()
+
+
+def main_ended() -> tuple[str, object]:
+    """How the ``__main__`` module's code ended (3.9-3.11): ``("return", None)``; ``("raise",
+    code)`` — code the constant of a ``raise SystemExit(<constant>)`` that ended it, else
+    `_UNKNOWN` —; or ``("", None)`` when not known (no frame, a REPL, still running)."""
+    frame = _main_frame
+    if frame is None or frame.f_code.co_filename == "<stdin>":
+        return "", None
+    here: FrameType | None = sys._getframe()
+    while here is not None:
+        if here is frame:
+            return "", None  # (still running: an exit from inside it)
+        here = here.f_back
+    code = frame.f_code
+    lasti = frame.f_lasti
+    if lasti < 0 or lasti >= len(code.co_code):
+        return "", None
+    if code.co_code[lasti] == _RETURN_VALUE:
+        return "return", None
+    try:  # a raise of a constant SystemExit: its code is in the code object itself
+        import dis
+
+        skip = ("CACHE", "PRECALL", "PUSH_NULL", "KW_NAMES")
+        ins = [i for i in dis.get_instructions(code) if i.offset <= lasti and i.opname not in skip][-4:]
+        names = [i.opname for i in ins]
+        if names[-1:] == ["RAISE_VARARGS"] and ins[-1].arg == 1:
+            if names[-2:-1] in (["LOAD_NAME"], ["LOAD_GLOBAL"]) and ins[-2].argval == "SystemExit":
+                return "raise", None  # raise SystemExit
+            if (
+                len(ins) == 4
+                and names[0] in ("LOAD_NAME", "LOAD_GLOBAL")
+                and ins[0].argval == "SystemExit"
+                and names[1] == "LOAD_CONST"
+                and names[2] in ("CALL_FUNCTION", "CALL")
+                and ins[2].arg == 1
+            ):
+                return "raise", ins[1].argval
+    except Exception:  # noqa: BLE001 - not known, then
+        pass
+    return "raise", _UNKNOWN
 
 
 _MONITORING_TOOL = 4
@@ -1123,7 +1209,17 @@ def exit_outcome() -> tuple[str, int, str | None]:
     elif _watching_exit:
         code = None  # sys.monitoring saw every SystemExit: the noted ones were caught
     else:
-        code = _exit_code
+        ended, code = main_ended()
+        if ended == "return":
+            code = None  # the main code returned: a SystemExit noted before was caught
+        elif ended == "raise" and code is _UNKNOWN:
+            if not _exit_noted:
+                frame = _main_frame
+                where = "%s:%s" % (os.path.basename(frame.f_code.co_filename), frame.f_lineno) if frame else "?"
+                return "unknown", -1, "exit code unknown: the program raised SystemExit at %s" % where
+            code = _exit_code
+        elif ended != "raise":
+            code = _exit_code
     if code is None or code == 0:
         return "normal", 0, None
     if isinstance(code, int):
@@ -1136,7 +1232,8 @@ def _on_exit() -> None:
         if not core.active or os.getpid() != core.pid:
             return
         how, status_code, message = exit_outcome()
-        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and not message:
+        quiet_end = not message or (how == "unknown" and not core.promoted)  # (`python -m pytest` ends so)
+        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and quiet_end:
             core.active = False  # a fork that wrote nothing and ends well: nothing to say, no file
             return
         core.settle()
@@ -1150,24 +1247,30 @@ def _on_exit() -> None:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
         elapsed = (core.now_ns() - _started_ns) / 1e9
         if message:
-            if not core.promoted:  # a short process that failed: the facts for its journal
+            if not core.promoted and how != "unknown":  # a short process that failed: the facts for its journal
                 with core.fail_open("process description"):
                     _describe_process(_argv, _how, terminal=False)
-            core.error_line("exiting: %s after %.1f s" % (message, elapsed))
+            # (a code unknown is said on the terminal by a job only: `python -m pytest` ends so)
+            say_end = core.error_line if how != "unknown" else core.warn_line if core.promoted else core.note_line
+            say_end("exiting: %s after %.1f s" % (message, elapsed))
         else:
             # A process that never became a job ends as quietly as it would without lora_otel.
             say = core.info_line if core.promoted else core.note_line
             below = _steps_below() if core.promoted and not core.steps else ""
             say("exiting normally after %.1f s (%d optimizer steps%s)" % (elapsed, core.steps, below))
         core.beat(force=True)
-        core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
-        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": core.now_ns(), "code": status_code, "how": how}
+        if how == "unknown":  # neither failed nor 0: said so, no code claimed
+            core.span_end(core.root_id, "ok", None, {"lora_otel.exit.code_unknown": message})
+        else:
+            core.span_end(core.root_id, "error" if message else "ok", message, {"process.exit.code": status_code})
+        code = None if how == "unknown" else status_code
+        rec = {"v": core.FORMAT_VERSION, "k": "exit", "ts": core.now_ns(), "code": code, "how": how}
         if message:
             rec["message"] = message
         core.write(rec)
         core.active = False
-        if how == "normal" and status_code == 0:
-            _discard_short_run()
+        if (how == "normal" and status_code == 0) or (how == "unknown" and not core.promoted):
+            _discard_short_run()  # (a short process whose code is unknown leaves nothing, as one ending 0)
 
 
 def _steps_below(max_named: int = 4) -> str:

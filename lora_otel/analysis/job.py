@@ -832,6 +832,10 @@ def _phrase(job: Job) -> str:
             text += f" (slowest: {slow.tag} at step {slow.journal.steps})"
         return text
     end = max(proc.end_ns for proc in job.procs)
+    top = job.procs[0] if job.procs else None  # (a helper's unknown code, multiprocessing's forkserver's, is its own)
+    if top is not None and top.journal.exit is not None and top.journal.exit["how"] == "unknown":
+        # (Python <= 3.11: a SystemExit the program raised itself; its code is not in the journal)
+        return f"ended in {format_duration(end - job.start_ns)}, exit code unknown"
     return f"finished in {format_duration(end - job.start_ns)}"
 
 

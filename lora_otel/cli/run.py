@@ -304,12 +304,13 @@ def record_exit(
         tail = os.read(fd, 65536)
         rec = {"v": 1, "k": "exit", "ts": time.time_ns(), "by": by}
         if b'"k":"exit"' in tail:
-            recorded = _last_exit_code(tail)
-            if rc < 0 or recorded is None or recorded % 256 == rc:
+            recorded = _last_exit_code(tail)  # (None: the process could not tell its code)
+            if rc < 0 or (recorded is not None and recorded % 256 == rc):
                 return False
             rec.update(code=rc, how="normal", corrects=recorded)
             if rc:
-                rec["message"] = "exit code %d (the process recorded %d)" % (rc, recorded)
+                told = "recorded %d" % recorded if recorded is not None else "could not tell it"
+                rec["message"] = "exit code %d (the process %s)" % (rc, told)
         elif rc < 0:
             rec.update(code=128 - rc, how="signal", message=describe_status(rc) + (" by %s" % killer if killer else ""))
         else:

@@ -170,6 +170,8 @@ class View:
                     where = f" while in {_display(deepest.name)} for {stuck}"
                 return f"{_display(exit_['message'])}{where}, spans open: {names} (exit status {code})"
             return f"ended with spans open: {names} ({code_text})"
+        if exit_["how"] == "unknown":  # (Python <= 3.11: a SystemExit the program raised itself)
+            return f"ended in {self._lifetime()}, {_display(str(exit_['message'] or 'exit code unknown'))}"
         if exit_["how"] == "normal" and code in (0, None):
             return f"finished normally in {self._lifetime()} ({code_text})"
         message = self._failure_message(exit_)
