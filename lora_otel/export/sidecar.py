@@ -189,6 +189,18 @@ def retain(journal_path: str) -> None:
         )
 
 
+def _image_lives(pid: int, start_ticks: Optional[int]) -> bool:
+    """Whether ``pid`` still runs (not a zombie) and is the process that exec'd (its start time)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+    except OSError:
+        return False
+    if not fields or fields[0] in (b"Z", b"X"):
+        return False
+    return start_ticks is None or len(fields) < 20 or int(fields[19]) == start_ticks
+
+
 def follow_local(
     journal_path: str,
     pid: Optional[int],
@@ -223,6 +235,7 @@ def follow_local(
 
     watches = {journal_path: watch(journal_path, stderr_hint)}
     ended: dict[str, str] = {}
+    execd_pids: dict[int, Optional[int]] = {}  # a process that exec'd: its new image may join (register) later
     while True:
         for path in registry.new_paths():
             if path not in watches:
@@ -252,6 +265,8 @@ def follow_local(
                     else (oom.struck() if path == journal_path else w.oom.struck())
                 )
                 told = None if execd else w.ended(struck or "")
+                if execd and final.pid:
+                    execd_pids[final.pid] = final.start_ticks
                 how = describe_end(final, struck, state)
                 ended[path] = how
                 w.close()
@@ -260,7 +275,9 @@ def follow_local(
             for path in registry.new_paths():
                 if path not in watches:
                     watches[path] = watch(path)
-            if len(ended) == len(watches):
+            if len(ended) == len(watches) and not any(_image_lives(p, t) for p, t in execd_pids.items()):
+                # (a process that exec'd lives on as its new image, which registers its journal when it
+                # becomes a job: `axolotl train` execs into `accelerate launch`, slow to import torch)
                 break
         time.sleep(poll_s)
     stalls = sum(len(w.records) for w in watches.values())
