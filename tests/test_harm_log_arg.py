@@ -117,11 +117,12 @@ class TestTheProgramsFilesAreLeftAlone:
 
     def test_store_true_log_before_an_existing_text_file(self, tmp_path: Path) -> None:
         """``count.py --log notes.txt`` (a flag, notes.txt an existing text file the program reads):
-        the lines lora_otel appended at start are taken back before the program reads it, so it
-        finds its own bytes, and they stay so."""
+        a file that holds lines at start waits for the program to open it for writing before
+        lora_otel copies a line there, so nothing is ever written to it (before: lines were
+        appended at start and taken back when argparse showed the flag)."""
         notes = tmp_path / "notes.txt"
         notes.write_text("alpha\nbeta\n")
-        before = sha(notes)
+        before, mtime = sha(notes), notes.stat().st_mtime_ns
         script = (
             "import argparse, hashlib\np = argparse.ArgumentParser()\np.add_argument('--log', action='store_true')\n"
             "p.add_argument('notes')\na = p.parse_args()\n"
@@ -130,8 +131,65 @@ class TestTheProgramsFilesAreLeftAlone:
         r = run(tmp_path, script, "--log", "notes.txt")
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == before
-        assert sha(notes) == before
-        assert any("taken back" in ln for ln in lora_lines(r.stderr)), r.stderr
+        assert sha(notes) == before and notes.stat().st_mtime_ns == mtime
+        assert not any("taken back" in ln for ln in lora_lines(r.stderr)), r.stderr
+
+    @pytest.mark.parametrize(
+        "script,args,expect",
+        [
+            pytest.param(
+                "import argparse, collections\np = argparse.ArgumentParser()\np.add_argument('--log', required=True)\n"
+                "a = p.parse_args()\n"
+                "print(dict(collections.Counter(ln.split()[1] for ln in open(a.log) if ln.strip())))\n",
+                ("--log", "access.log"),
+                "{'200': 1, '404': 1}",
+                id="argparse-str-option-read-as-input",
+            ),
+            pytest.param(
+                "import sys\nlogscale = '--log' in sys.argv\n"
+                "print('sum', sum(float(x) for x in open(sys.argv[-1])), logscale)\n",
+                ("--log", "access.log"),
+                None,
+                id="manual-flag-then-a-data-file",
+            ),
+        ],
+    )
+    def test_an_existing_log_the_program_reads_is_never_written(
+        self, tmp_path: Path, script: str, args: tuple, expect: str | None
+    ) -> None:
+        """A ``--log`` file that holds lines at start and that the program only reads (a log
+        analyser's input; a flag before a data file, parsed by hand so no argparse hook can tell):
+        lora_otel writes nothing there until the program opens it for writing, which it never does,
+        so the program reads its own bytes and exits as without lora_otel (before: lora_otel's
+        lines were appended at start and the analyser crashed on them)."""
+        log = tmp_path / "access.log"
+        log.write_text("GET 200\nGET 404\n" if expect else "1\n2\n")
+        before = sha(log)
+        untraced = run(tmp_path, script, *args, traced=False)
+        r = run(tmp_path, script, *args, LORA_OTEL_KEEP_SHORT="0")  # as outside the tests: a short run goes
+        assert (r.returncode, r.stdout) == (untraced.returncode, untraced.stdout) == (0, r.stdout), r.stderr
+        if expect:
+            assert r.stdout.strip() == expect
+        assert sha(log) == before
+        assert files_in(tmp_path) == {"access.log"}  # a short run: no journal left beside it either
+
+    def test_an_existing_log_gets_the_lines_once_the_program_writes_it(self, tmp_path: Path) -> None:
+        """A log file kept from earlier runs (it holds lines at start) that the program opens for
+        appending: lora_otel's lines written before that wait and follow the program's first line;
+        later lines go there as they are said."""
+        log = tmp_path / "run.log"
+        log.write_text("an earlier run\n")
+        script = (
+            "import logging, sys, time\nlogging.basicConfig(filename=sys.argv[2], level=logging.INFO)\n"
+            "logging.info('my first line')\nimport json\ntime.sleep(1.5)\nlogging.info('my last line')\n"
+        )
+        r = run(tmp_path, script, "--log", "run.log", LORA_OTEL_KEEP_SHORT="1")
+        assert r.returncode == 0, r.stderr
+        lines = log.read_text().splitlines()
+        assert lines[:2] == ["an earlier run", "INFO:root:my first line"], lines
+        started = next(i for i, ln in enumerate(lines) if "] started pid " in ln)
+        assert started == 2, lines
+        assert any("exiting normally" in ln for ln in lines[lines.index("INFO:root:my last line") :]), lines
 
     def test_flag_given_a_value_exits_and_leaves_the_file(self, tmp_path: Path) -> None:
         """``count.py --log=notes.txt`` (a flag given a value: argparse exits with status 2): the

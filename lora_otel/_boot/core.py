@@ -91,6 +91,12 @@ _log_fd = -1
 _log_dev = _log_ino = 0
 _log_created = False  # the --log copy: created by lora_otel, its size at open, bytes written since
 _log_size0 = _log_written = 0
+_log_waits = False
+"""The ``--log`` file named by an option held the program's own lines at start: it may be the
+program's input as well as its log (``analyze.py --log access.log``), so lora_otel's lines wait
+(`_log_waiting`, in memory) until this process holds it open for writing (:func:`program_writes`)."""
+_log_waiting: list[bytes] = []
+_LOG_WAITING_MAX = 256
 log_option = ""
 """The argv option (``--log``) the log file was taken from, while the program may still show it is
 no path (the argparse hook looks, then calls :func:`drop_log` or clears this); else ""."""
@@ -898,6 +904,48 @@ def _write_log(data: bytes) -> None:
     _log_written += os.write(fd, data)
 
 
+def wait_for_log(path: str) -> None:
+    """Copy lines to ``path`` only once the program writes it (`_log_waits`)."""
+    global _log_waits
+    _log_waits = True
+    del _log_waiting[:]
+
+
+def program_writes(path: str) -> bool:
+    """Whether one of this process's descriptors is ``path`` (same device and inode) open for
+    writing (``/proc/self/fdinfo`` flags); False where there is no ``/proc``."""
+    try:
+        st = os.stat(path)
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for name in fds:
+        try:
+            fst = os.stat("/proc/self/fd/" + name)
+            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            with open("/proc/self/fdinfo/" + name, "rb") as f:
+                for line in f.read().splitlines():
+                    if line.startswith(b"flags:") and int(line.split()[1], 8) & 3:
+                        return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def _wait_log(data: bytes) -> None:
+    """Keep ``data`` for the waiting ``--log`` copy; write it all there once the program writes it."""
+    global _log_waits
+    if len(_log_waiting) < _LOG_WAITING_MAX:
+        _log_waiting.append(data)
+    if log_path and program_writes(log_path):
+        _log_waits = False
+        open_log(log_path)
+        if _log_fd >= 0:
+            _write_log(b"".join(_log_waiting))
+        del _log_waiting[:]
+
+
 def _emit(msg: str, level: str) -> None:
     """Print a line on stderr (never stdout: that is the program's), unless it is an info line of a
     `quiet` process, and append it to the ``--log`` file."""
@@ -907,9 +955,12 @@ def _emit(msg: str, level: str) -> None:
     text = _format_line(msg)
     if level != "note" and (level != "info" or not quiet):
         _stderr(text)
-    if _log_fd >= 0 and (not log_bad_only or level in ("warn", "error")):
+    if (_log_fd >= 0 or (_log_waits and log_path)) and (not log_bad_only or level in ("warn", "error")):
         try:
-            _write_log(text.encode("utf-8", "backslashreplace"))
+            if _log_fd >= 0:
+                _write_log(text.encode("utf-8", "backslashreplace"))
+            else:
+                _wait_log(text.encode("utf-8", "backslashreplace"))
         except Exception as e:  # noqa: BLE001
             if not _log_failed:
                 _log_failed = True

@@ -202,6 +202,18 @@ def choose_log(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str | N
     return value, option, value, ""
 
 
+def holds_lines(path: str) -> bool:
+    """Whether ``path`` is a regular file with something in it (not only lora_otel's own lines)."""
+    try:
+        if os.stat(path).st_size == 0:
+            return False
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF)
+    except OSError:
+        return False
+    return any(ln.strip() and not ln.startswith(b"[lora-otel]") for ln in head.split(b"\n"))
+
+
 def is_log_file(log: str) -> bool:
     """Whether ``log`` names a regular file (or nothing yet) outside ``/dev`` and ``/proc``."""
     import stat

@@ -372,10 +372,12 @@ def _start(how: str) -> None:
     core.root_id = core.new_span_id()
     # The program's log file, only when it surely is one (README.md, "Your program's --log").
     core.log_path, log_source, log_value, log_problem = paths.choose_log(argv, env)
-    if core.log_path:
+    if core.log_path and log_source.startswith("-") and paths.holds_lines(core.log_path):
+        core.wait_for_log(core.log_path)  # maybe the program's input too: not before it writes there
+    elif core.log_path:
         core.open_log(core.log_path, explicit=log_source == "LORA_OTEL_LOG")
-        if core._log_fd >= 0 and log_source.startswith("-"):
-            core.log_option = log_source  # until the program's argparse shows what it is
+    if core.log_path and (core._log_fd >= 0 or core._log_waits) and log_source.startswith("-"):
+        core.log_option = log_source  # until the program's argparse shows what it is
     # Each process creates a journal of its own (beside --log the name is shared by every process
     # given that --log: first come keeps it, the others get a unique name beside it).
     global _disposable, _beside_log
@@ -1351,7 +1353,7 @@ def _discard_short_run() -> None:
     if (
         core.promoted
         or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
-        or not (_disposable or (_beside_log and not core.log_path))
+        or not (_disposable or (_beside_log and (not core.log_path or core._log_fd < 0)))
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
     ):
