@@ -72,6 +72,21 @@ def why(stderr: str) -> str:
 
 
 class TestExitHangs:
+    def test_an_atexit_handler_waiting_on_an_event_is_not_a_lock_wait(self, tmp_path: Path) -> None:
+        """A flush that waits for an Event no thread sets (the newcomer's torchtune trial): the why
+        line names the Event's wait at the handler's line, not "Waiting for a lock … holding
+        self._cond" (Condition.wait releases its lock while it waits)."""
+        script = ATEXIT_HANG.replace("import atexit, time", "import atexit, threading, time").replace(
+            "    time.sleep(3600)  # an endpoint that never answers", "    threading.Event().wait()  # never set"
+        )
+        out, err = hang_at_exit(tmp_path, script)
+        assert out == "training done\n"
+        assert why(err).startswith(
+            "why exit is stalled: The exit runs an atexit handler, flush_telemetry() in job.py. "
+            "Waiting for an event: the main thread waits in Event.wait() at job.py:5 in flush_telemetry"
+        ), why(err)
+        assert "lock" not in why(err), why(err)
+
     def test_an_atexit_handler_that_hangs_is_named(self, tmp_path: Path) -> None:
         out, err = hang_at_exit(tmp_path, ATEXIT_HANG)
         assert out == "training done\n"

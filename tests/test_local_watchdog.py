@@ -278,6 +278,71 @@ def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
         stop(proc)
 
 
+def test_a_killed_jobs_views_keep_the_why_found_while_it_hung(tmp_path: Path) -> None:
+    """A job deadlocks, is diagnosed, then is killed (as a user ends a hung job): the death record
+    leads the views, and inspect and the report still say why it hung (before: only "The process
+    was killed ... with no stage open", the deadlock only in --json)."""
+    script = (
+        "import argparse, threading, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+        "lock_a, lock_b = threading.Lock(), threading.Lock()\n"
+        "def worker():\n    with lock_b:\n        time.sleep(0.5)\n        with lock_a:\n            pass\n"
+        "threading.Thread(target=worker, daemon=True).start()\n"
+        "with lock_a:\n    time.sleep(0.5)\n    with lock_b:\n        pass\n"
+    )
+    proc = launch(tmp_path, script, LORA_OTEL_STALL_AFTER="between=2")
+    try:
+        wait_for(lambda: "is stalled: " in text(tmp_path / "run.log"), timeout=60, what="the why line")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_for(lambda: any(s["kind"] == "died" for s in journal_of(tmp_path).stalls), timeout=60, what="the death")
+        r = lora_otel_cli("inspect", str(tmp_path / "run.log.otel.jsonl"))
+        assert r.returncode == 0, r.stderr
+        [headline] = [ln for ln in r.stdout.splitlines() if ln.startswith("STALLED: ")]
+        assert "killed" in headline and "Before, it was stalled: no stage open for " in headline, headline
+        assert "Deadlock: the main thread waits in lock_b" in headline, headline
+        out = tmp_path / "job.html"
+        r = lora_otel_cli("report", str(tmp_path / "run.log.otel.jsonl"), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        assert "Deadlock: the main thread waits in lock_b" in out.read_text(encoding="utf-8")
+    finally:
+        stop(proc)
+
+
+def test_a_stuck_dataloader_workers_place_comes_from_its_journal(tmp_path: Path) -> None:
+    """A DataLoader worker blocks in the dataset, without py-spy (most users have none): the why
+    line names the worker and where its own journal says it is, not just its kernel wait channel
+    (the newcomer's torchtune trial: "worker pid 5620 is sleeping in wait_for_partner")."""
+    script = (
+        "import argparse, os, time\nargparse.ArgumentParser().parse_known_args()\nimport torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Samples(Dataset):\n"
+        "    def __len__(self):\n        return 400\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 40:\n"
+        "            open('hung.pid', 'w').write(str(os.getpid()))\n"
+        "            time.sleep(600)\n"
+        "        return torch.ones(4)\n"
+        "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for batch in DataLoader(Samples(), batch_size=4, num_workers=2):\n"
+        "    model(batch).sum().backward()\n    opt.step()\n    opt.zero_grad()\n"
+    )
+    proc = launch(tmp_path, script, LORA_OTEL_STALL_AFTER="training=3", LORA_OTEL_PY_SPY="0")
+    try:
+        wait_for(lambda: "is stalled: " in text(tmp_path / "run.log"), timeout=90, what="the why line")
+        hung = int((tmp_path / "hung.pid").read_text())
+        [why] = [ln for ln in text(tmp_path / "run.log").splitlines() if "why training is stalled: " in ln]
+        assert "The main thread waits for a DataLoader batch" in why, why
+        assert "worker pid %d is sleeping" % hung in why, why
+        assert "its journal: " in why and "job.py:11 in __getitem__" in why, why
+    finally:
+        stop(proc)
+        for line in text(tmp_path / "hung.pid").split():
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except (ValueError, ProcessLookupError):
+                pass
+
+
 def test_the_why_line_waits_for_a_late_stalled_line(tmp_path: Path) -> None:
     """A job whose beat comes late (a 12 s beat here; a loaded machine in the full suite, where the
     beat thread waited between its beat record and its STALLED line) says STALLED after the

@@ -1322,6 +1322,29 @@ def _idle_helper(frames: list[Frame]) -> bool:
     return not outer or any(_in(file, module) for file in outer for module in _IDLE_HELPERS)
 
 
+def _event_wait(frames: list[Frame]) -> str:
+    """``Waiting for an event: the main thread waits in Event.wait() at hangs.py:63 in flush for
+    another thread to set or notify it; …``: the main thread in ``threading``'s Condition.wait, named
+    by what called it (an Event, a Queue, a Barrier, a Thread's join, a bare Condition)."""
+    inner = [fr for fr in frames if fr.python and _in(fr.file, "threading.py")]
+    outer = next((fr for fr in frames if fr.python and not _in(fr.file, "threading.py")), None)
+    if outer is not None and _in(outer.file, "queue.py"):
+        what = "Queue.%s()" % outer.func
+        mine = (fr for fr in frames if fr.python and not _in(fr.file, "threading.py") and not _in(fr.file, "queue.py"))
+        outer = next(mine, outer)
+    elif len(inner) > 1 and inner[1].func == "wait":
+        what = "Event.wait()"
+    elif len(inner) > 1:
+        what = "%s() (threading)" % inner[1].func
+    else:
+        what = "Condition.wait()"
+    where = " at %s" % _short(outer) if outer is not None else ""
+    return (
+        "Waiting for an event: the main thread waits in %s%s for another thread to set or notify it;"
+        " no thread the stacks show is doing so." % (what, where)
+    )
+
+
 def lock_waits(stacks: str) -> Optional[str]:
     """Threads waiting to acquire ``threading`` locks (as the source lines of their innermost frames
     show), which lock each waits for and which it holds; a cycle is called a deadlock. None when no
@@ -1329,18 +1352,24 @@ def lock_waits(stacks: str) -> Optional[str]:
     waits = []
     threads = _threads(stacks)
     main = _named_main(threads)
+    event: Optional[str] = None
     for _, frames in threads:
         if not frames or not frames[0].python:
             continue
         lock = _waits_for(frames[0])
         if lock is None:
             continue
+        if frames[0].func == "wait" and _in(frames[0].file, "threading.py"):
+            # Condition.wait (an Event's, a Queue's, a Barrier's): it released its lock to wait
+            if frames is main:
+                event = _event_wait(frames)
+            continue
         if frames is not main and _idle_helper(frames):
             continue
         held = [h for h in _holds(frames) if h != lock]
         waits.append(("the main thread" if frames is main else _thread_name(frames), lock, _short(frames[0]), held))
     if not waits:
-        return None
+        return event
     waits.sort(key=lambda w: w[0] != "the main thread")
     holder = {h: name for name, _, _, held in waits for h in held}
     cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]

@@ -218,7 +218,7 @@ def children_facts(
             "cpu_percent": round(cpu),
             "cmdline": cmd[:200],
         }
-        other = (journals or {}).get(kid)
+        other = (journals or {}).get(kid) or _open_journal_of(kid)
         if other is not None:
             row["journal"] = other.path
             row["where"] = _where(other)
@@ -232,6 +232,29 @@ def children_facts(
             if frames:
                 row["frames"] = frames
     return {PREFIX + "process.children": rows} if rows else {}
+
+
+def _open_journal_of(pid: int) -> Optional[Journal]:
+    """The journal process ``pid`` holds open (a traced DataLoader worker's, a pool worker's),
+    found through ``/proc/<pid>/fd``; None when it holds none or it cannot be read."""
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target.endswith(".otel.jsonl"):
+            try:
+                from lora_otel.journal.reader import read_journal
+
+                found = read_journal(target)
+            except Exception:  # noqa: BLE001 - unreadable or gone: no journal to tell where it is
+                return None
+            return found if found.pid == pid else None
+    return None
 
 
 MAX_CHILD_FRAMES = 4

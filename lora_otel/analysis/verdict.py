@@ -118,6 +118,8 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
     if open_s is not None and recorded is not None:
         # the diagnosis's own durations ("waits for its Pool for 5.25 s") grow as the headline's does
         diagnosis = aged(diagnosis, record.get("ages"), round((open_s - recorded) * 1e9))
+    if record.get("kind") == "died":
+        diagnosis += _stalled_before(journal)
     return Verdict(
         record.get("stage") or (span.name if span is not None else None),
         str(record.get("kind")),
@@ -128,6 +130,23 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
         record.get("learned"),
         record.get("evidence") or {},
     )
+
+
+def _stalled_before(journal: Journal) -> str:
+    """`` Before, it was stalled: <what> — <diagnosis>``: the stall recorded last before the death
+    record, when it still held then (its stage still open), so that a killed job's views keep the
+    why found while it hung; "" when there is none."""
+    for record in reversed(journal.stalls[:-1]):
+        if record.get("kind") == "died" or not record.get("diagnosis"):
+            continue
+        span_id = record.get("span_id")
+        span = journal.span(span_id) if isinstance(span_id, str) else None
+        if span is not None and not span.is_open:
+            return ""
+        open_s, limit_s = _sane_s(record.get("open_s")), _sane_s(record.get("limit_s"))
+        what = what_phrase(record.get("stage") or None, str(record.get("kind")), open_s, limit_s)
+        return " Before, it was stalled: %s — %s" % (what, record["diagnosis"])
+    return ""
 
 
 MAX_S = 1e10
