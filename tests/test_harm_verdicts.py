@@ -294,3 +294,28 @@ def test_sys_exit_in_a_thread_is_not_the_outcome(tmp_path: Path, mode: str) -> N
         tmp_path, mode, "import sys, threading\nt = threading.Thread(target=lambda: sys.exit(4))\nt.start()\nt.join()\n"
     )
     assert_outcome(tmp_path, r, 0, None)
+
+
+def test_python_dash_m_runs_its_package_import_unprofiled_and_keeps_the_code(tmp_path: Path) -> None:
+    """``python -m pkg.run`` (as ``python -m axolotl.cli.train``): the package's import (a trainer
+    imports torch there) runs with no profile function of lora_otel's (before, on 3.9-3.11, every
+    call of it went through one: 3-5 times slower, hostile trial), and a ``raise SystemExit(3)`` at
+    the module's end is still exit code 3 in the journal."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import sys\nprint('profile during package import:', sys.getprofile())\n")
+    # a job: it lives past its first beat
+    (pkg / "run.py").write_text("import time\ntime.sleep(1.5)\nraise SystemExit(3)\n")
+    r = subprocess.run(
+        [PYTHON, "-m", "pkg.run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j")),
+    )
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == "profile during package import: None\n", r.stdout
+    [path] = journals(tmp_path / "j")
+    j = read_journal(path)
+    assert j.exit is not None and j.exit.get("code") == 3, j.exit

@@ -1095,6 +1095,22 @@ def _find_main_frame() -> None:
                 _main_frame = frame
                 sys.setprofile(None)
 
+        if sys.argv[:1] == ["-m"]:
+            # `python -m pkg.mod`: runpy imports pkg (torch, a trainer...) before it runs the module's
+            # code; a profile function from now on would slow every call of those imports 3-5 times.
+            # It is set only as runpy starts that code (runpy is imported for -m at once anyway).
+            import runpy
+
+            real = runpy._run_code  # type: ignore[attr-defined]
+
+            def run_code(*args: Any, **kwargs: Any) -> Any:
+                runpy._run_code = real  # type: ignore[attr-defined]
+                if sys.getprofile() is None and _thread.get_ident() == core.main_ident:
+                    sys.setprofile(spot)
+                return real(*args, **kwargs)
+
+            runpy._run_code = run_code  # type: ignore[attr-defined]
+            return
         sys.setprofile(spot)
 
 
