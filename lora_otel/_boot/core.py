@@ -750,6 +750,8 @@ def write_line(
             return
         fd = _journal_fd
     try:
+        if st.st_size + len(data) > _size_limit():
+            raise OSError(27, "the file size limit (RLIMIT_FSIZE) would be passed")
         n = _write(fd, data)
         if n != len(data):  # short write: the disk filled mid-record; end the broken line
             os.write(_journal_fd, b"\n")
@@ -767,6 +769,18 @@ def write_line(
         )
         _stderr(_format_line(msg))
         write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "error", "msg": msg})
+
+
+def _size_limit() -> float:
+    """The process's soft RLIMIT_FSIZE in bytes (infinity when none): a write past it raises SIGXFSZ,
+    which kills a program that restored that signal's default, so lora_otel stops short of it."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except Exception:  # noqa: BLE001 - no such limit on this platform
+        return float("inf")
+    return float("inf") if soft == resource.RLIM_INFINITY or soft < 0 else float(soft)
 
 
 def _write_failed(e: BaseException) -> None:
@@ -901,6 +915,8 @@ def _write_log(data: bytes) -> None:
         )
         _stderr(msg)
         _log_written += os.write(fd, msg.encode("utf-8", "backslashreplace"))
+    if os.fstat(fd).st_size + len(data) > _size_limit():
+        raise OSError(27, "the file size limit (RLIMIT_FSIZE) would be passed")
     _log_written += os.write(fd, data)
 
 
