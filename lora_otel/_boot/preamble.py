@@ -278,6 +278,7 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
             "service.name": _service_name(argv),
             "process.pid": core.pid,
             "process.parent_pid": os.getppid(),
+            "host.name": os.uname().nodename,  # (known at once: an alert raised before the first beat names it)
             "lora_otel.activation": how,
             **rank_attrs(env),  # (a rank is known from its first record: the job's views group by it)
         },

@@ -37,6 +37,7 @@ from typing import Any, Optional
 from lora_otel._boot.seam import memory_cgroup, oom_kill_count, redact
 from lora_otel.analysis import filelocks
 from lora_otel.analysis.filelocks import py_spy_path
+from lora_otel.analysis.pools import idle_frames_only
 from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
 
 PREFIX = "lora_otel.evidence."
@@ -203,6 +204,7 @@ def children_facts(
             continue
     time.sleep(0.2)
     rows = []
+    unplaced: set[int] = set()
     for kid in kids[:32]:
         try:
             f = _stat_fields(kid)
@@ -222,9 +224,13 @@ def children_facts(
         if other is not None:
             row["journal"] = other.path
             row["where"] = _where(other)
+            if idle_frames_only(getattr(other, "main_frames", None) or []):
+                unplaced.add(kid)  # its beat kept only the queue's own frames: where it waits is deeper
+        else:
+            unplaced.add(kid)
         rows.append(row)
     if read_frames:  # a worker that never beats (a forked one blocked at once) says nothing itself
-        for row in [r for r in rows if not r.get("where")][:MAX_CHILD_FRAMES]:
+        for row in [r for r in rows if r["pid"] in unplaced or not r.get("where")][:MAX_CHILD_FRAMES]:
             kid_pid = row["pid"]
             if not isinstance(kid_pid, int):
                 continue

@@ -285,6 +285,14 @@ def _outside_frames(worker: Worker) -> list[Any]:
     return [f for f in frames if isinstance(f, list) and len(f) == 3] if isinstance(frames, list) else []
 
 
+def idle_frames_only(frames: Sequence[Any]) -> bool:
+    """Whether a main-thread sample (``[file, line, function]``, outermost first) holds frames and
+    all of them are a pool's or a queue's own (`_WORKER_IDLE_MODULES`): the beat keeps the innermost
+    few frames, so such a sample hides where the program called the wait."""
+    files = [str(f[0]) for f in frames if isinstance(f, (list, tuple)) and f and f[0]]  # ("": a native frame)
+    return bool(files) and all(any(_in(file, m) for m in _WORKER_IDLE_MODULES) for file in files)
+
+
 def _program_frame(worker: Worker) -> str:
     """``job.py:14 in worker``: the innermost frame of the worker's own code at its last beat (or as
     read from outside), or ""."""
