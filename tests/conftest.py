@@ -20,6 +20,27 @@ from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_sta
 # The traced subprocesses the tests start fail open as a user's do (`procs.clean_env` drops it).
 os.environ["LORA_OTEL_STRICT_INTERNAL"] = "1"
 
+NO_TORCH_ENV = "LORA_OTEL_TEST_NO_TORCH"
+"""Set to ``1`` by the Python matrix of ``.ci/run`` for its venvs without torch (3.9, 3.12): there the
+tests marked ``torch`` are skipped, saying why. Anywhere else a missing torch fails them, as before:
+the main suite never skips for want of torch."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(NO_TORCH_ENV) != "1":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        raise pytest.UsageError("%s=1, but torch is installed in this Python: unset it" % NO_TORCH_ENV)
+    skip = pytest.mark.skip(
+        reason="torch is not installed in this Python (%s=1: the matrix's torch-free venv)" % NO_TORCH_ENV
+    )
+    for item in items:
+        if item.get_closest_marker("torch") is not None:
+            item.add_marker(skip)
+
+
 T0 = 1_795_990_428_000_000_000
 """The default start of a hand-written journal, Unix ns (2026-11-29T22:13:48Z)."""
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -15,6 +15,8 @@ from procs import LINE_RE, PYTHON, clean_env, journals, lora_otel_cli, span_name
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.torch  # every job here imports torch (a heavy framework: a job from its start)
+
 ATEXIT_HANG = """\
 import atexit, time
 import torch  # a job: it imports a heavy framework

@@ -6,6 +6,7 @@ import ast
 import subprocess
 from pathlib import Path
 
+import pytest
 from procs import PYTHON, clean_env, journals
 
 from lora_otel.journal.reader import read_journal
@@ -126,6 +127,7 @@ def role(j) -> str:
     return "spawn worker" if parsers == ["multiprocessing worker"] else "python"
 
 
+@pytest.mark.torch
 def test_spawned_children_hang_under_the_span_that_started_them(tmp_path: Path) -> None:
     """subprocess (with the inherited environment, a copy of it, os.popen) and a multiprocessing
     spawn worker started inside a stage hang under that stage; one started outside any stage under
@@ -172,6 +174,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.torch
 def test_dataloader_workers_started_during_training_hang_under_training(tmp_path: Path) -> None:
     """A DataLoader's spawn workers started once training is open (no stage around them) hang under
     ``training``; those started before the first step under the root."""
@@ -275,6 +278,7 @@ def test_a_forked_child_may_call_os_exit_with_its_keyword(tmp_path: Path) -> Non
     assert sorted((e or {}).get("code") for e in exits) == [0, 3], exits
 
 
+@pytest.mark.torch
 def test_a_short_forked_child_leaves_its_parents_stacks_file(tmp_path: Path) -> None:
     """A job under a traced launcher (it joins the launcher's sidecar) forks a child that ends
     normally at once: the child's journal is removed as a short run's, and the job's stacks file

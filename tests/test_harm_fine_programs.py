@@ -106,6 +106,7 @@ def idle_narration(text: str) -> list[str]:
     return [line for line in text.splitlines() if any(words in line for words in IDLE_NARRATION)]
 
 
+@pytest.mark.torch
 def test_an_idle_notebook_kernel_that_imported_torch_is_not_stalled(tmp_path: Path) -> None:
     """A real ipykernel, driven by jupyter_client as Jupyter does, started with ``LORA_OTEL=1`` and
     a 3 s limit on the quiet time between stages: a cell imports torch, then the kernel waits for
@@ -157,6 +158,7 @@ def test_an_idle_notebook_kernel_that_imported_torch_is_not_stalled(tmp_path: Pa
     assert '"k":"stall"' not in text and "STALLED" not in text, text
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("how", ["python -i", "REPL"])
 def test_an_idle_repl_that_imported_torch_is_not_stalled(tmp_path: Path, how: str) -> None:
     """``python -i script.py`` and a bare ``python`` REPL (on a terminal) that imported torch and wait

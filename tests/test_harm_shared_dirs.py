@@ -65,6 +65,25 @@ def shared() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+_attacker_python: dict[int, str] = {}
+
+
+def attacker_python(user: pwd.struct_passwd) -> str:
+    """The interpreter the attacker runs (its code is plain standard library): the tested one, or,
+    where another user cannot run it (a pyenv Python under root's home, as the Python matrix of
+    ``.ci/run`` uses), the system's ``python3``."""
+    if user.pw_uid not in _attacker_python:
+        setpriv = ["setpriv", "--reuid=%d" % user.pw_uid, "--regid=%d" % user.pw_gid, "--clear-groups"]
+        chosen = PYTHON
+        for candidate in (PYTHON, "/usr/bin/python3"):
+            r = subprocess.run([*setpriv, candidate, "-c", "pass"], capture_output=True, timeout=60, env=clean_env())
+            if r.returncode == 0:
+                chosen = candidate
+                break
+        _attacker_python[user.pw_uid] = chosen
+    return _attacker_python[user.pw_uid]
+
+
 def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = True):
     """Run Python ``code`` as the attacker account (a real uid/gid change, no groups)."""
     cmd = [
@@ -72,7 +91,7 @@ def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = Tru
         "--reuid=%d" % user.pw_uid,
         "--regid=%d" % user.pw_gid,
         "--clear-groups",
-        PYTHON,
+        attacker_python(user),
         "-c",
         code,
         *args,

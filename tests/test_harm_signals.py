@@ -192,6 +192,7 @@ class TestExec:
         assert "process ended (exec'd into " in log and "sleep" in log, log
         assert "stall detected" not in collector_text(collector)
 
+    @pytest.mark.torch
     def test_gevent_subprocess(self, tmp_path: Path, collector) -> None:
         """Plain ``subprocess.Popen`` under gevent's monkey-patching (fork in Python, then
         ``os.execvpe``): the child exits 0."""
@@ -324,6 +325,7 @@ class TestHandlers:
             proc.stdout.close()
         assert not stacks_text(tmp_path)
 
+    @pytest.mark.torch
     def test_program_that_takes_signals_with_sigwait(self, tmp_path: Path, collector) -> None:
         """A service that blocks every signal and takes them with ``sigwait`` (its shutdown
         loop): a stall never sends it a signal it would receive as its own and act on — the stack

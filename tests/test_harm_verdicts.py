@@ -167,6 +167,7 @@ class TestSystemExit:
         else:
             assert_outcome(tmp_path, r, status, message)
 
+    @pytest.mark.torch
     @pytest.mark.skipif(not _OLD_PYTHON, reason="3.12+ knows the code (sys.monitoring): TestSystemExitOnPython312")
     @pytest.mark.parametrize("mode", ["LORA_OTEL=1", "import lora_otel.auto"])
     def test_a_jobs_unknown_code_is_said_unknown(self, tmp_path: Path, mode: str) -> None:

@@ -144,6 +144,7 @@ class TestStuckImport:
         assert self.WHERE in r.stdout.splitlines(), r.stdout
 
 
+@pytest.mark.torch
 def test_a_slow_stage_that_finishes(tmp_path: Path) -> None:
     """An import that takes 2.5 s (limit 120 s): one `still in` line, one `took` line, no STALLED;
     the program's own output and exit status are untouched."""
@@ -172,6 +173,7 @@ urllib.request.urlopen("http://127.0.0.1:%d/model.safetensors" % server.getsockn
 """
 
 
+@pytest.mark.torch
 def test_a_download_frozen_between_stages_under_lora_otel_run(tmp_path: Path) -> None:
     """`lora-otel run --stall-after between=4` of a job whose download freezes after `import torch`,
     no stage open, into log.txt: `no stage open for N s since import torch ended — main thread at …
@@ -210,6 +212,7 @@ subprocess.run([sys.executable, "run.py"], check=True)
 """
 
 
+@pytest.mark.torch
 def test_a_quiet_child_still_narrates(tmp_path: Path) -> None:
     """A traced parent (with torch imported) runs run.py as a child: the child's info lines stay off
     the terminal (issue 12), but its slow import is reported there. (The parent waiting for it is

@@ -230,6 +230,7 @@ def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.torch
 def test_between_stages_stall(tmp_path: Path) -> None:
     """No stage open after the arguments were parsed (the program's own code hangs, as a download
     frozen at 0 B/s): with `between=2` a `between` stall record names the stage that ended last."""
@@ -246,6 +247,7 @@ def test_between_stages_stall(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.torch
 def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
     """The job says STALLED itself (with where its main thread is); the watchdog, which diagnoses,
     follows it with the cause on the same stderr and --log: here a deadlock of two thread locks.
@@ -278,6 +280,7 @@ def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.torch
 def test_a_killed_jobs_views_keep_the_why_found_while_it_hung(tmp_path: Path) -> None:
     """A job deadlocks, is diagnosed, then is killed (as a user ends a hung job): the death record
     leads the views, and inspect and the report still say why it hung (before: only "The process
@@ -308,6 +311,7 @@ def test_a_killed_jobs_views_keep_the_why_found_while_it_hung(tmp_path: Path) ->
         stop(proc)
 
 
+@pytest.mark.torch
 def test_a_stuck_dataloader_workers_place_comes_from_its_journal(tmp_path: Path) -> None:
     """A DataLoader worker blocks in the dataset, without py-spy (most users have none): the why
     line names the worker and where its own journal says it is, not just its kernel wait channel
@@ -343,6 +347,7 @@ def test_a_stuck_dataloader_workers_place_comes_from_its_journal(tmp_path: Path)
                 pass
 
 
+@pytest.mark.torch
 def test_the_why_line_waits_for_a_late_stalled_line(tmp_path: Path) -> None:
     """A job whose beat comes late (a 12 s beat here; a loaded machine in the full suite, where the
     beat thread waited between its beat record and its STALLED line) says STALLED after the
@@ -365,6 +370,7 @@ def test_the_why_line_waits_for_a_late_stalled_line(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.torch
 def test_the_why_line_is_not_written_over_in_a_positioned_stderr_file(tmp_path: Path) -> None:
     """``> log.txt 2>&1`` (a file the job writes at its own position, no O_APPEND): the watchdog's
     line goes in through the job's own open file, so the job's next lines come after it and neither
