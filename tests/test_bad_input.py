@@ -136,3 +136,35 @@ def test_bad_config_values_warn_and_use_defaults(tmp_path: Path) -> None:
     assert r.returncode == 0
     assert any("LORA_OTEL_IMPORT_THRESHOLD_MS='fast'" in ln for ln in lora_errors(r.stderr))
     assert only_journal(tmp_path / "lora-otel").config["import_threshold_ms"] == 5.0
+
+
+def test_a_program_that_restores_sigxfsz_outlives_its_file_size_limit(tmp_path: Path) -> None:
+    """A program that lowers its own RLIMIT_FSIZE and restores SIGXFSZ's default (CPython ignores it
+    at start): the journal stops short of the limit, so no write of lora_otel's raises the signal
+    that would kill the program (before: killed, exit -25, by a journal record). One line says the
+    journal could not be written; the program's own output and exit status are its own."""
+    (tmp_path / "job.py").write_text(
+        "import resource, signal\n"
+        "import lora_otel\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+        "for i in range(3000):\n"
+        "    with lora_otel.stage('stage %d' % i):\n"
+        "        pass\n"
+        "print('PROGRAM done')\n"
+    )
+    journal = tmp_path / "j.otel.jsonl"
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_JOURNAL=str(journal)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout == "PROGRAM done\n"
+    assert "Traceback" not in r.stderr
+    errs = [ln for ln in lora_errors(r.stderr) if "journal write failed" in ln]
+    assert len(errs) == 1 and "RLIMIT_FSIZE" in errs[0], r.stderr[-2000:]
+    assert 0 < journal.stat().st_size <= 64 * 1024

@@ -191,6 +191,30 @@ class TestTheProgramsFilesAreLeftAlone:
         assert started == 2, lines
         assert any("exiting normally" in ln for ln in lines[lines.index("INFO:root:my last line") :]), lines
 
+    def test_lines_past_what_waits_in_memory_are_said_to_be_in_the_journal(self, tmp_path: Path) -> None:
+        """More of lora_otel's lines than wait in memory (256) before the program opens its log:
+        the first ones follow the program's first line, then one line says how many more are in
+        the journal only (before: dropped without a word)."""
+        log = tmp_path / "run.log"
+        log.write_text("an earlier run\n")
+        script = (
+            "import logging, sys\nimport lora_otel\n"
+            "for i in range(300):\n    lora_otel.mark('before the log %d' % i)\n"
+            "logging.basicConfig(filename=sys.argv[2], level=logging.INFO)\nlogging.info('my first line')\n"
+            "import time\ntime.sleep(1.5)\n"  # a job: its exit line comes once the program writes the log
+        )
+        r = run(tmp_path, script, "--log", "run.log")
+        assert r.returncode == 0, r.stderr
+        lines = log.read_text().splitlines()
+        assert lines[:2] == ["an earlier run", "INFO:root:my first line"], lines[:3]
+        marks = [ln for ln in lines if "mark: before the log " in ln]
+        assert 200 < len(marks) < 256 and marks[0].endswith("before the log 0"), len(marks)
+        [said] = [ln for ln in lines if "written while the program had not yet opened this file" in ln]
+        assert said.endswith("are in the journal %s only" % (tmp_path / "run.log.otel.jsonl")), said
+        dropped = int(said.split("] ", 1)[1].split()[0])
+        assert len(marks) + dropped >= 300, (len(marks), dropped)
+        assert lines.index(said) > lines.index(marks[-1])
+
     def test_flag_given_a_value_exits_and_leaves_the_file(self, tmp_path: Path) -> None:
         """``count.py --log=notes.txt`` (a flag given a value: argparse exits with status 2): the
         lines lora_otel appended at start are taken back as the program exits."""

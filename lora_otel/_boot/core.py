@@ -96,6 +96,8 @@ _log_waits = False
 program's input as well as its log (``analyze.py --log access.log``), so lora_otel's lines wait
 (`_log_waiting`, in memory) until this process holds it open for writing (:func:`program_writes`)."""
 _log_waiting: list[bytes] = []
+_log_waiting_dropped = 0
+"""Lines past `_LOG_WAITING_MAX` not kept while the ``--log`` copy waits (said when it is written)."""
 _LOG_WAITING_MAX = 256
 log_option = ""
 """The argv option (``--log``) the log file was taken from, while the program may still show it is
@@ -749,8 +751,17 @@ def write_line(
         if not _reopen_journal():
             return
         fd = _journal_fd
+        try:
+            st = _fstat(fd)
+        except OSError as e:
+            _write_failed(e)
+            return
     try:
-        if st.st_size + len(data) > _size_limit():
+        limit = _size_limit()
+        if limit == _journal_full_at or st.st_size + len(data) > limit:
+            # (and every record after it while the limit stays: a smaller one that would still fit
+            # is not written, nor "journal writes work again" said, record after record)
+            _set_journal_full_at(limit)
             raise OSError(27, "the file size limit (RLIMIT_FSIZE) would be passed")
         n = _write(fd, data)
         if n != len(data):  # short write: the disk filled mid-record; end the broken line
@@ -771,10 +782,25 @@ def write_line(
         write({"v": FORMAT_VERSION, "k": "line", "ts": now_ns(), "level": "error", "msg": msg})
 
 
+_journal_full_at = -1.0
+"""The file size limit (`_size_limit`) at which the journal stopped; -1 while it has not."""
+
+
+def _set_journal_full_at(limit: float) -> None:
+    global _journal_full_at
+    _journal_full_at = limit
+
+
 def _size_limit() -> float:
-    """The process's soft RLIMIT_FSIZE in bytes (infinity when none): a write past it raises SIGXFSZ,
-    which kills a program that restored that signal's default, so lora_otel stops short of it."""
+    """The process's soft RLIMIT_FSIZE in bytes (infinity when none, or when SIGXFSZ is ignored, as
+    CPython sets it at start: a write past the limit then only fails, the short-write path handles
+    it): a write past it raises SIGXFSZ, which kills a program that restored that signal's default,
+    so lora_otel stops short of it. (``getsignal`` costs ~30 ns, the ``getrlimit`` call ~0.5 µs.)"""
     try:
+        import _signal
+
+        if _signal.getsignal(_signal.SIGXFSZ) == _signal.SIG_IGN:
+            return float("inf")
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
@@ -940,10 +966,14 @@ def program_writes(path: str) -> bool:
             fst = os.stat("/proc/self/fd/" + name)
             if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
                 continue
-            with open("/proc/self/fdinfo/" + name, "rb") as f:
-                for line in f.read().splitlines():
-                    if line.startswith(b"flags:") and int(line.split()[1], 8) & 3:
-                        return True
+            info = os.open("/proc/self/fdinfo/" + name, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                text = os.read(info, 4096)
+            finally:
+                os.close(info)
+            for line in text.splitlines():
+                if line.startswith(b"flags:") and int(line.split()[1], 8) & 3:
+                    return True
         except (OSError, ValueError, IndexError):
             continue
     return False
@@ -951,13 +981,22 @@ def program_writes(path: str) -> bool:
 
 def _wait_log(data: bytes) -> None:
     """Keep ``data`` for the waiting ``--log`` copy; write it all there once the program writes it."""
-    global _log_waits
+    global _log_waits, _log_waiting_dropped
     if len(_log_waiting) < _LOG_WAITING_MAX:
         _log_waiting.append(data)
+    else:
+        _log_waiting_dropped += 1
     if log_path and program_writes(log_path):
         _log_waits = False
         open_log(log_path)
         if _log_fd >= 0:
+            dropped, _log_waiting_dropped = _log_waiting_dropped, 0
+            if dropped:  # (the journal has them all)
+                note = (
+                    "%d more line%s, written while the program had not yet opened this file, are in the journal %s only"
+                    % (dropped, "" if dropped == 1 else "s", journal_path or "(none)")
+                )
+                _log_waiting.append(_format_line(note).encode("utf-8", "backslashreplace"))
             _write_log(b"".join(_log_waiting))
         del _log_waiting[:]
 

@@ -1,0 +1,216 @@
+"""The Python matrix: the in-process half's tests on every Python lora_otel claims beside 3.11.
+
+    python .ci/matrix.py                 # every Python of the matrix (builds its venvs once)
+    python .ci/matrix.py --python 3.13   # one of them
+    python .ci/matrix.py --list          # what runs where, and the cached venvs
+
+The code that runs inside the user's process has paths of its own per Python version
+(``sys.monitoring`` on 3.12+, how a ``SystemExit`` is seen on <= 3.11, fork warnings on 3.12+,
+frame and thread internals that change on 3.13); the main suite runs on 3.11 only. Here the tests
+of that half — the preamble and its hooks, fork/exec, signals, exit verdicts, the harm tests, the
+job's own lines, the watchdog against a real job — run on 3.9, 3.10, 3.12 and 3.13, each in a venv
+of its own. On 3.10 and 3.13 torch is installed (the newest PyPI serves for that Python) with peft
+and transformers, and the LoRA example and a 2-rank torchrun case run too. 3.9 and 3.12 run
+without torch: the tests marked ``torch`` are skipped there, saying so (``LORA_OTEL_TEST_NO_TORCH``).
+
+Each venv is cached under ``$LORA_OTEL_MATRIX_VENVS`` (default ``~/.cache/lora_otel/matrix``) by a
+key of the interpreter's exact version and what is installed into it; lora_otel is not installed
+into it: two ``.pth`` files put this checkout on ``sys.path`` and lora_otel's start hook in
+site-packages (as in ``tests/trainers/trainer_venv.py``), rewritten at every run. The interpreters
+are pyenv's (``pyenv root``/versions/3.X.*) or ``python3.X`` on ``PATH``; a missing one fails the
+run with its name. Exit status: 0 when every Python passed, 1 otherwise (pytest's "no tests
+collected" included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+IN_PROCESS = [
+    "tests/test_harm_verdicts.py",
+    "tests/test_harm_signals.py",
+    "tests/test_harm_streams.py",
+    "tests/test_harm_descriptors.py",
+    "tests/test_harm_fine_programs.py",
+    "tests/test_harm_log_arg.py",
+    "tests/test_short_process.py",
+    "tests/test_fork.py",
+    "tests/test_exit_stage.py",
+    "tests/test_activation.py",
+    "tests/test_stack_requests.py",
+    "tests/test_local_watchdog.py",
+    "tests/test_local_beat.py",
+    "tests/test_no_clutter.py",
+    "tests/test_stdlib_only.py",
+    "tests/test_child_exit.py",
+    "tests/test_kill.py",
+    "tests/test_progress_bars.py",
+]
+"""The in-process half's test files (every Python of the matrix)."""
+
+WITH_TORCH = [
+    "tests/test_integrations.py::TestExample",
+    "tests/test_collective.py::test_rank_waits_in_all_reduce_that_the_other_rank_skipped",
+]
+"""The LoRA example (plain loop and HF Trainer) and two gloo ranks under torchrun, where torch is."""
+
+OURS = ["opentelemetry-api>=1.20", "opentelemetry-sdk>=1.20", "opentelemetry-exporter-otlp>=1.20"]
+TEST_DEPS = [
+    "pytest>=7",
+    "hypothesis>=6",
+    "pyyaml>=5.1",
+    "jsonschema>=4",
+    "freezegun>=1.2",
+    "time-machine>=2.10",
+    "rotel",
+]
+TORCH_DEPS = ["numpy", "peft>=0.10", "transformers>=4.40", "accelerate>=0.30"]
+
+PYTHONS: dict[str, str | None] = {"3.9": None, "3.10": "2.14.1", "3.12": None, "3.13": "2.15.0"}
+"""Each Python of the matrix and the torch installed into its venv (None: none). 2.14.1 and 2.15.0
+are the newest PyPI serves for 3.10 and 3.13 (2026-12); 3.9's newest is 2.8, left out."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LORA_OTEL_MATRIX_VENVS") or Path.home() / ".cache" / "lora_otel" / "matrix")
+
+
+def find_python(version: str) -> str:
+    """The interpreter for ``version`` (``3.12``): pyenv's newest 3.12.*, else ``python3.12``."""
+    roots = []
+    try:
+        out = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            roots.append(out.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    roots.append(str(Path.home() / ".pyenv"))
+    found = []
+    for root in roots:
+        for exe in glob.glob(os.path.join(root, "versions", version + ".*", "bin", "python" + version)):
+            patch = exe.split(os.sep)[-3][len(version) + 1 :]
+            if patch.isdigit():
+                found.append((int(patch), exe))
+    if found:
+        return max(found)[1]
+    exe = shutil.which("python" + version)
+    if exe:
+        return exe
+    raise SystemExit(
+        "matrix: Python %s not found (neither pyenv's versions/%s.* nor python%s on PATH)" % ((version,) * 3)
+    )
+
+
+def requirements(torch: str | None) -> list[str]:
+    return OURS + TEST_DEPS + (["torch==%s" % torch, *TORCH_DEPS] if torch else [])
+
+
+def venv_for(version: str, torch: str | None) -> Path:
+    """The python of this matrix entry's venv, built when the cache has none of its key."""
+    exe = find_python(version)
+    full = subprocess.run([exe, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True)
+    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "v": 1}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    venv = cache_root() / ("py%s-%s" % (version, key))
+    python = venv / "bin" / "python"
+    if not (venv / ".built").exists():
+        log = cache_root() / ("py%s-%s.log" % (version, key))
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        steps = [
+            [exe, "-m", "venv", str(venv)],
+            [str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"],
+            [str(python), "-m", "pip", "install", "-q", *requirements(torch)],
+        ]
+        with open(log, "wb") as out:
+            for step in steps:
+                out.write(("$ %s\n" % " ".join(step)).encode())
+                out.flush()
+                if subprocess.call(step, stdout=out, stderr=subprocess.STDOUT) != 0:
+                    tail = log.read_text(errors="replace")[-3000:]
+                    raise SystemExit(
+                        "matrix: building the Python %s venv failed at `%s`:\n%s" % (version, " ".join(step), tail)
+                    )
+        (venv / ".built").write_text(json.dumps(what) + "\n")
+        print(
+            "matrix: built the Python %s venv in %.0f s (%s)" % (version, time.monotonic() - started, venv), flush=True
+        )
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "lora_otel_checkout.pth").write_text(str(REPO) + "\n")
+    shutil.copyfile(REPO / "lora_otel_hook.pth", Path(site) / "lora_otel_hook.pth")
+    return python
+
+
+def run(version: str, torch: str | None, pytest_args: list[str]) -> tuple[int, float, str]:
+    python = venv_for(version, torch)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LORA_OTEL")}
+    if not torch:
+        env["LORA_OTEL_TEST_NO_TORCH"] = "1"
+    tests = IN_PROCESS + (WITH_TORCH if torch else [])
+    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *tests]
+    print(
+        "matrix: Python %s (%s): %s" % (version, "torch %s" % torch if torch else "no torch", " ".join(cmd[1:])),
+        flush=True,
+    )
+    started = time.monotonic()
+    out = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    took = time.monotonic() - started
+    sys.stdout.write(out.stdout)
+    last = [line for line in out.stdout.splitlines() if line.strip()][-1:] or [""]
+    return out.returncode, took, last[0].strip("= ")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--python", action="append", choices=sorted(PYTHONS), help="run only this Python (repeatable)")
+    ap.add_argument("--list", action="store_true", help="say what runs on each Python and where its venv is cached")
+    ap.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -x")
+    args = ap.parse_args()
+    chosen = args.python or list(PYTHONS)
+    if args.list:
+        for version in chosen:
+            torch = PYTHONS[version]
+            print(
+                "Python %s: %s; %d test files%s"
+                % (
+                    version,
+                    "torch %s" % torch if torch else "no torch",
+                    len(IN_PROCESS),
+                    " + the LoRA example and torchrun" if torch else "",
+                )
+            )
+        print("venvs cached under %s" % cache_root())
+        return 0
+    rows = []
+    for version in chosen:
+        rc, took, summary = run(version, PYTHONS[version], args.pytest_args)
+        rows.append((version, PYTHONS[version], rc, took, summary))
+    print("\n| Python | torch | result | time |\n|---|---|---|---:|")
+    for version, torch, rc, took, summary in rows:
+        print(
+            "| %s | %s | %s%s | %.0f s |"
+            % (version, torch or "none", "" if rc == 0 else "FAILED (exit %d): " % rc, summary, took)
+        )
+    return 0 if all(rc == 0 for _, _, rc, _, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
