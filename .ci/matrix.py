@@ -74,6 +74,7 @@ TEST_DEPS = [
     "freezegun>=1.2",
     "time-machine>=2.10",
     "rotel",
+    "tqdm>=4",
 ]
 TORCH_DEPS = ["numpy", "peft>=0.10", "transformers>=4.40", "accelerate>=0.30"]
 

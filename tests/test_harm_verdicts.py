@@ -231,6 +231,45 @@ class TestSystemExitOnPython312:
         r = run_in_mode(tmp_path, "import lora_otel.auto", program, python=_python312() or "")
         assert_outcome(tmp_path, r, status, message)
 
+    @pytest.mark.parametrize(
+        ("program", "status", "message"),
+        [
+            (
+                "import sys\nsys.monitoring.use_tool_id(4, 'mine')\n"
+                "print(sys.monitoring.get_tool(4))\nraise SystemExit(3)\n",
+                3,
+                "exit code 3",
+            ),
+            (
+                "import sys\nfor t in (4, 3):\n    sys.monitoring.use_tool_id(t, 'mine')\nsys.exit(4)\n",
+                4,
+                "exit code 4",
+            ),
+            ("import sys\nfor t in (4, 3):\n    sys.monitoring.use_tool_id(t, 'mine')\nraise SystemExit(3)\n", 3, None),
+        ],
+        ids=["takes-4", "takes-4-and-3-sys.exit", "takes-4-and-3-raise"],
+    )
+    def test_a_program_that_takes_our_monitoring_tool_id_gets_it(
+        self, tmp_path: Path, program: str, status: int, message: str | None
+    ) -> None:
+        """A program (a profiler, a coverage tool of its own) that asks for ``sys.monitoring`` tool
+        id 4, which lora_otel holds to see ``SystemExit``: it gets it (before: ValueError "tool 4
+        is already in use", hostile trial) and lora_otel moves to id 3, the exit code still exact;
+        with 3 taken too, a ``sys.exit`` is still seen and a bare ``raise SystemExit(3)`` is "exit
+        code unknown", never 0."""
+        r = run_in_mode(tmp_path, "import lora_otel.auto", program, python=_python312() or "")
+        if "print(" in program:
+            assert r.stdout == "mine\n", r.stderr
+        if message is not None:
+            assert_outcome(tmp_path, r, status, message)
+            return
+        assert r.returncode == status, r.stderr
+        (path,) = journals(tmp_path / "j")
+        j = read_journal(path)
+        assert j.exit is not None and j.exit["code"] is None and j.exit["how"] == "unknown", j.exit
+        assert j.exit["message"] == "exit code unknown: the program took the sys.monitoring tool ids 3 and 4", j.exit
+        assert "exit code 0" not in r.stderr and "exiting normally" not in r.stderr, r.stderr
+
 
 POOL = """\
 import multiprocessing as mp

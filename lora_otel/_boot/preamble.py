@@ -1175,9 +1175,11 @@ def _watch_system_exit() -> None:
     if mon is None:
         return
     with core.fail_open("SystemExit watch"):
-        if mon.get_tool(_MONITORING_TOOL) is not None:
+        tool = _free_tool(mon)
+        if tool is None:
+            _set_exit_watch_lost()
             return
-        mon.use_tool_id(_MONITORING_TOOL, "lora_otel")
+        mon.use_tool_id(tool, "lora_otel")
         from _thread import get_ident
 
         main = get_ident()
@@ -1193,11 +1195,62 @@ def _watch_system_exit() -> None:
                 _raised_exit = None
 
         events = mon.events
-        mon.register_callback(_MONITORING_TOOL, events.RAISE, raised)
-        mon.register_callback(_MONITORING_TOOL, events.RERAISE, raised)
-        mon.register_callback(_MONITORING_TOOL, events.EXCEPTION_HANDLED, handled)
-        mon.set_events(_MONITORING_TOOL, events.RAISE | events.RERAISE | events.EXCEPTION_HANDLED)
+        callbacks = ((events.RAISE, raised), (events.RERAISE, raised), (events.EXCEPTION_HANDLED, handled))
+
+        def take(tool: int) -> None:
+            for event, callback in callbacks:
+                mon.register_callback(tool, event, callback)
+            mon.set_events(tool, events.RAISE | events.RERAISE | events.EXCEPTION_HANDLED)
+
+        def release(tool: int) -> None:
+            mon.set_events(tool, 0)
+            for event, _ in callbacks:
+                mon.register_callback(tool, event, None)
+            mon.free_tool_id(tool)
+
+        take(tool)
+        held = [tool]
+        program_use_tool_id = mon.use_tool_id
+
+        def use_tool_id(tool_id: int, name: str, /) -> None:
+            """``sys.monitoring.use_tool_id``, but a program asking for the id lora_otel holds gets
+            it: lora_otel moves to another free one first (or stops watching when none is left)."""
+            global _watching_exit
+            if held and tool_id == held[0] and mon.get_tool(tool_id) == "lora_otel":
+                with core.fail_open("SystemExit watch"):
+                    release(held.pop())
+                    _watching_exit = False
+                    other = _free_tool(mon, besides=tool_id)
+                    if other is None:
+                        _set_exit_watch_lost()
+                    else:
+                        program_use_tool_id(other, "lora_otel")
+                        take(other)
+                        held.append(other)
+                        _watching_exit = True
+            program_use_tool_id(tool_id, name)
+
+        use_tool_id.__wrapped__ = program_use_tool_id  # type: ignore[attr-defined]
+        mon.use_tool_id = use_tool_id
         _watching_exit = True
+
+
+_exit_watch_lost = False
+"""3.12+: the program took both tool ids (`_free_tool`): a ``raise SystemExit(n)`` is not seen."""
+
+
+def _set_exit_watch_lost() -> None:
+    global _exit_watch_lost
+    _exit_watch_lost = True
+
+
+def _free_tool(mon: Any, besides: int = -1) -> int | None:
+    """A ``sys.monitoring`` tool id no one uses: 4, else 3 (0-2 and 5 are the debugger's, coverage's,
+    the profiler's and the optimizer's by convention); None when both are taken."""
+    for tool in (_MONITORING_TOOL, 3):
+        if tool != besides and mon.get_tool(tool) is None:
+            return tool
+    return None
 
 
 def _uncaught_exception() -> BaseException | None:
@@ -1227,6 +1280,10 @@ def exit_outcome() -> tuple[str, int, str | None]:
         code = _raised_exit[1]
     elif _watching_exit:
         code = None  # sys.monitoring saw every SystemExit: the noted ones were caught
+    elif _exit_watch_lost:
+        if not _exit_noted:
+            return "unknown", -1, "exit code unknown: the program took the sys.monitoring tool ids 3 and 4"
+        code = _exit_code
     else:
         ended, code = main_ended()
         if ended == "return":
