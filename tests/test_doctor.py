@@ -529,3 +529,16 @@ def test_no_check_process_outlives_the_doctor(tmp_path: Path, signame: str) -> N
             return True
 
     wait_for(gone, timeout=10, what="the check process to be gone")
+    # Nor its sidecar: it runs the user's sitecustomize too, and must not get the check's pipe
+    # variable (before: this one slept there for 600 s after the doctor had gone).
+    sidecar = read_journal(journal).root.attrs.get("lora_otel.sidecar.pid")
+    if isinstance(sidecar, int):
+
+        def sidecar_gone() -> bool:
+            try:
+                with open("/proc/%d/stat" % sidecar) as f:
+                    return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+            except OSError:
+                return True
+
+        wait_for(sidecar_gone, timeout=60, what="the check's sidecar to be gone")

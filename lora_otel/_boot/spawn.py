@@ -178,7 +178,8 @@ def start(
         except OSError:
             pass
     child_env = dict(env)
-    for name in ("LORA_OTEL", "LORA_OTEL_JOURNAL"):
+    # (LORA_OTEL_DOCTOR_FD: the doctor's check process's pipe, its own, never the sidecar's)
+    for name in ("LORA_OTEL", "LORA_OTEL_JOURNAL", "LORA_OTEL_DOCTOR_FD"):
         child_env.pop(name, None)
     child_env["LORA_OTEL_SIDECAR"] = "1"  # lora_otel's own processes are not traced
     if python == sys.executable:
