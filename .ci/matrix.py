@@ -160,11 +160,47 @@ def venv_for(version: str, torch: str | None) -> Path:
     return python
 
 
+ROTEL_WHEEL_PYTHON = "3.11"
+"""The Python whose ``rotel`` wheel gives the agent where a venv's own does not run: PyPI's newest
+rotel for 3.9 (0.0.1a10) needs glibc 2.38, Debian 12 has 2.36. The agent is one binary whatever the
+Python; tests/collector.py takes it from ``LORA_OTEL_TEST_ROTEL_AGENT``."""
+
+
+def rotel_agent(python: Path) -> str | None:
+    """A ``rotel-agent`` that runs here: the venv's own, else the one of rotel's 3.11 wheel (cached)."""
+    site = subprocess.run(
+        [str(python), "-c", "import rotel, os; print(os.path.dirname(rotel.__file__))"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    own = Path(site) / "rotel-agent" if site else None
+    if own and own.is_file() and subprocess.run([str(own), "--version"], capture_output=True).returncode == 0:
+        return None
+    where = cache_root() / ("rotel-cp%s" % ROTEL_WHEEL_PYTHON.replace(".", ""))
+    agent = where / "rotel" / "rotel-agent"
+    if not agent.is_file():
+        wheels = where / "wheel"
+        step = [str(python), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        step += ["--python-version", ROTEL_WHEEL_PYTHON, "-d", str(wheels), "rotel"]
+        if subprocess.call(step) != 0:
+            raise SystemExit("matrix: `%s` failed: the tests need a rotel agent that runs here" % " ".join(step))
+        import zipfile
+
+        [wheel] = sorted(wheels.glob("rotel-*.whl"))[-1:]
+        with zipfile.ZipFile(wheel) as z:
+            z.extract("rotel/rotel-agent", where)
+        agent.chmod(0o755)
+    return str(agent)
+
+
 def run(version: str, torch: str | None, pytest_args: list[str]) -> tuple[int, float, str]:
     python = venv_for(version, torch)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORA_OTEL")}
     if not torch:
         env["LORA_OTEL_TEST_NO_TORCH"] = "1"
+    agent = rotel_agent(python)
+    if agent:
+        env["LORA_OTEL_TEST_ROTEL_AGENT"] = agent
     tests = IN_PROCESS + (WITH_TORCH if torch else [])
     cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *tests]
     print(

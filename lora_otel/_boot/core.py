@@ -29,24 +29,43 @@ from lora_otel._boot.jsonl import dumps_line
 # (which replaces `time.time_ns`, `monotonic`, `perf_counter`… in every loaded module) or under
 # `unittest.mock.patch("time.sleep")` is not a frozen process, and its beat must not spin. The
 # functions are kept in a tuple, not as module attributes, which freezegun would replace too.
-# time-machine patches the C functions themselves: its escape hatch gives the real wall clock
-# while it travels (`now_ns`); it leaves the monotonic clock alone.
+# time-machine patches the C functions themselves: its escape hatch gives the real clocks while
+# it travels (`now_ns`; 2.x freezes the monotonic clock too, 3.x leaves it alone). Its originals
+# are asked only while it travels: time-machine 2.x (the newest for Python 3.9) kills the process
+# with SIGSEGV when `original_time_ns` is called before its first travel, which our span end for
+# `import time_machine` did (a user's pytest loads its plugin).
 _CLOCKS = (time.time_ns, time.monotonic_ns, time.perf_counter_ns, time.sleep, time.gmtime, time.strftime)
+
+
+def _travelling() -> Any:
+    """time-machine's C module while it travels (its public ``escape_hatch.is_travelling()``), else None."""
+    try:
+        if _modules["time_machine"].escape_hatch.is_travelling():
+            return _modules["_time_machine"]
+    except Exception:  # noqa: BLE001 - not loaded yet, or another version: the clocks as they are
+        pass
+    return None
 
 
 def now_ns() -> int:
     """The system's wall clock (Unix time, ns), whatever the program did to ``time``."""
-    tm = _modules.get("_time_machine")
+    tm = _travelling() if "_time_machine" in _modules else None
     if tm is not None:
         try:
             return int(tm.original_time_ns())
-        except (AttributeError, ValueError):  # not travelling now, or another version
+        except (AttributeError, ValueError):  # another version
             pass
     return _CLOCKS[0]()
 
 
 def monotonic_ns() -> int:
-    """``time.monotonic_ns`` as it was at start."""
+    """``time.monotonic_ns`` as it was at start (time-machine 2.x's original while it travels)."""
+    tm = _travelling() if "_time_machine" in _modules else None
+    if tm is not None:
+        try:
+            return int(tm.original_monotonic_ns())
+        except (AttributeError, ValueError):  # 3.x: not patched, no original
+            pass
     return _CLOCKS[1]()
 
 

@@ -11,8 +11,10 @@ five importlib frames. Paths lose the prefix of the standard library, of
 When the main thread sits in a C function (``time.sleep``, ``socket.recv_into``, ``lock.acquire``)
 its innermost Python frame is the caller. If that frame is at a call instruction at two beats in
 a row (stuck there, not passing by), the called name is read from the bytecode — the loads that
-the call's source position starts with (``time.sleep``, ``self._sock.recv_into``), Python 3.11+
-only — and added as a last entry ``["", 0, "time.sleep"]`` (no file, line 0). The result is
+the call's source position starts with (``time.sleep``, ``self._sock.recv_into``) on 3.11+; on
+3.9 and 3.10, which have no source positions, the loads found by the stack effects of the
+instructions before the call (`_callee_by_stack`) — and added as a last entry
+``["", 0, "time.sleep"]`` (no file, line 0). The result is
 cached per code object and instruction, so a thread stuck there costs a dict look-up per beat.
 
 Standard library only; never raises (the caller catches). Cost: docs/performance.md.
@@ -123,10 +125,12 @@ _opcodes: tuple[list[str], int, int] | None = None  # (opname list, EXTENDED_ARG
 
 
 def _callee(code: CodeType, lasti: int) -> str:
-    """The dotted name a call instruction at ``lasti`` calls (``time.sleep``), or "" (3.11+ only)."""
+    """The dotted name a call instruction at ``lasti`` calls (``time.sleep``), or ""."""
     global _opcodes
-    if sys.version_info < (3, 11) or lasti < 0:
+    if lasti < 0:
         return ""
+    if sys.version_info < (3, 11):
+        return _callee_by_stack(code, lasti)
     try:
         if _opcodes is None:
             import opcode
@@ -169,6 +173,62 @@ def _callee(code: CodeType, lasti: int) -> str:
                 names.append(name)
         return ".".join(names) if names else ""
     except Exception:  # noqa: BLE001 - a hint only: bytecode of another version, a short code object
+        return ""
+
+
+_OLD_BASES = frozenset(("LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF"))
+_OLD_ATTRS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
+_OLD_CALLS = frozenset(("CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX"))
+
+
+def _callee_by_stack(code: CodeType, lasti: int) -> str:
+    """`_callee` on 3.9 and 3.10: the call at ``lasti`` takes N stack slots (its callee and
+    arguments); walking back, the instruction where the net stack effects reach N is the callee's
+    first load, and a run of plain loads from there (``time`` then ``.sleep``) names it, if what
+    follows the run up to the call only pushes the arguments (``a.b().c()`` names nothing). Any
+    jump among the arguments names nothing either."""
+    try:
+        import dis
+
+        ins = []
+        for i in dis.get_instructions(code):
+            if i.offset > lasti:
+                break
+            ins.append(i)
+        if not ins or ins[-1].offset != lasti or ins[-1].opname not in _OLD_CALLS:
+            return ""
+        call = ins[-1]
+        slots = 1 - dis.stack_effect(call.opcode, call.arg)  # callee (2 after LOAD_METHOD) + arguments
+        held = 0
+        j = len(ins) - 1
+        while held < slots:
+            j -= 1
+            if j < 0 or len(ins) - j > _WINDOW:
+                return ""
+            i = ins[j]
+            if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs:
+                return ""
+            if i.opname == "EXTENDED_ARG":
+                continue
+            held += dis.stack_effect(i.opcode, i.arg if i.opcode >= dis.HAVE_ARGUMENT else None)
+            if held < slots and i.is_jump_target:
+                return ""
+        if held != slots or ins[j].opname not in _OLD_BASES:
+            return ""
+        names = [str(ins[j].argval)]
+        k = j + 1
+        while k < len(ins) - 1 and ins[k].opname in _OLD_ATTRS:
+            names.append(str(ins[k].argval))
+            k += 1
+        depth = 0  # what follows the callee up to the call must only push its arguments
+        for i in ins[k:-1]:
+            if i.opname == "EXTENDED_ARG":
+                continue
+            depth += dis.stack_effect(i.opcode, i.arg if i.opcode >= dis.HAVE_ARGUMENT else None)
+            if depth < 0:
+                return ""
+        return ".".join(names)
+    except Exception:  # noqa: BLE001 - a hint only, as in _callee
         return ""
 
 
