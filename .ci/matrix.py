@@ -25,6 +25,7 @@ collected" included).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import hashlib
 import json
@@ -117,6 +118,30 @@ def requirements(torch: str | None) -> list[str]:
     return OURS + TEST_DEPS + (["torch==%s" % torch, *TORCH_DEPS] if torch else [])
 
 
+def build(version: str, exe: str, torch: str | None, what: dict, venv: Path, python: Path, log: Path) -> None:
+    """The venv of one matrix entry, from nothing; pip's output goes to ``log``."""
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    steps = [
+        [exe, "-m", "venv", str(venv)],
+        [str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"],
+        [str(python), "-m", "pip", "install", "-q", *requirements(torch)],
+    ]
+    with open(log, "wb") as out:
+        for step in steps:
+            out.write(("$ %s\n" % " ".join(step)).encode())
+            out.flush()
+            if subprocess.call(step, stdout=out, stderr=subprocess.STDOUT) != 0:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise SystemExit(
+                    "matrix: building the Python %s venv failed at `%s`:\n%s" % (version, " ".join(step), tail)
+                )
+    (venv / ".built").write_text(json.dumps(what) + "\n")
+    print("matrix: built the Python %s venv in %.0f s (%s)" % (version, time.monotonic() - started, venv), flush=True)
+
+
 def venv_for(version: str, torch: str | None) -> Path:
     """The python of this matrix entry's venv, built when the cache has none of its key."""
     exe = find_python(version)
@@ -125,30 +150,11 @@ def venv_for(version: str, torch: str | None) -> Path:
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     venv = cache_root() / ("py%s-%s" % (version, key))
     python = venv / "bin" / "python"
-    if not (venv / ".built").exists():
-        log = cache_root() / ("py%s-%s.log" % (version, key))
-        if venv.exists():
-            shutil.rmtree(venv)
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        steps = [
-            [exe, "-m", "venv", str(venv)],
-            [str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"],
-            [str(python), "-m", "pip", "install", "-q", *requirements(torch)],
-        ]
-        with open(log, "wb") as out:
-            for step in steps:
-                out.write(("$ %s\n" % " ".join(step)).encode())
-                out.flush()
-                if subprocess.call(step, stdout=out, stderr=subprocess.STDOUT) != 0:
-                    tail = log.read_text(errors="replace")[-3000:]
-                    raise SystemExit(
-                        "matrix: building the Python %s venv failed at `%s`:\n%s" % (version, " ".join(step), tail)
-                    )
-        (venv / ".built").write_text(json.dumps(what) + "\n")
-        print(
-            "matrix: built the Python %s venv in %.0f s (%s)" % (version, time.monotonic() - started, venv), flush=True
-        )
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / ("py%s-%s.lock" % (version, key)), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits for it
+        if not (venv / ".built").exists():
+            build(version, exe, torch, what, venv, python, cache_root() / ("py%s-%s.log" % (version, key)))
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -219,6 +225,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--python", action="append", choices=sorted(PYTHONS), help="run only this Python (repeatable)")
     ap.add_argument("--list", action="store_true", help="say what runs on each Python and where its venv is cached")
+    ap.add_argument("--build-only", action="store_true", help="build the venvs not cached yet, run no test")
     ap.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -x")
     args = ap.parse_args()
     chosen = args.python or list(PYTHONS)
@@ -235,6 +242,10 @@ def main() -> int:
                 )
             )
         print("venvs cached under %s" % cache_root())
+        return 0
+    if args.build_only:
+        for version in chosen:
+            rotel_agent(venv_for(version, PYTHONS[version]))
         return 0
     rows = []
     for version in chosen:
