@@ -328,6 +328,56 @@ def test_ctrl_c_exits_quietly_with_130(tmp_path: Path) -> None:
     assert (status, err) == (130, "")
 
 
+SWALLOWS_CTRL_C = """\
+import sys, time
+import lora_otel.cli.watch as w
+from lora_otel.cli import main
+
+class Clock:  # the loop's sleep loses a KeyboardInterrupt, as Python does in a finalizer or a callback
+    time_ns = staticmethod(time.time_ns)
+
+    @staticmethod
+    def sleep(seconds):
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            print("Exception ignored in: <a finalizer>", file=sys.stderr, flush=True)
+
+w.time = Clock
+sys.exit(main(["watch", "--interval", "0.1", sys.argv[1]]))
+"""
+
+
+def test_ctrl_c_lost_to_a_finalizer_still_stops_watch(tmp_path: Path) -> None:
+    """A KeyboardInterrupt Python swallows where it is raised (printed as ignored) still ends watch
+    with 130 at the loop's next turn: the SIGINT itself is remembered (issue 23: a Ctrl-C that left
+    watch running in a loaded CI run)."""
+    stuck = running_and_stuck(tmp_path / "stuck.otel.jsonl")
+    (tmp_path / "swallow.py").write_text(SWALLOWS_CTRL_C)
+    proc = subprocess.Popen(
+        [PYTHON, "swallow.py", str(stuck.path)],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        wait_for(lambda: "started: import slowmod" in proc.stdout.readline(), timeout=60, what="watch's first line")
+        deadline = time.monotonic() + 60
+        ignored = ""
+        while "Exception ignored" not in ignored and time.monotonic() < deadline:  # until one is lost
+            proc.send_signal(signal.SIGINT)
+            ignored = proc.stderr.readline()
+        assert "Exception ignored" in ignored
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()  # and closes the pipes
+
+
 def test_help_teaches_by_example() -> None:
     """`lora-otel watch --help` has examples and the exit statuses."""
     r = lora_otel_cli("watch", "--help")

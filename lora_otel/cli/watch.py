@@ -94,15 +94,34 @@ ALERT_COMMAND_TIMEOUT_S = 30.0
 ALERT_WEBHOOK_TIMEOUT_S = 10.0
 
 
+_interrupted: list[int] = []
+"""SIGINTs received while following: a KeyboardInterrupt that Python swallows (raised in a finalizer
+or a callback, where it is only printed as ignored) still ends the loop at its next turn."""
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _interrupted.append(signum)
+    raise KeyboardInterrupt
+
+
 def run_watch(args: argparse.Namespace) -> int:
     """Follow ``args.path`` until every process has ended; returns the exit status (module docstring)."""
+    previous = None
     try:
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is (
+            signal.default_int_handler
+        ):
+            previous = signal.signal(signal.SIGINT, _on_sigint)
         return _watch(args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `lora-otel watch DIR | head`: the reader has gone
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        del _interrupted[:]
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -170,6 +189,8 @@ def _watch(args: argparse.Namespace) -> int:
             return STALLED_STATUS
         if done:
             break
+        if _interrupted:
+            raise KeyboardInterrupt
         time.sleep(args.interval)
         watcher.poll(time.time_ns())
     if not tty:
