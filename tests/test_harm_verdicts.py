@@ -220,6 +220,29 @@ class TestSystemExitOnPython312:
             ),
             ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n", 0, None),
             ("try:\n    raise SystemExit(7)\nfinally:\n    print('cleanup')\n", 7, "exit code 7"),
+            # A caught exception after the SystemExit was freed used to take its address (hostile trial).
+            (
+                "import atexit, sys\ndef cleanup():\n    try:\n        {}['missing']\n    except KeyError:\n"
+                "        pass\natexit.register(cleanup)\nsys.exit(4)\n",
+                4,
+                "exit code 4",
+            ),
+            (
+                "import sys\nfrom concurrent.futures import ThreadPoolExecutor\n"
+                "with ThreadPoolExecutor(2) as ex:\n    list(ex.map(abs, range(9)))\nsys.exit(3)\n",
+                3,
+                "exit code 3",
+            ),
+            ("import sys\ntry:\n    sys.exit(6)\nexcept SystemExit as e:\n    raise e\n", 6, "exit code 6"),
+            # A SystemExit Python ignores ("Exception ignored in ..."): the program ends with 0.
+            ("class A:\n    def __del__(self):\n        raise SystemExit(5)\nA()\nprint('on')\n", 0, None),
+            ("import atexit\ndef h():\n    raise SystemExit(4)\natexit.register(h)\n", 0, None),
+            (
+                "import gc, sys\ndef g():\n    try:\n        yield 1\n    finally:\n        sys.exit(9)\n"
+                "it = g()\nnext(it)\ndel it\ngc.collect()\nprint('on')\n",
+                0,
+                None,
+            ),
         ],
     )
     def test_in_process_without_a_supervisor(

@@ -1162,14 +1162,39 @@ def main_ended() -> tuple[str, object]:
 _MONITORING_TOOL = 4
 """The ``sys.monitoring`` tool id lora_otel takes on 3.12+ (0-2 and 5 are the debugger's,
 coverage's, the profiler's and the optimizer's); none when it is already in use."""
-_raised_exit: tuple[int, object] | None = None
-"""(id, code) of the last ``SystemExit`` raised in the main thread and not caught since (3.12+)."""
+_raised_exit: tuple[BaseException | None, object, FrameType | None, set[int]] | None = None
+"""(the exception, its code, the bottom frame of the stack it was raised on, the offsets in that
+frame where it was raised or re-raised) of the last ``SystemExit`` raised in the main thread
+(3.12+); ``(None, status, None, set())``: the status is known (``os._exit`` in a forked child). The
+exception itself is kept, not its id: once freed, another exception could take its address (a wrong
+code was read so)."""
 _watching_exit = False
 
 
+def _ended_main(raised: tuple[BaseException | None, object, FrameType | None, set[int]]) -> bool:
+    """Whether the ``SystemExit`` noted by `_watch_system_exit` is what ended the main program: it
+    was raised on the stack of the main code (a ``<module>`` frame, or runpy's for ``python -m``; not
+    an atexit handler's), went through that bottom frame (the head of its traceback), and that frame
+    stopped where it raised or re-raised it (a ``finally`` re-raises; a frame that caught it and
+    went on has moved past). One caught anywhere, or ignored in a finalizer (``__del__``, a
+    generator closed by the collector: "Exception ignored"), is not."""
+    exc, _, bottom, offsets = raised
+    if exc is None:
+        return True
+    tb = exc.__traceback__
+    return (
+        bottom is not None
+        and tb is not None
+        and tb.tb_frame is bottom
+        and (bottom.f_lasti == tb.tb_lasti or bottom.f_lasti in offsets)
+        and (bottom.f_code.co_name == "<module>" or bottom.f_code.co_name == "_run_module_as_main")
+    )
+
+
 def _watch_system_exit() -> None:
-    """On 3.12+: follow ``SystemExit`` in the main thread with ``sys.monitoring`` (RAISE, RERAISE,
-    EXCEPTION_HANDLED events: a call per exception raised, none per instruction)."""
+    """On 3.12+: follow ``SystemExit`` in the main thread with ``sys.monitoring`` (RAISE and RERAISE
+    events: a call per frame an exception unwinds, none per instruction; whether it was caught is
+    read at exit, `_ended_main`)."""
     global _watching_exit
     mon = getattr(sys, "monitoring", None)
     if mon is None:
@@ -1187,20 +1212,21 @@ def _watch_system_exit() -> None:
         def raised(code: CodeType, offset: int, exc: BaseException) -> None:
             global _raised_exit
             if isinstance(exc, SystemExit) and get_ident() == main:
-                _raised_exit = (id(exc), exc.code)
-
-        def handled(code: CodeType, offset: int, exc: BaseException) -> None:
-            global _raised_exit
-            if _raised_exit is not None and id(exc) == _raised_exit[0]:
-                _raised_exit = None
+                frame = bottom = sys._getframe(1)  # the frame the event is for; then the stack's bottom
+                while bottom.f_back is not None:
+                    bottom = bottom.f_back
+                if _raised_exit is None or _raised_exit[0] is not exc or _raised_exit[2] is not bottom:
+                    _raised_exit = (exc, exc.code, bottom, set())
+                if frame is bottom:
+                    _raised_exit[3].add(offset)
 
         events = mon.events
-        callbacks = ((events.RAISE, raised), (events.RERAISE, raised), (events.EXCEPTION_HANDLED, handled))
+        callbacks = ((events.RAISE, raised), (events.RERAISE, raised))
 
         def take(tool: int) -> None:
             for event, callback in callbacks:
                 mon.register_callback(tool, event, callback)
-            mon.set_events(tool, events.RAISE | events.RERAISE | events.EXCEPTION_HANDLED)
+            mon.set_events(tool, events.RAISE | events.RERAISE)
 
         def release(tool: int) -> None:
             mon.set_events(tool, 0)
@@ -1276,7 +1302,7 @@ def exit_outcome() -> tuple[str, int, str | None]:
 
         text = redact.redact_text("%s: %s" % (type(exc).__name__, exc))
         return "exception", 1, "uncaught %s" % text
-    if _raised_exit is not None:
+    if _raised_exit is not None and _ended_main(_raised_exit):
         code = _raised_exit[1]
     elif _watching_exit:
         code = None  # sys.monitoring saw every SystemExit: the noted ones were caught
@@ -1718,7 +1744,7 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
         _real_os_exit(0)  # a fork that wrote nothing and ends well: nothing to say (see _on_exit)
     try:
         if core.active and os.getpid() == core.pid:
-            _exit_code, _raised_exit = status, (0, status)
+            _exit_code, _raised_exit = status, (None, status, None, set())
             _on_exit()
     finally:
         _real_os_exit(status)
