@@ -476,3 +476,22 @@ def test_a_program_that_takes_sigterm_with_sigwaitinfo_gets_it(tmp_path: Path) -
             proc.wait()
     assert proc.returncode == 0, (proc.returncode, out.read_text())
     assert "took signal 15 from pid %d" % os.getpid() in out.read_text()
+
+
+# --- tools that open a code object's file ----------------------------------------------------
+
+
+def test_trace_count_runs_as_without_lora_otel(tmp_path: Path) -> None:
+    """``python -m trace --count`` opens the file of every code object it counted: the import hook's
+    frames name a real file (before: ``hooks.py (importlib._bootstrap)``, no such file, and the
+    run ended in FileNotFoundError with exit status 1: hostile trial)."""
+    (tmp_path / "prog.py").write_text("import json\nprint('hi')\n")
+
+    def run(**env: str) -> subprocess.CompletedProcess:
+        cmd = [PYTHON, "-m", "trace", "--count", "-C", str(tmp_path / "cover"), "prog.py"]
+        return subprocess.run(cmd, cwd=tmp_path, env=clean_env(**env), capture_output=True, text=True, timeout=120)
+
+    plain, traced = run(), run(LORA_OTEL="1")
+    assert plain.returncode == 0 and plain.stdout == "hi\n", plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, "hi\n"), traced.stderr
+    assert "Error" not in traced.stderr, traced.stderr

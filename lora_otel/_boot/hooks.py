@@ -181,8 +181,15 @@ def _library_import(module_globals: Mapping[str, object] | None) -> bool:
 # "_bootstrap" is skipped. The import hook's frames sit inside that machinery, so their code says
 # so in its file name: a module's import-time warning then names the line that imported it and is
 # shown or hidden by the default filters exactly as without lora_otel. (Tracebacks still show the
-# frame, with its source: linecache finds it through the module's loader.)
-_IMPORT_MACHINERY_FILE = __file__ + " (importlib._bootstrap)"
+# frame, with its source.) The name is a real path to this file, through the empty folder
+# `importlib_bootstrap/` beside it: `python -m trace --count` and coverage open a code object's
+# file, and failed on a name that was no file (`hooks.py (importlib._bootstrap)`, hostile trial).
+_MARK_DIR = os.path.join(os.path.dirname(__file__), "importlib_bootstrap")
+_IMPORT_MACHINERY_FILE = (
+    os.path.join(_MARK_DIR, os.pardir, os.path.basename(__file__))
+    if os.path.isdir(_MARK_DIR)
+    else __file__ + " (importlib._bootstrap)"  # an install without the folder: skipped all the same
+)
 
 
 def _as_import_machinery(func: _F) -> _F:
