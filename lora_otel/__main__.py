@@ -33,9 +33,9 @@ def main() -> int:
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as e:  # `raise SystemExit(n)` in the script: the exit record gives n
-            preamble.note_system_exit(e.code)
+            preamble.note_system_exit(e.code, final=True)
             raise
-        preamble.note_system_exit(None)  # it ended normally: a SystemExit it caught is not its end
+        preamble.note_system_exit(None, final=True)  # it ended normally: a SystemExit it caught is not its end
         return 0
     from lora_otel.cli import main as cli_main
 

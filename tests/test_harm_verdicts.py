@@ -114,6 +114,13 @@ SYSTEM_EXITS = [
     ("quit()\n", 0, None),
     ("raise SystemExit\n", 0, None),
     ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n", 0, None),
+    # a sys.exit caught, then another SystemExit raised deeper: never the caught one's code (hostile trial)
+    (
+        "import sys\ntry:\n    sys.exit(3)\nexcept SystemExit:\n    pass\n"
+        "def main():\n    raise SystemExit(0)\nmain()\n",
+        0,
+        None,
+    ),
 ]
 
 
@@ -136,7 +143,7 @@ def assert_unknown(tmp_path: Path, r: subprocess.CompletedProcess, status: int) 
     (path,) = journals(tmp_path / "j")
     j = read_journal(path)
     assert j.exit is not None and j.exit["code"] is None and j.exit["how"] == "unknown", j.exit
-    assert re.fullmatch(r"exit code unknown: the program raised SystemExit at prog.py:[5-8]", j.exit["message"]), j.exit
+    assert re.fullmatch(r"exit code unknown: the program raised SystemExit at prog.py:[5-9]", j.exit["message"]), j.exit
     assert "process.exit.code" not in j.root.attrs and j.root.attrs["lora_otel.exit.code_unknown"]
     assert "exiting: exit code unknown: the program raised SystemExit at prog.py:" in r.stderr, r.stderr
     s = summary(tmp_path / "j")

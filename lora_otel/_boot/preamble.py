@@ -1050,14 +1050,37 @@ def _exit_tick() -> None:
         core.note_line("the main thread has returned, but the program's threads go on working: not its exit yet")
 
 
-def note_system_exit(code: object) -> None:
+def note_system_exit(code: object, *, final: bool = False) -> None:
     """Remember the code of a ``SystemExit`` about to be raised (the exit record gives it).
 
-    Only in the main thread: ``sys.exit`` in another thread ends that thread, not the process."""
-    global _exit_code, _exit_noted
+    Only in the main thread: ``sys.exit`` in another thread ends that thread, not the process.
+    ``final``: the caller knows this is how the program ends (``python -m lora_otel``'s runner)."""
+    global _exit_code, _exit_noted, _exit_noted_at
     if _thread.get_ident() != core.main_ident:  # the thread that ran the preamble
         return
     _exit_code, _exit_noted = code, True
+    _exit_noted_at = None
+    main = _main_frame  # 3.9-3.11: where the __main__ code was when it was called (`_noted_exit_ended`)
+    if main is not None and not final:
+        with core.fail_open("exit note"):
+            frame: FrameType | None = sys._getframe(1)
+            while frame is not None and frame is not main:
+                frame = frame.f_back
+            if frame is not None:
+                _exit_noted_at = frame.f_lasti
+
+
+_exit_noted_at: int | None = None
+"""3.9-3.11: the ``__main__`` frame's last instruction when the noted ``sys.exit`` was called, if
+it was on the stack then."""
+
+
+def _noted_exit_ended() -> bool:
+    """3.9-3.11: whether the noted ``sys.exit`` may be what ended the ``__main__`` code: that code
+    stopped where it was when ``sys.exit`` was called (a ``sys.exit`` caught there, with the code
+    going on to end by another ``SystemExit``, does not give the code; hostile trial)."""
+    main = _main_frame
+    return _exit_noted_at is None or main is None or main.f_lasti == _exit_noted_at
 
 
 _main_frame: FrameType | None = None
@@ -1315,7 +1338,7 @@ def exit_outcome() -> tuple[str, int, str | None]:
         if ended == "return":
             code = None  # the main code returned: a SystemExit noted before was caught
         elif ended == "raise" and code is _UNKNOWN:
-            if not _exit_noted:
+            if not _exit_noted or not _noted_exit_ended():
                 frame = _main_frame
                 where = "%s:%s" % (os.path.basename(frame.f_code.co_filename), frame.f_lineno) if frame else "?"
                 return "unknown", -1, "exit code unknown: the program raised SystemExit at %s" % where
