@@ -114,6 +114,8 @@ SYSTEM_EXITS = [
     ("quit()\n", 0, None),
     ("raise SystemExit\n", 0, None),
     ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n", 0, None),
+    ("import sys\nsys.exit(256)\n", 0, None),  # the OS keeps the low byte: 0
+    ("import sys\nsys.exit(-1)\n", 255, "exit code 255"),
     # a sys.exit caught, then another SystemExit raised deeper: never the caught one's code (hostile trial)
     (
         "import sys\ntry:\n    sys.exit(3)\nexcept SystemExit:\n    pass\n"
@@ -389,3 +391,14 @@ def test_python_dash_m_runs_its_package_import_unprofiled_and_keeps_the_code(tmp
     [path] = journals(tmp_path / "j")
     j = read_journal(path)
     assert j.exit is not None and j.exit.get("code") == 3, j.exit
+
+
+def test_an_uncaught_keyboard_interrupt_is_an_end_by_sigint(tmp_path: Path) -> None:
+    """An uncaught KeyboardInterrupt: Python ends itself with SIGINT (status 130 in a shell); the
+    journal says so (before: "exit code 1", and "KeyboardInterrupt: " with nothing after it)."""
+    r = run_in_mode(tmp_path, "LORA_OTEL=1", "raise KeyboardInterrupt\n")
+    assert r.returncode == -2, r.stderr
+    (path,) = journals(tmp_path / "j")
+    j = read_journal(path)
+    assert j.exit is not None and (j.exit["how"], j.exit["code"]) == ("signal", 130), j.exit
+    assert j.exit["message"] == "interrupted (uncaught KeyboardInterrupt): ends by SIGINT", j.exit

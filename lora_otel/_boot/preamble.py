@@ -1323,7 +1323,10 @@ def exit_outcome() -> tuple[str, int, str | None]:
     if exc is not None:
         from lora_otel._boot import redact
 
-        text = redact.redact_text("%s: %s" % (type(exc).__name__, exc))
+        said = str(exc)
+        text = redact.redact_text("%s: %s" % (type(exc).__name__, said) if said else type(exc).__name__)
+        if isinstance(exc, KeyboardInterrupt):  # the interpreter then ends itself with SIGINT (3.8+)
+            return "signal", 128 + 2, "interrupted (uncaught %s): ends by SIGINT" % text
         return "exception", 1, "uncaught %s" % text
     if _raised_exit is not None and _ended_main(_raised_exit):
         code = _raised_exit[1]
@@ -1345,10 +1348,12 @@ def exit_outcome() -> tuple[str, int, str | None]:
             code = _exit_code
         elif ended != "raise":
             code = _exit_code
+    if isinstance(code, int):  # the status the OS gets: the C int's low byte (-1 past a long long)
+        code = int(code) & 0xFF if -(2**63) <= code < 2**63 else 255
     if code is None or code == 0:
         return "normal", 0, None
     if isinstance(code, int):
-        return "normal", int(code), "exit code %d" % code
+        return "normal", code, "exit code %d" % code
     return "normal", 1, "exit: %s" % code
 
 
