@@ -143,7 +143,9 @@ def _module_facts(name: str) -> dict[str, str]:
     mod = _modules.get(name)
     top = name.partition(".")[0]
     version = getattr(_modules.get(top), "__version__", None)
-    if not isinstance(version, str):
+    if not isinstance(version, str) and top not in getattr(sys, "stdlib_module_names", ()):
+        # (A stdlib module has no package version: 3.13 imports linecache for ``python -c``, which
+        # loaded envfacts in every ``python -c pass``.)
         from lora_otel._boot import envfacts
 
         version = envfacts.package_version(top)

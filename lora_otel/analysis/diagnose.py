@@ -452,6 +452,8 @@ def _rendezvous(f: Facts) -> Optional[Diagnosis]:
 
 _SLEEP_WCHAN = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "schedule_hrtimeout")
 """Kernel wait channels of a task in ``time.sleep`` (``clock_nanosleep``)."""
+_SELECT_WCHAN = ("do_select", "core_sys_select", "poll_schedule_timeout")
+"""Kernel wait channels of ``select()``, where ``time.sleep`` waits on Python 3.9 and 3.10."""
 
 
 def _sleeping(f: Facts) -> Optional[Diagnosis]:
@@ -460,7 +462,9 @@ def _sleeping(f: Facts) -> Optional[Diagnosis]:
     sampled = f.journal.main_frames if f.journal is not None else None
     last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None
     in_sleep = last is not None and last[2] == "time.sleep"
-    if not (f.wchan.startswith(_SLEEP_WCHAN) or (not f.wchan and in_sleep)):
+    # (Python 3.9 and 3.10 sleep in select(): a select wait channel, with the beat's sample in
+    # time.sleep, is a sleep.)
+    if not (f.wchan.startswith(_SLEEP_WCHAN) or (in_sleep and (not f.wchan or f.wchan.startswith(_SELECT_WCHAN)))):
         return None
     where = f.innermost
     if not where and sampled and in_sleep and len(sampled) >= 2 and isinstance(sampled[-2], list):
