@@ -146,7 +146,9 @@ def venv_for(version: str, torch: str | None) -> Path:
     """The python of this matrix entry's venv, built when the cache has none of its key."""
     exe = find_python(version)
     full = subprocess.run([exe, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True)
-    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "v": 1}
+    # The checkout is part of the key: its .pth names this checkout, and another checkout's run (CI's,
+    # a second clone) sharing the venv pointed it elsewhere mid-run (No module named 'lora_otel').
+    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "checkout": str(REPO), "v": 1}
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     venv = cache_root() / ("py%s-%s" % (version, key))
     python = venv / "bin" / "python"

@@ -186,10 +186,20 @@ def _typed(text: str) -> Any:
     return value
 
 
+_given_ports: set = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never one this test process was given before: the kernel
+    may hand the same free port to two binds in a row (a gateway once got one port for both its
+    health check and its Prometheus exporter, and failed to start: ``address already in use``)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given_ports:
+            _given_ports.add(port)
+            return port
 
 
 class Collector:
