@@ -119,3 +119,28 @@ def test_a_connect_with_no_answer_names_the_programs_call() -> None:
     found = explain(a_stall(), evidence)
     assert found.sentence.startswith("Connecting to 10.0.0.5:443 with no answer"), found.sentence
     assert " at job.py:13 in <module> → socket.py:836 in create_connection;" in found.sentence, found.sentence
+
+
+def test_time_sleep_in_select_is_a_sleep() -> None:
+    """Python 3.9 and 3.10 sleep in ``select()``: its wait channel with the beat's sample in
+    ``time.sleep`` is a sleep (the matrix's 3.10 run said "Cannot tell why" for an atexit handler
+    sleeping); the same wait channel without that sample is no sleep."""
+    from lora_otel.journal.records import Journal
+
+    journal = Journal(path="/nowhere/1.otel.jsonl")
+    journal.main_frames = [["/home/u/job.py", 5, "flush_telemetry"], ["", 0, "time.sleep"]]
+    stacks = 'Current thread 0x1 (most recent call first):\n  File "/home/u/job.py", line 5 in flush_telemetry\n'
+    for wchan in ("do_select", "poll_schedule_timeout.constprop.0", "hrtimer_nanosleep"):
+        evidence = {
+            PREFIX + "process.state": "S (sleeping)",
+            PREFIX + "process.wait_channel": wchan,
+            PREFIX + "python.stacks": stacks,
+        }
+        found = explain(a_stall(), evidence, journal)
+        assert found.sentence.startswith("The main thread is sleeping (time.sleep) at job.py:5 in flush_telemetry"), (
+            wchan,
+            found.sentence,
+        )
+    journal.main_frames = [["/home/u/job.py", 5, "flush_telemetry"]]
+    found = explain(a_stall(), {**evidence, PREFIX + "process.wait_channel": "do_select"}, journal)
+    assert found.attrs["lora_otel.diagnosis.rule"] != "sleeping", found.sentence
