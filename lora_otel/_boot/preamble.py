@@ -1080,7 +1080,83 @@ def _noted_exit_ended() -> bool:
     stopped where it was when ``sys.exit`` was called (a ``sys.exit`` caught there, with the code
     going on to end by another ``SystemExit``, does not give the code; hostile trial)."""
     main = _main_frame
-    return _exit_noted_at is None or main is None or main.f_lasti == _exit_noted_at
+    if _exit_noted_at is None or main is None or main.f_lasti == _exit_noted_at:
+        return True
+    with core.fail_open("exit note"):
+        return _left_through_handler(main.f_code, _exit_noted_at, main.f_lasti)
+    return False
+
+
+def _left_through_handler(code: CodeType, noted: int, lasti: int) -> bool:
+    """3.9-3.11: whether an exception raised at offset ``noted`` of ``code`` ended the frame at the
+    ``RERAISE`` at ``lasti`` by the handler of the innermost ``try``/``with`` around ``noted``
+    (``try: main() except BrokenPipeError: ...``, as ``json.tool`` has: the handler runs, the
+    exception goes on). A later ``SystemExit`` that left by another ``try``'s handler does not."""
+    import opcode
+
+    ops = code.co_code
+    reraise = opcode.opmap["RERAISE"]
+    if not (0 <= lasti < len(ops) and ops[lasti] == reraise):
+        return False
+    table = getattr(code, "co_exceptiontable", None)
+    if table is not None:  # 3.11: the exception table routes each handler to its cleanup
+        entries = _exception_table(table)
+        around = [target for start, end, target in entries if start <= noted < end]
+        if not around:
+            return False
+        handler = [target for start, end, target in entries if start <= around[0] < end]
+        here = [target for start, end, target in entries if start <= lasti < end]
+        return bool(handler) and handler == here
+    # 3.9/3.10: the innermost SETUP_FINALLY/SETUP_WITH before ``noted`` whose handler is after it;
+    # that handler runs up to where its try's normal path jumps to.
+    scale = 2 if sys.version_info >= (3, 10) else 1  # 3.10's jump arguments count instructions
+    setups = (opcode.opmap["SETUP_FINALLY"], opcode.opmap.get("SETUP_WITH", -1))
+    instructions: list[tuple[int, int, int]] = []
+    ext = 0
+    for off in range(0, len(ops), 2):
+        op, arg = ops[off], ops[off + 1] | ext
+        ext = (arg << 8) if op == opcode.EXTENDED_ARG else 0
+        instructions.append((off, op, arg))
+    tries = [(off, off + 2 + arg * scale) for off, op, arg in instructions if op in setups]
+    inner = [(off, target) for off, target in tries if off < noted < target]
+    if not inner:
+        return False
+    handler = max(inner)[1]
+    end = -1
+    for off, op, arg in instructions:
+        if off == handler - 2:  # how the try's normal path leaves: past the handler, or returns
+            if op == opcode.opmap["JUMP_FORWARD"]:
+                end = off + 2 + arg * scale
+            elif op == opcode.opmap["JUMP_ABSOLUTE"]:
+                end = arg * scale
+            elif op == opcode.opmap["RETURN_VALUE"]:  # 3.10: the try ends the code
+                end = len(ops)
+    return handler <= lasti < end
+
+
+def _exception_table(table: bytes) -> list[tuple[int, int, int]]:
+    """3.11's ``co_exceptiontable``: (start, end, handler) byte offsets of each entry."""
+    out: list[tuple[int, int, int]] = []
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        byte = table[pos]
+        pos += 1
+        value = byte & 63
+        while byte & 64:
+            byte = table[pos]
+            pos += 1
+            value = (value << 6) | (byte & 63)
+        return value
+
+    while pos < len(table):
+        start = varint() * 2
+        end = start + varint() * 2
+        target = varint() * 2
+        varint()  # depth and lasti
+        out.append((start, end, target))
+    return out
 
 
 _main_frame: FrameType | None = None
