@@ -1121,17 +1121,17 @@ def _left_through_handler(code: CodeType, noted: int, lasti: int) -> bool:
     inner = [(off, target) for off, target in tries if off < noted < target]
     if not inner:
         return False
-    handler = max(inner)[1]
+    begins: int = max(inner)[1]
     end = -1
     for off, op, arg in instructions:
-        if off == handler - 2:  # how the try's normal path leaves: past the handler, or returns
+        if off == begins - 2:  # how the try's normal path leaves: past the handler, or returns
             if op == opcode.opmap["JUMP_FORWARD"]:
                 end = off + 2 + arg * scale
             elif op == opcode.opmap["JUMP_ABSOLUTE"]:
                 end = arg * scale
             elif op == opcode.opmap["RETURN_VALUE"]:  # 3.10: the try ends the code
                 end = len(ops)
-    return handler <= lasti < end
+    return begins <= lasti < end
 
 
 def _exception_table(table: bytes) -> list[tuple[int, int, int]]:
