@@ -48,14 +48,14 @@ def iterator():
     for _ in range(200000):
         for _ in It():
             pass
-def deep(k):
+def down(k):
     if k == 0:
         raise ValueError("x")
-    deep(k - 1)
-def deeps():
+    down(k - 1)
+def deep():
     for _ in range(20000):
         try:
-            deep(20)
+            down(20)
         except ValueError:
             pass
 fn = globals()[sys.argv[1]]
