@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +20,14 @@ from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_sta
 # (`lora_otel._boot.core.strict`); only here: a user's own pytest run must pass as without lora_otel.
 # The traced subprocesses the tests start fail open as a user's do (`procs.clean_env` drops it).
 os.environ["LORA_OTEL_STRICT_INTERNAL"] = "1"
+
+# A suite started in the background by a shell without job control (`.ci/run &` in a script, nohup)
+# runs with SIGINT ignored, and every process it starts inherits that: the tests' Ctrl-C (SIGINT to a
+# job, to `lora-otel watch`) would then be ignored and the test wait for an exit that never comes
+# (issue 23: the "flaky" test_ctrl_c_exits_quietly_with_130). The tests press Ctrl-C as a terminal
+# does, so the suite takes the default back; an exec'd child then starts with SIGINT at its default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 NO_TORCH_ENV = "LORA_OTEL_TEST_NO_TORCH"
 """Set to ``1`` by the Python matrix of ``.ci/run`` for its venvs without torch (3.9, 3.12): there the
