@@ -454,7 +454,7 @@ def test_healthy_job_just_into_training_is_not_stuck(tmp_path: Path) -> None:
     b.start("training", 0.035)
     b.beat(0.2, steps=0)
     first = inspect(str(b.path)).stdout.splitlines()[0]
-    assert re.fullmatch(r"still in training for \d+ ms \(process running\)", first), first
+    assert re.fullmatch(r"still in training for (\d+ ms|\d+(\.\d+)? s) \(process running\)", first), first
 
 
 def test_sigstop_then_sigkill_watch_says_how_long_it_was_stuck(tmp_path: Path) -> None:
