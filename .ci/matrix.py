@@ -3,6 +3,7 @@
     python .ci/matrix.py                 # every Python of the matrix (builds its venvs once)
     python .ci/matrix.py --python 3.13   # one of them
     python .ci/matrix.py --list          # what runs where, and the cached venvs
+    python .ci/matrix.py --jobs 2        # two Pythons at a time (each output printed whole)
 
 The code that runs inside the user's process has paths of its own per Python version
 (``sys.monitoring`` on 3.12+, how a ``SystemExit`` is seen on <= 3.11, fork warnings on 3.12+,
@@ -25,6 +26,7 @@ collected" included).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import fcntl
 import glob
 import hashlib
@@ -33,6 +35,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -201,7 +205,10 @@ def rotel_agent(python: Path) -> str | None:
     return str(agent)
 
 
-def run(version: str, torch: str | None, pytest_args: list[str]) -> tuple[int, float, str]:
+_print_lock = threading.Lock()
+
+
+def run(version: str, torch: str | None, pytest_args: list[str], own_basetemp: bool = False) -> tuple[int, float, str]:
     python = venv_for(version, torch)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORA_OTEL")}
     if not torch:
@@ -210,15 +217,28 @@ def run(version: str, torch: str | None, pytest_args: list[str]) -> tuple[int, f
     if agent:
         env["LORA_OTEL_TEST_ROTEL_AGENT"] = agent
     tests = IN_PROCESS + (WITH_TORCH if torch else [])
-    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *tests]
-    print(
-        "matrix: Python %s (%s): %s" % (version, "torch %s" % torch if torch else "no torch", " ".join(cmd[1:])),
-        flush=True,
+    basetemp: list[str] = []
+    if own_basetemp:
+        # Two pytest runs side by side: each numbers and cleans its own temporary directories.
+        basetemp = ["--basetemp", tempfile.mkdtemp(prefix="lora-otel-matrix-%s-" % version)]
+    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *basetemp, *pytest_args, *tests]
+    header = "matrix: Python %s (%s): %s" % (
+        version,
+        "torch %s" % torch if torch else "no torch",
+        " ".join(cmd[1:]),
     )
+    if not own_basetemp:
+        print(header, flush=True)
     started = time.monotonic()
     out = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     took = time.monotonic() - started
-    sys.stdout.write(out.stdout)
+    with _print_lock:
+        if own_basetemp:
+            print("%s  [%.0f s]" % (header, took), flush=True)
+        sys.stdout.write(out.stdout)
+        sys.stdout.flush()
+    if basetemp and out.returncode == 0:
+        shutil.rmtree(basetemp[1], ignore_errors=True)
     last = [line for line in out.stdout.splitlines() if line.strip()][-1:] or [""]
     return out.returncode, took, last[0].strip("= ")
 
@@ -228,9 +248,18 @@ def main() -> int:
     ap.add_argument("--python", action="append", choices=sorted(PYTHONS), help="run only this Python (repeatable)")
     ap.add_argument("--list", action="store_true", help="say what runs on each Python and where its venv is cached")
     ap.add_argument("--build-only", action="store_true", help="build the venvs not cached yet, run no test")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N Pythons side by side (default 1; the ones with torch first)",
+    )
     ap.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -x")
     args = ap.parse_args()
     chosen = args.python or list(PYTHONS)
+    if args.jobs < 1:
+        ap.error("--jobs must be 1 or more, not %d" % args.jobs)
     if args.list:
         for version in chosen:
             torch = PYTHONS[version]
@@ -249,10 +278,18 @@ def main() -> int:
         for version in chosen:
             rotel_agent(venv_for(version, PYTHONS[version]))
         return 0
-    rows = []
-    for version in chosen:
-        rc, took, summary = run(version, PYTHONS[version], args.pytest_args)
-        rows.append((version, PYTHONS[version], rc, took, summary))
+    for version in chosen:  # every venv is built before any test starts
+        venv_for(version, PYTHONS[version])
+    results: dict[str, tuple[int, float, str]] = {}
+    if args.jobs == 1:
+        for version in chosen:
+            results[version] = run(version, PYTHONS[version], args.pytest_args)
+    else:
+        longest_first = sorted(chosen, key=lambda v: PYTHONS[v] is None)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {v: pool.submit(run, v, PYTHONS[v], args.pytest_args, True) for v in longest_first}
+            results = {v: f.result() for v, f in futures.items()}
+    rows = [(version, PYTHONS[version], *results[version]) for version in chosen]
     print("\n| Python | torch | result | time |\n|---|---|---|---:|")
     for version, torch, rc, took, summary in rows:
         print(
