@@ -82,7 +82,7 @@ def trainer_files(name: str, python: Path, out: Path) -> Path:
         capture_output=True,
         text=True,
         timeout=600,
-        env=clean_env(HF_HUB_OFFLINE="1", PYTHONPATH=str(TRAINERS_DIR)),
+        env=clean_env(HF_HUB_OFFLINE="1", PYTHONPATH=trainer_venv.pythonpath(TRAINERS_DIR)),
     )
     if made.returncode != 0:
         raise SystemExit("%s setup failed: %s" % (job.name, made.stderr[-2000:]))

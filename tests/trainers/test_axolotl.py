@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from procs import clean_env, journals, lora_otel_cli, wait_for
+from trainer_venv import pythonpath
 
 from lora_otel.journal.reader import read_journal
 
@@ -47,7 +48,7 @@ def axo_files(axo_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
         capture_output=True,
         text=True,
         timeout=600,
-        env=clean_env(HF_HUB_OFFLINE="1", PYTHONPATH=str(HERE)),
+        env=clean_env(HF_HUB_OFFLINE="1", PYTHONPATH=pythonpath(HERE)),
     )
     assert made.returncode == 0, made.stderr[-3000:]
     return out
@@ -59,7 +60,7 @@ def start(
     bin_dir = axo_python.parent
     env = {
         "PATH": "%s:%s" % (bin_dir, os.environ.get("PATH", "")),  # as in an activated venv
-        "PYTHONPATH": str(HERE),
+        "PYTHONPATH": pythonpath(HERE),
         "HF_HUB_OFFLINE": "1",
         "AXOLOTL_DO_NOT_TRACK": "1",
         "TOKENIZERS_PARALLELISM": "false",

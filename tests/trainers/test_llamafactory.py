@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from procs import clean_env, journals, lora_otel_cli, wait_for
+from trainer_venv import pythonpath
 
 from lora_otel.journal.reader import read_journal
 
@@ -48,7 +49,7 @@ def lf_files(lf_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         text=True,
         timeout=600,
-        env=clean_env(HF_HUB_OFFLINE="1"),
+        env=clean_env(HF_HUB_OFFLINE="1", PYTHONPATH=pythonpath()),
     )
     assert made.returncode == 0, made.stderr[-3000:]
     return out
@@ -58,6 +59,7 @@ def start(
     lf_python: Path, files: Path, tmp_path: Path, hang: str = "none", *, traced: bool = True, cli: bool = False
 ) -> subprocess.Popen:
     env = {
+        "PYTHONPATH": pythonpath(),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HOME": str(tmp_path / "home"),

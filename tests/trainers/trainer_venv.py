@@ -10,7 +10,9 @@ lora_otel's own runtime dependencies; a venv whose build did not finish is built
 
 lora_otel itself is not installed into it: the venv gets two ``.pth`` files, one putting this
 checkout on ``sys.path`` and lora_otel's own ``lora_otel_hook.pth`` (what ``pip install`` puts in
-site-packages), rewritten at every use — the trainer runs the checkout's code as it is now.
+site-packages), rewritten at every use — the trainer runs the checkout's code as it is now. The
+tests also put the checkout first on the job's ``PYTHONPATH`` (`pythonpath`): two checkouts that
+test at once share the cached venv, whose ``.pth`` names whichever of them used it last.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ def link_checkout(venv: Path) -> None:
     site = Path(out.stdout.strip())
     (site / "lora_otel_checkout.pth").write_text(str(REPO) + "\n")
     shutil.copyfile(REPO / "lora_otel_hook.pth", site / "lora_otel_hook.pth")
+
+
+def pythonpath(*more: Path) -> str:
+    """``PYTHONPATH`` for a job in a trainer's venv: this checkout (ahead of the shared venv's
+    ``.pth``), then ``more``."""
+    return os.pathsep.join([str(REPO), *map(str, more)])
 
 
 def venv_for(name: str) -> Path:
