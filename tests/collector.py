@@ -36,6 +36,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,17 +188,41 @@ def _typed(text: str) -> Any:
 
 
 _given_ports: set = set()
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "lora-otel-test-ports"
+"""One file per port a test session was given, for ten minutes: two sessions side by side (a
+second checkout's suite, the Python matrix) never get one port from a kernel that hands a port just
+freed to the next bind."""
+PORT_CLAIM_S = 600
+
+
+def _claim(port: int) -> bool:
+    """Whether ``port`` is now this session's: no session claimed it in the last ten minutes."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    path = PORT_CLAIMS / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        pass
+    try:
+        if time.time() - path.stat().st_mtime < PORT_CLAIM_S:
+            return False
+        os.utime(path)  # an old claim: taken over
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, never one this test process was given before: the kernel
-    may hand the same free port to two binds in a row (a gateway once got one port for both its
-    health check and its Prometheus exporter, and failed to start: ``address already in use``)."""
+    """A loopback port nothing listens on, never one this test process was given before, nor one
+    another session was given in the last ten minutes: the kernel may hand the same free port to
+    two binds in a row (a gateway once got one port for both its health check and its Prometheus
+    exporter, and failed to start: ``address already in use``)."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _given_ports:
+        if port not in _given_ports and _claim(port):
             _given_ports.add(port)
             return port
 
