@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -206,9 +207,18 @@ def rotel_agent(python: Path) -> str | None:
 
 
 _print_lock = threading.Lock()
+_running: set[subprocess.Popen[str]] = set()
+"""The pytest runs under way: a SIGTERM (``.ci/run`` ending while the matrix runs beside its main
+suite) stops them too."""
 
 
-def run(version: str, torch: str | None, pytest_args: list[str], own_basetemp: bool = False) -> tuple[int, float, str]:
+def _stop(signum: int, frame: object) -> None:
+    for proc in list(_running):
+        proc.terminate()
+    os._exit(128 + signum)
+
+
+def run(version: str, torch: str | None, pytest_args: list[str], side_by_side: bool = False) -> tuple[int, float, str]:
     python = venv_for(version, torch)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORA_OTEL")}
     if not torch:
@@ -217,30 +227,32 @@ def run(version: str, torch: str | None, pytest_args: list[str], own_basetemp: b
     if agent:
         env["LORA_OTEL_TEST_ROTEL_AGENT"] = agent
     tests = IN_PROCESS + (WITH_TORCH if torch else [])
-    basetemp: list[str] = []
-    if own_basetemp:
-        # Two pytest runs side by side: each numbers and cleans its own temporary directories.
-        basetemp = ["--basetemp", tempfile.mkdtemp(prefix="lora-otel-matrix-%s-" % version)]
+    # Each Python's run numbers and cleans temporary directories of its own: other pytest runs (the
+    # main suite, another Python) may run beside it.
+    basetemp = ["--basetemp", tempfile.mkdtemp(prefix="lora-otel-matrix-%s-" % version)]
     cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *basetemp, *pytest_args, *tests]
     header = "matrix: Python %s (%s): %s" % (
         version,
         "torch %s" % torch if torch else "no torch",
         " ".join(cmd[1:]),
     )
-    if not own_basetemp:
+    if not side_by_side:
         print(header, flush=True)
     started = time.monotonic()
-    out = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _running.add(proc)
+    output, _ = proc.communicate()
+    _running.discard(proc)
     took = time.monotonic() - started
     with _print_lock:
-        if own_basetemp:
+        if side_by_side:
             print("%s  [%.0f s]" % (header, took), flush=True)
-        sys.stdout.write(out.stdout)
+        sys.stdout.write(output)
         sys.stdout.flush()
-    if basetemp and out.returncode == 0:
+    if proc.returncode == 0:
         shutil.rmtree(basetemp[1], ignore_errors=True)
-    last = [line for line in out.stdout.splitlines() if line.strip()][-1:] or [""]
-    return out.returncode, took, last[0].strip("= ")
+    last = [line for line in output.splitlines() if line.strip()][-1:] or [""]
+    return proc.returncode, took, last[0].strip("= ")
 
 
 def main() -> int:
@@ -278,6 +290,7 @@ def main() -> int:
         for version in chosen:
             rotel_agent(venv_for(version, PYTHONS[version]))
         return 0
+    signal.signal(signal.SIGTERM, _stop)
     for version in chosen:  # every venv is built before any test starts
         venv_for(version, PYTHONS[version])
     results: dict[str, tuple[int, float, str]] = {}
