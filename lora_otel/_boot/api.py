@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
     from collections.abc import Mapping
     from types import TracebackType
-    from typing import Literal
+    from typing import Any, Literal
 
 _NO_NUMBER = object()
 
@@ -222,6 +222,8 @@ _dropped: set[str] = set()
 _pending: dict[str, _Deferred] = {}
 """key -> `_Deferred` value the converter thread has not read yet."""
 _converter_pid = 0
+converter_begun: tuple[int, Any] | None = None
+"""(pid, a lock held until that process's converter thread runs): `preamble.threads_begun`."""
 
 
 def _drop(key: str, value: object, why: str = "which is not one number") -> None:
@@ -244,17 +246,21 @@ def _set_step(value: object, number: object) -> bool:
 
 
 def _defer(key: str, deferred: _Deferred) -> None:
-    global _converter_pid
+    global _converter_pid, converter_begun
     if _converter_pid != os.getpid():  # first use in this process (or a forked child)
         import _thread
 
         _pending.clear()
         _converter_pid = os.getpid()
-        _thread.start_new_thread(_convert_loop, (_converter_pid,))
+        begun = _thread.allocate_lock()
+        begun.acquire()
+        _thread.start_new_thread(_convert_loop, (_converter_pid, begun))
+        converter_begun = (_converter_pid, begun)
     _pending[key] = deferred
 
 
-def _convert_loop(my_pid: int) -> None:
+def _convert_loop(my_pid: int, begun: Any) -> None:
+    begun.release()  # (`preamble.threads_begun`)
     while core.active and os.getpid() == my_pid:
         core.sleep(core.beat_interval)
         try:

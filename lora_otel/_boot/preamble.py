@@ -1435,6 +1435,7 @@ def exit_outcome() -> tuple[str, int, str | None]:
 
 def _on_exit() -> None:
     with core.fail_open("exit hook"):
+        threads_begun()
         if not core.active or os.getpid() != core.pid:
             return
         how, status_code, message = exit_outcome()
@@ -1965,6 +1966,24 @@ thread restarted after a fork waits only for what is left of the interval."""
 _beat_stop: Any = None
 """The running beat thread's wake-up lock (held while it waits): released, the thread ends (`_pause_beat`)."""
 _beat_paused = False
+_beat_begun: tuple[int, Any] | None = None
+"""(pid, a lock held until that process's beat thread runs its first instruction): `threads_begun`."""
+
+THREAD_BEGIN_WAIT_S = 2.0
+
+
+def threads_begun() -> None:
+    """At exit: wait until the threads lora_otel started have begun to run (at once, unless the
+    machine is so loaded that a thread started a moment ago has not run yet; never more than
+    `THREAD_BEGIN_WAIT_S`). A thread whose OS thread first runs after the interpreter has
+    finalized crashes CPython 3.9 in its bootstrap (SIGSEGV in ``_PyThreadState_Init``: a ``python
+    -c pass`` child of a job on a loaded machine, 2 runs in 100); a thread that has begun is
+    stopped safely by the finalization."""
+    from lora_otel._boot import api
+
+    for begun in (_beat_begun, api.converter_begun):
+        if begun is not None and begun[0] == os.getpid():  # (a forked child's are its parent's)
+            begun[1].acquire(True, THREAD_BEGIN_WAIT_S)
 
 
 def _wait_beat(wake: Any) -> bool:
@@ -1986,7 +2005,9 @@ STKFLT, CHLD, CONT, TSTP, TTIN, TTOU, URG, XCPU, XFSZ, VTALRM, PROF, WINCH, POLL
 (SEGV, BUS, FPE, ILL, TRAP, SYS, ABRT) and not the real-time ones (the stack request is one)."""
 
 
-def _beat_loop(my_pid: int, wake: Any = None) -> None:
+def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
+    if begun is not None:
+        begun.release()
     from lora_otel._boot import hooks
 
     if sys.platform.startswith("linux"):
@@ -2131,12 +2152,14 @@ def _start_beat() -> None:
             old = _thread.stack_size(BEAT_STACK)
     except (ValueError, RuntimeError):  # a platform that cannot set it
         old = -1
-    global _beat_stop
+    global _beat_stop, _beat_begun
     wake = _thread.allocate_lock()
     wake.acquire()
+    begun = _thread.allocate_lock()
+    begun.acquire()
     try:
-        _thread.start_new_thread(_beat_loop, (core.pid, wake))
-        _beat_stop = wake
+        _thread.start_new_thread(_beat_loop, (core.pid, wake, begun))
+        _beat_stop, _beat_begun = wake, (os.getpid(), begun)
     finally:
         if old >= 0:
             _thread.stack_size(old)
