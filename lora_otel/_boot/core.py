@@ -622,22 +622,35 @@ def journal_deferred() -> bool:
     return _deferred is not None
 
 
+_creator = 0
+"""The thread creating the deferred journal now (`ensure_journal`); 0 when none. Until its first
+record is in, other threads' records wait (they would come before it, or be lost with it at an
+``os._exit``)."""
+
+
 def ensure_journal() -> bool:
     """Create a deferred journal now (`defer_journal`), with its first record; whether there is a
-    journal to write to. Another thread creating it meanwhile is waited for, at most 5 s (a loaded machine)."""
-    global _deferred
-    if _deferred is None:
+    journal to write to. Another thread creating it meanwhile is waited for, at most 5 s (a loaded
+    machine): a record written then (a forked child's exit record while its beat thread creates
+    the journal) waits for the file, and is not lost, nor the child's exit left before the first
+    record is in the file."""
+    global _deferred, _creator
+    if _deferred is None and not _deferred_lock.locked():
         return _journal_fd >= 0
+    if _creator == get_ident():
+        return _journal_fd >= 0  # (a line said while this thread creates the journal)
     if not _deferred_lock.acquire(True, 5.0):
         return False
     try:
         if _deferred is None:
             return _journal_fd >= 0
+        _creator = get_ident()
         (path, first_record), _deferred = _deferred, None
         # The parent's directory, only while it exists: never create again one the program removed.
         if open_journal(path, make_dir=False):
             write(first_record())
     finally:
+        _creator = 0
         _deferred_lock.release()
     return _journal_fd >= 0
 
@@ -735,7 +748,7 @@ def write(rec: dict[str, Any]) -> None:
     exception message, an exit message, an event): one truth test while there is none."""
     if forked_at:
         settle()
-    if _journal_fd < 0 and _deferred is None:
+    if _journal_fd < 0 and _deferred is None and not _deferred_lock.locked():
         return
     try:
         if known_secrets:
@@ -758,8 +771,8 @@ def write_line(
     if forked_at:
         settle()
     fd = _journal_fd
-    if fd < 0:
-        if _deferred is None or not ensure_journal():
+    if fd < 0 or _creator:  # (no journal yet: one deferred, or one another thread is creating)
+        if not ensure_journal():
             return
         fd = _journal_fd
     try:  # the identity check: is this number still our journal? (~0.5 µs, see docs/performance.md)
