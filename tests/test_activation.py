@@ -223,6 +223,25 @@ class TestBrokenInstall:
         assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_direct_import_call_is_attributed_to_its_caller(tmp_path: Path) -> None:
+    """``__import__(name)`` called directly passes no globals: the codec search importing
+    ``encodings.idna`` inside a download is the standard library's import, not a span of the
+    program's (under load it was slow enough to be named "the stage that ended last" before a
+    frozen download); the program's own ``__import__("fractions")`` is its import."""
+    write_script(
+        tmp_path,
+        "import lora_otel\n"
+        "'example.com'.encode('idna')  # the codec search imports encodings.idna\n"
+        "fractions = __import__('fractions')\n",
+        name="job.py",
+    )
+    r = run_traced(["job.py"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = [s.name for s in only_journal(tmp_path / "lora-otel").spans]
+    assert "import encodings.idna" not in names and "import encodings" not in names, names
+    assert "import fractions" in names, names
+
+
 def test_journal_lines_are_versioned_json(tmp_path: Path) -> None:
     """Every journal line is a JSON object with the format version and a known kind."""
     script = write_script(tmp_path)

@@ -168,6 +168,14 @@ def _program_import(module_globals: Mapping[str, Any] | None) -> bool:
     return not (isinstance(f, str) and f.startswith(_STDLIB_DIR) and "-packages" not in f)
 
 
+def _caller_globals() -> Mapping[str, object] | None:
+    """The globals of the code that called ``__import__`` directly (two frames up from here)."""
+    try:
+        return sys._getframe(2).f_globals
+    except ValueError:  # (no such frame: called from C at the bottom of the stack)
+        return None
+
+
 def _importer(module_globals: Mapping[str, object] | None) -> str:
     return str((module_globals or {}).get("__name__") or "?")
 
@@ -212,17 +220,21 @@ def traced_import(
     if level or name in _modules or not core.active:
         return _orig_import(name, globals, locals, fromlist, level)
     tid = get_ident()
-    if tid in _importing or not _program_import(globals):
+    # Who imports: an import statement passes its module's globals; a direct ``__import__(name)``
+    # call (the codec search's ``encodings.idna`` inside a download, importlib users) passes none,
+    # and its caller is the importer — not the program, unless the program made the call.
+    by = globals if globals is not None else _caller_globals()
+    if tid in _importing or not _program_import(by):
         if not core.promoted:
             with core.fail_open("import hook"):
-                _maybe_promote(name, globals)
+                _maybe_promote(name, by)
         return _orig_import(name, globals, locals, fromlist, level)
     _importing[tid] = True
     sid = None
     try:
         with core.fail_open("import hook"):
             if not core.promoted:
-                _maybe_promote(name, globals)
+                _maybe_promote(name, by)
             sid = core.span_start("import " + name, {"lora_otel.module": name})
         try:
             mod = _orig_import(name, globals, locals, fromlist, level)
@@ -230,13 +242,13 @@ def traced_import(
             if sid is not None:
                 with core.fail_open("import hook"):
                     text = "%s: %s" % (type(e).__name__, e)
-                    if isinstance(e, ImportError) and _library_import(globals):
+                    if isinstance(e, ImportError) and _library_import(by):
                         # A library probing for an optional package: a fact, not the job's error.
                         core.span_end(
-                            sid, "ok", attrs={"lora_otel.import.error": text, "lora_otel.import.by": _importer(globals)}
+                            sid, "ok", attrs={"lora_otel.import.error": text, "lora_otel.import.by": _importer(by)}
                         )
                     else:
-                        core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(globals)})
+                        core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(by)})
             raise
         if sid is not None:
             facts: dict[str, str] = {}
@@ -245,7 +257,7 @@ def traced_import(
                     facts = _module_facts(name)  # runs the module's __getattr__, if it has one
             finally:  # (also when a Ctrl-C lands there: it is the program's, the span still ends)
                 with core.fail_open("import hook"):
-                    facts["lora_otel.import.by"] = _importer(globals)
+                    facts["lora_otel.import.by"] = _importer(by)
                     core.span_end(sid, "ok", attrs=facts)
     finally:
         _importing.pop(tid, None)
