@@ -163,6 +163,34 @@ def test_py_spy_reads_the_stacks_and_no_signal_is_sent(tmp_path: Path) -> None:
     assert ident not in text, text
 
 
+def test_a_thread_entering_sigwait_is_not_taken_for_a_handler(tmp_path: Path) -> None:
+    """A thread that takes signal 44 with ``sigtimedwait`` in a loop enters and leaves the wait all
+    the time; entering, it has 44 lifted from its mask a moment before it sleeps. Read in that
+    moment it looked like a thread free to run the handler (the matrix on 3.9, once, under load);
+    now it is read again until it sleeps or blocks: 300 looks, never a thread to send to."""
+    code = textwrap.dedent(
+        """\
+        import signal, threading, time
+        signal.pthread_sigmask(signal.SIG_BLOCK, {44})
+        def taker():
+            while True:
+                signal.sigtimedwait({44}, 0.0002)
+        threading.Thread(target=taker, daemon=True).start()
+        print("ready", flush=True)
+        time.sleep(120)
+        """
+    )
+    proc = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        found = [handler_thread(proc.pid, STACK_SIGNAL) for _ in range(300)]
+        assert [tid for tid, _ in found if tid is not None] == []
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+
+
 def test_no_thread_to_run_the_handler(tmp_path: Path) -> None:
     """Every thread blocks the signal, or waits in sigwait: no request, and why."""
     code = textwrap.dedent(

@@ -483,10 +483,10 @@ def handler_thread(pid: int, signum: int) -> tuple[Optional[int], str]:
         return None, "cannot read the threads of process %d" % pid
     free: list[int] = []
     taker = ""
+    deadline = time.monotonic() + 0.03  # (for reading running threads again: `_signal_state`)
     for tid in tids[:4096]:
         try:
-            wchan = _read("/proc/%d/task/%s/wchan" % (pid, tid))
-            status = _read("/proc/%d/task/%s/status" % (pid, tid))
+            status, wchan = _signal_state(pid, tid, bit, deadline)
         except OSError:
             continue
         if "sigtimedwait" in wchan:
@@ -511,6 +511,29 @@ def handler_thread(pid: int, signum: int) -> tuple[Optional[int], str]:
     if _TGKILL is None and taker:
         return None, taker + " (and signals cannot be sent to one thread here)"
     return free[0], ""
+
+
+def _signal_state(pid: int, tid: str, bit: int, deadline: float) -> tuple[str, str]:
+    """A thread's status and wait channel, read in that order. A thread entering ``sigtimedwait``
+    has the waited signals lifted from its mask a moment before it sleeps there: read then, it looks
+    like a running thread that does not block the signal (seen on a loaded machine). So a thread that
+    seems to be running with the signal open is read again, every 2 ms until ``deadline`` (30 ms for
+    all the threads), until it sleeps somewhere, blocks the signal, or goes on running."""
+    while True:
+        status = _read("/proc/%d/task/%s/status" % (pid, tid))
+        wchan = _read("/proc/%d/task/%s/wchan" % (pid, tid))
+        if wchan.strip() not in ("", "0"):
+            break
+        blocked = next((line for line in status.splitlines() if line.startswith("SigBlk:")), "")
+        try:
+            if not blocked or int(blocked.split(":", 1)[1].strip(), 16) & bit:
+                break
+        except ValueError:
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.002)
+    return status, wchan
 
 
 _TGKILL = {"x86_64": 234, "aarch64": 131, "arm64": 131, "riscv64": 131, "ppc64le": 250, "ppc64": 250, "s390x": 241}.get(
