@@ -242,6 +242,21 @@ def test_a_direct_import_call_is_attributed_to_its_caller(tmp_path: Path) -> Non
     assert "import fractions" in names, names
 
 
+def test_python_dash_m_imports_its_package_in_one_span(tmp_path: Path) -> None:
+    """``python -m pkg.mod``: runpy imports ``pkg`` with a direct ``__import__`` call; that is the
+    program's import, one span, and what ``pkg`` imports in turn is inside it, not spans of their
+    own (attributing direct calls to their caller once dropped this span, and a torchrun launcher's
+    journal got 88 import spans instead of 5)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("import helper\n")
+    (tmp_path / "pkg" / "mod.py").write_text("print('ran')\n")
+    (tmp_path / "helper.py").write_text("import fractions\n")
+    r = run_traced(["-m", "pkg.mod"], cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    names = [s.name for s in only_journal(tmp_path / "lora-otel").spans if s.name.startswith("import ")]
+    assert names == ["import pkg"], names
+
+
 def test_journal_lines_are_versioned_json(tmp_path: Path) -> None:
     """Every journal line is a JSON object with the format version and a known kind."""
     script = write_script(tmp_path)

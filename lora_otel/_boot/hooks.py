@@ -168,6 +168,12 @@ def _program_import(module_globals: Mapping[str, Any] | None) -> bool:
     return not (isinstance(f, str) and f.startswith(_STDLIB_DIR) and "-packages" not in f)
 
 
+def _stdlib_by_stdlib(name: str, by: Mapping[str, object] | None) -> bool:
+    """Whether module ``name`` is the standard library's and so is the code importing it (3.10+,
+    where ``sys.stdlib_module_names`` says; never on 3.9)."""
+    return name.partition(".")[0] in getattr(sys, "stdlib_module_names", ()) and bool(by) and not _program_import(by)
+
+
 def _caller_globals() -> Mapping[str, object] | None:
     """The globals of the code that called ``__import__`` directly (two frames up from here)."""
     try:
@@ -221,20 +227,22 @@ def traced_import(
         return _orig_import(name, globals, locals, fromlist, level)
     tid = get_ident()
     # Who imports: an import statement passes its module's globals; a direct ``__import__(name)``
-    # call (the codec search's ``encodings.idna`` inside a download, importlib users) passes none,
-    # and its caller is the importer — not the program, unless the program made the call.
+    # call passes none (runpy's import of ``python -m pkg.mod``'s package, importlib's fromlist
+    # imports: the program's, as they always were), and its caller is the importer. A standard
+    # library module imported so by standard library code (the codec search's ``encodings.idna``
+    # inside a download) is no span of the program's.
     by = globals if globals is not None else _caller_globals()
-    if tid in _importing or not _program_import(by):
+    if tid in _importing or not _program_import(globals) or (globals is None and _stdlib_by_stdlib(name, by)):
         if not core.promoted:
             with core.fail_open("import hook"):
-                _maybe_promote(name, by)
+                _maybe_promote(name, globals)
         return _orig_import(name, globals, locals, fromlist, level)
     _importing[tid] = True
     sid = None
     try:
         with core.fail_open("import hook"):
             if not core.promoted:
-                _maybe_promote(name, by)
+                _maybe_promote(name, globals)
             sid = core.span_start("import " + name, {"lora_otel.module": name})
         try:
             mod = _orig_import(name, globals, locals, fromlist, level)
