@@ -97,15 +97,45 @@ class Opened:
         self.context.close()
 
     def lanes(self) -> list[str]:
-        """The lane headings, top to bottom (the waterfall scrolled to its top)."""
-        self.page.evaluate("document.querySelectorAll('.wf-body').forEach(b => { b.scrollTop = 0; })")
-        self.page.wait_for_timeout(50)
-        return self.page.locator(".row.lane .n").all_inner_texts()
+        """The lane headings, top to bottom. The waterfall draws only the rows in view, so it is
+        scrolled through a view at a time (a launcher with many spans put the ranks' lanes out of
+        view on a loaded machine), each drawing waited for; then scrolled back where it was."""
+        was, height, view = self.page.evaluate(
+            "() => { const b = document.querySelector('.wf-body');"
+            " return [b.scrollTop, b.scrollHeight, b.clientHeight || 600]; }"
+        )
+        seen: list[str] = []
+        top = 0
+        while True:
+            self._scroll_to(top)
+            seen += [text for text in self.page.locator(".row.lane .n").all_inner_texts() if text not in seen]
+            if top + view >= height:
+                break
+            top += view
+        self._scroll_to(was)
+        return seen
+
+    def _scroll_to(self, top: int) -> None:
+        """Scroll the waterfall to ``top`` and wait until it has drawn the rows there (two frames:
+        its scroll handler draws in the next one)."""
+        self.page.evaluate("(top) => { document.querySelector('.wf-body').scrollTop = top; }", top)
+        self.page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
     def row(self, name: str, flag: int | None = None) -> Any:
-        """The span row named ``name`` (optionally with that flag: 3 stalled, 4 killed)."""
+        """The span row named ``name`` (optionally with that flag: 3 stalled, 4 killed), scrolled
+        into the drawn rows when it is not there (as a user scrolls to it)."""
         css = f".row.f{flag}" if flag is not None else ".row:not(.lane):not(.diag)"
-        return self.page.locator(css).filter(has=self.page.locator(".n", has_text=name)).first
+        found = self.page.locator(css).filter(has=self.page.locator(".n", has_text=name)).first
+        if found.count() == 0:
+            height, view = self.page.evaluate(
+                "() => { const b = document.querySelector('.wf-body');"
+                " return [b.scrollHeight, b.clientHeight || 600]; }"
+            )
+            top = 0
+            while found.count() == 0 and top < height:
+                self._scroll_to(top)
+                top += view
+        return found
 
     def details(self) -> str:
         return self.page.locator(".details").inner_text()
