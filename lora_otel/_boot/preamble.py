@@ -1979,9 +1979,8 @@ def threads_begun() -> None:
     finalized crashes CPython 3.9 in its bootstrap (SIGSEGV in ``_PyThreadState_Init``: a ``python
     -c pass`` child of a job on a loaded machine, 2 runs in 100); a thread that has begun is
     stopped safely by the finalization."""
-    from lora_otel._boot import api
-
-    for begun in (_beat_begun, api.converter_begun):
+    api = sys.modules.get("lora_otel._boot.api")  # (not imported at exit when the program never used it)
+    for begun in (_beat_begun, getattr(api, "converter_begun", None)):
         if begun is not None and begun[0] == os.getpid():  # (a forked child's are its parent's)
             begun[1].acquire(True, THREAD_BEGIN_WAIT_S)
 
