@@ -169,9 +169,30 @@ def _program_import(module_globals: Mapping[str, Any] | None) -> bool:
 
 
 def _stdlib_by_stdlib(name: str, by: Mapping[str, object] | None) -> bool:
-    """Whether module ``name`` is the standard library's and so is the code importing it (3.10+,
-    where ``sys.stdlib_module_names`` says; never on 3.9)."""
-    return name.partition(".")[0] in getattr(sys, "stdlib_module_names", ()) and bool(by) and not _program_import(by)
+    """Whether module ``name`` is the standard library's and so is the code importing it."""
+    return _stdlib_name(name) and bool(by) and not _program_import(by)
+
+
+_stdlib_names: frozenset[str] | None = None
+
+
+def _stdlib_name(name: str) -> bool:
+    """Whether ``name`` is a standard library module's: ``sys.stdlib_module_names`` on 3.10+; on 3.9
+    the modules in the standard library's folder and ``lib-dynload``, and the built-in ones (listed
+    once, on the first direct ``__import__`` call that needs it)."""
+    global _stdlib_names
+    if _stdlib_names is None:
+        names = getattr(sys, "stdlib_module_names", None)
+        if names is None:
+            names = set(sys.builtin_module_names)
+            for folder in (_STDLIB_DIR, os.path.join(_STDLIB_DIR, "lib-dynload")):
+                try:
+                    entries = os.listdir(folder)
+                except OSError:
+                    continue
+                names.update(e.partition(".")[0] for e in entries if e != "site-packages")
+        _stdlib_names = frozenset(names)
+    return name.partition(".")[0] in _stdlib_names
 
 
 def _caller_globals() -> Mapping[str, object] | None:
@@ -231,8 +252,16 @@ def traced_import(
     # imports: the program's, as they always were), and its caller is the importer. A standard
     # library module imported so by standard library code (the codec search's ``encodings.idna``
     # inside a download) is no span of the program's.
+    # The interpreter's own imports come from C with no Python code on the stack and globals that
+    # name no module (3.12+ imports runpy so for ``python -m``, after site has run): a standard
+    # library module imported so is no span of the program's either.
     by = globals if globals is not None else _caller_globals()
-    if tid in _importing or not _program_import(globals) or (globals is None and _stdlib_by_stdlib(name, by)):
+    if (
+        tid in _importing
+        or not _program_import(globals)
+        or (globals is None and _stdlib_by_stdlib(name, by))
+        or (not (globals or {}).get("__name__") and _stdlib_name(name) and _caller_globals() is None)
+    ):
         if not core.promoted:
             with core.fail_open("import hook"):
                 _maybe_promote(name, globals)
