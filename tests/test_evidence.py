@@ -101,3 +101,55 @@ def test_oom_watch_keeps_the_first_count_of_each_cgroup(tmp_path: Path, monkeypa
     watch.see(1234)
     assert watch.struck() == "the OOM killer (oom_kill 0 \u2192 1 in its memory cgroup)"
     assert watch.struck() is None, "each kill is told once"
+
+
+POLL_LOOP = """\
+import sys, time
+print("polling", flush=True)
+def poll_for_release():
+    while True:
+        end = time.perf_counter() + 0.008  # the check between two sleeps: a few ms on the CPU
+        while time.perf_counter() < end:
+            pass
+        time.sleep(0.05)
+poll_for_release()
+"""
+
+
+def test_a_poll_loop_reads_as_its_sleep_not_on_cpu() -> None:
+    """A loop that polls with short sleeps is awake between two of them now and then; one read of
+    its wait channel caught it so ("on CPU"), and the job's line said "Cannot tell why" where "The
+    main thread is sleeping" was right (TRL's exit handler, under load). The channel read most
+    often over the sample is the one given: the sleep, every time."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", POLL_LOOP], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "polling\n"
+        channels = [process_facts(proc.pid, sample_s=0.2)[PREFIX + "process.wait_channel"] for _ in range(30)]
+        sleeps = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "do_select", "core_sys_select")
+        assert all(c.startswith(sleeps) for c in channels), channels
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_spinning_process_reads_as_on_cpu() -> None:
+    """The other side of the same rule: a thread on the CPU in most reads has no wait channel."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "while True:\n    pass\n"])
+    try:
+        facts = wait_for(
+            lambda: (f := process_facts(proc.pid, sample_s=0.5))[PREFIX + "process.cpu_percent"] > 50 and f,
+            timeout=60,
+            what="a sample with the process on the CPU",
+        )
+        assert facts[PREFIX + "process.wait_channel"] == "(none: on CPU or not shown)", facts
+        assert facts[PREFIX + "process.state"].startswith("R"), facts
+    finally:
+        proc.kill()
+        proc.wait()

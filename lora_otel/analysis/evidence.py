@@ -59,7 +59,7 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
         hz = os.sysconf("SC_CLK_TCK")
         f0 = _stat_fields(pid)
         t0 = time.monotonic()
-        time.sleep(sample_s)
+        waits = _wait_channels(pid, t0 + sample_s)
         f1 = _stat_fields(pid)
         dt = time.monotonic() - t0
         cpu0 = (int(f0[11]) + int(f0[12])) / hz  # utime + stime
@@ -73,7 +73,8 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
             "Z": "zombie",
             "I": "idle",
         }
-        out[PREFIX + "process.state"] = "%s (%s)" % (f1[0], states.get(f1[0], "?"))
+        state = waits[1] or f1[0]
+        out[PREFIX + "process.state"] = "%s (%s)" % (state, states.get(state, "?"))
         out[PREFIX + "process.cpu_seconds"] = round(cpu1, 2)
         out[PREFIX + "process.cpu_percent"] = round(100.0 * (cpu1 - cpu0) / dt, 1) if dt > 0 else 0.0
         out[PREFIX + "process.threads"] = int(f1[17])
@@ -81,11 +82,11 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
     except (OSError, ValueError, IndexError) as e:
         out[PREFIX + "process.error"] = str(e)
         return out
-    try:
-        wchan = _read("/proc/%d/wchan" % pid).strip()
-        out[PREFIX + "process.wait_channel"] = wchan if wchan and wchan != "0" else "(none: on CPU or not shown)"
-    except OSError as e:
-        out[PREFIX + "process.wait_channel.error"] = str(e)
+    wchan, _, error = waits
+    if error:
+        out[PREFIX + "process.wait_channel.error"] = error
+    else:
+        out[PREFIX + "process.wait_channel"] = wchan or "(none: on CPU or not shown)"
     try:
         io = dict(line.split(": ", 1) for line in _read("/proc/%d/io" % pid).splitlines() if ": " in line)
         out[PREFIX + "io.read_bytes"] = int(io.get("rchar", 0))
@@ -93,6 +94,41 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         out[PREFIX + "io.error"] = str(e)
     return out
+
+
+_WAIT_READ_EVERY_S = 0.01
+
+
+def _wait_channels(pid: int, until: float) -> tuple[str, str, str]:
+    """The main thread's kernel wait channel over the sample until ``until`` (monotonic), read every
+    10 ms: ``(channel, state letter read with it, error)``. The channel is the one most often read
+    when the thread was off the CPU in at least half the reads, else "" (it runs). One read is not
+    enough: a loop that polls with short sleeps (``while not done(): time.sleep(0.1)``) is caught
+    awake between two sleeps now and then, most of all on a loaded machine, and its wait is the
+    sleep, not "on CPU"."""
+    seen: dict[str, int] = {}
+    state: dict[str, str] = {}
+    reads = 0
+    while True:
+        try:
+            wchan = _read("/proc/%d/wchan" % pid).strip()
+            letter = _stat_fields(pid)[0]
+        except (OSError, IndexError) as e:
+            if not reads:  # (unreadable: the CPU sample still takes its time)
+                time.sleep(max(0.0, until - time.monotonic()))
+                return "", "", str(e)
+            break
+        reads += 1
+        if wchan and wchan != "0":
+            seen[wchan] = seen.get(wchan, 0) + 1
+            state.setdefault(wchan, letter)
+        if time.monotonic() >= until:
+            break
+        time.sleep(min(_WAIT_READ_EVERY_S, max(0.0, until - time.monotonic())))
+    if not seen or 2 * sum(seen.values()) < reads:
+        return "", "", ""
+    best = max(seen, key=lambda w: seen[w])
+    return best, state[best], ""
 
 
 def network_facts(pid: int) -> dict[str, Any]:
