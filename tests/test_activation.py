@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
 from procs import LINE_RE, PYTHON, clean_env, journals, only_journal, run_traced, span_named
 
 SCRIPT = textwrap.dedent("""
@@ -256,6 +257,52 @@ def test_python_dash_m_imports_its_package_in_one_span(tmp_path: Path) -> None:
     assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
     names = [s.name for s in only_journal(tmp_path / "lora-otel").spans if s.name.startswith("import ")]
     assert names == ["import pkg"], names
+
+
+@pytest.mark.parametrize("package", ["code", "test"])
+def test_a_program_package_with_a_stdlib_name_is_the_programs_import(tmp_path: Path, package: str) -> None:
+    """``python -m code.train``: runpy (stdlib code) imports the program's own ``code`` package with
+    a direct ``__import__`` call; it has a standard library module's name, but it loads from the
+    program's folder, so it is the program's import and its span is there (a name-only rule dropped
+    it, and a slow ``import code`` went unreported; 3.9's list of stdlib names held ``test``)."""
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("import helper\n")
+    (tmp_path / package / "train.py").write_text("print('ran')\n")
+    (tmp_path / "helper.py").write_text("import fractions\n")
+    r = run_traced(["-m", package + ".train"], cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    names = [s.name for s in only_journal(tmp_path / "lora-otel").spans if s.name.startswith("import ")]
+    assert names == ["import " + package], names
+
+
+ODD_IMPORT_CALLS = """\
+def attempt(call):
+    try:
+        mod = eval(call)
+        print(call, "->", getattr(mod, "__name__", mod))
+    except Exception as e:
+        print(call, "->", type(e).__name__, e)
+attempt("__import__(5)")
+attempt("__import__(None)")
+attempt("__import__(b'json')")
+attempt("__import__(['x'])")
+attempt("__import__('csv', 5)")
+attempt("__import__('decimal', [1])")
+attempt("__import__('fractions', {'__name__': 5})")
+exec("import statistics", {"__name__": 5})
+print("statistics" in __import__("sys").modules)
+"""
+
+
+def test_odd_import_calls_behave_as_without_lora_otel(tmp_path: Path) -> None:
+    """``__import__`` with a name that is no string, or globals that are no dict or name no module
+    by a string: the same module or the same exception as without lora_otel (the hook read the name
+    and the globals first, and raised AttributeError of its own)."""
+    script = write_script(tmp_path, ODD_IMPORT_CALLS, name="odd.py")
+    plain = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    traced = run_traced([str(script)], cwd=tmp_path)
+    assert plain.returncode == 0 and "__import__('csv', 5) -> csv" in plain.stdout, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
 
 
 def test_journal_lines_are_versioned_json(tmp_path: Path) -> None:

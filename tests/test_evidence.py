@@ -153,3 +153,31 @@ def test_a_spinning_process_reads_as_on_cpu() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_process_stopped_during_the_sample_reads_as_stopped() -> None:
+    """A process asleep in most reads of the sample and then stopped (SIGSTOP) is stopped now: its
+    state and wait channel are the last read's, not the sleep read most often (a hostile trial:
+    "S (sleeping)" for a stopped process, and for one that had died, against "Z" before)."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    code = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(process_facts(proc.pid, sample_s=6.0)))
+        t.start()
+        # Two thirds into the sample: most reads found the sleep; the stop comes 2 s before the
+        # sample's end, far from what a loaded machine delays this thread by.
+        time.sleep(4.0)
+        os.kill(proc.pid, signal.SIGSTOP)
+        t.join()
+        assert got[0][PREFIX + "process.state"].startswith("T"), got[0]
+        assert "sleep" not in got[0][PREFIX + "process.wait_channel"], got[0]
+    finally:
+        proc.kill()
+        proc.communicate()

@@ -161,8 +161,8 @@ def _program_import(module_globals: Mapping[str, Any] | None) -> bool:
     """Whether an import statement with these module globals is the program's own."""
     if not module_globals:
         return True
-    modname = module_globals.get("__name__") or ""
-    if modname.startswith("lora_otel"):
+    modname = module_globals.get("__name__")
+    if isinstance(modname, str) and modname.startswith("lora_otel"):
         return False
     f = module_globals.get("__file__")
     return not (isinstance(f, str) and f.startswith(_STDLIB_DIR) and "-packages" not in f)
@@ -170,29 +170,47 @@ def _program_import(module_globals: Mapping[str, Any] | None) -> bool:
 
 def _stdlib_by_stdlib(name: str, by: Mapping[str, object] | None) -> bool:
     """Whether module ``name`` is the standard library's and so is the code importing it."""
-    return _stdlib_name(name) and bool(by) and not _program_import(by)
+    return bool(by) and not _program_import(by) and _stdlib_module(name)
 
 
-_stdlib_names: frozenset[str] | None = None
+def _stdlib_module(name: str) -> bool:
+    """Whether the top-level package of ``name`` is the standard library's, by where it loads from
+    (a name is not enough: a program's own ``code/`` or ``test/`` package has a stdlib name): a
+    built-in or frozen module, or one whose file lies in the standard library's folder outside
+    site-packages. Asked only for the rare imports that come without an importing module (a direct
+    ``__import__`` call, an import made from C); a finder that fails says "not the library's"."""
+    top = name.partition(".")[0]
+    if top in sys.builtin_module_names:
+        return True
+    mod = _modules.get(top)
+    if mod is not None:
+        origin = getattr(mod, "__file__", None)
+        spec = getattr(mod, "__spec__", None)
+        if origin is None and spec is not None and getattr(spec, "origin", None) == "frozen":
+            return True
+    else:
+        try:
+            import _imp
+
+            if _imp.is_frozen(top):
+                return True
+            spec = next(
+                (s for s in (_find_spec(f, top) for f in sys.meta_path) if s is not None),
+                None,
+            )
+        except Exception:  # noqa: BLE001 - a finder of the program's that fails: no claim made
+            return False
+        if spec is None:
+            return False
+        if getattr(spec, "origin", None) == "frozen":
+            return True
+        origin = getattr(spec, "origin", None)
+    return isinstance(origin, str) and origin.startswith(_STDLIB_DIR) and "-packages" not in origin
 
 
-def _stdlib_name(name: str) -> bool:
-    """Whether ``name`` is a standard library module's: ``sys.stdlib_module_names`` on 3.10+; on 3.9
-    the modules in the standard library's folder and ``lib-dynload``, and the built-in ones (listed
-    once, on the first direct ``__import__`` call that needs it)."""
-    global _stdlib_names
-    if _stdlib_names is None:
-        names = getattr(sys, "stdlib_module_names", None)
-        if names is None:
-            names = set(sys.builtin_module_names)
-            for folder in (_STDLIB_DIR, os.path.join(_STDLIB_DIR, "lib-dynload")):
-                try:
-                    entries = os.listdir(folder)
-                except OSError:
-                    continue
-                names.update(e.partition(".")[0] for e in entries if e != "site-packages")
-        _stdlib_names = frozenset(names)
-    return name.partition(".")[0] in _stdlib_names
+def _find_spec(finder: object, name: str) -> object:
+    find = getattr(finder, "find_spec", None)
+    return find(name, None) if find is not None else None
 
 
 def _caller_globals() -> Mapping[str, object] | None:
@@ -244,24 +262,30 @@ def traced_import(
     level: int = 0,
 ) -> ModuleType:
     """``builtins.__import__`` replacement: a span around each top-level import of a new module."""
-    if level or name in _modules or not core.active:
+    if level or not isinstance(name, str) or name in _modules or not core.active:
         return _orig_import(name, globals, locals, fromlist, level)
     tid = get_ident()
     # Who imports: an import statement passes its module's globals; a direct ``__import__(name)``
     # call passes none (runpy's import of ``python -m pkg.mod``'s package, importlib's fromlist
     # imports: the program's, as they always were), and its caller is the importer. A standard
     # library module imported so by standard library code (the codec search's ``encodings.idna``
-    # inside a download) is no span of the program's.
-    # The interpreter's own imports come from C with no Python code on the stack and globals that
-    # name no module (3.12+ imports runpy so for ``python -m``, after site has run): a standard
-    # library module imported so is no span of the program's either.
-    by = globals if globals is not None else _caller_globals()
-    if (
-        tid in _importing
-        or not _program_import(globals)
-        or (globals is None and _stdlib_by_stdlib(name, by))
-        or (not (globals or {}).get("__name__") and _stdlib_name(name) and _caller_globals() is None)
-    ):
+    # inside a download) is no span of the program's. The interpreter's own imports come from C
+    # with no Python code on the stack and globals that name no module (3.12+ imports runpy so for
+    # ``python -m``, after site has run): a standard library module imported so is no span either.
+    # Globals that are no dict (``__import__("csv", 5)`` works without lora_otel) count as none; any
+    # oddity in them leaves the import untraced, as it is without lora_otel.
+    try:
+        own = globals if isinstance(globals, dict) else None
+        by = own if own is not None else _caller_globals()
+        untraced = (
+            tid in _importing
+            or not _program_import(own)
+            or (own is None and _stdlib_by_stdlib(name, by))
+            or (not (own or {}).get("__name__") and _caller_globals() is None and _stdlib_module(name))
+        )
+    except Exception:  # noqa: BLE001 - odd globals of the program's: the import as without lora_otel
+        untraced, by = True, None
+    if untraced:
         if not core.promoted:
             with core.fail_open("import hook"):
                 _maybe_promote(name, globals)

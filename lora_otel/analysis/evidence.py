@@ -73,6 +73,8 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
             "Z": "zombie",
             "I": "idle",
         }
+        if f1[0] in _GONE_OR_STOPPED and waits[1] != f1[0]:  # (it stopped or ended after the last read)
+            waits = (_last_wait_channel(pid), f1[0], waits[2])
         state = waits[1] or f1[0]
         out[PREFIX + "process.state"] = "%s (%s)" % (state, states.get(state, "?"))
         out[PREFIX + "process.cpu_seconds"] = round(cpu1, 2)
@@ -101,14 +103,16 @@ _WAIT_READ_EVERY_S = 0.01
 
 def _wait_channels(pid: int, until: float) -> tuple[str, str, str]:
     """The main thread's kernel wait channel over the sample until ``until`` (monotonic), read every
-    10 ms: ``(channel, state letter read with it, error)``. The channel is the one most often read
-    when the thread was off the CPU in at least half the reads, else "" (it runs). One read is not
-    enough: a loop that polls with short sleeps (``while not done(): time.sleep(0.1)``) is caught
-    awake between two sleeps now and then, most of all on a loaded machine, and its wait is the
-    sleep, not "on CPU"."""
+    10 ms: ``(channel, state letter, error)``. One read is not enough: a loop that polls with short
+    sleeps (``while not done(): time.sleep(0.1)``) is caught awake between two sleeps now and then,
+    most of all on a loaded machine, and its wait is the sleep, not "on CPU". So the channel is the
+    one read most often when the thread was off the CPU in at least half the reads, else "" (it
+    runs), with the state letter read with it — unless the last read found the process stopped or
+    dead, which it now is for good: then that read's channel and state."""
     seen: dict[str, int] = {}
     state: dict[str, str] = {}
     reads = 0
+    last = ("", "")
     while True:
         try:
             wchan = _read("/proc/%d/wchan" % pid).strip()
@@ -119,16 +123,32 @@ def _wait_channels(pid: int, until: float) -> tuple[str, str, str]:
                 return "", "", str(e)
             break
         reads += 1
-        if wchan and wchan != "0":
+        wchan = "" if wchan == "0" else wchan
+        last = (wchan, letter)
+        if wchan:
             seen[wchan] = seen.get(wchan, 0) + 1
             state.setdefault(wchan, letter)
         if time.monotonic() >= until:
             break
         time.sleep(min(_WAIT_READ_EVERY_S, max(0.0, until - time.monotonic())))
+    if last[1] in _GONE_OR_STOPPED:
+        return last[0], last[1], ""
     if not seen or 2 * sum(seen.values()) < reads:
         return "", "", ""
     best = max(seen, key=lambda w: seen[w])
     return best, state[best], ""
+
+
+def _last_wait_channel(pid: int) -> str:
+    try:
+        wchan = _read("/proc/%d/wchan" % pid).strip()
+    except OSError:
+        return ""
+    return "" if wchan == "0" else wchan
+
+
+_GONE_OR_STOPPED = ("Z", "X", "x", "T", "t")
+"""State letters of a process that ended (zombie, dead) or was stopped (a signal, a tracer)."""
 
 
 def network_facts(pid: int) -> dict[str, Any]:
