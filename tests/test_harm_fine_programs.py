@@ -495,3 +495,32 @@ def test_trace_count_runs_as_without_lora_otel(tmp_path: Path) -> None:
     assert plain.returncode == 0 and plain.stdout == "hi\n", plain.stderr
     assert (traced.returncode, traced.stdout) == (0, "hi\n"), traced.stderr
     assert "Error" not in traced.stderr, traced.stderr
+
+
+# --- finalizers at shutdown --------------------------------------------------------------------
+
+FINALIZED = """\
+import os, sys
+class Writer:
+    def __del__(self, write=os.write):
+        write(1, b"closed the writer\\n")  # a writer's last flush, run as the interpreter shuts down
+writer = Writer()
+print("ran", flush=True)
+"""
+
+
+@pytest.mark.parametrize("ending", ["", "raise SystemExit(3)\n", "sys.exit(0)\n"])
+def test_module_objects_are_finalized_at_shutdown(tmp_path: Path, ending: str) -> None:
+    """An object held by the ``__main__`` module is finalized as the interpreter shuts down, as it is
+    without lora_otel: on 3.9-3.11 the frame kept to judge the exit held the module's globals past
+    the exit handler, so its ``__del__`` never ran (a hostile trial). The exit code is still read."""
+    plain = subprocess.run(
+        [PYTHON, "-c", FINALIZED + ending], cwd=tmp_path, env=clean_env(), capture_output=True, text=True
+    )
+    traced = run_job(tmp_path, FINALIZED + ending, LORA_OTEL_KEEP_SHORT="1")
+    assert plain.stdout == "ran\nclosed the writer\n", plain.stderr
+    assert (traced.returncode, traced.stdout) == (plain.returncode, plain.stdout), traced.stderr
+    [journal] = journals(tmp_path / "lora-otel")
+    assert '"k":"exit","ts":' in journal.read_text().replace(" ", "") and (
+        '"code":%d' % plain.returncode in journal.read_text().replace(" ", "")
+    ), journal.read_text()[-500:]
