@@ -320,3 +320,19 @@ def test_fuzz_inspect_never_fails(tmp_path, capsys, data, as_json):
         assert json.loads(out)["stuck"]
     else:
         assert out.splitlines()[0]
+
+
+def test_a_log_with_no_journal_beside_it_says_where_the_journal_went(tmp_path, capsys, monkeypatch):
+    """``inspect runs/demo.log`` when the run could not write its journal beside the log (``runs/``
+    did not exist as it started, a newcomer's first run): one line that says so and where the
+    journal went, not only "not a journal (line 1: not JSON)"."""
+    state = tmp_path / "state"
+    monkeypatch.delenv("LORA_OTEL_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    log = tmp_path / "demo.log"
+    log.write_text("step 1 loss 2.0\n")
+    status = main(["inspect", str(log)])
+    out, err = capsys.readouterr()
+    assert status == 2 and not out and len(err.splitlines()) == 1, err
+    assert "no journal beside it (%s.otel.jsonl)" % log in err, err
+    assert str(state / "lora-otel") in err and "with no argument reads the newest run there" in err, err

@@ -65,7 +65,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         print(f"lora-otel inspect: {e}", file=sys.stderr)
         return 2
     if not_a_journal(journal):
-        print(f"lora-otel inspect: {args.journal}: not a journal ({journal.problems[0]})", file=sys.stderr)
+        print(f"lora-otel inspect: {args.journal}: {no_journal_beside(args.journal, journal)}", file=sys.stderr)
         return 2
     from lora_otel.analysis import baseline
     from lora_otel.analysis.stall import StallConfigError, detect, frozen_after_from_env, parse_limits
@@ -281,6 +281,23 @@ def _first_ts(path: str) -> int:
         return ts if isinstance(ts, int) else 0
     except (OSError, ValueError, AttributeError):
         return 0
+
+
+def no_journal_beside(path: str, journal: Journal) -> str:
+    """Why ``path`` cannot be read: ``not a journal (…)``; for a file that is no journal and has none
+    beside it (a ``--log`` whose directory did not exist when the run started: lora_otel creates
+    none, and the journal went to the journal directory), where that run's journal is."""
+    from lora_otel._boot.seam import JOURNAL_SUFFIX
+    from lora_otel.journal.runs import default_dir
+
+    why = f"not a journal ({journal.problems[0]})"
+    if path.endswith(JOURNAL_SUFFIX):
+        return why
+    return (
+        f"{why}, and no journal beside it ({path}{JOURNAL_SUFFIX}): a run given --log {path} writes "
+        f"its journal there only when that directory exists as it starts; else it is in {default_dir()} "
+        "(`lora-otel inspect` with no argument reads the newest run there)"
+    )
 
 
 def not_a_journal(journal: Journal) -> bool:
