@@ -45,7 +45,7 @@ def messages(log: Path, start: str) -> list[str]:
 def launch_detached(tmp: Path, script: str, **env: str) -> subprocess.Popen:
     """``sh -c 'exec python SCRIPT >> log.txt 2>&1'`` in a session of its own, as a UI starts a job."""
     cmd = ["sh", "-c", 'exec "$0" "$1" >> log.txt 2>&1', PYTHON, script]
-    return subprocess.Popen(cmd, cwd=tmp, env=clean_env(LORA_OTEL="1", **FAST, **env), start_new_session=True)
+    return subprocess.Popen(cmd, cwd=tmp, env=clean_env(LORA_OTEL="1", **{**FAST, **env}), start_new_session=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -157,6 +157,30 @@ def test_a_slow_stage_that_finishes(tmp_path: Path) -> None:
     took = messages(log, "import toolkit.job took ")
     assert len(took) == 1 and re.fullmatch(r"import toolkit\.job took 2\.\d s", took[0]), took
     assert not messages(log, "STALLED"), lora_lines(log)
+
+
+@pytest.mark.torch
+def test_a_took_line_gives_the_stages_own_time(tmp_path: Path) -> None:
+    """The "took" line is written at the beat after the stage ended; when another stage ended in
+    between, it gave the time up to that beat (a newcomer's "import transformers took 26 s" for a
+    22.4 s span). It gives the span's own duration, as the journal has it."""
+    toolkit(tmp_path, "2.5")
+    (tmp_path / "run.py").write_text(
+        "import argparse\nimport toolkit.job\nimport lora_otel, time\n"
+        "with lora_otel.stage('load config'):\n    pass\n"
+        "time.sleep(2.5)  # beats come and write the line\nprint('RUN finished', flush=True)\n"
+    )
+    proc = launch_detached(tmp_path, "run.py", LORA_OTEL_BEAT_S="1", LORA_OTEL_DIR="j", LORA_OTEL_KEEP_SHORT="1")
+    assert proc.wait(timeout=60) == 0
+    log = tmp_path / "log.txt"
+    lines = messages(log, "import toolkit.job took ")
+    assert len(lines) == 1, lora_lines(log)
+    took = lines[0]
+    [path] = sorted((tmp_path / "j").glob("*.otel.jsonl"))
+    span = next(s for s in read_journal(path).spans if s.name == "import toolkit.job")
+    assert span.end_ns is not None
+    seconds = (span.end_ns - span.start_ns) / 1e9
+    assert took == "import toolkit.job took %.1f s" % seconds, (took, seconds)
 
 
 JOB_PY = """\

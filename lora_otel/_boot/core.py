@@ -147,6 +147,10 @@ open_spans: dict[str, tuple[str, str | None, int, int]] = {}
 last_ended: tuple[str, str, int] | None = None
 """``(span_id, name, end ts ns)`` of the stage that ended last — not counting imports shorter than
 ``import_threshold_ms``, which export drops: the beat's narration says what ended before a quiet time."""
+ended_at: dict[str, int] = {}
+"""``span_id -> end ts ns`` of the spans that ended last (64 at most): the narration's "X took N s"
+line, written at the next beat, gives the span's own end, not the time of the beat."""
+_ENDED_KEPT = 64
 main_ident = 0
 """The thread id of the main thread (the one that ran the preamble, or that forked this process):
 the beat samples where it is."""
@@ -1160,6 +1164,12 @@ def span_end(
     if stack and sid in stack:
         stack.remove(sid)
     ts = ts or now_ns()
+    ended_at[sid] = ts
+    if len(ended_at) > _ENDED_KEPT:
+        try:
+            del ended_at[next(iter(ended_at))]
+        except (KeyError, RuntimeError, StopIteration):
+            pass  # (another thread's end trimmed it first)
     if (
         type(info[0]) is not str or not info[0].startswith("import ") or ts - info[3] >= import_threshold_ms * 1_000_000
     ):  # an import too short to export is no stage
@@ -1304,8 +1314,9 @@ def reset_for_child(parent_span: str, fork_ns: int) -> None:
     The span stacks are dropped, not cleared (every page written after a fork is a copy);
     `_deferred_lock` is made anew by `defer_journal`."""
     global _journal_fd, steps, last_step_ns, _stacks, last_ended, main_frames
-    global _beat_state, _beats_unwritten, root_id, open_spans
+    global _beat_state, _beats_unwritten, root_id, open_spans, ended_at
     last_ended, main_frames = None, None
+    ended_at = {}
     _beat_state, _beats_unwritten = None, 0
     if _journal_fd >= 0:
         try:

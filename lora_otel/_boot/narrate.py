@@ -353,8 +353,7 @@ def _ended(ep: _Episode, now_ns: int, subject: Subject | None) -> str | None:
     if ep.kind == "stage":
         if ep.key in core.open_spans:
             return None
-        last = core.last_ended
-        end = last[2] if last is not None and last[0] == ep.key else now_ns
+        end = core.ended_at.get(ep.key, now_ns) if isinstance(ep.key, str) else now_ns
         return "%s took %s" % (ep.name, _secs((end - ep.since_ns) / 1e9))
     if ep.kind == "training":
         tsid = ep.key[1]
