@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -102,3 +103,28 @@ def test_python_dash_m_keeps_the_module_name(tmp_path: Path) -> None:
     j = only_journal(tmp_path / "lora-otel")
     assert j.root.attrs["process.command"] == "json.tool"
     assert j.root.attrs["process.command_args"][1:] == ["json.tool", "missing.json"]
+
+
+def test_a_command_killed_by_a_signal_gets_a_last_line(tmp_path: Path) -> None:
+    """A command that dies by a signal it does not handle writes no last line of its own; the
+    launcher's log ends with the wrapper's: how it died and the exit status it passes on (a
+    newcomer's SIGTERMed job ended at its last warning, with nothing saying it was killed)."""
+    r = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "lora_otel",
+            "run",
+            "--",
+            PYTHON,
+            "-c",
+            "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    assert r.stderr.splitlines()[-1] == "lora-otel run: the command was killed by SIGTERM (exit status 143)", r.stderr

@@ -18,6 +18,7 @@ it exits: an ``exit`` record for a child that died by a signal or left without o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -179,7 +180,17 @@ def run_command(args: argparse.Namespace) -> int:
     except _StartError as e:
         return e.code
     _drop_if_unused(journal)
-    record_exit(journal, rc, oom.struck() if rc == -signal.SIGKILL else None)
+    killer = oom.struck() if rc == -signal.SIGKILL else None
+    if record_exit(journal, rc, killer) and rc < 0:
+        # The command died by a signal it did not handle, so its own last line never came: the
+        # launcher's log ends with this one, not with a line from before the kill.
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                "lora-otel run: the command was %s%s (exit status %d)"
+                % (describe_status(rc), " by %s" % killer if killer else "", 128 - rc),
+                file=sys.stderr,
+                flush=True,
+            )
     if getattr(args, "tree", False):
         _print_tree(journal)
     if rc < 0:
