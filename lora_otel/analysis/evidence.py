@@ -59,11 +59,23 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
         hz = os.sysconf("SC_CLK_TCK")
         f0 = _stat_fields(pid)
         t0 = time.monotonic()
-        waits = _wait_channels(pid, t0 + sample_s)
+        best, best_state, off_cpu, last, error = _wait_channels(pid, t0 + sample_s)
         f1 = _stat_fields(pid)
         dt = time.monotonic() - t0
         cpu0 = (int(f0[11]) + int(f0[12])) / hz  # utime + stime
         cpu1 = (int(f1[11]) + int(f1[12])) / hz
+        cpu_percent = round(100.0 * (cpu1 - cpu0) / dt, 1) if dt > 0 else 0.0
+        # The wait is the channel read most often when the thread was off the CPU in half the reads
+        # or used under half a CPU (a poll loop on a loaded machine: runnable, not running, between
+        # its sleeps); a process that stopped or ended during the sample is so now: the last read's.
+        if f1[0] in _GONE_OR_STOPPED:
+            waits = (last[0] if last[1] == f1[0] else _last_wait_channel(pid), f1[0], error)
+        elif last[1] in _GONE_OR_STOPPED:
+            waits = (last[0], last[1], error)
+        elif best and (off_cpu >= 0.5 or cpu_percent < 50):
+            waits = (best, best_state, error)
+        else:
+            waits = ("", "", error)
         states = {
             "R": "running",
             "S": "sleeping",
@@ -73,12 +85,10 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
             "Z": "zombie",
             "I": "idle",
         }
-        if f1[0] in _GONE_OR_STOPPED and waits[1] != f1[0]:  # (it stopped or ended after the last read)
-            waits = (_last_wait_channel(pid), f1[0], waits[2])
         state = waits[1] or f1[0]
         out[PREFIX + "process.state"] = "%s (%s)" % (state, states.get(state, "?"))
         out[PREFIX + "process.cpu_seconds"] = round(cpu1, 2)
-        out[PREFIX + "process.cpu_percent"] = round(100.0 * (cpu1 - cpu0) / dt, 1) if dt > 0 else 0.0
+        out[PREFIX + "process.cpu_percent"] = cpu_percent
         out[PREFIX + "process.threads"] = int(f1[17])
         out[PREFIX + "process.rss_bytes"] = int(f1[21]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError) as e:
@@ -101,14 +111,13 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
 _WAIT_READ_EVERY_S = 0.01
 
 
-def _wait_channels(pid: int, until: float) -> tuple[str, str, str]:
+def _wait_channels(pid: int, until: float) -> tuple[str, str, float, tuple[str, str], str]:
     """The main thread's kernel wait channel over the sample until ``until`` (monotonic), read every
-    10 ms: ``(channel, state letter, error)``. One read is not enough: a loop that polls with short
-    sleeps (``while not done(): time.sleep(0.1)``) is caught awake between two sleeps now and then,
-    most of all on a loaded machine, and its wait is the sleep, not "on CPU". So the channel is the
-    one read most often when the thread was off the CPU in at least half the reads, else "" (it
-    runs), with the state letter read with it — unless the last read found the process stopped or
-    dead, which it now is for good: then that read's channel and state."""
+    10 ms: ``(channel read most often, the state letter read with it, the share of reads that found
+    the thread off the CPU, (channel, state letter) of the last read, error)``. One read is not
+    enough: a loop that polls with short sleeps (``while not done(): time.sleep(0.1)``) is caught
+    awake between two sleeps now and then — on a loaded machine often, runnable and waiting for a
+    CPU — and its wait is the sleep, not "on CPU" (`process_facts` decides)."""
     seen: dict[str, int] = {}
     state: dict[str, str] = {}
     reads = 0
@@ -120,7 +129,7 @@ def _wait_channels(pid: int, until: float) -> tuple[str, str, str]:
         except (OSError, IndexError) as e:
             if not reads:  # (unreadable: the CPU sample still takes its time)
                 time.sleep(max(0.0, until - time.monotonic()))
-                return "", "", str(e)
+                return "", "", 0.0, last, str(e)
             break
         reads += 1
         wchan = "" if wchan == "0" else wchan
@@ -131,12 +140,10 @@ def _wait_channels(pid: int, until: float) -> tuple[str, str, str]:
         if time.monotonic() >= until:
             break
         time.sleep(min(_WAIT_READ_EVERY_S, max(0.0, until - time.monotonic())))
-    if last[1] in _GONE_OR_STOPPED:
-        return last[0], last[1], ""
-    if not seen or 2 * sum(seen.values()) < reads:
-        return "", "", ""
+    if not seen:
+        return "", "", 0.0, last, ""
     best = max(seen, key=lambda w: seen[w])
-    return best, state[best], ""
+    return best, state[best], sum(seen.values()) / reads, last, ""
 
 
 def _last_wait_channel(pid: int) -> str:
