@@ -985,8 +985,8 @@ def _watch_exit() -> None:
     threads' joins and the program's atexit handlers (a telemetry flush, a logger's upload, a
     process group torn down) run inside it, and ours, registered first, runs last and ends it.
 
-    The wrapper only notes the time; the beat opens the span (`_exit_tick`), so an exit quicker
-    than a beat writes nothing. Never raises."""
+    The wrapper only notes the time; the beat opens the span (`_exit_tick`) once the exit has lasted
+    a beat's interval, so an exit quicker than that writes nothing. Never raises."""
     global _exit_watched
     threading = sys.modules.get("threading")
     if _exit_watched == os.getpid() or threading is None:
@@ -1027,6 +1027,8 @@ def _exit_tick() -> None:
     if began is None or _exit_done or began[1] != core.pid:
         return
     if _exit_sid is None:
+        if core.now_ns() - began[0] < core.beat_interval * 1e9:
+            return  # an exit shorter than a beat is no stage, wherever the beat fell in it
         threading = sys.modules.get("threading")
         alive = []
         with core.fail_open("exit stage"):
