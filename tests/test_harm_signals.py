@@ -233,7 +233,19 @@ trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, ena
                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=os.getcwd())
 trainer.fit(Tiny(), data)
 if sys.argv[1] == "after":
-    time.sleep(3.0)  # what a job does after fit (evaluate, save) before it freezes; > 1 beat even on a starved CPU
+    # What a job does after fit (evaluate, save) before it freezes: long enough for the beat to take
+    # the stack signal back (Lightning reset it to SIG_DFL), which a loaded machine can delay by
+    # seconds, so the job waits to see it caught again (its bit in SigCgt), 60 s at most.
+    import signal as sig_
+    stack_signal = sig_.SIGRTMIN + 10
+    def caught():
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith("SigCgt:"))
+        return int(line.split()[1], 16) >> (stack_signal - 1) & 1
+    deadline = time.monotonic() + 60
+    while not caught() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
     hold_gil(8)
 print("done", flush=True)
 """
@@ -278,8 +290,8 @@ class TestLightning:
     def test_stall_after_fit_does_not_kill(self, tmp_path: Path, collector) -> None:
         """After ``trainer.fit()`` Lightning restores every signal to what ``signal.getsignal``
         said (SIG_DFL), which removes faulthandler from lora_otel's signal too: a later freeze does
-        not kill the job, and its stacks are gathered (the beat registers the handler again within a
-        second; a freeze inside that second is not signalled at all)."""
+        not kill the job, and its stacks are gathered (the beat registers the handler again at its
+        next beat; the job waits for that, as a freeze before it is not signalled at all)."""
         r = run_job(tmp_path, LIGHTNING, collector.http_endpoint, "after", timeout=120)
         assert r.returncode == 0 and "done" in r.stdout, (r.returncode, r.stderr[-3000:])
         assert "hold_gil" in stacks_text(tmp_path), "the stacks were not gathered"

@@ -39,7 +39,7 @@ def run_in_mode(tmp_path: Path, mode: str, program: str, python: str = PYTHON) -
         cmd = [python, "-m", "lora_otel", "prog.py"]
     else:
         cmd = [python, "prog.py"]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
 def summary(directory: Path) -> subprocess.CompletedProcess:

@@ -498,7 +498,9 @@ def test_python_ui_starting_accelerate_launch(tmp_path: Path, reaper: Reaper, ui
     (tmp_path / "runs").mkdir()
     home = tmp_path / "home"
     home.mkdir()
-    env = job_env(LORA_OTEL="1", HOME=str(home), HF_HOME=str(home / "hf"))
+    # (A stage running long is said on the terminal even by a quiet process: on a loaded machine the
+    # launcher's `import accelerate.commands` passed 10 s. The first such line comes after 60 s here.)
+    env = job_env(LORA_OTEL="1", HOME=str(home), HF_HOME=str(home / "hf"), LORA_OTEL_NARRATE_S="60")
     if ui_server:
         (tmp_path / "uvicorn").mkdir()
         (tmp_path / "uvicorn" / "__init__.py").write_text("")

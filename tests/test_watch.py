@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -281,7 +282,8 @@ def test_stall_and_frozen_in_plain_output(capsys, monkeypatch, tmp_path: Path) -
     assert "\nSTALLED: import slowmod open for " in out and " (limit 120 s) — " in out
     frozen = running_and_stuck(tmp_path / "frozen.otel.jsonl", since_s=60, beat_ago_s=30)
     out = watch(capsys, "--once", str(frozen.path))[1]
-    assert "\nSTALLED: frozen in import slowmod: no beat for 30 s (limit 10 s) — " in out
+    # (30 s when read at once; a slow call on a loaded machine adds its own seconds)
+    assert re.search(r"\nSTALLED: frozen in import slowmod: no beat for (3\d|[4-9]\d) s \(limit 10 s\) — ", out), out
 
 
 def test_no_colour_codes_when_not_a_terminal(capsys, monkeypatch, tmp_path: Path) -> None:
