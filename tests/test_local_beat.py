@@ -132,7 +132,8 @@ class TestStuckImport:
         text = lora_otel_cli("inspect", path).stdout.splitlines()
         assert text[0].startswith("stuck in import toolkit.job for ")
         assert text[1].startswith("STALLED: import toolkit.job open for "), text[:3]  # the stall leads
-        assert text[2] == self.WHERE, text[:3]
+        # (an old sample says its age: a loaded machine's beat can be late)
+        assert re.fullmatch(re.escape(self.WHERE) + r"( \(sampled [\d.]+ m?s ago\))?", text[2]), text[:3]
         doc = json.loads(lora_otel_cli("inspect", path, "--json").stdout)
         assert doc["main_thread"]["where"] == self.WHERE[len("main thread at ") :]
         assert doc["main_thread"]["frames"][-1] == ["", 0, "time.sleep"]
@@ -141,7 +142,10 @@ class TestStuckImport:
         """`lora-otel watch --once DIR` shows the same line for the running process."""
         tmp, _ = stuck_import
         r = lora_otel_cli("watch", "--once", str(tmp / "lora-otel"))
-        assert self.WHERE in r.stdout.splitlines(), r.stdout
+        assert any(
+            re.fullmatch(re.escape(self.WHERE) + r"( \(sampled [\d.]+ m?s ago\))?", line)
+            for line in r.stdout.splitlines()
+        ), r.stdout
 
 
 @pytest.mark.torch
