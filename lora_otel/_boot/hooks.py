@@ -185,8 +185,7 @@ def _stdlib_module(name: str) -> bool:
     mod = _modules.get(top)
     if mod is not None:
         origin = getattr(mod, "__file__", None)
-        spec = getattr(mod, "__spec__", None)
-        if origin is None and spec is not None and getattr(spec, "origin", None) == "frozen":
+        if origin is None and getattr(getattr(mod, "__spec__", None), "origin", None) == "frozen":
             return True
     else:
         try:
@@ -194,17 +193,12 @@ def _stdlib_module(name: str) -> bool:
 
             if _imp.is_frozen(top):
                 return True
-            spec = next(
-                (s for s in (_find_spec(f, top) for f in sys.meta_path) if s is not None),
-                None,
-            )
+            spec = next((s for s in (_find_spec(f, top) for f in sys.meta_path) if s is not None), None)
         except Exception:  # noqa: BLE001 - a finder of the program's that fails: no claim made
             return False
-        if spec is None:
-            return False
-        if getattr(spec, "origin", None) == "frozen":
-            return True
         origin = getattr(spec, "origin", None)
+        if origin == "frozen":
+            return True
     return isinstance(origin, str) and origin.startswith(_STDLIB_DIR) and "-packages" not in origin
 
 
@@ -281,7 +275,11 @@ def traced_import(
             tid in _importing
             or not _program_import(own)
             or (own is None and _stdlib_by_stdlib(name, by))
-            or (not (own or {}).get("__name__") and _caller_globals() is None and _stdlib_module(name))
+            or (
+                not (own or {}).get("__name__")
+                and (by if own is None else _caller_globals()) is None  # (no Python code called)
+                and _stdlib_module(name)
+            )
         )
     except Exception:  # noqa: BLE001 - odd globals of the program's: the import as without lora_otel
         untraced, by = True, None
