@@ -69,7 +69,7 @@ def process_facts(pid: int, sample_s: float = 0.2) -> dict[str, Any]:
         # or used under half a CPU (a poll loop on a loaded machine: runnable, not running, between
         # its sleeps); a process that stopped or ended during the sample is so now: the last read's.
         if f1[0] in _GONE_OR_STOPPED:
-            waits = (last[0] if last[1] == f1[0] else _last_wait_channel(pid), f1[0], error)
+            waits = (last[0] if last[1] == f1[0] else _wchan("/proc/%d/wchan" % pid), f1[0], error)
         elif last[1] in _GONE_OR_STOPPED:
             waits = (last[0], last[1], error)
         elif best and (off_cpu >= 0.5 or cpu_percent < 50):
@@ -144,14 +144,6 @@ def _wait_channels(pid: int, until: float) -> tuple[str, str, float, tuple[str, 
         return "", "", 0.0, last, ""
     best = max(seen, key=lambda w: seen[w])
     return best, state[best], sum(seen.values()) / reads, last, ""
-
-
-def _last_wait_channel(pid: int) -> str:
-    try:
-        wchan = _read("/proc/%d/wchan" % pid).strip()
-    except OSError:
-        return ""
-    return "" if wchan == "0" else wchan
 
 
 _GONE_OR_STOPPED = ("Z", "X", "x", "T", "t")
