@@ -15,9 +15,14 @@ peft and transformers, and the LoRA example and a 2-rank torchrun case run too. 
 torch: the tests marked ``torch`` are skipped there, saying so (``LORA_OTEL_TEST_NO_TORCH``).
 
 Each venv is cached under ``$LORA_OTEL_MATRIX_VENVS`` (default ``~/.cache/lora_otel/matrix``) by a
-key of the interpreter's exact version and what is installed into it; lora_otel is not installed
-into it: two ``.pth`` files put this checkout on ``sys.path`` and lora_otel's start hook in
-site-packages (as in ``tests/trainers/trainer_venv.py``), rewritten at every run. The interpreters
+key of the interpreter's exact version and what is installed into it, and shared by every checkout
+(a torch venv is 5 to 7 GB: one per checkout filled CI's disk). lora_otel is not installed into it:
+each checkout runs the tests in a small venv of its own (``checkouts/<hash>/``, made in a second,
+no pip in it) whose ``.pth`` files add the shared venv's site-packages, put this checkout on
+``sys.path`` and lora_otel's start hook in site-packages (as ``pip install`` does), rewritten at
+every run. A run holds the shared venv's lock file shared while it runs; building a new key for a
+Python first removes that Python's venvs of other keys that no run holds (the cache keeps one per
+Python, plus any in use). The interpreters
 are pyenv's (``pyenv root``/versions/3.X.*) or ``python3.X`` on ``PATH``; a missing one fails the
 run with its name. Exit status: 0 when every Python passed, 1 otherwise (pytest's "no tests
 collected" included).
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -141,37 +147,95 @@ def build(version: str, exe: str, torch: str | None, what: dict, venv: Path, pyt
             out.flush()
             if subprocess.call(step, stdout=out, stderr=subprocess.STDOUT) != 0:
                 tail = log.read_text(errors="replace")[-3000:]
+                free = shutil.disk_usage(venv.parent).free / 2**30
                 raise SystemExit(
-                    "matrix: building the Python %s venv failed at `%s`:\n%s" % (version, " ".join(step), tail)
+                    "matrix: building the Python %s venv failed at `%s` (%.1f GiB free under %s; a venv with"
+                    " torch takes 5 to 7 GiB):\n%s" % (version, " ".join(step), free, venv.parent, tail)
                 )
     (venv / ".built").write_text(json.dumps(what) + "\n")
     print("matrix: built the Python %s venv in %.0f s (%s)" % (version, time.monotonic() - started, venv), flush=True)
 
 
+_held: list = []
+"""The lock files of the shared venvs this run uses, held shared until it exits (see ``prune``)."""
+
+
+def prune(version: str, keep: str) -> list[Path]:
+    """Remove Python ``version``'s shared venvs of keys other than ``keep`` that no run holds, with
+    their logs, locks and checkouts' small venvs; returns what was removed."""
+    root = cache_root()
+    removed = []
+    for lock_path in sorted(root.glob("py%s-*.lock" % version)):
+        key = lock_path.name[len("py%s-" % version) : -len(".lock")]
+        if key == keep:
+            continue
+        with open(lock_path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a run is using it (or building it)
+            venv = root / ("py%s-%s" % (version, key))
+            shutil.rmtree(venv, ignore_errors=True)
+            for small in root.glob("checkouts/*/py%s-%s" % (version, key)):
+                shutil.rmtree(small, ignore_errors=True)
+            (root / ("py%s-%s.log" % (version, key))).unlink(missing_ok=True)
+            lock_path.unlink(missing_ok=True)
+            removed.append(venv)
+    return removed
+
+
+def site_packages(python: Path) -> Path:
+    return Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+
+
+def checkout_venv(exe: str, shared: Path, small: Path) -> Path:
+    """The python of this checkout's small venv over the ``shared`` venv's site-packages: made once
+    (``venv --without-pip``, about a second), its ``.pth`` files rewritten at every run."""
+    python = small / "bin" / "python"
+    if not python.exists():
+        shutil.rmtree(small, ignore_errors=True)
+        small.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([exe, "-m", "venv", "--without-pip", str(small)], check=True)
+    site = site_packages(python)
+    # .pth files are read in name order: the shared site-packages first (``addsitedir`` reads its own
+    # .pth files too, as its interpreter would), then this checkout, then the start hook, which
+    # imports lora_otel from it.
+    (site / "_lora_otel_matrix_shared.pth").write_text(
+        "import site; site.addsitedir(%r)\n" % str(site_packages(shared / "bin" / "python"))
+    )
+    (site / "lora_otel_checkout.pth").write_text(str(REPO) + "\n")
+    shutil.copyfile(REPO / "lora_otel_hook.pth", site / "lora_otel_hook.pth")
+    return python
+
+
+@functools.cache  # once per Python: a second lock of the file held here would wait on this run
 def venv_for(version: str, torch: str | None) -> Path:
-    """The python of this matrix entry's venv, built when the cache has none of its key."""
+    """The python this checkout runs Python ``version``'s tests with: a small venv of its own over
+    the shared venv of this key, which is built when the cache has none."""
     exe = find_python(version)
     full = subprocess.run([exe, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True)
-    # The checkout is part of the key: its .pth names this checkout, and another checkout's run (CI's,
-    # a second clone) sharing the venv pointed it elsewhere mid-run (No module named 'lora_otel').
-    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "checkout": str(REPO), "v": 1}
+    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "v": 2}
     key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
     venv = cache_root() / ("py%s-%s" % (version, key))
     python = venv / "bin" / "python"
     cache_root().mkdir(parents=True, exist_ok=True)
-    with open(cache_root() / ("py%s-%s.lock" % (version, key)), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits for it
-        if not (venv / ".built").exists():
-            build(version, exe, torch, what, venv, python, cache_root() / ("py%s-%s.log" % (version, key)))
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    (Path(site) / "lora_otel_checkout.pth").write_text(str(REPO) + "\n")
-    shutil.copyfile(REPO / "lora_otel_hook.pth", Path(site) / "lora_otel_hook.pth")
-    return python
+    lock = open(cache_root() / ("py%s-%s.lock" % (version, key)), "a")  # noqa: SIM115 (held till exit)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits for it
+    if not (venv / ".built").exists():
+        for gone in prune(version, key):
+            print("matrix: removed %s (another key of Python %s, in use by no run)" % (gone, version), flush=True)
+        build(version, exe, torch, what, venv, python, cache_root() / ("py%s-%s.log" % (version, key)))
+    fcntl.flock(lock, fcntl.LOCK_SH)  # held while this run lasts: no prune removes it under us
+    _held.append(lock)
+    checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+    return checkout_venv(exe, venv, cache_root() / "checkouts" / checkout / venv.name)
 
 
 ROTEL_WHEEL_PYTHON = "3.11"
