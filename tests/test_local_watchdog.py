@@ -670,3 +670,54 @@ def test_one_watchdog_per_job_also_with_a_bad_endpoint(tmp_path: Path) -> None:
     assert len(found) == 2
     pids = {j.root.attrs.get("lora_otel.sidecar.pid") for j in found}
     assert len(pids) == 1 and None not in pids, pids
+
+
+SLOW_PROMOTION = """
+import os, subprocess, sys, threading
+import lora_otel
+from lora_otel._boot import core, preamble
+
+assert not core.promoted, core.promoted
+under_way, go_on = threading.Event(), threading.Event()
+real_start = preamble._start_sidecar
+
+
+def slow_start(env):  # a promotion that a loaded machine makes slow: the registry comes late
+    under_way.set()
+    go_on.wait(30)
+    real_start(env)
+
+
+preamble._start_sidecar = slow_start
+preamble.PROMOTION_WAIT_S = 120  # (2 s in use) far from the timer below on a loaded machine
+threading.Thread(target=core.promote, args=("another thread",)).start()
+under_way.wait(30)
+# The job's main thread starts a child while that promotion is under way: lora_otel.stage finds the
+# process promoted already and returns at once; the child must still join this job's sidecar.
+threading.Timer(0.5, go_on.set).start()
+with lora_otel.stage("run child"):
+    subprocess.run([sys.executable, "-c", %r], check=True)
+"""
+
+
+def test_a_child_started_while_another_thread_promotes_joins_its_sidecar(tmp_path: Path) -> None:
+    """The main thread starts a child while the beat thread is promoting the process (starting the
+    sidecar): the child waits for that promotion and joins its sidecar, instead of starting a
+    second one before the registry is in the environment (seen on 3.10 under load). The delay is
+    injected into the real sidecar start; the job, the child and the sidecar are real."""
+    import subprocess as sp
+
+    from procs import PYTHON, clean_env, journals
+
+    from lora_otel.journal.reader import read_journal
+
+    child = "import lora_otel\nwith lora_otel.stage('child work'):\n    pass\n"
+    (tmp_path / "job.py").write_text(SLOW_PROMOTION % child)
+    r = sp.run(
+        [PYTHON, "job.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    found = [read_journal(p) for p in journals(tmp_path)]
+    assert len(found) == 2
+    pids = {j.root.attrs.get("lora_otel.sidecar.pid") for j in found}
+    assert len(pids) == 1 and None not in pids, pids

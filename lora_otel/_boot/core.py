@@ -163,6 +163,8 @@ once, by the preamble, when it first lives to a beat, imports something heavy or
 then starts the sidecar). A process that ends before that, normally, leaves nothing behind."""
 _promoter: Callable[[str], None] | None = None
 """The preamble's ``promote`` (set at start): what `promote` calls."""
+_promotion_waiter: Callable[[], None] | None = None
+"""The preamble's ``_await_promotion`` (set at start): what `await_promotion` calls."""
 forked_at = 0
 """In a forked child that has not taken over its own state yet: when the fork happened (ns); else
 0. The fork hook only sets this and a few flags (`forked`): every page a child writes after the
@@ -193,6 +195,13 @@ def promote(reason: str) -> None:
     there is nothing to do: one truth test."""
     if not promoted and _promoter is not None:
         _promoter(reason)
+
+
+def await_promotion() -> None:
+    """Before a child process starts: wait (briefly, bounded) while another thread is promoting
+    this process, so that the child inherits the registry of this job's sidecar."""
+    if promoted and _promotion_waiter is not None:
+        _promotion_waiter()
 
 
 steps = 0

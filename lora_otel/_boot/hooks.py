@@ -464,6 +464,7 @@ def child_env_changes() -> dict[str, str | None] | None:
     core.settle()  # a forked child names its own spans (and its TRACEPARENT) from here on
     if not core.active or os.getpid() != core.pid:
         return None
+    core.await_promotion()  # another thread's promotion puts the sidecar's registry in os.environ
     sid = core.current_span_id()
     if sid == core.root_id and stages.training_id is not None and stages.training_id in core.open_spans:
         sid = stages.training_id

@@ -462,7 +462,7 @@ def _start(how: str) -> None:
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
         narrate.configure(env)
-    core._promoter, core._settler = promote, _settle_child
+    core._promoter, core._settler, core._promotion_waiter = promote, _settle_child, _await_promotion
     # A process started to be watched is a job from its first instruction.
     if supervised:
         promote("lora-otel run")
@@ -500,6 +500,11 @@ _promote_lock_pid = 0
 (another thread may have held the parent's at the fork), not in the fork hook."""
 _spawning = False
 """True while `spawn` forks the sidecar: the fork hooks leave that fork alone."""
+_promoting = 0
+"""The thread promoting this process now, 0 when none (see `_await_promotion`)."""
+PROMOTION_WAIT_S = 2.0
+"""The longest a thread starting a child process waits for another thread's promotion (normally
+milliseconds: a double fork and a few records)."""
 
 
 def promote(reason: str) -> None:
@@ -516,17 +521,18 @@ def promote(reason: str) -> None:
     exits at once) pays for none of it. Never blocks: a second thread calling while the first
     promotes returns at once. Never raises.
     """
-    global _promote_lock, _promote_lock_pid
+    global _promote_lock, _promote_lock_pid, _promoting
     core.settle()  # a forked child's own state first
     if core.promoted or not core.active or os.getpid() != core.pid:
         return
     if _promote_lock_pid != core.pid:
-        _promote_lock, _promote_lock_pid = _thread.allocate_lock(), core.pid
+        _promote_lock, _promote_lock_pid, _promoting = _thread.allocate_lock(), core.pid, 0
     if not _promote_lock.acquire(False):
         return
     try:
         if core.promoted:
             return
+        _promoting = _thread.get_ident()
         core.promoted = reason or "promoted"
         jsonl.use_c_escaper()  # a job may write many records: the C escaper is worth its load now
         core.ensure_journal()  # a forked child's, deferred until now
@@ -546,6 +552,18 @@ def promote(reason: str) -> None:
                     if attempt == 2:
                         raise
     finally:
+        _promoting = 0
+        _promote_lock.release()
+
+
+def _await_promotion() -> None:
+    """Wait, at most `PROMOTION_WAIT_S`, for another thread's promotion to finish: a child process
+    started now must inherit the registry of the sidecar that promotion starts, or it would start
+    a sidecar of its own (the beat thread promoting at the first beat while the main thread, whose
+    stage found the process promoted already, starts a child). Called where a child process is
+    started (`hooks.child_env_changes`); nothing to do, one test, otherwise."""
+    mine = _promote_lock_pid == core.pid  # (a forked child's promotion is its own)
+    if _promoting and _promoting != _thread.get_ident() and mine and _promote_lock.acquire(True, PROMOTION_WAIT_S):
         _promote_lock.release()
 
 
