@@ -538,7 +538,7 @@ def handler_thread(pid: int, signum: int) -> tuple[Optional[int], str]:
         return None, "cannot read the threads of process %d" % pid
     free: list[int] = []
     taker = ""
-    deadline = time.monotonic() + 0.03  # (for reading running threads again: `_signal_state`)
+    deadline = time.monotonic() + REREAD_S  # (for reading running threads again: `_signal_state`)
     for tid in tids[:4096]:
         try:
             status, wchan = _signal_state(pid, tid, bit, deadline)
@@ -568,12 +568,19 @@ def handler_thread(pid: int, signum: int) -> tuple[Optional[int], str]:
     return free[0], ""
 
 
+REREAD_S = 0.25
+"""How long `handler_thread` reads threads that seem to run with the signal open again, for all the
+threads of a process together (`_signal_state`). A thread that truly runs costs this much once per
+stack request; 30 ms was too short on a loaded machine (the thread entering ``sigtimedwait`` waited
+that long for a CPU)."""
+
+
 def _signal_state(pid: int, tid: str, bit: int, deadline: float) -> tuple[str, str]:
     """A thread's status and wait channel, read in that order. A thread entering ``sigtimedwait``
     has the waited signals lifted from its mask a moment before it sleeps there: read then, it looks
     like a running thread that does not block the signal (seen on a loaded machine). So a thread that
-    seems to be running with the signal open is read again, every 2 ms until ``deadline`` (30 ms for
-    all the threads), until it sleeps somewhere, blocks the signal, or goes on running."""
+    seems to be running with the signal open is read again, every 2 ms until ``deadline`` (`REREAD_S`
+    for all the threads), until it sleeps somewhere, blocks the signal, or goes on running."""
     while True:
         status = _read("/proc/%d/task/%s/status" % (pid, tid))
         wchan = _read("/proc/%d/task/%s/wchan" % (pid, tid))
