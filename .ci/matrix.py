@@ -4,6 +4,7 @@
     python .ci/matrix.py --python 3.13   # one of them
     python .ci/matrix.py --list          # what runs where, and the cached venvs
     python .ci/matrix.py --jobs 2        # two Pythons at a time (each output printed whole)
+    python .ci/matrix.py --widen-when F  # one at a time, two once the file F exists (.ci/run)
 
 The code that runs inside the user's process has paths of its own per Python version
 (``sys.monitoring`` on 3.12+, how a ``SystemExit`` is seen on <= 3.11, fork warnings on 3.12+,
@@ -31,13 +32,13 @@ collected" included).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import fcntl
 import functools
 import glob
 import hashlib
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -46,6 +47,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -215,24 +217,36 @@ def checkout_venv(exe: str, shared: Path, small: Path) -> Path:
     return python
 
 
+def shared_key(version: str, torch: str | None) -> tuple[str, dict[str, object], str]:
+    """The interpreter, what goes into Python ``version``'s shared venv, and its key."""
+    exe = find_python(version)
+    full = subprocess.run([exe, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True)
+    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "v": 2}
+    return exe, what, hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @functools.cache  # once per Python: a second lock of the file held here would wait on this run
 def venv_for(version: str, torch: str | None) -> Path:
     """The python this checkout runs Python ``version``'s tests with: a small venv of its own over
     the shared venv of this key, which is built when the cache has none."""
-    exe = find_python(version)
-    full = subprocess.run([exe, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True)
-    what = {"python": full.stdout.strip(), "requirements": requirements(torch), "v": 2}
-    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    exe, what, key = shared_key(version, torch)
     venv = cache_root() / ("py%s-%s" % (version, key))
     python = venv / "bin" / "python"
     cache_root().mkdir(parents=True, exist_ok=True)
     lock = open(cache_root() / ("py%s-%s.lock" % (version, key)), "a")  # noqa: SIM115 (held till exit)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits for it
+    # Held shared while this run lasts: no prune removes the venv under us, and other runs (another
+    # checkout's, CI's) use it beside us. Only a build takes it exclusive: two runs that find no
+    # venv, one builds and the other waits for it (an exclusive lock asked for first would wait for
+    # every run using the venv to end: a whole matrix run).
+    fcntl.flock(lock, fcntl.LOCK_SH)
     if not (venv / ".built").exists():
-        for gone in prune(version, key):
-            print("matrix: removed %s (another key of Python %s, in use by no run)" % (gone, version), flush=True)
-        build(version, exe, torch, what, venv, python, cache_root() / ("py%s-%s.log" % (version, key)))
-    fcntl.flock(lock, fcntl.LOCK_SH)  # held while this run lasts: no prune removes it under us
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (venv / ".built").exists():
+            for gone in prune(version, key):
+                print("matrix: removed %s (another key of Python %s, in use by no run)" % (gone, version), flush=True)
+            build(version, exe, torch, what, venv, python, cache_root() / ("py%s-%s.log" % (version, key)))
+        fcntl.flock(lock, fcntl.LOCK_SH)
     _held.append(lock)
     checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
     return checkout_venv(exe, venv, cache_root() / "checkouts" / checkout / venv.name)
@@ -320,6 +334,44 @@ def run(version: str, torch: str | None, pytest_args: list[str], side_by_side: b
     return proc.returncode, took, last[0].strip("= ")
 
 
+def schedule(
+    versions: list[str],
+    work: Callable[[str], tuple[int, float, str]],
+    jobs: int,
+    widen_jobs: int,
+    widen: Callable[[], bool],
+    poll_s: float = 0.5,
+) -> dict[str, tuple[int, float, str]]:
+    """Run ``work(version)`` for each version in order, ``jobs`` at a time, ``widen_jobs`` at a time
+    once ``widen()`` is true (.ci/run: once the main suite has ended and its cores are free). A
+    ``work`` that raises counts as a failed run with the error as its summary."""
+    done: queue.Queue[tuple[str, tuple[int, float, str]]] = queue.Queue()
+
+    def one(version: str) -> None:
+        started = time.monotonic()
+        try:
+            result = work(version)
+        except Exception as e:  # noqa: BLE001 - one Python's failure must not hide the others' results
+            result = (1, time.monotonic() - started, "%s: %s" % (type(e).__name__, e))
+        done.put((version, result))
+
+    pending = list(versions)
+    running = 0
+    results: dict[str, tuple[int, float, str]] = {}
+    while pending or running:
+        limit = widen_jobs if widen() else jobs
+        while pending and running < limit:
+            threading.Thread(target=one, args=(pending.pop(0),), daemon=True).start()
+            running += 1
+        try:
+            version, result = done.get(timeout=poll_s)
+        except queue.Empty:
+            continue
+        running -= 1
+        results[version] = result
+    return results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--python", action="append", choices=sorted(PYTHONS), help="run only this Python (repeatable)")
@@ -332,11 +384,19 @@ def main() -> int:
         metavar="N",
         help="run N Pythons side by side (default 1; the ones with torch first)",
     )
+    ap.add_argument(
+        "--widen-when",
+        type=Path,
+        metavar="FILE",
+        help="once FILE exists, run --widen-jobs Pythons side by side (.ci/run creates it when the\n"
+        "main suite ends, so the matrix's last Pythons share the cores the suite leaves)",
+    )
+    ap.add_argument("--widen-jobs", type=int, default=2, metavar="N", help="see --widen-when (default 2)")
     ap.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -x")
     args = ap.parse_args()
     chosen = args.python or list(PYTHONS)
-    if args.jobs < 1:
-        ap.error("--jobs must be 1 or more, not %d" % args.jobs)
+    if args.jobs < 1 or args.widen_jobs < 1:
+        ap.error("--jobs and --widen-jobs must be 1 or more, not %d" % min(args.jobs, args.widen_jobs))
     if args.list:
         for version in chosen:
             torch = PYTHONS[version]
@@ -358,15 +418,15 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop)
     for version in chosen:  # every venv is built before any test starts
         venv_for(version, PYTHONS[version])
-    results: dict[str, tuple[int, float, str]] = {}
-    if args.jobs == 1:
-        for version in chosen:
-            results[version] = run(version, PYTHONS[version], args.pytest_args)
-    else:
-        longest_first = sorted(chosen, key=lambda v: PYTHONS[v] is None)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {v: pool.submit(run, v, PYTHONS[v], args.pytest_args, True) for v in longest_first}
-            results = {v: f.result() for v, f in futures.items()}
+    widen = args.widen_when.exists if args.widen_when else (lambda: False)
+    side_by_side = args.jobs > 1 or args.widen_when is not None
+    results = schedule(
+        sorted(chosen, key=lambda v: PYTHONS[v] is None),  # the ones with torch (the longest) first
+        lambda v: run(v, PYTHONS[v], args.pytest_args, side_by_side),
+        args.jobs,
+        args.widen_jobs if args.widen_when else args.jobs,
+        widen,
+    )
     rows = [(version, PYTHONS[version], *results[version]) for version in chosen]
     print("\n| Python | torch | result | time |\n|---|---|---|---:|")
     for version, torch, rc, took, summary in rows:

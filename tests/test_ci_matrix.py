@@ -112,3 +112,99 @@ def test_prune_removes_other_keys_of_that_python_unless_a_run_holds_them(cache):
     assert matrix.prune("3.99", "keep") == [cache / "py3.99-held"]
     with open(cache / "py3.99-keep.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # prune left no lock of the kept key taken
+
+
+def test_schedule_runs_one_python_at_a_time_then_two_once_widened():
+    """.ci/run's matrix: one Python at a time beside the main suite, two once the suite has ended."""
+    import threading
+
+    widened = threading.Event()
+    release = {v: threading.Event() for v in ("a", "b", "c")}
+    started: list[str] = []
+    running: list[int] = []
+    lock = threading.Lock()
+    now = [0]
+
+    def work(version):
+        with lock:
+            started.append(version)
+            now[0] += 1
+            running.append(now[0])
+        assert release[version].wait(60), version
+        with lock:
+            now[0] -= 1
+        if version == "c":
+            raise RuntimeError("no interpreter")
+        return 0, 1.0, version + " passed"
+
+    results = {}
+    thread = threading.Thread(
+        target=lambda: results.update(matrix.schedule(["a", "b", "c"], work, 1, 2, widened.is_set, poll_s=0.05))
+    )
+    thread.start()
+
+    def wait_for(cond):
+        for _ in range(1200):
+            with lock:
+                if cond():
+                    return
+            threading.Event().wait(0.05)
+        raise AssertionError("schedule did not get there: started %s" % started)
+
+    wait_for(lambda: started == ["a"])
+    release["a"].set()
+    wait_for(lambda: started == ["a", "b"])
+    widened.set()  # the suite ended: "c" starts beside "b"
+    wait_for(lambda: started == ["a", "b", "c"])
+    assert max(running) == 2
+    release["b"].set()
+    release["c"].set()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert results["a"] == (0, 1.0, "a passed") and results["b"] == (0, 1.0, "b passed")
+    assert results["c"][0] == 1 and results["c"][2] == "RuntimeError: no interpreter"
+
+
+def test_a_built_venv_is_used_at_once_while_another_run_uses_it(cache):
+    """A second run (CI's checkout beside a developer's .ci/run) must not wait for the first to end:
+    it once asked for the venv's lock exclusive first, and waited a whole matrix run."""
+    version = "%d.%d" % sys.version_info[:2]
+    exe, _, key = matrix.shared_key(version, None)
+    shared = cache / ("py%s-%s" % (version, key))
+    subprocess.run([exe, "-m", "venv", "--without-pip", str(shared)], check=True)
+    (shared / ".built").touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_SH); print('held', flush=True);"
+            " sys.stdin.read()",
+            str(cache / ("py%s-%s.lock" % (version, key))),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import importlib.util, sys; spec = importlib.util.spec_from_file_location('m', sys.argv[1]);"
+                " m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+                " print(m.venv_for(sys.argv[2], None))",
+                str(REPO / ".ci" / "matrix.py"),
+                version,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,  # the holder never lets go: a run that waits for it times out here
+        )
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        holder.stdout.close()
+    assert second.returncode == 0, second.stderr
+    assert Path(second.stdout.strip()).parent.parent.name == shared.name
+    assert "removed" not in second.stdout  # nothing was rebuilt or pruned
