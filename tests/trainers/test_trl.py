@@ -52,10 +52,23 @@ def start(tmp_path: Path, hang: str, *, traced: bool = True) -> tuple[subprocess
     return proc, err
 
 
+def crash_text(err: Path) -> str:
+    """What a failed run's stderr says: its crash lines (a C++ ``terminate``, a fatal error, a
+    traceback's last line) wherever they are, then its tail (a launcher's own report can fill 3000
+    characters and push a rank's crash out of the tail)."""
+    text = err.read_text(errors="replace")
+    crash = re.compile(
+        r"terminate called|what\(\):|Fatal Python|Aborted|Error:|Exception:|Segmentation"
+        r"|\[lora-otel\].*(STALLED|why|exiting)"
+    )
+    lines = [x[:400] for x in text.splitlines() if crash.search(x)]
+    return "crash lines:\n%s\n--- tail:\n%s" % ("\n".join(lines[-40:]), text[-3000:])
+
+
 def finish(proc: subprocess.Popen, tmp_path: Path) -> str:
     (tmp_path / "go").touch()
     try:
-        assert proc.wait(timeout=300) == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+        assert proc.wait(timeout=300) == 0, crash_text(tmp_path / "stderr.txt")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -208,7 +221,7 @@ def test_accelerate_launch_a_rank_that_never_reaches_the_collective(tmp_path: Pa
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    assert proc.returncode == 0, err.read_text()[-3000:]
+    assert proc.returncode == 0, crash_text(err)
     assert (tmp_path / "stdout.txt").read_text().count("TRAINED") == 2
 
 
