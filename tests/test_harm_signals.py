@@ -437,3 +437,55 @@ def test_bad_stack_signal_value_warns_once_and_uses_the_default(tmp_path: Path) 
         [path] = journals(d)
         assert read_journal(path).root.attrs["lora_otel.stacks.signal"] == expected
         assert r.stderr.count("LORA_OTEL_STACK_SIGNAL") == (0 if value == "50" else 1), r.stderr
+
+
+def _wchan(pid: int) -> str:
+    """Where the process's main thread sleeps in the kernel (``anon_pipe_read``: reading a pipe)."""
+    try:
+        return Path("/proc/%d/wchan" % pid).read_text()
+    except OSError:
+        return ""
+
+
+TEARDOWN_PROG = r"""
+import ctypes, sys
+import lora_otel   # a job: the stack request handler is lora_otel's
+
+# Slow in C after the interpreter is gone, as a gloo or NCCL teardown is: an exit handler of the C
+# library's that waits for a line on stdin.
+libc = ctypes.CDLL(None)
+libc.__cxa_atexit(ctypes.cast(libc.getchar, ctypes.c_void_p), None, None)
+print("READY", flush=True)
+"""
+
+
+def test_a_stack_request_during_the_c_teardown_after_exit_does_not_kill(tmp_path: Path) -> None:
+    """faulthandler gives the stack request signal its default action back when the interpreter
+    finalizes, and a real-time signal's default action ends the process: a request that came during
+    a slow C++ teardown after that (gloo's, NCCL's) killed a process exiting 0 by signal 44. lora_otel
+    now ignores the signal from its exit hook on; the process exits with its own status."""
+    (tmp_path / "prog.py").write_text(TEARDOWN_PROG)
+    p = subprocess.Popen(
+        [PYTHON, "prog.py"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(LORA_OTEL="1"),
+    )
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline() == b"READY\n"
+        [path] = wait_for(lambda: journals(tmp_path / "lora-otel"), what="the journal")
+        wait_for(lambda: read_journal(path).exit is not None, what="the exit record (the exit hook ran)")
+        # the interpreter then finalizes and the C exit handler waits on stdin: the stack requests
+        # come now (several, as a sidecar asks again); without the fix the first one kills
+        wait_for(lambda: "pipe" in _wchan(p.pid), what="the C exit handler reading stdin")
+        for _ in range(5):
+            os.kill(p.pid, STACK_SIGNAL)
+        _, err = p.communicate(b"\n", timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err.decode(errors="replace")

@@ -1458,6 +1458,37 @@ def _on_exit() -> None:
         _end()
     finally:
         _forget_frames()
+        _ignore_stack_signal()
+
+
+def _ignore_stack_signal() -> None:
+    """The last thing lora_otel does in a process that exits (its exit hook runs last): ignore the
+    stack request signal from here on. faulthandler gives a registered signal its default action
+    back at interpreter finalization, and a real-time signal's default action ends the process: a
+    stack request arriving after that (a process slow in its C++ teardown, gloo's or NCCL's, or
+    stalled there) killed a process that was exiting 0, by signal 44. Ignored, it is lost, and the
+    journal already says the process is exiting. A handler of the program's own is left alone."""
+    global _stack_signal
+    signum = _stack_signal
+    if not signum:
+        return
+    _stack_signal = 0
+    try:
+        import _signal
+        import faulthandler
+
+        if _signal.getsignal(signum) is not _signal.SIG_DFL:  # the program's own handler by now
+            return
+        # Blocked in this thread meanwhile: a request sent to it (the sidecar sends to one thread)
+        # waits, and is then ignored, instead of meeting the default action for a moment.
+        old = _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum})
+        try:
+            faulthandler.unregister(signum)  # gives back the action it saved: the default
+            _signal.signal(signum, _signal.SIG_IGN)
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
+    except (OSError, ValueError, RuntimeError):  # (not the main thread: the exit hook runs there)
+        pass
 
 
 def _forget_frames() -> None:

@@ -145,6 +145,11 @@ def main() -> None:
     )
     trainer.train()
     print("TRAINED", trainer.state.global_step, flush=True)
+    if trainer.accelerator.num_processes > 1:
+        # As TRL's and accelerate's scripts end (and torch asks): without it, torch's gloo process
+        # group is torn down in C++ at exit, and a rank sometimes aborts there ("terminate called
+        # without an active exception", SIGABRT) with or without lora_otel: 1 run in 36 here.
+        trainer.accelerator.end_training()
     if args.hang == "exit":
         atexit.register(wait_for_release, args.release)
     sys.exit(0)
