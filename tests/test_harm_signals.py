@@ -448,8 +448,10 @@ def _wchan(pid: int) -> str:
 
 
 TEARDOWN_PROG = r"""
-import ctypes, sys
+import ctypes, signal, sys
 import lora_otel   # a job: the stack request handler is lora_otel's
+if sys.argv[1:] == ["ignore"]:
+    signal.signal(signal.SIGRTMIN + 10, signal.SIG_IGN)   # the program's own choice, after lora_otel's
 
 # Slow in C after the interpreter is gone, as a gloo or NCCL teardown is: an exit handler of the C
 # library's that waits for a line on stdin.
@@ -459,33 +461,47 @@ print("READY", flush=True)
 """
 
 
-def test_a_stack_request_during_the_c_teardown_after_exit_does_not_kill(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "case, sig, env, code",
+    [
+        ("request", STACK_SIGNAL, {}, 0),  # killed by 44 before the fix
+        ("ignore", STACK_SIGNAL, {}, 0),  # the program's SIG_IGN: killed by 44 before (faulthandler's default back)
+        ("sigterm", signal.SIGTERM, {"LORA_OTEL_STACK_SIGNAL": "15"}, -signal.SIGTERM),  # as without lora_otel
+    ],
+)
+def test_a_signal_during_the_c_teardown_after_exit_does_as_without_lora_otel(
+    tmp_path: Path, case: str, sig: int, env: dict, code: int
+) -> None:
     """faulthandler gives the stack request signal its default action back when the interpreter
     finalizes, and a real-time signal's default action ends the process: a request that came during
-    a slow C++ teardown after that (gloo's, NCCL's) killed a process exiting 0 by signal 44. lora_otel
-    now ignores the signal from its exit hook on; the process exits with its own status."""
+    a slow C++ teardown after that (gloo's, NCCL's) killed a process exiting 0 by signal 44, and a
+    program that ignored the signal itself lost its SIG_IGN. lora_otel's exit hook now ignores its
+    real-time signal from there on and keeps the program's SIG_IGN; a stack signal chosen by
+    ``LORA_OTEL_STACK_SIGNAL`` (SIGTERM here) gets its default back, so a supervisor's SIGTERM still
+    ends a stuck teardown, as without lora_otel."""
     (tmp_path / "prog.py").write_text(TEARDOWN_PROG)
     p = subprocess.Popen(
-        [PYTHON, "prog.py"],
+        [PYTHON, "prog.py", case],
         cwd=tmp_path,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=clean_env(LORA_OTEL="1"),
+        env=clean_env(LORA_OTEL="1", **env),
     )
     try:
         assert p.stdout is not None and p.stdin is not None
         assert p.stdout.readline() == b"READY\n"
         [path] = wait_for(lambda: journals(tmp_path / "lora-otel"), what="the journal")
+        assert read_journal(path).root.attrs.get("lora_otel.stacks.signal") == sig
         wait_for(lambda: read_journal(path).exit is not None, what="the exit record (the exit hook ran)")
-        # the interpreter then finalizes and the C exit handler waits on stdin: the stack requests
-        # come now (several, as a sidecar asks again); without the fix the first one kills
+        # the interpreter then finalizes and the C exit handler waits on stdin: the signals come
+        # now (several, as a sidecar asks again)
         wait_for(lambda: "pipe" in _wchan(p.pid), what="the C exit handler reading stdin")
         for _ in range(5):
-            os.kill(p.pid, STACK_SIGNAL)
+            os.kill(p.pid, sig)
         _, err = p.communicate(b"\n", timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
             p.communicate()
-    assert p.returncode == 0, err.decode(errors="replace")
+    assert p.returncode == code, err.decode(errors="replace")

@@ -682,6 +682,8 @@ def _check_stacks_fd() -> None:
 _stack_signal = 0
 """The signal whose handler (faulthandler) lora_otel installed in this process; 0 when none."""
 _stack_signal_warned = False
+_faulthandler_signal = 0
+"""The signal faulthandler.register was called on (kept when lora_otel gives up its claim)."""
 
 
 def stack_signal(env: Mapping[str, str] | None = None) -> int:
@@ -719,7 +721,7 @@ def _register_stack_dump() -> None:
     checking the facts recorded here (root attributes ``lora_otel.stacks.*``: the signal, the file,
     its descriptor and identity). Skipped when the program already handles that signal.
     """
-    global _stacks_fd, _stacks_id, _stack_signal
+    global _stacks_fd, _stacks_id, _stack_signal, _faulthandler_signal
     import _signal
     import faulthandler
 
@@ -757,7 +759,7 @@ def _register_stack_dump() -> None:
     _stacks_created = (path, ident) if created else None
     _stacks_ask = ask_path(path)
     faulthandler.register(signum, file=fd, all_threads=True, chain=False)
-    _stack_signal = signum
+    _stack_signal = _faulthandler_signal = signum
     core.span_attrs(
         core.root_id,
         {
@@ -1467,27 +1469,34 @@ def _ignore_stack_signal() -> None:
     back at interpreter finalization, and a real-time signal's default action ends the process: a
     stack request arriving after that (a process slow in its C++ teardown, gloo's or NCCL's, or
     stalled there) killed a process that was exiting 0, by signal 44. Ignored, it is lost, and the
-    journal already says the process is exiting. A handler of the program's own is left alone."""
-    global _stack_signal
-    signum = _stack_signal
+    journal already says the process is exiting. Only a real-time signal is ignored so: one set by
+    ``LORA_OTEL_STACK_SIGNAL`` (SIGTERM, SIGUSR1) gets its default back, as without lora_otel, so a
+    supervisor's signal still ends a stuck teardown. A SIG_IGN of the program's own is kept past
+    finalization (faulthandler would put the default back over it); a handler of its own is left
+    alone."""
+    global _stack_signal, _faulthandler_signal
+    signum = _faulthandler_signal
+    _stack_signal = _faulthandler_signal = 0
     if not signum:
         return
-    _stack_signal = 0
     try:
         import _signal
         import faulthandler
 
-        if _signal.getsignal(signum) is not _signal.SIG_DFL:  # the program's own handler by now
-            return
-        # Blocked in this thread meanwhile: a request sent to it (the sidecar sends to one thread)
-        # waits, and is then ignored, instead of meeting the default action for a moment.
+        now = _signal.getsignal(signum)
+        rtmin, rtmax = getattr(_signal, "SIGRTMIN", 0), getattr(_signal, "SIGRTMAX", 0)
+        if now is _signal.SIG_DFL and not rtmin <= signum <= rtmax:
+            return  # SIGTERM, SIGUSR1...: faulthandler gives back the default, as without lora_otel
+        if now is not _signal.SIG_DFL and now is not _signal.SIG_IGN:
+            return  # a Python handler (Python resets it itself) or one set from C
+        # SIG_DFL: ours, ignored from here on; SIG_IGN: the program's, kept past finalization
         old = _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum})
         try:
-            faulthandler.unregister(signum)  # gives back the action it saved: the default
+            faulthandler.unregister(signum)
             _signal.signal(signum, _signal.SIG_IGN)
         finally:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
-    except (OSError, ValueError, RuntimeError):  # (not the main thread: the exit hook runs there)
+    except (OSError, ValueError, RuntimeError):
         pass
 
 
