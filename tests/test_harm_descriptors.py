@@ -168,6 +168,59 @@ def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
     assert len(stacks) == 1 and b"prog.py" in stacks[0].read_bytes()
 
 
+REUSED_PROG = r"""
+import os, sys, time
+import lora_otel
+from lora_otel._boot import preamble
+
+with lora_otel.stage("load"):
+    time.sleep(0.5)                   # a job: the stacks file is open, faulthandler writes to it
+number = preamble._stacks_fd
+os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+ckpt = os.open("ckpt.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+os.dup2(ckpt, number)                 # the program's checkpoint on the stacks file's number
+while preamble._stacks_fd == number and preamble._stacks_interim < 0:
+    time.sleep(0.01)                  # until a beat has seen it (faulthandler checks nothing itself)
+print("READY", preamble._stacks_interim >= 0, flush=True)
+sys.stdin.readline()                  # the test sends the stack request meanwhile
+while preamble._stacks_interim >= 0:
+    time.sleep(0.01)                  # until the stacks file is back
+os.write(number, b"mine")
+"""
+
+
+def test_a_stack_dump_asked_right_after_the_program_reused_the_stacks_number_misses_its_file(
+    tmp_path: Path,
+) -> None:
+    """The program closes every descriptor and puts a checkpoint on the stacks file's number; a beat
+    points the dump away at once (at a high copy of stderr: no number the program counts on is
+    taken, not even for a moment), and reopens the stacks file only a second later. A dump asked for in between goes to
+    stderr or to the reopened stacks file, never into the checkpoint."""
+    (tmp_path / "prog.py").write_text(REUSED_PROG)
+    p = subprocess.Popen(
+        [PYTHON, "prog.py"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"),
+    )
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        ready = p.stdout.readline()
+        assert ready == b"READY True\n", ready  # pointed away before the reopen
+        os.kill(p.pid, _stack_signal())
+        _, err = p.communicate(b"\n", timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert (tmp_path / "ckpt.bin").read_bytes() == b"mine"
+    stacks = b"".join(f.read_bytes() for f in (tmp_path / "lora-otel").glob("*.stacks.txt"))
+    assert b"prog.py" in err + stacks, err
+    assert b"stack dumps go to a reopened stacks file" in err, err
+
+
 @pytest.mark.parametrize("log", ["/dev/stdout", "/dev/stderr"])
 def test_log_to_the_terminal_stream_prints_each_line_once(tmp_path: Path, log: str) -> None:
     """``--log /dev/stdout`` (or ``/dev/stderr``): each lora_otel line appears once, not twice, and

@@ -441,6 +441,46 @@ def test_the_program_keeps_its_descriptor_numbers(tmp_path: Path) -> None:
     assert "while the program's files hold low numbers" in journal_text(tmp_path)
 
 
+CLOSERANGE_THEN_OPENS = """\
+import os, time
+import lora_otel
+from lora_otel._boot import core
+with lora_otel.stage("load"):
+    time.sleep(1.0)  # a job: the journal and the stacks file sit high, beats every 20 ms
+journal_fd, journal = core._journal_fd, os.fstat(core._journal_fd)
+os.closerange(3, 1 << 16)  # the daemon idiom, then its own files at once, counting on 3
+t0 = time.monotonic()
+numbers, reopened_meanwhile = set(), False
+while time.monotonic() - t0 < 0.3:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    numbers.add(fd)
+    os.close(fd)
+    for high in range(journal_fd, journal_fd + 8):  # (no descriptor taken) lora_otel reopened its journal
+        try:
+            reopened_meanwhile |= os.fstat(high).st_ino == journal.st_ino
+        except OSError:
+            pass
+print(sorted(numbers), reopened_meanwhile, flush=True)
+with lora_otel.stage("after"):
+    lora_otel.mark("after the program's own opens")
+"""
+
+
+def test_lora_otel_reopens_nothing_while_the_program_opens_its_files_after_closerange(tmp_path: Path) -> None:
+    """Reopening the journal takes the lowest free number for a moment. A beat that found the journal
+    closed reopened it at once, in the very moments a program that had just closed every descriptor
+    opens its own files counting on 3 (run 4 of .ci/run: the program's first file got 4, on 3.9,
+    whose closerange is a loop of 65,000 ``close`` calls the beat ran beside). The beat now leaves
+    a closed descriptor of ours alone for a second: the program's opens all get 3, lora_otel opens
+    nothing in that time (the check that does not depend on the race being won: before, with beats
+    every 20 ms, the journal was always back within the 0.3 s), and its records still reach the journal."""
+    r = run_job(tmp_path, CLOSERANGE_THEN_OPENS, LORA_OTEL_BEAT_S="0.02")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[3] False\n", r.stdout + r.stderr
+    assert "after the program's own opens" in journal_text(tmp_path)
+    assert "the journal's descriptor" in r.stderr and "reopened" in r.stderr, r.stderr
+
+
 SIGWAIT = """\
 import os, signal, sys, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken below, as the docs say to

@@ -725,6 +725,8 @@ def _reopen_journal() -> bool:
         return True  # another thread reopened it meanwhile
     fd, ident, error = -1, (0, 0), None
     try:
+        import fcntl  # noqa: F401 - loaded before the open: the low number the open takes is held for µs, not for an import
+
         fd = files.move_high(files.open_append(journal_path))
         ident = files.identity(fd)
     except OSError as e:

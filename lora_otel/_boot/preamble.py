@@ -662,17 +662,64 @@ _stacks_created: tuple[str, tuple[int, int]] | None = None
 """``(path, identity)`` of the stacks file when this process created it (not one it reused)."""
 
 
-def _check_stacks_fd() -> None:
-    """At each beat: faulthandler writes to a descriptor number, at a signal, with no check of its
-    own; when that number no longer names the stacks file (the program closed it and opened its own
-    file), register the dump again on a reopened stacks file, so a dump never lands in the program's file."""
-    global _stacks_fd
+_stacks_interim = -1
+"""The descriptor number the stacks file had when the program closed it, while a stack dump goes to
+a high copy of descriptor 2 (`_guard_stacks_fd`); -1 otherwise."""
+
+
+def _guard_stacks_fd() -> None:
+    """At every beat, first: faulthandler writes to a descriptor number, at a signal, with no check
+    of its own; when that number no longer names the stacks file (the program closed it, and may
+    have opened its own file there), point the dump at once at a copy of descriptor 2 made at a
+    high number (``F_DUPFD``: no low number is taken, not even for a moment), so a dump never lands
+    in the program's file. The stacks file is reopened a settled beat later (`_check_stacks_fd`);
+    a dump asked for meanwhile goes to the job's stderr. Where descriptor 2 is closed too, the
+    stacks file is reopened at once."""
+    global _stacks_fd, _stacks_id, _stacks_interim
     from lora_otel._boot import files
 
-    if _stacks_fd < 0 or files.same(_stacks_fd, _stacks_id):
+    if _stacks_fd < 0 or _stacks_interim >= 0 or files.same(_stacks_fd, _stacks_id):
         return
-    old, _stacks_fd = _stacks_fd, -1
-    _register_stack_dump()
+    old = _stacks_fd
+    try:
+        import fcntl
+
+        fd = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, files.floor())
+        ident = files.identity(fd)
+    except OSError:
+        _check_stacks_fd()
+        return
+    _stacks_fd, _stacks_id, _stacks_interim = fd, ident, old
+    if _stack_signal:
+        import faulthandler
+
+        faulthandler.register(_stack_signal, file=fd, all_threads=True, chain=False)
+
+
+def _check_stacks_fd() -> None:
+    """At each settled beat: when the stacks file's number no longer names it (`_guard_stacks_fd`
+    points the dump at stderr meanwhile), register the dump again on a reopened stacks file."""
+    global _stacks_fd, _stacks_id, _stacks_interim
+    from lora_otel._boot import files
+
+    if _stacks_fd < 0:
+        return
+    if _stacks_interim >= 0:
+        old, interim, interim_id = _stacks_interim, _stacks_fd, _stacks_id
+        _stacks_interim, _stacks_fd = -1, -1
+        _register_stack_dump()
+        if _stacks_fd < 0:  # not reopened: dumps stay on stderr's copy
+            _stacks_fd, _stacks_id = interim, interim_id
+            return
+        try:
+            os.close(interim)
+        except OSError:
+            pass
+    elif files.same(_stacks_fd, _stacks_id):
+        return
+    else:
+        old, _stacks_fd = _stacks_fd, -1
+        _register_stack_dump()
     core.error_line(
         "the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
         "a reopened stacks file (descriptor %d)" % (old, _stacks_fd)
@@ -793,7 +840,7 @@ def _answer_stack_ask() -> None:
     the signal is left for a frozen process, whose beat cannot answer and whose frames stand still.
     One ``stat`` per beat when nobody asks."""
     ask = _stacks_ask
-    if not ask or _stacks_fd < 0:
+    if not ask or _stacks_fd < 0 or _stacks_interim >= 0:  # (meanwhile the ask waits for the stacks file)
         return
     try:
         os.lstat(ask)
@@ -2110,6 +2157,9 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
 
                 narrate_loaded = True
                 where.set_cwd(_start_cwd)
+            _guard_stacks_fd()
+            if _program_closing_ours():
+                continue
             narrate.note_interactive()
             core.beat()
             narrate.tick(core.now_ns(), core.main_frames)
@@ -2124,6 +2174,42 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
             _check_stack_signal()
         except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
             core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
+
+
+REOPEN_SETTLE_NS = 1_000_000_000
+"""How long the beat thread waits, after it finds a descriptor of ours closed or reused by the
+program, before a beat reopens it (`_program_closing_ours`)."""
+_closed_seen_ns = 0
+"""When the beat thread first found a descriptor of ours closed (monotonic ns); 0: all are open."""
+
+
+def _program_closing_ours() -> bool:
+    """Beat thread: whether the journal's, the stacks file's or the ``--log`` file's descriptor was
+    found closed or reused by the program less than `REOPEN_SETTLE_NS` ago; then this beat does
+    nothing. Reopening a file takes the lowest free number for a moment, and a program that has
+    just closed every descriptor (``os.closerange(3, ...)``, the daemon idiom; on Python 3.9 a loop
+    of 65,000 ``close`` calls the beat runs beside) opens its own files right after, counting on
+    3, 4, ...; a second later it is done, and the reopen races no open of the program's. (The
+    program's own thread, writing a record, reopens at once: its next open comes after.)"""
+    global _closed_seen_ns
+    from lora_otel._boot import files
+
+    closed = (
+        (core._journal_fd >= 0 and not files.same(core._journal_fd, (core._journal_dev, core._journal_ino)))
+        or _stacks_interim >= 0
+        or (_stacks_fd >= 0 and not files.same(_stacks_fd, _stacks_id))
+        or (core._log_fd >= 0 and not files.same(core._log_fd, (core._log_dev, core._log_ino)))
+    )
+    if not closed:
+        _closed_seen_ns = 0
+        return False
+    now = core.monotonic_ns()
+    if not _closed_seen_ns:
+        _closed_seen_ns = now
+    if now - _closed_seen_ns < REOPEN_SETTLE_NS:
+        return True
+    _closed_seen_ns = 0
+    return False
 
 
 BEAT_STACK = 256 * 1024
