@@ -204,7 +204,12 @@ def test_an_idle_repl_that_imported_torch_is_not_stalled(tmp_path: Path, how: st
             proc.wait()
         os.close(master)
     out = seen.decode(errors="replace")
-    assert not idle_narration(out.partition("torch imported")[2]), out
+    # (On a loaded machine a beat can fall between the end of ``import torch`` and the prompt, and
+    # say the script's own last moment: "still in arguments after 2.1 s — main thread at
+    # script.py:2". That is the script running, not the wait; a line about the wait names no line
+    # of the script or of the typed command.)
+    waiting = [line for line in idle_narration(out.partition("torch imported")[2]) if " at script.py:" not in line]
+    assert not [line for line in waiting if " at <stdin>:" not in line], out
     text = journal_text(tmp_path)
     assert '"k":"stall"' not in text, text
 

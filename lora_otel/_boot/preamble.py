@@ -662,59 +662,45 @@ _stacks_created: tuple[str, tuple[int, int]] | None = None
 """``(path, identity)`` of the stacks file when this process created it (not one it reused)."""
 
 
+NOWHERE = 2**31 - 1
+"""A descriptor number no process can hold (above any ``RLIMIT_NOFILE``: Linux caps ``nr_open`` at
+2**31 - 64): a dump aimed at it writes nothing, takes no number, blocks on nothing, raises no SIGPIPE."""
 _stacks_interim = -1
-"""The descriptor number the stacks file had when the program closed it, while a stack dump goes to
-a high copy of descriptor 2 (`_guard_stacks_fd`); -1 otherwise."""
+"""The stacks file's number when the program closed or reused it, while faulthandler aims at
+`NOWHERE` (`_guard_stacks_fd`); -1 otherwise."""
 
 
 def _guard_stacks_fd() -> None:
     """At every beat, first: faulthandler writes to a descriptor number, at a signal, with no check
     of its own; when that number no longer names the stacks file (the program closed it, and may
-    have opened its own file there), point the dump at once at a copy of descriptor 2 made at a
-    high number (``F_DUPFD``: no low number is taken, not even for a moment), so a dump never lands
-    in the program's file. The stacks file is reopened a settled beat later (`_check_stacks_fd`);
-    a dump asked for meanwhile goes to the job's stderr. Where descriptor 2 is closed too, the
-    stacks file is reopened at once."""
-    global _stacks_fd, _stacks_id, _stacks_interim
+    have opened its own file there), aim the dump at once at `NOWHERE`, so it never lands in the
+    program's file, and forget the number. The stacks file is reopened a settled second later
+    (`_check_stacks_fd`): opening it now would take the lowest free number in the very moments the
+    program opens its own. A stack request meanwhile dumps nothing (the exporting side checks the
+    stacks file's recorded descriptor before it asks, and a stack-ask file waits)."""
+    global _stacks_fd, _stacks_interim
     from lora_otel._boot import files
 
     if _stacks_fd < 0 or _stacks_interim >= 0 or files.same(_stacks_fd, _stacks_id):
         return
-    old = _stacks_fd
-    try:
-        import fcntl
-
-        fd = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, files.floor())
-        ident = files.identity(fd)
-    except OSError:
-        _check_stacks_fd()
-        return
-    _stacks_fd, _stacks_id, _stacks_interim = fd, ident, old
+    _stacks_interim, _stacks_fd = _stacks_fd, NOWHERE
     if _stack_signal:
         import faulthandler
 
-        faulthandler.register(_stack_signal, file=fd, all_threads=True, chain=False)
+        faulthandler.register(_stack_signal, file=NOWHERE, all_threads=True, chain=False)
 
 
 def _check_stacks_fd() -> None:
     """At each settled beat: when the stacks file's number no longer names it (`_guard_stacks_fd`
-    points the dump at stderr meanwhile), register the dump again on a reopened stacks file."""
+    aimed the dump at `NOWHERE` meanwhile), register the dump again on a reopened stacks file."""
     global _stacks_fd, _stacks_id, _stacks_interim
     from lora_otel._boot import files
 
     if _stacks_fd < 0:
         return
     if _stacks_interim >= 0:
-        old, interim, interim_id = _stacks_interim, _stacks_fd, _stacks_id
-        _stacks_interim, _stacks_fd = -1, -1
-        _register_stack_dump()
-        if _stacks_fd < 0:  # not reopened: dumps stay on stderr's copy
-            _stacks_fd, _stacks_id = interim, interim_id
-            return
-        try:
-            os.close(interim)
-        except OSError:
-            pass
+        old, _stacks_interim, _stacks_fd = _stacks_interim, -1, -1
+        _register_stack_dump()  # (not reopened: faulthandler stays aimed at NOWHERE)
     elif files.same(_stacks_fd, _stacks_id):
         return
     else:
@@ -2191,12 +2177,11 @@ def _program_closing_ours() -> bool:
     of 65,000 ``close`` calls the beat runs beside) opens its own files right after, counting on
     3, 4, ...; a second later it is done, and the reopen races no open of the program's. (The
     program's own thread, writing a record, reopens at once: its next open comes after.)"""
-    global _closed_seen_ns
+    global _closed_seen_ns, _next_beat_ns
     from lora_otel._boot import files
 
     closed = (
         (core._journal_fd >= 0 and not files.same(core._journal_fd, (core._journal_dev, core._journal_ino)))
-        or _stacks_interim >= 0
         or (_stacks_fd >= 0 and not files.same(_stacks_fd, _stacks_id))
         or (core._log_fd >= 0 and not files.same(core._log_fd, (core._log_dev, core._log_ino)))
     )
@@ -2207,6 +2192,7 @@ def _program_closing_ours() -> bool:
     if not _closed_seen_ns:
         _closed_seen_ns = now
     if now - _closed_seen_ns < REOPEN_SETTLE_NS:
+        _next_beat_ns = min(_next_beat_ns, _closed_seen_ns + REOPEN_SETTLE_NS)  # (not a whole interval later)
         return True
     _closed_seen_ns = 0
     return False
