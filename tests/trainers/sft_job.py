@@ -146,10 +146,18 @@ def main() -> None:
     trainer.train()
     print("TRAINED", trainer.state.global_step, flush=True)
     if trainer.accelerator.num_processes > 1:
-        # As TRL's and accelerate's scripts end (and torch asks): without it, torch's gloo process
-        # group is torn down in C++ at exit, and a rank sometimes aborts there ("terminate called
-        # without an active exception", SIGABRT) with or without lora_otel: 1 run in 36 here.
-        trainer.accelerator.end_training()
+        # torch's gloo process group under DDP cannot be trusted to tear down at exit, with or
+        # without lora_otel: left to C++'s static teardown a rank sometimes aborts ("terminate
+        # called without an active exception", SIGABRT; 1 launch in 36 here); destroyed first
+        # (`end_training`, even after a barrier) the DDP reducer's destructor, at finalization and
+        # holding the GIL, sometimes joins gloo's run loop thread while that thread waits for the
+        # GIL to drop a gather's tensor: a deadlock (1 launch in 3 untraced, side by side). So a
+        # rank ends as some launchers' jobs do: the exit handlers (lora_otel's among them), then
+        # ``os._exit``, before the interpreter's finalization.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(0)
     if args.hang == "exit":
         atexit.register(wait_for_release, args.release)
     sys.exit(0)

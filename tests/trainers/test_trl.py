@@ -52,6 +52,22 @@ def start(tmp_path: Path, hang: str, *, traced: bool = True) -> tuple[subprocess
     return proc, err
 
 
+def kill_leftovers(tmp_path: Path) -> None:
+    """SIGKILL every process whose command line names ``tmp_path``: torchrun starts each rank in a
+    session of its own, so killing the launcher's process group leaves a rank that hangs (in
+    torch's teardown, say) running on through the rest of the suite."""
+    mark = str(tmp_path).encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % name, "rb") as f:
+                if mark in f.read():
+                    os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def crash_text(err: Path) -> str:
     """What a failed run's stderr says: its crash lines (a C++ ``terminate``, a fatal error, a
     traceback's last line) wherever they are, then its tail (a launcher's own report can fill 3000
@@ -73,6 +89,7 @@ def finish(proc: subprocess.Popen, tmp_path: Path) -> str:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        kill_leftovers(tmp_path)
     return (tmp_path / "stdout.txt").read_text()
 
 
@@ -221,6 +238,7 @@ def test_accelerate_launch_a_rank_that_never_reaches_the_collective(tmp_path: Pa
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            kill_leftovers(tmp_path)
     assert proc.returncode == 0, crash_text(err)
     assert (tmp_path / "stdout.txt").read_text().count("TRAINED") == 2
 
