@@ -85,7 +85,19 @@ def _run_job(tmp_path: Path):
             return root.attrs.get("lora_otel.sidecar.pid") if root is not None else None
 
         pid = wait_for(side, what="the sidecar's pid")
-        cmdline = Path("/proc/%d/cmdline" % pid).read_bytes() if alive(pid) else b""
+
+        def own_cmdline() -> bytes | None:
+            # The pid is recorded once the sidecar is forked, before its exec: until then its
+            # cmdline is the job's own (as readable as the job's /proc/PID/cmdline itself).
+            try:
+                cmd = Path("/proc/%d/cmdline" % pid).read_bytes()
+            except OSError:
+                cmd = b""
+            if not alive(pid):
+                return b"(gone)"
+            return cmd if b"--pid" in cmd.split(b"\0") else None
+
+        cmdline = wait_for(own_cmdline, what="the sidecar's exec")
         environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if alive(pid) else 0o400
         (tmp_path / "go").write_text("")
         out, err = proc.communicate(timeout=60)
