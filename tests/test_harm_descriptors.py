@@ -137,12 +137,11 @@ def _stack_signal() -> int:
     return preamble.stack_signal()
 
 
-def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
-    """A stack dump requested after the program closed every descriptor and opened its own files
-    (binary checkpoints among them, on the numbers lora_otel had) goes to the stacks file beside the
-    journal, not into a checkpoint: each checkpoint's bytes are exactly what the program wrote."""
-    (tmp_path / "prog.py").write_text(STACKS_PROG)
-    p = subprocess.Popen(
+def _start_prog(tmp_path: Path, text: str) -> subprocess.Popen:
+    """``text`` run as ``prog.py`` in ``tmp_path`` under lora_otel, beats every 50 ms, its standard
+    streams piped to the test."""
+    (tmp_path / "prog.py").write_text(text)
+    return subprocess.Popen(
         [PYTHON, "prog.py"],
         cwd=tmp_path,
         stdin=subprocess.PIPE,
@@ -150,6 +149,13 @@ def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"),
     )
+
+
+def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
+    """A stack dump requested after the program closed every descriptor and opened its own files
+    (binary checkpoints among them, on the numbers lora_otel had) goes to the stacks file beside the
+    journal, not into a checkpoint: each checkpoint's bytes are exactly what the program wrote."""
+    p = _start_prog(tmp_path, STACKS_PROG)
     try:
         assert p.stdout is not None and p.stdin is not None
         wait_for(lambda: b"READY" in p.stdout.readline(), 30, "READY")
@@ -203,15 +209,7 @@ def test_a_stack_dump_asked_right_after_the_program_reused_the_stacks_number_mis
     program counts on is taken, not even for a moment, while it opens its files). A dump asked for
     in between writes nothing: not into the checkpoint, not into the dead pipe (SIGPIPE would end
     the program); the stacks file is back afterwards."""
-    (tmp_path / "prog.py").write_text(REUSED_PROG)
-    p = subprocess.Popen(
-        [PYTHON, "prog.py"],
-        cwd=tmp_path,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"),
-    )
+    p = _start_prog(tmp_path, REUSED_PROG)
     try:
         assert p.stdout is not None and p.stdin is not None
         ready = p.stdout.readline()

@@ -267,15 +267,6 @@ def state_dir_reason(base: str, parts: Sequence[str], make_base: bool) -> str:
 _floor = 0
 
 
-def floor() -> int:
-    """The lowest number `move_high` moves a descriptor to."""
-    global _floor
-    if not _floor:
-        limit = os.sysconf("SC_OPEN_MAX")  # the soft RLIMIT_NOFILE
-        _floor = max(min(limit, HIGH_FLOOR_MAX) - 64, 3)
-    return _floor
-
-
 def move_high(fd: int, alone: bool = False) -> int:
     """``fd`` duplicated (close-on-exec) to the lowest free number at or above a high floor
     (``min(soft RLIMIT_NOFILE, 4096) - 64``), the original closed; ``fd`` itself when that fails.
@@ -283,8 +274,12 @@ def move_high(fd: int, alone: bool = False) -> int:
     ``alone``: no other thread can open a descriptor meanwhile (the preamble at interpreter start,
     a forked child's hook): then a free number is found with ``fstat`` and taken with ``dup2``, and
     ``fcntl`` is not loaded (~0.2 ms, which a process that ends at once need not pay)."""
+    global _floor
     try:
-        if fd >= floor():
+        if not _floor:
+            limit = os.sysconf("SC_OPEN_MAX")  # the soft RLIMIT_NOFILE
+            _floor = max(min(limit, HIGH_FLOOR_MAX) - 64, 3)
+        if fd >= _floor:
             return fd
         high = _dup_free(fd) if alone else -1
         if high < 0:

@@ -696,16 +696,11 @@ def _check_stacks_fd() -> None:
     global _stacks_fd, _stacks_id, _stacks_interim
     from lora_otel._boot import files
 
-    if _stacks_fd < 0:
+    if _stacks_fd < 0 or (_stacks_interim < 0 and files.same(_stacks_fd, _stacks_id)):
         return
-    if _stacks_interim >= 0:
-        old, _stacks_interim, _stacks_fd = _stacks_interim, -1, -1
-        _register_stack_dump()  # (not reopened: faulthandler stays aimed at NOWHERE)
-    elif files.same(_stacks_fd, _stacks_id):
-        return
-    else:
-        old, _stacks_fd = _stacks_fd, -1
-        _register_stack_dump()
+    old = _stacks_interim if _stacks_interim >= 0 else _stacks_fd
+    _stacks_interim, _stacks_fd = -1, -1
+    _register_stack_dump()  # (not reopened: faulthandler stays aimed where it was)
     core.error_line(
         "the stacks file's descriptor %d was closed or reused by the program; stack dumps go to "
         "a reopened stacks file (descriptor %d)" % (old, _stacks_fd)
