@@ -10,6 +10,7 @@ appear.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, journals, wait_for
 
+from lora_otel.analysis.evidence import StackRequest, send_request
 from lora_otel.journal.reader import read_journal
 
 # Both the common bound and "every descriptor there can be" (the daemon idiom).
@@ -110,9 +112,24 @@ def test_forked_child_results_land_in_the_users_file(tmp_path: Path, close_to: s
         assert read_journal(p).exit is not None
 
 
+FROZEN_READ = r"""
+libc = ctypes.PyDLL(None)             # its calls keep the GIL: the process is frozen while in one
+byte = ctypes.create_string_buffer(1)
+sys.setswitchinterval(1e6)
+libc.write(1, ready, len(ready))
+libc.read(0, byte, 1)                 # the test sends the stack request meanwhile
+sys.setswitchinterval(0.005)
+"""
+"""The program says ``ready`` and waits for a line with the GIL held, as a frozen process does: the
+stack request signal (faulthandler, which walks every thread's frames without the GIL) is sent by
+lora_otel only to a frozen process, because a thread running Python meanwhile (the beat, every 50 ms
+here) can change its frames under the dump and crash the process (SIGSEGV: 7 of 20 such programs,
+flooded with requests while waiting in ``sys.stdin.readline()``)."""
+
 STACKS_PROG = r"""
-import os, sys, time
+import ctypes, os, sys, time
 import lora_otel
+from lora_otel._boot import core
 
 os.closerange(3, os.sysconf("SC_OPEN_MAX"))
 rows = open("rows.csv", "wb")
@@ -120,9 +137,11 @@ ckpts = [open("ckpt-%d.bin" % i, "wb") for i in range(4)]   # the numbers lora_o
 for c in ckpts:
     c.write(bytes(range(256)))
     c.flush()
-time.sleep(0.5)                       # a few beats: lora_otel notices its stacks file is gone
-print("READY", flush=True)
-sys.stdin.readline()                  # the test sends the stack request meanwhile
+reopened = b"stack dumps go to a reopened stacks file"
+while not (core.journal_path and reopened in open(core.journal_path, "rb").read()):
+    time.sleep(0.01)                  # until a beat has found its stacks file closed, and reopened it
+ready = b"READY\n"
+""" + FROZEN_READ + r"""
 time.sleep(0.5)
 for c in ckpts:
     c.close()
@@ -135,6 +154,22 @@ def _stack_signal() -> int:
     from lora_otel._boot import preamble
 
     return preamble.stack_signal()
+
+
+READ_SYSCALL = {"x86_64": 0, "aarch64": 63}.get(platform.machine())
+
+
+def _request_stacks_when_frozen(pid: int) -> None:
+    """Once the program's main thread waits in ``read(0, ...)`` holding the GIL (`FROZEN_READ`; its
+    ``/proc/PID/syscall``), send it the stack request as lora_otel's watchdog does
+    (`evidence.send_request`): to that thread (``tgkill``), so the dump is made before it reads on."""
+    if READ_SYSCALL is not None:
+        wait_for(
+            lambda: Path("/proc/%d/syscall" % pid).read_text().split()[:2] == [str(READ_SYSCALL), "0x0"],
+            30,
+            "the main thread in read(0, ...)",
+        )
+    send_request(pid, StackRequest(signal=_stack_signal(), path="", tid=pid))
 
 
 def _start_prog(tmp_path: Path, text: str) -> subprocess.Popen:
@@ -159,10 +194,8 @@ def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
     try:
         assert p.stdout is not None and p.stdin is not None
         wait_for(lambda: b"READY" in p.stdout.readline(), 30, "READY")
-        os.kill(p.pid, _stack_signal())
-        p.stdin.write(b"\n")
-        p.stdin.flush()
-        _, err = p.communicate(timeout=30)
+        _request_stacks_when_frozen(p.pid)
+        _, err = p.communicate(b"\n", timeout=30)
     finally:
         if p.poll() is None:
             p.kill()
@@ -175,7 +208,7 @@ def test_stack_dump_never_lands_in_the_users_file(tmp_path: Path) -> None:
 
 
 REUSED_PROG = r"""
-import os, signal, sys, time
+import ctypes, os, signal, sys, time
 import lora_otel
 from lora_otel._boot import preamble
 
@@ -192,8 +225,8 @@ os.close(r)
 os.close(w)
 while preamble._stacks_fd == number and preamble._stacks_interim < 0:
     time.sleep(0.01)                  # until a beat has seen it (faulthandler checks nothing itself)
-print("READY", preamble._stacks_interim >= 0, flush=True)
-sys.stdin.readline()                  # the test sends the stack request meanwhile
+ready = b"READY %s\n" % str(preamble._stacks_interim >= 0).encode()
+""" + FROZEN_READ + r"""
 while preamble._stacks_interim >= 0:
     time.sleep(0.01)                  # until the stacks file is back
 os.write(number, b"mine")
@@ -214,7 +247,7 @@ def test_a_stack_dump_asked_right_after_the_program_reused_the_stacks_number_mis
         assert p.stdout is not None and p.stdin is not None
         ready = p.stdout.readline()
         assert ready == b"READY True\n", ready  # aimed away before the reopen
-        os.kill(p.pid, _stack_signal())
+        _request_stacks_when_frozen(p.pid)
         _, err = p.communicate(b"\n", timeout=30)
     finally:
         if p.poll() is None:
