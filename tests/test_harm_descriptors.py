@@ -141,12 +141,12 @@ reopened = b"stack dumps go to a reopened stacks file"
 while not (core.journal_path and reopened in open(core.journal_path, "rb").read()):
     time.sleep(0.01)                  # until a beat has found its stacks file closed, and reopened it
 ready = b"READY\n"
-""" + FROZEN_READ + r"""
+FROZEN_READ
 time.sleep(0.5)
 for c in ckpts:
     c.close()
 rows.close()
-"""
+""".replace("FROZEN_READ\n", FROZEN_READ)
 
 
 def _stack_signal() -> int:
@@ -226,11 +226,11 @@ os.close(w)
 while preamble._stacks_fd == number and preamble._stacks_interim < 0:
     time.sleep(0.01)                  # until a beat has seen it (faulthandler checks nothing itself)
 ready = b"READY %s\n" % str(preamble._stacks_interim >= 0).encode()
-""" + FROZEN_READ + r"""
+FROZEN_READ
 while preamble._stacks_interim >= 0:
     time.sleep(0.01)                  # until the stacks file is back
 os.write(number, b"mine")
-"""
+""".replace("FROZEN_READ\n", FROZEN_READ)
 
 
 def test_a_stack_dump_asked_right_after_the_program_reused_the_stacks_number_misses_its_file(
