@@ -227,6 +227,12 @@ def test_sidecar_is_detached(tmp_path: Path) -> None:
     port = free_port()  # nothing listens: the sidecar keeps retrying for LORA_OTEL_DRAIN_S
     proc = traced(tmp_path, SHORT_JOB % "time.sleep(1)", "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="20")
     side = sidecar_pid(tmp_path)
+    # The pid is recorded once the sidecar is forked; until its exec it still holds the job's copy
+    # of stderr (close-on-exec, for the line saying an exec failed) and the pid pipe.
+    wait_for(
+        lambda: b"lora_otel.export.sidecar" in Path("/proc/%d/cmdline" % side).read_bytes().split(b"\0"),
+        what="the sidecar's exec",
+    )
     pipes = {os.readlink("/proc/self/fd/%d" % f.fileno()) for f in (proc.stdout, proc.stderr)}
     held = set()
     for fd in os.listdir("/proc/%d/fd" % side):
