@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from procs import PYTHON, clean_env, journals, wait_for
-from test_sidecar import alive, wait_gone
+from test_sidecar import alive, execd_cmdline, wait_gone
 
 from lora_otel.journal.reader import read_journal
 
@@ -86,18 +86,7 @@ def _run_job(tmp_path: Path):
 
         pid = wait_for(side, what="the sidecar's pid")
 
-        def own_cmdline() -> bytes | None:
-            # The pid is recorded once the sidecar is forked, before its exec: until then its
-            # cmdline is the job's own (as readable as the job's /proc/PID/cmdline itself).
-            try:
-                cmd = Path("/proc/%d/cmdline" % pid).read_bytes()
-            except OSError:
-                cmd = b""
-            if not alive(pid):
-                return b"(gone)"
-            return cmd if b"--pid" in cmd.split(b"\0") else None
-
-        cmdline = wait_for(own_cmdline, what="the sidecar's exec")
+        cmdline = execd_cmdline(pid)  # (before its exec, the forked copy shows the job's own argv)
         environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if alive(pid) else 0o400
         (tmp_path / "go").write_text("")
         out, err = proc.communicate(timeout=60)

@@ -55,6 +55,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def execd_cmdline(pid: int) -> bytes:
+    """The sidecar's ``/proc/PID/cmdline`` once it has exec'd, or ``b"(gone)"`` when it ended first.
+    Its pid is recorded at the fork; until the exec it is a copy of the job: the job's argv, the
+    job's close-on-exec copy of stderr (for the line saying an exec failed), the pid pipe."""
+
+    def execd() -> bytes | None:
+        try:
+            cmd = Path("/proc/%d/cmdline" % pid).read_bytes()
+        except OSError:
+            cmd = b""
+        if not alive(pid):
+            return b"(gone)"
+        return cmd if b"lora_otel.export.sidecar" in cmd.split(b"\0") else None
+
+    return wait_for(execd, what="the sidecar's exec")
+
+
 def wait_gone(pid: int, timeout: float = 30) -> None:
     wait_for(lambda: not alive(pid), timeout=timeout, what="the sidecar to exit")
 
@@ -227,12 +244,7 @@ def test_sidecar_is_detached(tmp_path: Path) -> None:
     port = free_port()  # nothing listens: the sidecar keeps retrying for LORA_OTEL_DRAIN_S
     proc = traced(tmp_path, SHORT_JOB % "time.sleep(1)", "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="20")
     side = sidecar_pid(tmp_path)
-    # The pid is recorded once the sidecar is forked; until its exec it still holds the job's copy
-    # of stderr (close-on-exec, for the line saying an exec failed) and the pid pipe.
-    wait_for(
-        lambda: b"lora_otel.export.sidecar" in Path("/proc/%d/cmdline" % side).read_bytes().split(b"\0"),
-        what="the sidecar's exec",
-    )
+    execd_cmdline(side)  # (before its exec it still holds the job's descriptors)
     pipes = {os.readlink("/proc/self/fd/%d" % f.fileno()) for f in (proc.stdout, proc.stderr)}
     held = set()
     for fd in os.listdir("/proc/%d/fd" % side):
