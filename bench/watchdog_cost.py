@@ -5,9 +5,9 @@
 Three figures, each beside its baseline measured in the same run:
 
 - start: ``spawn.start`` timed inside a process (what starting the sidecar adds to the job's
-  preamble: the double fork, until the sidecar's pid is read back), the preamble's own duration
+  preamble: the spawn, until the sidecar's pid is read back), the preamble's own duration
   (``lora_otel.preamble.duration_us``, which includes starting the sidecar) and the wall time of
-  ``python -c pass`` with ``LORA_OTEL=1`` (the sidecar starts, by a double fork, in the preamble)
+  ``python -c pass`` with ``LORA_OTEL=1`` (the sidecar starts, through an intermediate process, in the preamble)
   against the same with ``LORA_OTEL_LIVE=0`` (no sidecar); ``--runs`` alternating pairs, medians. Goal: ≤ 3 ms added.
 - resident memory of the sidecar following an idle job (``time.sleep`` in a stage; the job only
   writes its once-per-second beat): VmRSS from ``/proc/<pid>/status`` at the end of the window.
@@ -198,7 +198,7 @@ def main() -> int:
         )
     )
     print(
-        "| `spawn.start` in the job (double fork, until the sidecar's pid is known), median of %d | %.2f ms | "
+        "| `spawn.start` in the job (spawn, until the sidecar's pid is known), median of %d | %.2f ms | "
         "0 (LORA_OTEL_LIVE=0: not called) | %+.2f ms | ≤ 3 ms |"
         % (len(spawn_ms), statistics.median(spawn_ms), statistics.median(spawn_ms))
     )

@@ -86,7 +86,7 @@ def _run_job(tmp_path: Path):
 
         pid = wait_for(side, what="the sidecar's pid")
 
-        cmdline = execd_cmdline(pid)  # (before its exec, the forked copy shows the job's own argv)
+        cmdline = execd_cmdline(pid)  # (before its exec, the intermediate shell shows its own argv)
         environ_mode = os.stat("/proc/%d/environ" % pid).st_mode & 0o777 if alive(pid) else 0o400
         (tmp_path / "go").write_text("")
         out, err = proc.communicate(timeout=60)

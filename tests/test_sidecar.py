@@ -57,8 +57,8 @@ def alive(pid: int) -> bool:
 
 def execd_cmdline(pid: int) -> bytes:
     """The sidecar's ``/proc/PID/cmdline`` once it has exec'd, or ``b"(gone)"`` when it ended first.
-    Its pid is recorded at the fork; until the exec it is a copy of the job: the job's argv, the
-    job's close-on-exec copy of stderr (for the line saying an exec failed), the pid pipe."""
+    Its pid is recorded at the intermediate shell's fork; until the exec it is that shell, whose
+    argv names the sidecar's too (``sh -c SCRIPT python -m lora_otel.export.sidecar ...``)."""
 
     def execd() -> bytes | None:
         try:
@@ -67,7 +67,7 @@ def execd_cmdline(pid: int) -> bytes:
             cmd = b""
         if not alive(pid):
             return b"(gone)"
-        return cmd if b"lora_otel.export.sidecar" in cmd.split(b"\0") else None
+        return cmd if cmd.split(b"\0")[1:3] == [b"-m", b"lora_otel.export.sidecar"] else None
 
     return wait_for(execd, what="the sidecar's exec")
 
@@ -244,7 +244,7 @@ def test_sidecar_is_detached(tmp_path: Path) -> None:
     port = free_port()  # nothing listens: the sidecar keeps retrying for LORA_OTEL_DRAIN_S
     proc = traced(tmp_path, SHORT_JOB % "time.sleep(1)", "http://127.0.0.1:%d" % port, LORA_OTEL_DRAIN_S="20")
     side = sidecar_pid(tmp_path)
-    execd_cmdline(side)  # (before its exec it still holds the job's descriptors)
+    execd_cmdline(side)  # (before its exec it is the intermediate shell)
     pipes = {os.readlink("/proc/self/fd/%d" % f.fileno()) for f in (proc.stdout, proc.stderr)}
     held = set()
     for fd in os.listdir("/proc/%d/fd" % side):

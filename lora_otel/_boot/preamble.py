@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
 
     from _typeshed import FileDescriptorOrPath, StrOrBytesPath
 
-_os_fork, _os_waitpid = os.fork, os.waitpid
+_os_posix_spawn, _os_waitpid = getattr(os, "posix_spawn", None), os.waitpid
 """The interpreter's own, for starting the sidecar (`promote`, maybe long after the program
 replaced them: gevent's ``monkey.patch_all()``)."""
 _started_ns = 0
@@ -498,13 +498,11 @@ _promote_lock = _thread.allocate_lock()
 _promote_lock_pid = 0
 """The process `_promote_lock` belongs to: a forked child makes its own at its first `promote`
 (another thread may have held the parent's at the fork), not in the fork hook."""
-_spawning = False
-"""True while `spawn` forks the sidecar: the fork hooks leave that fork alone."""
 _promoting = 0
 """The thread promoting this process now, 0 when none (see `_await_promotion`)."""
 PROMOTION_WAIT_S = 2.0
 """The longest a thread starting a child process waits for another thread's promotion (normally
-milliseconds: a double fork and a few records)."""
+milliseconds: a spawn and a few records)."""
 
 
 def promote(reason: str) -> None:
@@ -609,10 +607,10 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
     """The job's sidecar, detached (see ``spawn``): the local watchdog, exporting live as well
     when an OTLP endpoint is configured. ``LORA_OTEL_LIVE=0``: none. Called by `promote`.
 
-    The sidecar is started by a double fork, which the fork hooks leave alone (`_spawning`). If it
+    The sidecar is started without a fork (``os.posix_spawn``: no fork hook runs). If it
     cannot start, one line says so and the program goes on; the journal remains for ``lora-otel replay``.
     """
-    global _sidecar_pid, _sidecar_log, _sidecar_owner, _spawning
+    global _sidecar_pid, _sidecar_log, _sidecar_owner
     if not core.journal_path or env.get("LORA_OTEL_LIVE", "").strip().lower() in ("0", "false", "no", "off"):
         return  # turned off: not even the import (spawn.wanted says the same)
     inherited = env  # the process's own environment: its children must find this job's sidecar there
@@ -625,11 +623,7 @@ def _start_sidecar(env: MutableMapping[str, str]) -> None:
             core.span_attrs(core.root_id, {"lora_otel.sidecar.pid": joined})
             spawn.allow_tracing_by(joined)
             return
-        _spawning = True
-        try:
-            pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id, _os_fork, _os_waitpid)
-        finally:
-            _spawning = False
+        pid, why = spawn.start(core.journal_path, core.pid, env, core.stderr_id, _os_posix_spawn, _os_waitpid)
         if pid is None:
             core.error_line(
                 "%s off: %s; the journal remains for `lora-otel replay %s`"
@@ -1926,11 +1920,10 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 
 def _before_fork() -> None:
     global _fork_parent_span
-    if not _spawning:
-        _fork_parent_span = core.current_span_id() if core.active else None
-        if _PAUSE_AT_FORK and core.active:
-            with _FORK_HOOK:
-                _pause_beat()
+    _fork_parent_span = core.current_span_id() if core.active else None
+    if _PAUSE_AT_FORK and core.active:
+        with _FORK_HOOK:
+            _pause_beat()
 
 
 _PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
@@ -1975,8 +1968,6 @@ def _after_fork_child() -> None:
     write few (`core.forked`). Its first record, span, beat or promotion settles it
     (`_settle_child`); it becomes a job like any process (`promote`)."""
     global _born_ns, _next_beat_ns, _beat_paused
-    if _spawning:
-        return  # `spawn`'s own fork on the way to the sidecar's exec
     with _FORK_HOOK:
         if not core.active:
             return

@@ -2,12 +2,15 @@
 
 Standard library only; called once by the preamble, when the process becomes a job
 (``preamble.promote``: its first beat, a heavy import, a stage; at start under ``lora-otel run``).
-The sidecar (``python -m lora_otel.export.sidecar``) is started by a double fork: the intermediate child
-calls ``setsid`` and forks the sidecar, then exits at once and is reaped here, so the sidecar is
-never this process's child (``os.wait()`` in the user's program never sees it) and has its own
-session (a terminal's Ctrl-C or a launcher killing the process group does not reach it). Before
-``exec`` the sidecar's stdin and stdout become ``/dev/null``, stderr its own log file beside the
-journal, and every other descriptor is closed: it never holds the launcher's pipes.
+The sidecar (``python -m lora_otel.export.sidecar``) is started without a fork of this process (no
+``os.register_at_fork`` handler of the program runs, no ``os.fork`` audit event): ``os.posix_spawn``
+starts a tiny intermediate (``/bin/sh``; this Python where there is no shell) in a new session
+(``setsid``), which starts the sidecar in the background from "/", writes its pid on a pipe and
+exits; it is reaped here. So the sidecar is never this process's child (``os.wait()`` in the
+user's program never sees it) and has its own session (a terminal's Ctrl-C or a launcher killing
+the process group does not reach it). The sidecar's stdin and stdout are ``/dev/null``, its stderr
+its own log file beside the journal, and every other descriptor is closed before the
+intermediate's exec: it never holds the launcher's pipes.
 
 When is it started: for every job (a traced process that became one, see ``preamble.promote``; a
 child of a job registers with the job's sidecar instead), unless ``LORA_OTEL_LIVE=0``. It exports
@@ -114,26 +117,38 @@ def _has_sdk(python: str) -> bool:
     return any(os.path.isdir(os.path.join(entry or ".", "opentelemetry", "sdk")) for entry in sys.path)
 
 
+_POSIX_SPAWN: Callable[..., int] | None = getattr(os, "posix_spawn", None)
+
+
 def start(
     journal_path: str,
     watched_pid: int,
     env: Mapping[str, str] | None = None,
     stderr_id: tuple[int, ...] | None = None,
-    fork: Callable[[], int] = os.fork,
+    posix_spawn: Callable[..., int] | None = _POSIX_SPAWN,
     waitpid: Callable[[int, int], tuple[int, int]] = os.waitpid,
 ) -> tuple[int, None] | tuple[None, str]:
     """Start the sidecar. Returns ``(pid, None)``, or ``(None, one-line reason)`` when it cannot start.
 
     ``stderr_id``: ``(st_dev, st_ino)`` of this process's stderr at start (`core.stderr_id`), so
     the sidecar can write the lines this process cannot (frozen, killed) to that stderr only.
-    ``fork``/``waitpid``: the interpreter's own, taken before the program could replace them
-    (gevent's and eventlet's monkey-patching replace both, and theirs fail outside the main thread)."""
+    ``posix_spawn``/``waitpid``: the interpreter's own, taken before the program could replace them
+    (gevent's and eventlet's monkey-patching replace ``waitpid``, and theirs fails outside the main thread)."""
     env = os.environ if env is None else env
     python = env.get("LORA_OTEL_SIDECAR_PYTHON", "").strip() or sys.executable
     if not python or not os.access(python, os.X_OK):
         return None, "LORA_OTEL_SIDECAR_PYTHON=%s is not an executable Python" % python if env.get(
             "LORA_OTEL_SIDECAR_PYTHON"
         ) else "no Python executable to run the sidecar"
+    if not os.path.isabs(python):
+        python = os.path.abspath(python)  # the sidecar starts in "/": the file checked here, not one there
+    try:
+        if os.stat(python).st_mode & 0o170000 != 0o100000:
+            return None, "cannot start the sidecar %s: not a file" % python
+    except OSError as e:
+        return None, "cannot start the sidecar %s: %s" % (python, e.strerror or e)
+    if posix_spawn is None:
+        return None, "cannot start the sidecar: this Python has no os.posix_spawn"
     if exports(env) and not _has_sdk(python):
         return None, (
             "the OpenTelemetry SDK is not installed for %s (pip install lora-otel with its "
@@ -192,88 +207,79 @@ def start(
     except OSError:
         log_fd, opened_log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC), os.devnull
     opened_registry = registry
-    open_fds: list[int] | None
     try:
         open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except (OSError, ValueError):
-        open_fds = None
-    err_fd = os.dup(2) if _fd_ok(2) else -1  # not inheritable: closed by a successful exec
-    pid_r, pid_w = os.pipe()
-    keep = {log_fd, err_fd, pid_w}
+        open_fds = list(range(3, 1024))  # no /proc: the usual range (a close of a free number is ignored)
+    pid_r = pid_w = -1
     try:
-        import warnings  # already loaded by the interpreter's start
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
-            first = fork()
-    except OSError as e:
-        for fd in (log_fd, err_fd, pid_r, pid_w):
+        pid_r, pid_w = os.pipe()
+        pid_w, log_fd = _above_stdio(pid_w), _above_stdio(log_fd)
+        if os.access(SHELL, os.X_OK):
+            # `sh -c SCRIPT PYTHON ARGS...`: the shell starts the sidecar in the background and
+            # says its pid; the sidecar's stdout is /dev/null, not the pid pipe (else the read
+            # below would wait for the sidecar's end).
+            path, args = SHELL, [SHELL, "-c", _SCRIPT, python, *argv[1:]]
+        else:  # no shell (a distroless image): this Python does the shell's part, at its own start's cost
+            path, args = sys.executable, [sys.executable, "-I", "-S", "-c", _PY_SCRIPT, python, *argv[1:]]
+        actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, pid_w, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ]
+        # Every other descriptor closed: the launcher's pipes, the program's files. (One closed
+        # since the listing, or a close-on-exec one opened by another thread since: glibc ignores
+        # the close of a free number, the exec closes the other.)
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in sorted(set(open_fds) | {pid_r, pid_w, log_fd}) if fd > 2]
+        first = posix_spawn(path, args, child_env, file_actions=actions, setsid=True)
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        for fd in (log_fd, pid_r, pid_w):
             _close(fd)
-        return None, "fork failed: %s" % (e.strerror or e)
-    if first == 0:  # intermediate child
-        try:
-            os.setsid()
-            second = fork()
-            if second:
-                os.write(pid_w, str(second).encode())
-                os._exit(0)
-            _exec_sidecar(python, argv, child_env, log_fd, err_fd, keep, open_fds)
-        finally:
-            os._exit(0)
+        return None, "cannot start the sidecar's intermediate process (%s)" % (getattr(e, "strerror", None) or e)
     os.close(pid_w)
-    for fd in (log_fd, err_fd):
-        _close(fd)
+    _close(log_fd)
     try:
         waitpid(first, 0)
     except ChildProcessError:
         pass  # reaped already: the program ignores SIGCHLD, or its own os.wait() took it
     try:
-        data = os.read(pid_r, 32)
+        data = os.read(pid_r, 256)
     finally:
         os.close(pid_r)
     try:
         return int(data), None
     except ValueError:
-        return None, "the sidecar's intermediate process failed"
+        text = data.decode("utf-8", "replace").strip()
+        return None, "cannot start the sidecar %s: %s" % (python, text[1:].strip() or "the intermediate process failed")
 
 
-def _exec_sidecar(
-    python: str,
-    argv: list[str],
-    env: dict[str, str],
-    log_fd: int,
-    err_fd: int,
-    keep: set[int],
-    open_fds: list[int] | None,
-) -> None:
-    """In the grandchild: /dev/null and the log file on 0-2, every other descriptor closed, exec."""
-    try:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)
-        os.dup2(devnull, 1)
-        os.dup2(log_fd, 2)
-        keep = set(keep) | {0, 1, 2}
-        if open_fds is None:
-            for lo, hi in _gaps(sorted(keep), 1 << 16):
-                os.closerange(lo, hi)
-        else:
-            for fd in open_fds:
-                if fd not in keep:
-                    _close(fd)
-        for fd in keep - {0, 1, 2, err_fd}:
-            _close(fd)
-        os.chdir("/")
-        os.execve(python, argv, env)
-    except BaseException as e:  # noqa: BLE001 - exec failed: one line on the program's stderr
-        if err_fd >= 0:
-            msg = (
-                "[lora-otel] live export off: cannot start the sidecar %s: %s; the journal remains "
-                "for `lora-otel replay`\n" % (python, getattr(e, "strerror", None) or e)
-            )
-            try:
-                os.write(err_fd, msg.encode("utf-8", "replace"))
-            except OSError:
-                pass
+SHELL = "/bin/sh"
+_SCRIPT = 'cd / || exit; "$0" "$@" </dev/null >/dev/null & echo $!'
+"""The intermediate's work: start the sidecar from "/" in the background, say its pid, exit. The
+sidecar is then the child of nobody in the job (``os.wait()`` in the program never sees it), and in
+the session the intermediate was started in (``setsid``): not the job's. An exec that fails is said
+by the shell in the sidecar's log, and by the job's next beat (`preamble._check_sidecar`)."""
+_PY_SCRIPT = (
+    "import os,sys\n"
+    "os.chdir('/')\n"
+    "try:\n"
+    " p=os.posix_spawn(sys.argv[1],sys.argv[1:],os.environ,"
+    "file_actions=[(os.POSIX_SPAWN_OPEN,1,os.devnull,os.O_WRONLY,0)])\n"
+    "except OSError as e:\n"
+    " p='-%s'%(e.strerror or e)\n"
+    "os.write(1,str(p).encode())\n"
+)
+"""The same without a shell (``python -I -S -c``: nothing of the working directory, no site)."""
+
+
+def _above_stdio(fd: int) -> int:
+    """``fd``, or a copy numbered above 2 that replaces it (the program closed its stdin or stdout:
+    the pipe took that number), so that the spawn's own 0-2 do not overwrite it before it moves there."""
+    if not 0 <= fd <= 2:
+        return fd
+    new = _above_stdio(os.dup(fd))
+    os.close(fd)
+    return new
 
 
 def _gaps(keep: list[int], top: int) -> Iterator[tuple[int, int]]:
@@ -307,7 +313,7 @@ PR_SET_PTRACER = 0x59616D61  # "Yama"
 def allow_tracing_by(pid: int, scope_path: str = YAMA_PTRACE_SCOPE) -> bool:
     """Let the sidecar ``pid`` (and py-spy, its child) read this process's stacks with ptrace, where
     Yama's ``ptrace_scope`` is 1: then only an ancestor may trace a process, and the sidecar, started
-    by a double fork, is none, unless the process names it with ``prctl(PR_SET_PTRACER, pid)``.
+    by an intermediate process, is none, unless the process names it with ``prctl(PR_SET_PTRACER, pid)``.
 
     Called once, when the process becomes a job and knows its sidecar. Under any other scope (0:
     any process of the same user may; 2, 3: only CAP_SYS_PTRACE, or nobody) it does nothing. It
