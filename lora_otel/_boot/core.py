@@ -700,6 +700,30 @@ def _set_journal(fd: int, path: str) -> None:
     journal_path = path
 
 
+def lock_journal(fd: int = -1) -> None:
+    """Hold a shared ``flock`` on the journal (``fd``: the journal's descriptor) for as long as it
+    is open: the proof, across pid namespaces and hosts sharing the directory, that its owner still
+    runs (retention, `lora_otel.journal.runs.prune`, removes no journal it cannot lock
+    exclusively). Taken when the process becomes a job (`preamble.promote`: ``fcntl`` is loaded by
+    then; a process that ends at once pays nothing) and on every descriptor reopened after that.
+    A forked child shares the lock through the descriptor it inherits, until it lets go of it.
+    Never blocks (only retention's probe asks for more than a shared lock), never raises."""
+    fd = _journal_fd if fd < 0 else fd
+    if fd < 0:
+        return
+    try:
+        import fcntl
+
+        for _ in range(5):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:  # retention's probe holds it for a moment (`runs._lock`)
+                sleep(0.002)
+    except (OSError, ImportError):
+        pass  # no lock (a file system without locks): retention goes by the pid, as before
+
+
 _swap_lock = RLock()
 """Held while the journal's descriptor is swapped for a reopened one: a few assignments, never a
 call into the OS or the program. Reentrant: a signal handler that writes a record in the thread
@@ -729,6 +753,8 @@ def _reopen_journal() -> bool:
 
         fd = files.move_high(files.open_append(journal_path))
         ident = files.identity(fd)
+        if promoted:
+            lock_journal(fd)  # (the lock went with the descriptor the program closed)
     except OSError as e:
         error = e
     with _swap_lock:

@@ -534,6 +534,7 @@ def promote(reason: str) -> None:
         core.promoted = reason or "promoted"
         jsonl.use_c_escaper()  # a job may write many records: the C escaper is worth its load now
         core.ensure_journal()  # a forked child's, deferred until now
+        core.lock_journal()  # retention leaves a job's journal alone while it runs, in any pid namespace
         # The watchdog's means first (a stage opening right after this, watched from its start).
         with core.fail_open("stack dump"):
             _register_stack_dump()

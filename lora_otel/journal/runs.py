@@ -11,9 +11,15 @@ a stacks file whose journal is gone), a symlink, a file of another user is never
 Retention (`prune`), applied by the sidecar when a job starts (so a process that ends at once pays
 nothing): keep the newest ``LORA_OTEL_KEEP`` runs (default 100) and at most ``LORA_OTEL_KEEP_MB``
 megabytes (default 500; the newest run is kept whatever its size); ``0`` turns a limit off. A run
-is removed only when none of its processes still runs (the pid with the journal's start time, as
-`lora_otel.journal.reader.process_state` judges it) and none of its files changed in the last
-minute (a sidecar may still be writing its last lines).
+is removed only when none of its processes still runs and none of its files changed in the last
+minute (a sidecar may still be writing its last lines). A process runs while it holds the lock a
+job takes on its journal for its whole life (`lora_otel._boot.core.lock_journal`): retention
+removes a run only while it holds an exclusive lock on each of its journals, which no process of
+it can then hold, whatever its pid namespace or host (a job in a container sharing the
+directory, frozen, its pid naming another process here). A journal whose lock cannot be asked
+for (a file system without locks) is kept. A process that is not a job yet (its first second)
+holds no lock: it is judged by its pid with the journal's start time, as
+`lora_otel.journal.reader.process_state` judges it, as is every journal written before the lock.
 
 Standard library only.
 """
@@ -206,15 +212,60 @@ def prune(
         over = (keep_runs and count > keep_runs) or (keep_bytes and total > keep_bytes)
         if not over or i == 0 or run.running or now_ns - run.changed_ns < quiet_s * 1e9:
             continue
-        if _running_now(run):
-            continue
-        for path in run.files:
-            _unlink_if_same(path, run.ids[path])
+        locks = _lock_all(run)
+        if locks is None:
+            continue  # a process of the run holds its journal (or it cannot be told)
+        try:
+            if _running_now(run):
+                continue
+            for path in run.files:
+                _unlink_if_same(path, run.ids[path])
+        finally:
+            for fd in locks:
+                os.close(fd)
         count -= 1
         total -= run.size
         removed.append(run)
     removed.reverse()
     return removed
+
+
+def _lock(path: str) -> int:
+    """A descriptor of ``path`` holding an exclusive ``flock`` on it (no process of the run holds
+    the journal: its owner's lock is gone with the owner); -1 when one holds it, or when that
+    cannot be told (no lock on this file system); -2 when the file is gone. Asked only of a run
+    about to be removed (old, quiet for a minute), held while its files are unlinked: a job
+    taking its own lock meanwhile (`lora_otel._boot.core.lock_journal`) tries again."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -2
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _lock_all(run: Run) -> Optional[list[int]]:
+    """Exclusive locks on every journal of ``run`` (their descriptors, to close once its files are
+    removed), or None when a process of the run holds one (see `_lock`)."""
+    fds: list[int] = []
+    for path in run.files:
+        if path.endswith(JOURNAL_SUFFIX):
+            fd = _lock(path)
+            if fd == -1:
+                for held in fds:
+                    os.close(held)
+                return None
+            if fd >= 0:
+                fds.append(fd)
+    return fds
 
 
 def _running_now(run: Run) -> bool:
