@@ -254,11 +254,12 @@ def start(
 
 
 SHELL = "/bin/sh"
-_SCRIPT = 'cd / || exit; "$0" "$@" </dev/null >/dev/null & echo $!'
+_SCRIPT = 'command cd / || exit; "$0" "$@" </dev/null >/dev/null & command echo $!'
 """The intermediate's work: start the sidecar from "/" in the background, say its pid, exit. The
 sidecar is then the child of nobody in the job (``os.wait()`` in the program never sees it), and in
 the session the intermediate was started in (``setsid``): not the job's. An exec that fails is said
-by the shell in the sidecar's log, and by the job's next beat (`preamble._check_sidecar`)."""
+by the shell in the sidecar's log, and by the job's next beat (`preamble._check_sidecar`).
+(``command``: a shell function of that name exported by the program's environment is not run.)"""
 _PY_SCRIPT = (
     "import os,sys\n"
     "os.chdir('/')\n"
