@@ -112,3 +112,28 @@ def test_a_journal_held_by_a_process_is_kept(tmp_path: Path) -> None:
     finally:
         holder.communicate(timeout=30)
     assert [r.journal for r in runs.prune(str(d), keep_runs=1)] == [str(old)]
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare (a pid namespace)")
+def test_runs_from_another_pid_namespace_go_only_when_they_say_they_ended(tmp_path: Path) -> None:
+    """Finished runs of another pid namespace, an hour old: one that exited (an ``exit`` record) is
+    removed; one killed in its first second (no exit record, never a job, so no lock) cannot be told
+    from one frozen there, and is kept, though its pid names no process here."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    env = clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(d))
+    made = []
+    for code in ("import sys; sys.exit(3)", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"):
+        before = set(journals(d))
+        # (under a shell: the namespace's pid 1 ignores a SIGKILL sent from inside it)
+        inner = ["sh", "-c", '"$0" -c "$1"; exit 0', PYTHON, code]
+        subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *inner], cwd=d, env=env, timeout=60)
+        [new] = set(journals(d)) - before
+        made.append(new)
+    exited, killed = made
+    assert read_journal(exited).exit is not None and read_journal(killed).exit is None
+    _make_run(d, "import sys; sys.exit(1)")  # the newest run, of this namespace
+    _age(list(d.iterdir()), 3600)
+    removed = runs.prune(str(d), keep_runs=1)
+    assert [r.journal for r in removed] == [str(exited)]
+    assert killed.exists()

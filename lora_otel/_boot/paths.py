@@ -330,3 +330,13 @@ def unique_variant(path: str, pid: int, now_s: float) -> str:
         os.urandom(3).hex(),
         JOURNAL_SUFFIX,
     )
+
+
+def pid_namespace() -> int | None:
+    """The inode of this process's pid namespace (``/proc/self/ns/pid``), or None without ``/proc``:
+    where a journal's ``pid`` means its process (retention judges a journal by its pid only in that
+    namespace, on that host: `lora_otel.journal.runs`)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None

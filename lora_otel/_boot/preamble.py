@@ -258,6 +258,7 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
         "pid": core.pid,
         "ppid": os.getppid(),
         "start_ticks": ticks,
+        "pidns": paths.pid_namespace(),
         "image": _image if _image is not None else image_identity(),
         "sampled": core.sampled,
         "config": {

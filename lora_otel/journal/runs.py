@@ -60,6 +60,9 @@ class Run:
     size: int = 0
     changed_ns: int = 0
     running: bool = False
+    foreign: list[str] = field(default_factory=list)
+    """Its journals whose pid means another process here (written in another pid namespace or on
+    another host): judged by their lock and their records (`_ended`), never by that pid."""
     ids: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     """(st_dev, st_ino) of each file as counted: a file is removed only while it is still that one."""
 
@@ -94,6 +97,33 @@ def _running(head: Mapping[str, object]) -> bool:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     return pid_runs(pid, ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None)
+
+
+def _here(head: Mapping[str, object]) -> bool:
+    """Whether the journal's ``pid`` means a process of this pid namespace on this host: its first
+    record names this namespace (``pidns``) and this host (``host.name``), or does not say (a
+    journal written before they were recorded, or without ``/proc``)."""
+    ns = head.get("pidns")
+    if isinstance(ns, int) and not isinstance(ns, bool) and ns != paths.pid_namespace():
+        return False
+    attrs = head.get("attrs")
+    host = attrs.get("host.name") if isinstance(attrs, dict) else None
+    return not isinstance(host, str) or host == os.uname().nodename
+
+
+def _ended(path: str) -> bool:
+    """Whether a journal written elsewhere (`Run.foreign`) says its process is over, which its pid
+    cannot tell here: an ``exit`` or ``exec`` record, or a promotion (a job holds the lock on its
+    journal for its whole life: asked while retention holds that lock, it is gone). A process
+    killed before it became a job cannot be told from one frozen there: its journal is kept."""
+    from lora_otel.journal.reader import read_journal
+
+    try:
+        j = read_journal(path)
+    except Exception:  # noqa: BLE001 - unreadable: nothing proves its process over
+        return False
+    promoted = j.root is not None and "lora_otel.promoted" in j.root.attrs
+    return j.exit is not None or j.exec is not None or promoted
 
 
 def runs_in(directory: str) -> list[Run]:
@@ -140,7 +170,10 @@ def runs_in(directory: str) -> list[Run]:
         run.changed_ns = max(run.changed_ns, st.st_mtime_ns)
         if name.endswith(JOURNAL_SUFFIX):
             head = _head(path)
-            run.running = run.running or _running(head)
+            if _here(head):
+                run.running = run.running or _running(head)
+            else:
+                run.foreign.append(path)
             ts = head.get("ts")
             if name == head_stem + JOURNAL_SUFFIX:
                 run.start_ns = ts if isinstance(ts, int) and not isinstance(ts, bool) else st.st_mtime_ns
@@ -216,7 +249,7 @@ def prune(
         if locks is None:
             continue  # a process of the run holds its journal (or it cannot be told)
         try:
-            if _running_now(run):
+            if _running_now(run) or not all(_ended(p) for p in run.foreign):
                 continue
             for path in run.files:
                 _unlink_if_same(path, run.ids[path])
@@ -270,7 +303,8 @@ def _lock_all(run: Run) -> Optional[list[int]]:
 
 def _running_now(run: Run) -> bool:
     """Looked at again right before removing: a process of the run that started meanwhile."""
-    return any(_running(_head(p)) for p in run.files if p.endswith(JOURNAL_SUFFIX))
+    heads = [_head(p) for p in run.files if p.endswith(JOURNAL_SUFFIX)]
+    return any(_running(h) for h in heads if _here(h))
 
 
 def _unlink_if_same(path: str, ident: tuple[int, int]) -> None:
