@@ -337,6 +337,7 @@ def pid_namespace() -> int | None:
     where a journal's ``pid`` means its process (retention judges a journal by its pid only in that
     namespace, on that host: `lora_otel.journal.runs`)."""
     try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]" (~3.5 µs; a stat of it ~7 µs)
+        return int(link[link.index("[") + 1 : -1])
+    except (OSError, ValueError):
         return None
