@@ -31,7 +31,7 @@ from lora_otel._boot import paths
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Mapping
 
 REGISTRY_ENV = "LORA_OTEL_LIVE_REGISTRY"
 """``<sidecar pid>:<registry file>``, set for the children of a process that started a sidecar.
@@ -281,22 +281,6 @@ def _above_stdio(fd: int) -> int:
     new = _above_stdio(os.dup(fd))
     os.close(fd)
     return new
-
-
-def _gaps(keep: list[int], top: int) -> Iterator[tuple[int, int]]:
-    lo = 0
-    for fd in [*keep, top]:
-        if fd > lo:
-            yield lo, fd
-        lo = fd + 1
-
-
-def _fd_ok(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 def _close(fd: int) -> None:
