@@ -265,7 +265,8 @@ def children_facts(
             f = _stat_fields(kid)
             cpu = 100.0 * ((int(f[11]) + int(f[12])) / hz - first.get(kid, 0.0)) / 0.2
             wchan = _read("/proc/%d/wchan" % kid).strip() or "-"
-            cmd = _read("/proc/%d/cmdline" % kid).replace("\0", " ").strip()
+            # another program's command line: secret-named options' values removed (`redact_argv`)
+            cmd = " ".join(redact.redact_argv(_read("/proc/%d/cmdline" % kid).rstrip("\0").split("\0"))).strip()
         except (OSError, ValueError, IndexError):
             continue
         row = {
