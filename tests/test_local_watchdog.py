@@ -516,6 +516,7 @@ NOT_BEFORE_A_STALL = (
     "lora_otel.analysis.evidence",
     "lora_otel.analysis.diagnose",
     "statistics",
+    "shutil",
     "logging",
     "opentelemetry",
 )
@@ -526,7 +527,7 @@ job's memory cgroup for the job's whole life (docs/performance.md, "Memory a tra
 def test_local_watchdog_loads_no_evidence_or_diagnosis_before_a_stall(tmp_path: Path) -> None:
     """A job that runs for a while without a stall, followed by its local watchdog: the watchdog
     (its ``-X importtime`` lines in its log, as it polls the running job and after it ends) never
-    imports the preamble, the evidence gathering, the diagnosis, `statistics` or `logging` — they
+    imports the preamble, the evidence gathering, the diagnosis, `statistics`, `shutil` or `logging` — they
     are loaded at the first stall (the stall tests show they still work then)."""
     proc = launch(
         tmp_path,

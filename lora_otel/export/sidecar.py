@@ -435,6 +435,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         prog="python -m lora_otel.export.sidecar",
         description="Follow a traced process's journal: the local watchdog, and live "
         "export over OTLP when an endpoint is configured.",
+        # A fixed width: argparse's own reads the terminal's through `shutil`, which loads `bz2`,
+        # `lzma` and `locale` into a process that has no terminal (0.5 MB for the job's lifetime).
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100),
     )
     parser.add_argument("--journal", required=True, help="the journal to follow (*.otel.jsonl)")
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
