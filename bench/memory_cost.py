@@ -20,11 +20,14 @@ resident size (its ``VmHWM``, read by the job at its end) and the sidecar's (the
 of the process running ``lora_otel.export.sidecar`` in the cgroup, polled until it exits). Figures
 are medians of the runs, each beside the baseline's. With ``--limit-mb`` every row runs once more
 in a cgroup limited to that many MB and says whether the job survived or was OOM-killed.
+``lora_otel`` is byte-compiled first, as pip installs it (compiling from source costs the sidecar
+several MB more).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import signal
@@ -211,6 +214,7 @@ def run_once(row: str, args: argparse.Namespace, work: str, n: int, endpoint: st
 
 
 def measure(args: argparse.Namespace) -> dict:
+    compileall.compile_dir(str(REPO / "lora_otel"), quiet=1)  # as pip installs it: compiling costs memory too
     work = tempfile.mkdtemp(prefix="lora-otel-memory-cost-")
     Path(work, "job.py").write_text(JOB)
     from sidecar_cost import free_port, start_rotel
