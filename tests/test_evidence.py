@@ -86,15 +86,15 @@ def test_oom_watch_keeps_the_first_count_of_each_cgroup(tmp_path: Path, monkeypa
     just before the task is gone). That look must not replace the job's cgroup and its count: the
     kill in the job's cgroup is still told. The kernel files are real files here, in a temporary
     directory standing in for /sys/fs/cgroup (the real OOM kill is tests/test_sidecar.py::test_oom_killer)."""
-    from lora_otel.analysis import evidence
+    from lora_otel.analysis import oom
 
     job, root = tmp_path / "job", tmp_path / "root"
     for d, count in ((job, 0), (root, 7)):
         d.mkdir()
         (d / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill %d\n" % count)
     where = {"cgroup": str(job)}
-    monkeypatch.setattr(evidence, "memory_cgroup", lambda pid: where["cgroup"])
-    watch = evidence.OomWatch(str(job), 0)
+    monkeypatch.setattr(oom, "memory_cgroup", lambda pid: where["cgroup"])
+    watch = oom.OomWatch(str(job), 0)
     watch.see(1234)
     (job / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")  # the kill
     where["cgroup"] = str(root)  # the dying task, as the last look saw it

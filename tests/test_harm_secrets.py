@@ -272,3 +272,240 @@ def test_sidecar_follows_a_journal_renamed_by_log_rotation(tmp_path: Path, colle
     assert spans["after rotation"].parent_id == spans["process"].span_id
     assert spans["process"].status_code != "STATUS_CODE_ERROR"
     assert "lora_otel.incomplete" not in spans["process"].attributes
+
+
+# --- issue 36, item 5: every place a user can put a secret, every output --------------------------
+
+PLANTED = {
+    # the job's own argv
+    "--token=": "jobTok4Lq8",
+    "--api-key": "jobApi7Wm2",
+    "--hf_token": "jobHf3Rz9",
+    "job url user:pass": "jobUrl5Pw6",
+    "job url ?token=": "jobQry8Tk1",
+    # the environment (inherited by the children)
+    "HF_TOKEN": "envHf2Xc7",
+    "WANDB_API_KEY": "envWandb9Qa4",
+    "AWS_SECRET_ACCESS_KEY": "envAws6Ty3",
+    "env url user:pass": "envUrl1Pq5",
+    # a config file named on argv (the job reads it and hands its token to a child)
+    "config hf_token": "cfgHf8Vb2",
+    # the children's argv
+    "child --token=": "kidTok3Nm8",
+    "child --api-key": "kidApi5Jh1",
+    "child url user:pass": "kidUrl7Gf4",
+    "child url ?token=": "kidQry2Ds9",
+}
+SECRETS_JOB = """\
+import os, subprocess, sys
+import lora_otel
+
+argv = sys.argv[1:]
+with open(argv[argv.index("--config") + 1]) as f:
+    hf_token = f.read().split("hf_token:")[1].split()[0]
+WAIT = "import os, time\\nwhile not os.path.exists('go'):\\n    time.sleep(0.05)\\n"
+kids = [
+    subprocess.Popen([sys.executable, "-c", WAIT, "--token=" + os.environ["KID_TOKEN"], "--api-key",
+                      os.environ["KID_API"], "--hf_token", hf_token]),
+    subprocess.Popen([sys.executable, "-c", WAIT, os.environ["KID_URL"]]),
+]
+with lora_otel.stage("wait for children"):
+    for kid in kids:
+        kid.wait()
+"""
+
+
+class OTLPTee:
+    """A loopback OTLP/HTTP receiver that keeps every request body as it arrived (gzip undone) and
+    hands it on to a real collector, answering with the collector's answer."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+        import urllib.request
+
+        bodies: list[tuple[str, bytes]] = []
+        self.bodies = bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                import gzip
+
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = gzip.decompress(raw) if self.headers.get("Content-Encoding") == "gzip" else raw
+                bodies.append((self.path, body))
+                request = urllib.request.Request(
+                    upstream + self.path,
+                    data=body,
+                    method="POST",
+                    headers={"Content-Type": self.headers["Content-Type"]},
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as answer:
+                        code, content_type, data = answer.status, answer.headers.get("Content-Type"), answer.read()
+                except OSError:
+                    code, content_type, data = 503, "text/plain", b""
+                self.send_response(code)
+                self.send_header("Content-Type", content_type or "application/x-protobuf")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def attribute_texts(self, key: str) -> list[str]:
+        """The string values (lists joined) of attribute ``key`` on every span, event and log record received."""
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        found = []
+
+        def scan(attributes) -> None:
+            for kv in attributes:
+                if kv.key == key:
+                    value = kv.value
+                    found.append(
+                        value.string_value
+                        if value.HasField("string_value")
+                        else " ".join(v.string_value for v in value.array_value.values)
+                    )
+
+        for path, body in list(self.bodies):
+            if path.endswith("/v1/traces"):
+                request = ExportTraceServiceRequest.FromString(body)
+                for resource_spans in request.resource_spans:
+                    for scope in resource_spans.scope_spans:
+                        for span in scope.spans:
+                            scan(span.attributes)
+                            for event in span.events:
+                                scan(event.attributes)
+            elif path.endswith("/v1/logs"):
+                for resource_logs in ExportLogsServiceRequest.FromString(body).resource_logs:
+                    for scope in resource_logs.scope_logs:
+                        for record in scope.log_records:
+                            scan(record.attributes)
+        return found
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.collector
+def test_secrets_planted_everywhere_are_in_no_output(tmp_path: Path, collector) -> None:
+    """Secrets in every place a user can put one — the job's argv (``--token=``, ``--api-key X``,
+    ``--hf_token X``, a URL with ``user:pass@`` and ``?token=``), the environment (``HF_TOKEN``,
+    ``WANDB_API_KEY``, ``AWS_SECRET_ACCESS_KEY``, a URL with user-info), a YAML config named on argv
+    (``hf_token: ...``) and the argv of the children the job starts — are in no byte of any output,
+    while the job stalls waiting for its children (so their command lines are gathered as evidence)
+    and after it ends: the journals, the stacks file, the sidecar log, the children registry, the
+    ``--log`` file, stderr, ``inspect``, ``watch``, the HTML report, the Perfetto export, the
+    webhook's body, and the raw OTLP requests a real collector receives (the children's evidence is
+    there, redacted)."""
+    s = PLANTED
+    (tmp_path / "config.yaml").write_text("model: tiny\nhf_token: %s\nlr: 0.0001\n" % s["config hf_token"])
+    (tmp_path / "job.py").write_text(SECRETS_JOB)
+    tee = OTLPTee(collector.http_endpoint)
+    from test_watch_alerts import Hook
+
+    hook = Hook()
+    try:
+        env = clean_env(
+            LORA_OTEL="1",
+            OTEL_EXPORTER_OTLP_ENDPOINT=tee.endpoint,
+            LORA_OTEL_STALL_AFTER="wait for children=2",
+            LORA_OTEL_DRAIN_S="5",
+            HF_TOKEN=s["HF_TOKEN"],
+            WANDB_API_KEY=s["WANDB_API_KEY"],
+            AWS_SECRET_ACCESS_KEY=s["AWS_SECRET_ACCESS_KEY"],
+            PIP_INDEX_URL="https://carol:%s@pypi.example.org/simple" % s["env url user:pass"],
+            KID_TOKEN=s["child --token="],
+            KID_API=s["child --api-key"],
+            KID_URL="https://dave:%s@hub.example.org/m?token=%s" % (s["child url user:pass"], s["child url ?token="]),
+        )
+        argv = [
+            PYTHON,
+            "job.py",
+            "--config",
+            "config.yaml",
+            "--token=" + s["--token="],
+            "--api-key",
+            s["--api-key"],
+            "--hf_token",
+            s["--hf_token"],
+            "--hub",
+            "https://alice:%s@hub.example.org/repo?token=%s" % (s["job url user:pass"], s["job url ?token="]),
+            "--log",
+            "run.log",
+        ]
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            journal = tmp_path / "run.log.otel.jsonl"
+            children = wait_for(
+                lambda: tee.attribute_texts("lora_otel.evidence.process.children"),
+                timeout=90,
+                what="the children's evidence at the collector",
+            )
+            views = {
+                "inspect": lora_otel_cli("inspect", str(journal), cwd=tmp_path),
+                "watch": lora_otel_cli(
+                    "watch",
+                    "--once",
+                    "--stall-after",
+                    "wait for children=2",
+                    "--alert-webhook",
+                    hook.url,
+                    str(journal),
+                    cwd=tmp_path,
+                ),
+                "report": lora_otel_cli("report", str(journal), "-o", "report.html", cwd=tmp_path),
+                "perfetto": lora_otel_cli(
+                    "report", "--format", "perfetto", str(journal), "-o", "trace.json", cwd=tmp_path
+                ),
+            }
+            (tmp_path / "go").touch()
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err.decode(errors="replace")
+        side, side_log = sidecar_of(journal)
+        wait_gone(side)
+        wait_for(lambda: by_name(collector.spans()).get("process"), what="the process span at the collector")
+    finally:
+        tee.close()
+        hook.close()
+
+    assert any("--api-key [REDACTED]" in text and "https://[REDACTED]@" in text for text in children), children
+    assert hook.bodies, "watch posted no alert: %s" % views["watch"].stderr
+    assert views["inspect"].stdout and (tmp_path / "report.html").exists() and (tmp_path / "trace.json").exists()
+    outputs: dict[str, bytes] = {
+        "stderr": err,
+        "stdout": out,
+        "collector's output": collector.output.read_bytes(),
+        "webhook bodies": b"".join(body for _, _, body in hook.bodies),
+    }
+    for n, (path, body) in enumerate(tee.bodies):
+        outputs["OTLP request %d (%s)" % (n, path)] = body
+    for name, result in views.items():
+        outputs[name] = (result.stdout + result.stderr).encode()
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name not in ("job.py", "config.yaml", "rotel.out")]
+    assert side_log in files and tmp_path / "run.log" in files
+    assert any(p.name.endswith(".stacks.txt") for p in files) and any(p.name.endswith(".children") for p in files)
+    for path in files:
+        outputs[str(path.relative_to(tmp_path))] = path.read_bytes()
+    leaks = [
+        "%s (%s) in %s" % (secret, where, name)
+        for name, data in outputs.items()
+        for where, secret in s.items()
+        if secret.encode() in data
+    ]
+    assert not leaks, "\n".join(leaks)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 from test_hangs import make_module
+from test_sidecar import wait_gone
 
 from lora_otel.analysis.evidence import py_spy_path
 from lora_otel.journal.reader import read_journal
@@ -508,6 +509,50 @@ def test_local_mode_imports_no_opentelemetry(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "lora_otel.export.watchdog" in r.stderr and "local mode" in r.stderr
     assert "opentelemetry" not in r.stderr, [x for x in r.stderr.splitlines() if "opentelemetry" in x][:3]
+
+
+NOT_BEFORE_A_STALL = (
+    "lora_otel._boot.preamble",
+    "lora_otel.analysis.evidence",
+    "lora_otel.analysis.diagnose",
+    "statistics",
+    "shutil",
+    "logging",
+    "opentelemetry",
+)
+"""What the local watchdog must not load while its job runs without a stall: each is resident in the
+job's memory cgroup for the job's whole life (docs/performance.md, "Memory a traced job adds")."""
+
+
+def test_local_watchdog_loads_no_evidence_or_diagnosis_before_a_stall(tmp_path: Path) -> None:
+    """A job that runs for a while without a stall, followed by its local watchdog: the watchdog
+    (its ``-X importtime`` lines in its log, as it polls the running job and after it ends) never
+    imports the preamble, the evidence gathering, the diagnosis, `statistics`, `shutil` or `logging` — they
+    are loaded at the first stall (the stall tests show they still work then)."""
+    proc = launch(
+        tmp_path,
+        "import os, time\nimport lora_otel\nwith lora_otel.stage('work'):\n"
+        "    while not os.path.exists('go'):\n        time.sleep(0.05)\n",
+        PYTHONPROFILEIMPORTTIME="1",
+    )
+    try:
+        side = sidecar_of(tmp_path)
+        side_log = tmp_path / "run.log.sidecar.log"
+        wait_for(lambda: "lora_otel.export.watchdog" in text(side_log), what="the watchdog's imports")
+        time.sleep(2)  # a few of its polls of the running job (POLL_S 0.5)
+        (tmp_path / "go").touch()
+        assert proc.wait(timeout=60) == 0, text(tmp_path / "log.txt")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_gone(side)
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in text(side_log).splitlines() if line.startswith("import time:")
+    }
+    assert "lora_otel.export.watchdog" in imported and "lora_otel.analysis.stall" in imported
+    loaded = sorted(name for name in imported if name.startswith(NOT_BEFORE_A_STALL))
+    assert not loaded, loaded
 
 
 def test_recorded_limits_apply_unless_the_command_line_says_otherwise(journal) -> None:

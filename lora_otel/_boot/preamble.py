@@ -26,6 +26,7 @@ import sys
 import time
 
 from lora_otel._boot import core, jsonl, paths, stages
+from lora_otel._boot.image import image_identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -198,44 +199,6 @@ def _traceparent() -> str:
     """The W3C ``traceparent`` that makes this process's root span the parent of its children
     (those started inside a span get that span instead: ``hooks.child_env_changes``)."""
     return core.traceparent(core.root_id)
-
-
-def _digest(data: bytes) -> int:
-    """A short fingerprint of some bytes (not cryptographic; no import: ``hashlib`` costs at start)."""
-    return int.from_bytes(b"\x01" + data, "big") % 2305843009213693951  # 2**61 - 1
-
-
-def image_identity(pid: int | str = "self") -> dict[str, object]:
-    """What identifies the program image a process runs, for telling later whether it exec'd.
-
-    ``exe``: ``[st_dev, st_ino]`` of ``/proc/<pid>/exe``; ``auxv``: a fingerprint of
-    ``/proc/<pid>/auxv``, which the kernel sets at exec and never changes after (its addresses are
-    randomised per exec); ``cmdline``: a fingerprint of ``/proc/<pid>/cmdline`` (set at exec, but a
-    program may rewrite it: ``setproctitle``). A fact that cannot be read is left out.
-    """
-    out: dict[str, object] = {}
-    try:
-        st = os.stat("/proc/%s/exe" % pid)
-        out["exe"] = [st.st_dev, st.st_ino]
-    except OSError:
-        pass
-    for name in ("auxv", "cmdline"):
-        try:
-            fd = os.open("/proc/%s/%s" % (pid, name), os.O_RDONLY)
-            try:
-                data = b""
-                while True:
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        break
-                    data += chunk
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        if data:
-            out[name] = _digest(data)
-    return out
 
 
 def _write_root_start(start_ns: int, parent: str | None, ticks: int | None, how: str, argv: list[str]) -> None:

@@ -6,11 +6,11 @@ it, is the one listed exception).
 What crosses: where journals live and how they are named (`paths`, `files`), the rules both halves
 must apply alike — the stall limits' grammar (`limits`), redaction (`redact`), the environment facts
 (`envfacts`), the memory cgroup (`cgroup`), the quiet-time rule's check for a launcher's ranks, the program-image
-fingerprint a reader compares with the journal's — and whether a process starts a sidecar. The
+fingerprint a reader compares with the journal's (`image`) — and whether a process starts a sidecar. The
 journal's record format itself is documented in docs/journal.md and read by `lora_otel.journal`.
 
-Importing this module imports those modules (standard library only, no side effects); the two
-functions of `preamble` are looked up when called, so that a reader does not load the preamble.
+Importing this module imports those modules (standard library only, no side effects); the function
+of `preamble` is looked up when called, so that a reader does not load the preamble.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from lora_otel._boot import cgroup, envfacts, files, limits, paths, redact
 from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
 from lora_otel._boot.envfacts import PACKAGES
 from lora_otel._boot.envfacts import _normalize as normalize_package
+from lora_otel._boot.image import image_identity
 from lora_otel._boot.narrate import waits_for_ranks
 from lora_otel._boot.paths import JOURNAL_SUFFIX
 from lora_otel._boot.redact import redact_text, redact_value
@@ -47,13 +48,6 @@ __all__ = [
     "starts_sidecar",
     "waits_for_ranks",
 ]
-
-
-def image_identity(pid: int | str = "self") -> dict[str, Any]:
-    """`lora_otel._boot.preamble.image_identity`: the program image's fingerprint of ``pid``."""
-    from lora_otel._boot.preamble import image_identity as identity
-
-    return identity(pid)
 
 
 def stack_signal(env: Any = None) -> int:

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from lora_otel.analysis.stall import median
 from lora_otel.journal.reader import Journal, Span, format_duration, process_state
 
 FORMAT = "lora-otel baseline"
@@ -246,9 +246,7 @@ def median_phases(journals: Iterable[Journal]) -> dict[str, dict[str, Any]]:
     for journal in journals:
         for name, (seconds, _) in journal_phases(journal).items():
             seen.setdefault(name, []).append(seconds)
-    return {
-        name: {"median_s": round(statistics.median(values), 3), "runs": len(values)} for name, values in seen.items()
-    }
+    return {name: {"median_s": round(median(values), 3), "runs": len(values)} for name, values in seen.items()}
 
 
 # --- the file --------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ Whether the OOM killer sent a SIGKILL is read from the memory cgroup's ``oom_kil
 compared around the death: the parent journals the count when it reaps a SIGKILLed child
 (``child.oom_kills``), against the count it journaled at promotion (``lora_otel.cgroup.oom_kills``)
 or at its previous such reap; the watchdog compares it too, while it follows the child
-(`lora_otel.analysis.evidence.OomWatch`, the ``oom`` evidence of a ``died`` record). The count is
+(`lora_otel.analysis.oom.OomWatch`, the ``oom`` evidence of a ``died`` record). The count is
 the cgroup's: another process's OOM kill in the same cgroup meanwhile counts too.
 
 Pure functions of journals; standard library only.

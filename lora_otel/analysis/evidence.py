@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from lora_otel._boot.seam import memory_cgroup, oom_kill_count, redact
+from lora_otel._boot.seam import memory_cgroup, redact
 from lora_otel.analysis import filelocks
 from lora_otel.analysis.filelocks import py_spy_path
 from lora_otel.analysis.pools import idle_frames_only
@@ -265,7 +265,8 @@ def children_facts(
             f = _stat_fields(kid)
             cpu = 100.0 * ((int(f[11]) + int(f[12])) / hz - first.get(kid, 0.0)) / 0.2
             wchan = _read("/proc/%d/wchan" % kid).strip() or "-"
-            cmd = _read("/proc/%d/cmdline" % kid).replace("\0", " ").strip()
+            # another program's command line: secret-named options' values removed (`redact_argv`)
+            cmd = " ".join(redact.redact_argv(_read("/proc/%d/cmdline" % kid).rstrip("\0").split("\0"))).strip()
         except (OSError, ValueError, IndexError):
             continue
         row = {
@@ -1241,37 +1242,3 @@ def file_lock_facts(pid: int, found: dict[str, Any], use_py_spy: bool = True) ->
         return filelocks.facts(pid, stacks, use_py_spy)
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the other facts stand
         return {filelocks.KEY + "error": "%s: %s" % (type(e).__name__, e)}
-
-
-class OomWatch:
-    """Tells afterwards whether the OOM killer struck the memory cgroup a process was seen in.
-
-    Call `see` while the process lives (it may be moved between cgroups) and `struck` after it is
-    gone: True when the ``oom_kill`` count of a cgroup it was seen in rose meanwhile. Every cgroup
-    seen keeps the count it had when first seen: a read of ``/proc/<pid>/cgroup`` made while the
-    process is being killed may name another cgroup, whose count must not replace the first. The
-    count is per cgroup, so an OOM kill of another process in the same cgroup counts too; callers
-    say "in its memory cgroup".
-    """
-
-    def __init__(self, cgroup: Optional[str] = None, before: Optional[int] = None) -> None:
-        self.before: dict[str, int] = {}  # cgroup -> its oom_kill count when first seen
-        if cgroup is not None and before is not None:
-            self.before[cgroup] = before
-
-    def see(self, pid: int) -> None:
-        cgroup = memory_cgroup(pid)
-        if cgroup is not None and cgroup not in self.before:
-            count = oom_kill_count(cgroup)
-            if count is not None:
-                self.before[cgroup] = count
-
-    def struck(self) -> Optional[str]:
-        """A phrase like ``"the OOM killer (oom_kill 0 → 1 in its memory cgroup)"``, or None."""
-        told = None
-        for cgroup, before in self.before.items():
-            after = oom_kill_count(cgroup)
-            if after is not None and after > before:
-                self.before[cgroup] = after  # each kill is told once
-                told = told or "the OOM killer (oom_kill %d \u2192 %d in its memory cgroup)" % (before, after)
-        return told

@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from lora_otel.analysis.baseline import STARTUP, journal_phases
+from lora_otel.analysis.stall import median as median_of
 from lora_otel.journal.reader import Journal, JournalError, read_journal
 
 RUNS = 5
@@ -146,7 +146,7 @@ def learn(journal: Journal, environ: Optional[dict[str, str]] = None) -> dict[st
             if name != STARTUP:
                 seen.setdefault(name, []).append(seconds)
     out = {
-        name: Learned(name, statistics.median(values), max(values), len(values), "%d earlier runs" % len(values))
+        name: Learned(name, median_of(values), max(values), len(values), "%d earlier runs" % len(values))
         for name, values in seen.items()
     }
     env = os.environ if environ is None else environ

@@ -35,7 +35,6 @@ most L s is called stalled at max(30 s, 5 × L) when that is shorter than its li
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -149,7 +148,15 @@ def median_step_s(journal: Journal) -> Optional[float]:
     for (t0, s0), (t1, s1) in zip(samples, samples[1:]):
         if s1 > s0 and t1 > t0:
             per_step.append((t1 - t0) / 1e9 / (s1 - s0))
-    return statistics.median(per_step) if per_step else None
+    return median(per_step) if per_step else None
+
+
+def median(values: list[float]) -> float:
+    """``statistics.median``, without importing `statistics` (it loads `decimal`, `fractions` and
+    `random`: about 1 MB in the sidecar, which follows every job; docs/performance.md)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def detect(

@@ -158,7 +158,7 @@ def run_command(args: argparse.Namespace) -> int:
             print("lora-otel run: --stall-after: %s" % e, file=sys.stderr)
             return 2
     env, journal = _child_env(cmd, args)
-    from lora_otel.analysis.evidence import OomWatch
+    from lora_otel.analysis.oom import OomWatch
 
     oom = OomWatch()
     oom.see(os.getpid())  # the child starts in the supervisor's memory cgroup

@@ -291,16 +291,29 @@ def otel_attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
     for key, value in attrs.items():
         converted = _otel_value(value)
         if converted is not None:
+            if converted and isinstance(key, str) and redact.is_secret_name(key):
+                converted = redact.REDACTED  # a secret-named attribute goes out as no other output shows it
             result[clean_text(key)] = converted
     return result
 
 
 def clean_text(text: str) -> str:
-    """``text`` as valid Unicode: lone surrogates (from non-UTF-8 argv) become ``\\udcXX`` text.
+    """``text`` as valid Unicode (lone surrogates from non-UTF-8 argv become ``\\udcXX`` text),
+    redacted as every other output is.
 
-    Every text bound for OTLP passes here, so here it also loses the values this process knows to
-    be secret (``redact.scrub``; the sidecar learns the traced process's, see `learn_secrets`)."""
-    return redact.scrub(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+    The one redaction point of the OTLP export: every text bound for a backend passes here (span and
+    event names, every string attribute value and the JSON text of structured ones, status
+    descriptions, log bodies), so it is redacted by the rules the journal, the job's lines and the
+    views apply (``redact_text``: secret shapes, ``name=value`` and ``--name value`` pairs, URL
+    user-info and secret query parameters) and loses the values this process knows to be secret
+    (``redact.scrub``; the sidecar learns the traced process's, see `learn_secrets`). Evidence
+    gathered from outside the job (another process's command line, stacks) was never redacted by
+    the job itself. A long text is redacted line by line (a pair's value ends at its line anyway),
+    so only a single line over ``redact.MAX_VALUE_CHARS`` is cut."""
+    valid = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(valid) <= redact.MAX_VALUE_CHARS:
+        return redact.redact_text(valid)
+    return "\n".join(redact.redact_text(line) for line in valid.split("\n"))
 
 
 def learn_secrets(pid: Optional[int], environ: Optional[Any] = None) -> None:

@@ -28,7 +28,6 @@ It can run from another virtual environment than the training process: set
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -215,7 +214,7 @@ def follow_local(
     Each journal gets a `watchdog.Watch`: stalls under the recorded (and learned) limits, a
     ``stall`` record in the journal, the STALLED line where the job cannot write it; a process that
     vanished without an exit record gets a ``died`` record and its death line. Returns 0."""
-    from lora_otel.analysis.evidence import OomWatch
+    from lora_otel.analysis.oom import OomWatch
     from lora_otel.export.watchdog import JobLines, Watch
 
     _say(
@@ -305,6 +304,12 @@ def follow(
 
     if not exports(os.environ):
         return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
+    import logging
+
+    # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
+    # sidecar reports the outage once itself. (Only here: the local watchdog loads no logging.)
+    logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     from lora_otel.export.live import Follower, outboxes
     from lora_otel.export.otlp import (
         ExporterConfigError,
@@ -354,7 +359,7 @@ def follow(
             watch=watch,
         )
 
-    from lora_otel.analysis.evidence import OomWatch
+    from lora_otel.analysis.oom import OomWatch
 
     oom = OomWatch(cgroup, oom_kills)  # to tell a death by the OOM killer from other SIGKILLs
     if pid is not None:
@@ -430,6 +435,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         prog="python -m lora_otel.export.sidecar",
         description="Follow a traced process's journal: the local watchdog, and live "
         "export over OTLP when an endpoint is configured.",
+        # A fixed width: argparse's own reads the terminal's through `shutil`, which loads `bz2`,
+        # `lzma` and `locale` into a process that has no terminal (0.5 MB for the job's lifetime).
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100),
     )
     parser.add_argument("--journal", required=True, help="the journal to follow (*.otel.jsonl)")
     parser.add_argument("--pid", type=int, help="the traced process (default: the journal's)")
@@ -451,10 +459,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.stderr and args.stderr.count(":") == 1 and all(p.isdigit() for p in args.stderr.split(":")):
         dev, ino = args.stderr.split(":")
         hint = ((int(dev), int(ino)), args.stderr_path or None)
-    # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
-    # sidecar reports the outage once itself.
-    logging.basicConfig(level=logging.WARNING, format="[otel] %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
     retain(args.journal)
     try:
         return follow(

@@ -24,24 +24,21 @@ import os
 import stat
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from lora_otel.analysis.diagnose import world_peers
 from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end, end_of
-from lora_otel.analysis.evidence import (
-    PREFIX,
-    OomWatch,
-    StackAsker,
-    StackRequest,
-    append_dump,
-    gather,
-    python_stacks,
-    stack_request,
-    stacks_from_outside,
-)
 from lora_otel.analysis.learned import Learned, learn
+from lora_otel.analysis.oom import OomWatch
 from lora_otel.analysis.stall import Stall, detect, journal_limits
 from lora_otel.journal.reader import Journal, JournalTail, process_state
+
+if TYPE_CHECKING:
+    from lora_otel.analysis.evidence import StackAsker, StackRequest
+
+# Gathering evidence and diagnosing (`lora_otel.analysis.evidence`, `.diagnose` and what they load)
+# are imported at a job's first stall, not before: most jobs never stall, and the sidecar's resident
+# size is charged to the job's memory cgroup for its whole life (docs/performance.md, "Memory a
+# traced job adds").
 
 EVIDENCE_TEXT_MAX = 200  # a value longer than this stays out of the stall record's summary
 
@@ -74,6 +71,8 @@ def owned_file_reason(path: str) -> str:
 def evidence_summary(evidence: dict[str, Any]) -> dict[str, Any]:
     """The evidence, flat and short: scalar facts without the ``lora_otel.evidence.`` prefix; stacks
     and other long texts stay out (the stacks file has them)."""
+    from lora_otel.analysis.evidence import PREFIX
+
     out: dict[str, Any] = {}
     for key, value in evidence.items():
         name = key[len(PREFIX) :] if key.startswith(PREFIX) else key
@@ -440,6 +439,9 @@ def peer_stacks(journal: Journal, peers: Sequence[Journal]) -> dict[str, str]:
     its journal names, after the same checks: `evidence.stack_request`), for at most
     `PEER_STACKS_S` seconds in all and `MAX_PEER_STACKS` ranks.
     """
+    from lora_otel.analysis.diagnose import world_peers
+    from lora_otel.analysis.evidence import PREFIX, append_dump, python_stacks, stack_request, stacks_from_outside
+
     out: dict[str, str] = {}
     deadline = time.monotonic() + PEER_STACKS_S
     for _, peer in sorted(world_peers(journal, peers).items())[:MAX_PEER_STACKS]:
@@ -491,10 +493,11 @@ class Watch:
         frozen_after_s: Optional[float] = None,
         lines: Optional[JobLines] = None,
         by: str = "watchdog",
-        evidence: Callable[[int, Optional[StackRequest]], dict[str, Any]] = gather,
+        evidence: Optional[Callable[[int, Optional[StackRequest]], dict[str, Any]]] = None,
         peers: Optional[Callable[[], Sequence[Journal]]] = None,
         say: Callable[[str], None] = lambda _msg: None,
     ) -> None:
+        """``evidence``: gathers a stalled process's evidence (default `evidence.gather`)."""
         self.path = path
         self.tail = JournalTail(path)
         self.limits, self.frozen_after_s = limits, frozen_after_s
@@ -508,7 +511,7 @@ class Watch:
         self.records: list[dict[str, Any]] = []
         self.stalled: set[tuple[str, int | str | None]] = set()  # (kind, span id or the quiet period's start)
         self.slow_told: set[str] = set()
-        self._ask = StackAsker(evidence)  # a stack request that got no dump: this process is asked no more
+        self._asker: Optional[StackAsker] = None  # made at the first stall (`_ask`)
         self.oom = OomWatch()
         self._why: list[tuple[float, int, str, str]] = []  # waiting for the job's STALLED line (`_say_why`)
 
@@ -560,9 +563,19 @@ class Watch:
         self.slow_told.add(span.span_id)
         self.lines.say(journal, "%s: %s so far, %s" % (span.name, seconds(open_s), rule.describe()), alive=True)
 
+    def _ask(self, journal: Journal, native: bool = False) -> dict[str, Any]:
+        """The stalled process's evidence, through one `evidence.StackAsker` for this journal (a
+        stack request that got no dump: this process is asked no more)."""
+        if self._asker is None:
+            from lora_otel.analysis.evidence import StackAsker, gather
+
+            self._asker = StackAsker(self.evidence if self.evidence is not None else gather)
+        return self._asker(journal, native=native)
+
     def report(self, journal: Journal, stall: Stall, now: int) -> dict[str, Any]:
         """Gather, diagnose, append the record, speak for the job where it cannot."""
         from lora_otel.analysis.diagnose import explain
+        from lora_otel.analysis.evidence import PREFIX
 
         evidence = self._ask(journal, native=stall.kind == "frozen")
         from lora_otel.analysis.diagnose import collective_in, stacks_text

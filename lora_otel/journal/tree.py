@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Optional, Protocol
 
 from lora_otel.journal.reader import Journal, ProcessState, Span, exec_phrase, format_duration, where_text
@@ -401,6 +400,8 @@ def key_attributes(span: Span) -> list[tuple[str, Any]]:
 
 def iso_time(ns: int) -> str:
     """``2026-11-30T22:13:48.123Z``: ISO-8601 UTC with milliseconds."""
+    from datetime import datetime, timezone  # here: the sidecar loads this module and never formats a time
+
     seconds, rest = divmod(ns, 1_000_000_000)
     moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{rest // 1_000_000:03d}Z"
