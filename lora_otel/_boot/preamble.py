@@ -387,6 +387,8 @@ def _start(how: str) -> None:
     # Only a journal lora_otel named in a directory of journals may go at a short run's exit: not
     # one a user named (LORA_OTEL_JOURNAL, `lora-otel run`'s), nor the one beside a --log.
     _disposable = not exact and chosen == paths.dir_journal_path(env, core.pid, now / 1e9)
+    if _disposable:  # in a directory others can write to, a name nobody can prepare
+        chosen = paths.unpredictable(chosen)
     _beside_log = (
         not exact and bool(core.log_path) and chosen == os.path.abspath(core.log_path or "") + paths.JOURNAL_SUFFIX
     )
@@ -1591,10 +1593,22 @@ def _steps_below(max_named: int = 4) -> str:
     registry (`spawn.registry_path`: the first record's pid and ``service.name``, the last beat's
     ``steps``); "" when none did. Read once, at exit, from the files' two ends only (no ``re``: the
     process imports nothing it would not have)."""
+    from lora_otel._boot import files
+
+    reading = os.O_RDONLY | files.O_CLOEXEC
+    spawn = sys.modules.get("lora_otel._boot.spawn")  # loaded when this process started a sidecar
     try:
-        registry = _execd if isinstance(_execd, str) else paths.stem(core.journal_path or "") + ".children"
-        with open(registry, encoding="utf-8", errors="replace") as f:
-            journals = [line.strip() for line in f.read(65536).splitlines() if line.strip()]
+        registry = (
+            _execd
+            if isinstance(_execd, str)
+            else getattr(spawn, "opened_registry", "") or paths.stem(core.journal_path or "") + ".children"
+        )
+        fd = files.open_existing(registry, reading)  # never blocks (a FIFO), only a file of this user's
+        try:
+            text = os.read(fd, 65536).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        journals = [line.strip() for line in text.splitlines() if line.strip()]
     except (OSError, ValueError):
         return ""
     named: list[str] = []
@@ -1602,7 +1616,7 @@ def _steps_below(max_named: int = 4) -> str:
         if path == core.journal_path or len(named) > max_named:
             continue
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            fd = files.open_existing(path, reading)
         except OSError:
             continue
         try:
@@ -1716,6 +1730,8 @@ def _has_children(path: str) -> bool:
     spawned one) — still running, or kept because it failed; or an empty journal (just created,
     its first record not written yet). Only the journals named after this one (forked children) or
     created since this process started are read, their first 8 KiB."""
+    from lora_otel._boot import files
+
     d, name = os.path.split(path)
     own_stem = paths.stem(name) + "."
     since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
@@ -1731,7 +1747,7 @@ def _has_children(path: str) -> bool:
         if not (other.startswith(own_stem) or (other[:1].isdigit() and other[:16] >= since)):
             continue
         try:
-            fd = os.open(os.path.join(d, other), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+            fd = files.open_existing(os.path.join(d, other), os.O_RDONLY | files.O_CLOEXEC)  # only ours
         except OSError:
             continue
         try:
@@ -1820,12 +1836,11 @@ def _write_by_path(rec: dict[str, Any]) -> None:
     """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
     the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
     ``os.closerange`` in daemonising code). Execs are rare; the extra open costs nothing that matters."""
+    from lora_otel._boot import files
     from lora_otel._boot.jsonl import dumps_line
 
     try:
-        fd = os.open(
-            core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-        )
+        fd = files.open_existing(core.journal_path)  # never blocks, only a file of this user's
     except (OSError, TypeError, ValueError):
         core.write(rec)
         return
