@@ -803,9 +803,11 @@ def _register_stack_dump() -> None:
 
 
 def ask_path(stacks: str) -> str:
-    """``run.log.stacks.txt`` → ``run.log.stacks.ask``: the file a watchdog creates to ask the beat
-    thread for a stack dump (`_answer_stack_ask`); the beat removes it when the dump is written."""
-    return (stacks[:-4] if stacks.endswith(".txt") else stacks) + ".ask"
+    """``run.log.stacks.txt`` → ``run.log.stacks.<random>.ask``: the file a watchdog creates to ask
+    the beat thread for a stack dump (`_answer_stack_ask`); the beat removes it when the dump is
+    written. The random part makes it a name only the journal (0600) tells: another user cannot
+    put a request there, even in a shared directory where the job could not remove theirs."""
+    return "%s.%s.ask" % (stacks[:-4] if stacks.endswith(".txt") else stacks, os.urandom(4).hex())
 
 
 MAX_DUMP_FRAMES = 100
@@ -821,14 +823,20 @@ def _answer_stack_ask() -> None:
     faulthandler's signal handler walks the frames without the GIL from a signal, and a thread
     running Python meanwhile (the beat at its own work) made it crash the process with SIGSEGV;
     the signal is left for a frozen process, whose beat cannot answer and whose frames stand still.
-    One ``stat`` per beat when nobody asks."""
+    One ``stat`` per beat when nobody asks.
+
+    Only a request of this user's is obeyed, and only a regular file with one name (``lstat``, no
+    symlink followed): anything else at that name (another user's file, a hard link, a FIFO) is
+    neither answered nor removed nor opened."""
     ask = _stacks_ask
     if not ask or _stacks_fd < 0 or _stacks_interim >= 0:  # (meanwhile the ask waits for the stacks file)
         return
     try:
-        os.lstat(ask)
+        st = os.lstat(ask)
     except OSError:
         return
+    if st.st_mode & 0o170000 != 0o100000 or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        return  # not a watchdog's request: a stranger cannot make this process dump, nor remove it
     from lora_otel._boot import files
 
     try:
