@@ -92,17 +92,30 @@ def open_existing(path: str, flags: int = APPEND) -> int:
     return fd
 
 
-def read_head(path: str, size: int) -> bytes:
-    """The first ``size`` bytes of the regular file at ``path`` (symlinks followed: a package's
-    metadata, a program's log), opened without blocking: a FIFO or a device planted there (a
-    ``torch/version.py`` in a shared working directory on ``sys.path``) is never waited on nor read
-    (:class:`UnsafeFile`)."""
+def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+    """``path`` opened without blocking (`EXISTING`), kept only when ``fstat`` on the descriptor
+    says it is a regular file (else :class:`UnsafeFile`): for reading a file whose name came from a
+    journal, a registry or a directory listing, where a FIFO or a device may have been put since
+    (``open()`` on a FIFO waits for a writer forever). Add ``O_NOFOLLOW`` to ``flags`` where a
+    symlink must not be followed. Close-on-exec."""
     import stat
 
-    fd = os.open(path, os.O_RDONLY | O_CLOEXEC | EXISTING)
+    fd = os.open(path, flags | O_CLOEXEC | EXISTING)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnsafeFile("%s is not a regular file" % path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file at ``path`` (symlinks followed: a package's
+    metadata, a program's log), opened without blocking: a FIFO or a device planted there is never
+    waited on nor read (:class:`UnsafeFile`, `open_regular`)."""
+    fd = open_regular(path)
+    try:
         return os.read(fd, size)
     finally:
         os.close(fd)

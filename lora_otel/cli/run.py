@@ -308,8 +308,10 @@ def record_exit(
     """
     if not journal:
         return False
+    from lora_otel._boot.seam import files
+
     try:
-        fd = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = files.open_existing(journal, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # never a FIFO, only ours
     except OSError:
         return False
     try:
