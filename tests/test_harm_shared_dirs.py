@@ -679,3 +679,52 @@ def test_a_crafted_journal_cannot_make_inspect_read_another_file(
     )
     for text in (shown.stdout, shown.stderr, out.read_text() if out.exists() else ""):
         assert "ROOT_ONLY_TEXT" not in text
+
+
+PLANT_PACKAGES = r"""
+import os, sys
+d = sys.argv[1]
+os.mkdir(os.path.join(d, "numpy-9.9.dist-info"))
+with open(os.path.join(d, "numpy-9.9.dist-info", "METADATA"), "w") as f:
+    f.write("Metadata-Version: 2.1\nName: numpy\nVersion: 9.9\n")
+os.mkdir(os.path.join(d, "torch"))
+open(os.path.join(d, "torch", "__init__.py"), "w").close()
+os.mkfifo(os.path.join(d, "torch", "version.py"), 0o666)
+"""
+
+
+def test_package_files_planted_in_a_shared_working_directory(tmp_path: Path, shared: Path, attacker) -> None:
+    """``python -c`` run in a shared directory puts it first on ``sys.path``; the attacker put a
+    ``numpy-9.9.dist-info`` there and a ``torch/version.py`` that is a FIFO. The process does not
+    import either. Before issue 36, becoming a job (``import ctypes``) hung on the FIFO while
+    lora_otel read torch's build facts, and the environment line reported numpy 9.9. Now it ends
+    at once and reports none of the attacker's facts."""
+    as_attacker(attacker, PLANT_PACKAGES, str(shared))
+    r = subprocess.run(
+        [PYTHON, "-c", "import ctypes; print('hi')"],
+        cwd=shared,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    assert "environment:" in r.stderr
+    assert "numpy 9.9" not in r.stderr
+
+
+LOCK_WAITS = "import sys\nfrom lora_otel.analysis.diagnose import lock_waits\nprint(lock_waits(sys.argv[1]))\n"
+
+
+def test_a_frame_naming_a_fifo_never_hangs_the_reader(tmp_path: Path, shared: Path, attacker) -> None:
+    """A stack dump (a crafted journal's or stacks file's) whose innermost frame names a FIFO the
+    attacker made: the reading of which lock a thread waits for (`diagnose.lock_waits`, used by
+    inspect, report and the watchdog; it reads the frame's source line) returns at once, reading
+    nothing. Before, the source line's open waited forever for a writer."""
+    fifo = shared / "evil.py"
+    as_attacker(attacker, "import os, sys; os.mkfifo(sys.argv[1], 0o666)", str(fifo))
+    stacks = 'Current thread 0x00007f0000000001 (most recent call first):\n  File "%s", line 1 in <module>\n\n' % fifo
+    r = subprocess.run(
+        [PYTHON, "-c", LOCK_WAITS, stacks], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == "None\n", r.stderr

@@ -204,7 +204,9 @@ def _listing(directory: str) -> frozenset[str]:
     if cached is not None:
         return cached
     try:
-        names = frozenset(os.listdir(directory))
+        # A directory everyone can write to (``python -c`` run in /tmp puts it on sys.path) holds
+        # no package facts: a stranger's ``numpy-9.9.dist-info`` there is not the environment's.
+        names = frozenset() if os.stat(directory).st_mode & 0o002 else frozenset(os.listdir(directory))
     except Exception:  # noqa: BLE001 - not a directory, a zip file, gone, no permission, ...
         names = frozenset()
     if directory != ".":  # the working directory can change; don't cache it
