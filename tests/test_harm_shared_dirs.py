@@ -5,6 +5,7 @@ The job runs in a world-writable sticky directory (``/tmp/...``, mode 1777) as `
 ``LORA_OTEL_DIR``. The attacker is a second, real, unprivileged account created here with
 ``useradd``; everything it does (symlinks, planted files, a forged registry and journal, a fallback
 directory) runs as that account via ``setpriv``, so only what such a user can really do is done.
+Planted FIFOs (issue 36, item 1) and requests from a stranger (item 8) too.
 The victim is the test's own user (root in CI): root bypasses permission checks, which is the
 worst case — only lora_otel's own checks (``O_EXCL``, ``O_NOFOLLOW``, the owner and mode of what it
 opens) stand between the attacker and the victim's files. The kernel's ``fs.protected_symlinks``
@@ -14,17 +15,20 @@ on them.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from procs import PYTHON, clean_env, journals
+from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import alive, wait_gone
 
 from lora_otel.journal.reader import read_journal
@@ -84,8 +88,9 @@ def attacker_python(user: pwd.struct_passwd) -> str:
     return _attacker_python[user.pw_uid]
 
 
-def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = True):
-    """Run Python ``code`` as the attacker account (a real uid/gid change, no groups)."""
+def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = True, input: str | None = None):  # noqa: A002 - as subprocess.run
+    """Run Python ``code`` as the attacker account (a real uid/gid change, no groups); ``input``:
+    its stdin. Not waited for (``wait`` False): a `subprocess.Popen` with its stdin and stdout piped."""
     cmd = [
         "setpriv",
         "--reuid=%d" % user.pw_uid,
@@ -97,8 +102,8 @@ def as_attacker(user: pwd.struct_passwd, code: str, *args: str, wait: bool = Tru
         *args,
     ]
     if not wait:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=clean_env())
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=clean_env())
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env())
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=clean_env(), input=input)
     assert r.returncode == 0, r.stderr
     return r
 
@@ -186,10 +191,14 @@ stamps = [time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(s)) + "-" + pid for s in r
 names = [os.path.join(d, a + ".otel.jsonl") for a in stamps]
 # and the "unique" variant a taken name used to get: <stem>.<UTC second>-<pid>.otel.jsonl
 names += [os.path.join(d, "%s.%s.otel.jsonl" % (a, b)) for i, a in enumerate(stamps) for b in stamps[i:]]
+if kind == "fifo":  # the journal's name left free; FIFOs at its siblings' (stacks, sidecar log, children)
+    names = [os.path.join(d, a + s) for a in stamps for s in (".stacks.txt", ".sidecar.log", ".children")]
 for name in names:
     try:
         if kind == "symlink":
             os.symlink(target, name)
+        elif kind == "fifo":
+            os.mkfifo(name, 0o666)
         else:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             os.fchmod(fd, 0o666)
@@ -201,15 +210,18 @@ print("PLANTED", flush=True)
 
 
 @pytest.mark.parametrize("how", ["zero-code", "lora-otel run"])
-@pytest.mark.parametrize("kind", ["symlink", "file"])
+@pytest.mark.parametrize("kind", ["symlink", "file", "fifo"])
 def test_predicted_journal_names_cannot_be_prepared(
     tmp_path: Path, shared: Path, attacker, kind: str, how: str
 ) -> None:
     """The attacker prepares every ``<UTC second>-<pid>.otel.jsonl`` the job could get, and the
     ``<name>.<UTC second>-<pid>.otel.jsonl`` variants a taken name led to (its pid is known: a
     launcher started it) — symlinks to the victim's file, or world-readable files of the
-    attacker's: the victim's file keeps its bytes, the planted files stay empty, and the job's
-    journal is a new file of the victim's (mode 0600) under another name."""
+    attacker's — or FIFOs at the names of those journals' stacks file, sidecar log and children
+    registry (issue 36: the job, a stage so a job at once, hung forever opening its stacks file):
+    the victim's file keeps its bytes, the planted files stay empty, the job ends, and its journal
+    is a new file of the victim's (mode 0600) under a name with a random part nobody could
+    prepare (``<UTC second>-<random>-<pid>``), stage and stack handler recorded."""
     victim = _victim_file(tmp_path, "victim.txt")
     (tmp_path / "job.py").write_text("import lora_otel\nwith lora_otel.stage('train'):\n    pass\n")
     prefix = [PYTHON, "-m", "lora_otel", "run", "--"] if how == "lora-otel run" else []
@@ -236,13 +248,15 @@ def test_predicted_journal_names_cannot_be_prepared(
     planted = [f for f in shared.iterdir() if os.lstat(f).st_uid == attacker.pw_uid]
     assert planted
     for f in planted:
-        if not f.is_symlink():
+        if stat.S_ISREG(os.lstat(f).st_mode):
             assert f.read_bytes() == b"", "the journal went into the attacker's file %s" % f
     mine = [f for f in journals(shared) if os.lstat(f).st_uid == os.geteuid()]
     assert len(mine) == 1, sorted(os.listdir(shared))
     _assert_own_private(mine[0])
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{8}-%d\.otel\.jsonl" % p.pid, mine[0].name), mine[0].name
     j = read_journal(mine[0])
     assert j.exit is not None and [s.name for s in j.spans if s.name == "train"] == ["train"]
+    _assert_own_private(Path(j.root.attrs["lora_otel.stacks.path"]))
 
 
 FORGED = r"""
@@ -404,3 +418,313 @@ def test_default_journal_dir_planted_by_another_user_is_not_used(
     [journal] = journals(tmp)
     _assert_own_private(journal)
     assert "using %s instead" % journal in r.stderr
+
+
+FIFO_JOB = r"""
+import sys, time
+if sys.argv[1] == "import":
+    import ctypes  # a heavy import: the process becomes a job in its main thread
+else:
+    time.sleep(1.5)  # it lives a beat: the process becomes a job in the beat thread
+print("DONE", flush=True)
+"""
+
+HOLD_OPEN = r"""
+import os, sys
+fds = [os.open(p, os.O_RDONLY | os.O_NONBLOCK) for p in sys.argv[1:]]  # a reader: a writer's open succeeds
+print("READY", flush=True)
+sys.stdin.read()
+"""
+
+
+def _assert_job_watched(journal: Path, planted: list[Path]) -> None:
+    """The job was watched as without the FIFOs: it became a job, its stack handler and its
+    sidecar are recorded, and none of lora_otel's files is a planted one."""
+    root = read_journal(journal).root.attrs
+    assert root.get("lora_otel.promoted"), root
+    assert root.get("lora_otel.sidecar.pid"), root
+    for key in ("lora_otel.stacks.path", "lora_otel.sidecar.log"):
+        assert Path(root[key]) not in planted
+        _assert_own_private(Path(root[key]))
+    registries = [f for f in journal.parent.glob("run.log*.children") if f not in planted]
+    assert len(registries) == 1, sorted(os.listdir(journal.parent))
+    _assert_own_private(registries[0])
+
+
+@pytest.mark.parametrize("promoted_by", ["import", "beat"])
+@pytest.mark.parametrize("suffix", [".stacks.txt", ".sidecar.log", ".children"])
+def test_a_fifo_planted_at_a_sibling_name_blocks_nothing(
+    tmp_path: Path, shared: Path, attacker, suffix: str, promoted_by: str
+) -> None:
+    """A FIFO the attacker made where the job's stacks file, sidecar log or children registry goes
+    (``run.log.stacks.txt``, ``run.log.sidecar.log``, ``run.log.children`` beside ``--log
+    run.log`` in a shared directory), nobody reading it. Before issue 36 the job hung forever
+    opening it: at ``import ctypes`` (becoming a job in its main thread), or at its exit (the
+    registry read back). The job ends at once, as without lora_otel, and is watched all the same
+    (`_assert_job_watched`): lora_otel's file is a new one beside the FIFO."""
+    fifo = shared / ("run.log" + suffix)
+    as_attacker(attacker, "import os, sys; os.mkfifo(sys.argv[1], 0o666)", str(fifo))
+    (tmp_path / "job.py").write_text(FIFO_JOB)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [PYTHON, str(tmp_path / "job.py"), promoted_by, "--log", str(shared / "run.log")],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == "DONE\n", r.stderr
+    assert time.monotonic() - t0 < 30
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    _assert_job_watched(shared / "run.log.otel.jsonl", [fifo])
+
+
+def test_fifos_the_attacker_holds_open_are_not_used(tmp_path: Path, shared: Path, attacker) -> None:
+    """The three sibling FIFOs, each held open for reading by the attacker (so that opening one for
+    writing succeeds at once): lora_otel sees on the open descriptor that none is a regular file,
+    writes nothing into them (the attacker would read the job's stacks), and uses new files."""
+    fifos = [shared / ("run.log" + s) for s in (".stacks.txt", ".sidecar.log", ".children")]
+    as_attacker(attacker, "import os, sys\nfor p in sys.argv[1:]: os.mkfifo(p, 0o666)", *map(str, fifos))
+    holder = as_attacker(attacker, HOLD_OPEN, *map(str, fifos), wait=False)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"READY\n"
+        (tmp_path / "job.py").write_text(FIFO_JOB)
+        r = subprocess.run(
+            [PYTHON, str(tmp_path / "job.py"), "import", "--log", str(shared / "run.log")],
+            cwd=tmp_path,
+            env=clean_env(LORA_OTEL="1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        try:
+            holder.communicate(timeout=60)  # its stdin closed: it lets go of the FIFOs
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.communicate()
+    assert r.returncode == 0 and r.stdout == "DONE\n", r.stderr
+    _assert_job_watched(shared / "run.log.otel.jsonl", fifos)
+
+
+def test_lora_otel_journal_naming_a_fifo_blocks_nothing(tmp_path: Path, shared: Path, attacker) -> None:
+    """``LORA_OTEL_JOURNAL`` naming a FIFO the attacker made (the name is in a job script others
+    can read): before issue 36 the interpreter hung before the program's first instruction. The
+    program runs as without lora_otel; its journal goes to the private fallback directory, and one
+    line says why."""
+    fifo = shared / "job.otel.jsonl"
+    as_attacker(attacker, "import os, sys; os.mkfifo(sys.argv[1], 0o666)", str(fifo))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run(
+        [PYTHON, "-c", "import ctypes; print('hi')"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_JOURNAL=str(fifo), TMPDIR=str(tmp)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    assert "%s is not a regular file" % fifo in r.stderr
+    [journal] = journals(tmp)
+    _assert_own_private(journal)
+    assert read_journal(journal).root.attrs.get("lora_otel.promoted") == "import ctypes"
+
+
+ASK_JOB = r"""
+import os, sys, time
+import lora_otel
+with lora_otel.stage("train"):
+    step = 0
+    while not os.path.exists(sys.argv[1]):  # a step each 50 ms: each beat writes a beat record
+        step += 1
+        lora_otel.progress(step=step)
+        time.sleep(0.05)
+"""
+
+
+def test_a_stack_request_from_another_user_is_never_obeyed(tmp_path: Path, shared: Path, attacker) -> None:
+    """A stack request file put by the attacker where the job's beat looks for one — at the name
+    the journal records (``lora_otel.stacks.ask``, random: only the journal, 0600, tells it; the
+    test reads it for the attacker) and at the name it had before issue 36, ``run.log.stacks.ask``
+    — in a sticky directory, where a job that is not root cannot remove it. Before, the job
+    dumped every thread's stack at each beat, forever. Over five beats it writes no dump and
+    leaves the files alone; a request of its own user is still answered."""
+    go = tmp_path / "go"
+    (tmp_path / "job.py").write_text(ASK_JOB)
+    p = subprocess.Popen(
+        [PYTHON, str(tmp_path / "job.py"), str(go), "--log", str(shared / "run.log")],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        journal = shared / "run.log.otel.jsonl"
+
+        def recorded() -> dict:
+            j = read_journal(journal) if journal.exists() else None
+            return (
+                j.root.attrs if j is not None and j.root is not None and "lora_otel.stacks.ask" in j.root.attrs else {}
+            )
+
+        attrs = wait_for(recorded, timeout=60, what="the stack request file's name in the journal")
+        ask, stacks = Path(attrs["lora_otel.stacks.ask"]), Path(attrs["lora_otel.stacks.path"])
+        old = shared / "run.log.stacks.ask"
+        as_attacker(attacker, "import sys\nfor p in sys.argv[1:]: open(p, 'w').close()", str(ask), str(old))
+        beats = read_journal(journal).beats
+        wait_for(lambda: read_journal(journal).beats >= beats + 5, timeout=60, what="five beats")
+        assert "most recent call first" not in stacks.read_text(), "the job obeyed another user's request"
+        for f in (ask, old):
+            assert os.lstat(f).st_uid == attacker.pw_uid  # left alone
+        assert ask.parent == shared and re.fullmatch(r"run\.log\.stacks\.[0-9a-f]{8}\.ask", ask.name), ask
+        # The job's own user asks (as the watchdog does): answered, and the request removed.
+        ask.unlink()
+        fd = os.open(ask, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        wait_for(lambda: not ask.exists(), timeout=60, what="the beat's answer")
+        assert "Current thread" in stacks.read_text()
+    finally:
+        go.touch()
+        try:
+            p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+CRAFT = r"""
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write(sys.stdin.read())
+"""
+
+
+def _stalled_journal(tmp_path: Path) -> Path:
+    """A real journal of a job killed in a stage after its watchdog declared it stalled."""
+    (tmp_path / "job.py").write_text("import time, lora_otel\nwith lora_otel.stage('train'):\n    time.sleep(60)\n")
+    p = subprocess.Popen(
+        [PYTHON, str(tmp_path / "job.py"), "--log", str(tmp_path / "run.log")],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER="train=1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    journal = tmp_path / "run.log.otel.jsonl"
+    try:
+        wait_for(lambda: journal.exists() and b'"k":"stall"' in journal.read_bytes(), timeout=60, what="a stall record")
+    finally:
+        p.kill()
+        p.wait()
+    return journal
+
+
+def _without_stacks_text(obj: object) -> object:
+    """A record without the dumps it carries (``python.stacks``): the reader then takes the file."""
+    if isinstance(obj, dict):
+        return {k: _without_stacks_text(v) for k, v in obj.items() if not k.endswith("python.stacks")}
+    if isinstance(obj, list):
+        return [_without_stacks_text(v) for v in obj]
+    return obj
+
+
+@pytest.mark.parametrize("where", ["outside", "beside, a symlink"])
+def test_a_crafted_journal_cannot_make_inspect_read_another_file(
+    tmp_path: Path, shared: Path, attacker, where: str
+) -> None:
+    """A journal the attacker wrote (a real stalled job's, edited) whose ``lora_otel.stacks.path``
+    names a file only root can read, shaped like a stack dump: by its path, or as a symlink beside
+    the journal under the stacks file's own name. ``lora-otel inspect`` and ``report``, run by
+    root on it, show none of that file's text (before issue 36, inspect printed it); the real
+    journal shows its own stacks."""
+    real = _stalled_journal(tmp_path)
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "inspect", str(real)], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert "stacks (last dump in %s" % real.with_name("run.log.stacks.txt") in r.stdout, r.stdout
+    secret = tmp_path / "secret.txt"
+    secret.write_text(
+        'Current thread 0x00007f0000000001 (most recent call first):\n  File "/x.py", line 1 in ROOT_ONLY_TEXT\n\n'
+    )
+    secret.chmod(0o600)
+    crafted = shared / "evil.otel.jsonl"
+    target = str(secret) if where == "outside" else str(shared / "evil.stacks.txt")
+    records = []
+    for line in real.read_text().splitlines():
+        rec = _without_stacks_text(json.loads(line))
+        attrs = rec.get("attrs") if isinstance(rec, dict) else None
+        if isinstance(attrs, dict) and "lora_otel.stacks.path" in attrs:
+            attrs["lora_otel.stacks.path"] = target
+        records.append(json.dumps(rec))
+    code = CRAFT if where == "outside" else CRAFT + "import os; os.symlink(sys.argv[2], sys.argv[3])\n"
+    as_attacker(attacker, code, str(crafted), str(secret), target, input="\n".join(records) + "\n")
+    assert os.lstat(crafted).st_uid == attacker.pw_uid
+    shown = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "inspect", str(crafted)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "STALLED" in shown.stdout, shown.stdout + shown.stderr  # it was read as a journal
+    out = tmp_path / "report.html"
+    subprocess.run(
+        [PYTHON, "-m", "lora_otel", "report", str(crafted), "-o", str(out)],
+        env=clean_env(),
+        capture_output=True,
+        timeout=120,
+    )
+    for text in (shown.stdout, shown.stderr, out.read_text() if out.exists() else ""):
+        assert "ROOT_ONLY_TEXT" not in text
+
+
+PLANT_PACKAGES = r"""
+import os, sys
+d = sys.argv[1]
+os.mkdir(os.path.join(d, "numpy-9.9.dist-info"))
+with open(os.path.join(d, "numpy-9.9.dist-info", "METADATA"), "w") as f:
+    f.write("Metadata-Version: 2.1\nName: numpy\nVersion: 9.9\n")
+os.mkdir(os.path.join(d, "torch"))
+open(os.path.join(d, "torch", "__init__.py"), "w").close()
+os.mkfifo(os.path.join(d, "torch", "version.py"), 0o666)
+"""
+
+
+def test_package_files_planted_in_a_shared_working_directory(tmp_path: Path, shared: Path, attacker) -> None:
+    """``python -c`` run in a shared directory puts it first on ``sys.path``; the attacker put a
+    ``numpy-9.9.dist-info`` there and a ``torch/version.py`` that is a FIFO. The process does not
+    import either. Before issue 36, becoming a job (``import ctypes``) hung on the FIFO while
+    lora_otel read torch's build facts, and the environment line reported numpy 9.9. Now it ends
+    at once and reports none of the attacker's facts."""
+    as_attacker(attacker, PLANT_PACKAGES, str(shared))
+    r = subprocess.run(
+        [PYTHON, "-c", "import ctypes; print('hi')"],
+        cwd=shared,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+    assert "environment:" in r.stderr
+    assert "numpy 9.9" not in r.stderr
+
+
+LOCK_WAITS = "import sys\nfrom lora_otel.analysis.diagnose import lock_waits\nprint(lock_waits(sys.argv[1]))\n"
+
+
+def test_a_frame_naming_a_fifo_never_hangs_the_reader(tmp_path: Path, shared: Path, attacker) -> None:
+    """A stack dump (a crafted journal's or stacks file's) whose innermost frame names a FIFO the
+    attacker made: the reading of which lock a thread waits for (`diagnose.lock_waits`, used by
+    inspect, report and the watchdog; it reads the frame's source line) returns at once, reading
+    nothing. Before, the source line's open waited forever for a writer."""
+    fifo = shared / "evil.py"
+    as_attacker(attacker, "import os, sys; os.mkfifo(sys.argv[1], 0o666)", str(fifo))
+    stacks = 'Current thread 0x00007f0000000001 (most recent call first):\n  File "%s", line 1 in <module>\n\n' % fifo
+    r = subprocess.run(
+        [PYTHON, "-c", LOCK_WAITS, stacks], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == "None\n", r.stderr

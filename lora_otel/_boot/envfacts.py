@@ -204,7 +204,9 @@ def _listing(directory: str) -> frozenset[str]:
     if cached is not None:
         return cached
     try:
-        names = frozenset(os.listdir(directory))
+        # A directory everyone can write to (``python -c`` run in /tmp puts it on sys.path) holds
+        # no package facts: a stranger's ``numpy-9.9.dist-info`` there is not the environment's.
+        names = frozenset() if os.stat(directory).st_mode & 0o002 else frozenset(os.listdir(directory))
     except Exception:  # noqa: BLE001 - not a directory, a zip file, gone, no permission, ...
         names = frozenset()
     if directory != ".":  # the working directory can change; don't cache it
@@ -249,13 +251,25 @@ def _dist_index(directory: str) -> dict[str, tuple[str | None, str]]:
     return index
 
 
+def _read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file ``path``, opened without blocking: a FIFO planted
+    where a package's files are looked for (the working directory is on ``sys.path``, and may be
+    ``/tmp``) is neither waited on nor read (``OSError``). As `files.read_head`, without loading it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | os.O_NOCTTY)
+    try:
+        if os.fstat(fd).st_mode & 0o170000 != 0o100000:  # S_ISREG, without loading stat
+            raise OSError("%s is not a regular file" % path)
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _version_from_metadata(path: str) -> str | None:
     """The ``Version:`` header of a METADATA/PKG-INFO file (or egg-info file), or None."""
     candidates = [os.path.join(path, "METADATA"), os.path.join(path, "PKG-INFO")] if os.path.isdir(path) else [path]
     for candidate in candidates:
         try:
-            with open(candidate, "rb") as f:
-                head = f.read(8192)
+            head = _read_head(candidate, 8192)  # never waits on a FIFO (a shared working directory)
         except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
             continue
         for raw in head.split(b"\n"):
@@ -375,8 +389,7 @@ def torch_build() -> dict[str, str | None]:
             return facts
         parsed: dict[str, str | None] = {}
         try:
-            with open(os.path.join(torch_dir, "version.py"), "rb") as f:
-                text = f.read(65536).decode("utf-8", "replace")
+            text = _read_head(os.path.join(torch_dir, "version.py"), 65536).decode("utf-8", "replace")
             parsed = _parse_assignments(text, ("__version__", "cuda", "hip", "git_version"))
         except Exception:  # noqa: BLE001 - a fact that cannot be found or read is left out (module docstring)
             pass

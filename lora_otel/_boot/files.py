@@ -6,12 +6,15 @@ registry:
 
 - **No path another user could have prepared.** A file is created new (``O_CREAT | O_EXCL |
   O_NOFOLLOW``, mode 0600; the program's log file 0666 minus the umask, :func:`open_program_log`);
-  one that already exists is opened with ``O_NOFOLLOW`` and kept only when
-  ``fstat`` on the opened descriptor says it is a regular file owned by this user and not
-  group- or world-writable (:func:`open_append`). A directory lora_otel falls back to is created
-  0700 and kept only when it is this user's, not a symlink, with no access for others
-  (:func:`private_dir`); the per-user state directory is created 0700 component by component and
-  used only while nobody else can steer it (:func:`state_dir_reason`).
+  one that already exists is opened with ``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY`` (a FIFO planted
+  there, by another user through ``/tmp`` too, would otherwise block the open until someone reads
+  it: the program, hung at ``import torch``) and kept only when ``fstat`` on the opened descriptor
+  says it is a regular file owned by this user, with one name, and not group- or world-writable
+  (:func:`open_append`). ``O_NONBLOCK`` stays set: on a regular file it changes nothing. A
+  directory lora_otel falls back to is created 0700 and kept only when it is this user's, not a
+  symlink, with no access for others (:func:`private_dir`); the per-user state directory is
+  created 0700 component by component and used only while nobody else can steer it
+  (:func:`state_dir_reason`).
 - **No descriptor number the program may reuse.** A descriptor is moved to a high number, below
   the soft ``RLIMIT_NOFILE`` (never changed), where programs that allocate the lowest free number do
   not reach (:func:`move_high`), and its identity (device, inode) is compared with the one recorded
@@ -33,6 +36,10 @@ if TYPE_CHECKING:  # never true at runtime: no typing import
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 APPEND = os.O_WRONLY | os.O_APPEND | O_CLOEXEC | O_NOFOLLOW
+EXISTING = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+"""Added to every open of a path that may already exist: a FIFO never blocks the open (no reader:
+``ENXIO``; a reader: `check_own` refuses it), a terminal never becomes the controlling one."""
+ENXIO = 6
 HIGH_FLOOR_MAX = 4096
 """The highest descriptor floor used: a table of 4096 entries costs the kernel 32 KiB per process
 (and ``fork`` copies it), where the soft limit may be a million."""
@@ -43,14 +50,17 @@ class UnsafeFile(OSError):  # noqa: N818 - named for the condition, as OSError s
     writable by others. ``str()`` is one English clause naming why."""
 
 
-def check_own(fd: int, path: str, group_ok: bool = False) -> tuple[int, int]:
+def check_own(fd: int, path: str, group_ok: bool = False, one_name: bool = False) -> tuple[int, int]:
     """``(st_dev, st_ino)`` of ``fd`` when it is a regular file owned by this user and not group-
-    (unless ``group_ok``) or world-writable; else :class:`UnsafeFile`."""
+    (unless ``group_ok``) or world-writable, and (``one_name``) not a hard link of a file named
+    elsewhere too; else :class:`UnsafeFile`."""
     import stat
 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile("%s is not a regular file" % path)
+    if one_name and st.st_nlink != 1:
+        raise UnsafeFile("%s has %d names (a hard link)" % (path, st.st_nlink))
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
         raise UnsafeFile("%s belongs to uid %d, not to this user (uid %d)" % (path, st.st_uid, os.geteuid()))
     if st.st_mode & (0o002 if group_ok else 0o022):
@@ -64,14 +74,51 @@ def create_new(path: str, flags: int = APPEND) -> int:
 
 
 def open_existing(path: str, flags: int = APPEND) -> int:
-    """``path`` opened without following a symlink, kept only when :func:`check_own` accepts it."""
-    fd = os.open(path, flags | O_NOFOLLOW)
+    """``path`` opened without following a symlink and without blocking (`EXISTING`), kept only when
+    :func:`check_own` accepts it: a regular file of this user's with no other name. lora_otel's own
+    files (journal, stacks, sidecar log, children registry) never have another: one that does was
+    linked there by someone else (to a file of this user's they wanted written)."""
     try:
-        check_own(fd, path)
+        fd = os.open(path, flags | O_NOFOLLOW | EXISTING)
+    except OSError as e:
+        if e.errno == ENXIO:  # a FIFO nobody reads, or a socket
+            raise UnsafeFile("%s is not a regular file (a FIFO or a socket)" % path) from None
+        raise
+    try:
+        check_own(fd, path, one_name=True)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY) -> int:
+    """``path`` opened without blocking (`EXISTING`), kept only when ``fstat`` on the descriptor
+    says it is a regular file (else :class:`UnsafeFile`): for reading a file whose name came from a
+    journal, a registry or a directory listing, where a FIFO or a device may have been put since
+    (``open()`` on a FIFO waits for a writer forever). Add ``O_NOFOLLOW`` to ``flags`` where a
+    symlink must not be followed. Close-on-exec."""
+    import stat
+
+    fd = os.open(path, flags | O_CLOEXEC | EXISTING)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeFile("%s is not a regular file" % path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the regular file at ``path`` (symlinks followed: a package's
+    metadata, a program's log), opened without blocking: a FIFO or a device planted there is never
+    waited on nor read (:class:`UnsafeFile`, `open_regular`)."""
+    fd = open_regular(path)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
 
 
 def open_append(path: str, create: bool = True) -> int:
@@ -106,10 +153,12 @@ def open_program_log(path: str, create: bool = True) -> tuple[int, bool]:
         except FileExistsError:
             pass
     try:
-        fd = os.open(path, APPEND)
+        fd = os.open(path, APPEND | EXISTING)  # a FIFO there never blocks
     except OSError as e:
         if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
             raise UnsafeFile("%s is a symlink" % path) from None
+        if e.errno == ENXIO:
+            raise UnsafeFile("%s is not a regular file (a FIFO or a socket)" % path) from None
         raise
     try:
         check_own(fd, path, group_ok=True)

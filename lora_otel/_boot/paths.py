@@ -204,11 +204,12 @@ def choose_log(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str | N
 
 def holds_lines(path: str) -> bool:
     """Whether ``path`` is a regular file with something in it (not only lora_otel's own lines)."""
+    from lora_otel._boot import files
+
     try:
         if os.stat(path).st_size == 0:
             return False
-        with open(path, "rb") as f:
-            head = f.read(_SNIFF)
+        head = files.read_head(path, _SNIFF)  # never waits on a FIFO put there since the stat
     except OSError:
         return False
     return any(ln.strip() and not ln.startswith(b"[lora-otel]") for ln in head.split(b"\n"))
@@ -230,6 +231,32 @@ def is_log_file(log: str) -> bool:
 def journal_name(pid: int, now_s: float) -> str:
     """``<UTC time>-<pid>.otel.jsonl``, e.g. ``20261130T221348Z-4242.otel.jsonl``."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s)) + "-%d%s" % (pid, JOURNAL_SUFFIX)
+
+
+def others_can_create_in(directory: str) -> bool:
+    """Whether a user other than this one (root aside) can create a file in ``directory``: it is
+    group- or world-writable (``/tmp``, a shared ``LORA_OTEL_DIR``), or another user's. False when
+    it does not exist yet (lora_otel creates it, 0700)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    if st.st_mode & 0o022:
+        return True
+    return hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0)
+
+
+def unpredictable(path: str) -> str:
+    """A journal name lora_otel chose (`journal_name`) with a random part before the pid when
+    another user can create files in its directory (`others_can_create_in`):
+    ``20261130T221348Z-4242.otel.jsonl`` → ``20261130T221348Z-9f3a61c2-4242.otel.jsonl``. Nobody can
+    prepare that name, nor the sibling files named after it (stacks, sidecar log, children), for a
+    pid and a second they can guess. The pid stays last: readers look for ``-<pid>.otel.jsonl``."""
+    d, name = os.path.split(path)
+    head, dash, tail = name.rpartition("-")
+    if not dash or not tail.endswith(JOURNAL_SUFFIX) or not others_can_create_in(d or "."):
+        return path
+    return os.path.join(d, "%s-%s-%s" % (head, os.urandom(4).hex(), tail))
 
 
 def state_dir(environ: Mapping[str, str]) -> str:

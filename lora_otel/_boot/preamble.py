@@ -351,6 +351,8 @@ def _start(how: str) -> None:
     # Only a journal lora_otel named in a directory of journals may go at a short run's exit: not
     # one a user named (LORA_OTEL_JOURNAL, `lora-otel run`'s), nor the one beside a --log.
     _disposable = not exact and chosen == paths.dir_journal_path(env, core.pid, now / 1e9)
+    if _disposable:  # in a directory others can write to, a name nobody can prepare
+        chosen = paths.unpredictable(chosen)
     _beside_log = (
         not exact and bool(core.log_path) and chosen == os.path.abspath(core.log_path or "") + paths.JOURNAL_SUFFIX
     )
@@ -760,9 +762,11 @@ def _register_stack_dump() -> None:
 
 
 def ask_path(stacks: str) -> str:
-    """``run.log.stacks.txt`` → ``run.log.stacks.ask``: the file a watchdog creates to ask the beat
-    thread for a stack dump (`_answer_stack_ask`); the beat removes it when the dump is written."""
-    return (stacks[:-4] if stacks.endswith(".txt") else stacks) + ".ask"
+    """``run.log.stacks.txt`` → ``run.log.stacks.<random>.ask``: the file a watchdog creates to ask
+    the beat thread for a stack dump (`_answer_stack_ask`); the beat removes it when the dump is
+    written. The random part makes it a name only the journal (0600) tells: another user cannot
+    put a request there, even in a shared directory where the job could not remove theirs."""
+    return "%s.%s.ask" % (stacks[:-4] if stacks.endswith(".txt") else stacks, os.urandom(4).hex())
 
 
 MAX_DUMP_FRAMES = 100
@@ -778,14 +782,20 @@ def _answer_stack_ask() -> None:
     faulthandler's signal handler walks the frames without the GIL from a signal, and a thread
     running Python meanwhile (the beat at its own work) made it crash the process with SIGSEGV;
     the signal is left for a frozen process, whose beat cannot answer and whose frames stand still.
-    One ``stat`` per beat when nobody asks."""
+    One ``stat`` per beat when nobody asks.
+
+    Only a request of this user's is obeyed, and only a regular file with one name (``lstat``, no
+    symlink followed): anything else at that name (another user's file, a hard link, a FIFO) is
+    neither answered nor removed nor opened."""
     ask = _stacks_ask
     if not ask or _stacks_fd < 0 or _stacks_interim >= 0:  # (meanwhile the ask waits for the stacks file)
         return
     try:
-        os.lstat(ask)
+        st = os.lstat(ask)
     except OSError:
         return
+    if st.st_mode & 0o170000 != 0o100000 or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        return  # not a watchdog's request: a stranger cannot make this process dump, nor remove it
     from lora_otel._boot import files
 
     try:
@@ -1550,10 +1560,22 @@ def _steps_below(max_named: int = 4) -> str:
     registry (`spawn.registry_path`: the first record's pid and ``service.name``, the last beat's
     ``steps``); "" when none did. Read once, at exit, from the files' two ends only (no ``re``: the
     process imports nothing it would not have)."""
+    from lora_otel._boot import files
+
+    reading = os.O_RDONLY | files.O_CLOEXEC
+    spawn = sys.modules.get("lora_otel._boot.spawn")  # loaded when this process started a sidecar
     try:
-        registry = _execd if isinstance(_execd, str) else paths.stem(core.journal_path or "") + ".children"
-        with open(registry, encoding="utf-8", errors="replace") as f:
-            journals = [line.strip() for line in f.read(65536).splitlines() if line.strip()]
+        registry = (
+            _execd
+            if isinstance(_execd, str)
+            else getattr(spawn, "opened_registry", "") or paths.stem(core.journal_path or "") + ".children"
+        )
+        fd = files.open_existing(registry, reading)  # never blocks (a FIFO), only a file of this user's
+        try:
+            text = os.read(fd, 65536).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        journals = [line.strip() for line in text.splitlines() if line.strip()]
     except (OSError, ValueError):
         return ""
     named: list[str] = []
@@ -1561,7 +1583,7 @@ def _steps_below(max_named: int = 4) -> str:
         if path == core.journal_path or len(named) > max_named:
             continue
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            fd = files.open_existing(path, reading)
         except OSError:
             continue
         try:
@@ -1675,6 +1697,8 @@ def _has_children(path: str) -> bool:
     spawned one) — still running, or kept because it failed; or an empty journal (just created,
     its first record not written yet). Only the journals named after this one (forked children) or
     created since this process started are read, their first 8 KiB."""
+    from lora_otel._boot import files
+
     d, name = os.path.split(path)
     own_stem = paths.stem(name) + "."
     since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
@@ -1690,7 +1714,7 @@ def _has_children(path: str) -> bool:
         if not (other.startswith(own_stem) or (other[:1].isdigit() and other[:16] >= since)):
             continue
         try:
-            fd = os.open(os.path.join(d, other), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+            fd = files.open_existing(os.path.join(d, other), os.O_RDONLY | files.O_CLOEXEC)  # only ours
         except OSError:
             continue
         try:
@@ -1779,12 +1803,11 @@ def _write_by_path(rec: dict[str, Any]) -> None:
     """Append ``rec`` to the journal through a descriptor opened for it alone: right before an exec
     the journal's own descriptor may already be closed (``close_fds`` in gevent's subprocess child,
     ``os.closerange`` in daemonising code). Execs are rare; the extra open costs nothing that matters."""
+    from lora_otel._boot import files
     from lora_otel._boot.jsonl import dumps_line
 
     try:
-        fd = os.open(
-            core.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-        )
+        fd = files.open_existing(core.journal_path)  # never blocks, only a file of this user's
     except (OSError, TypeError, ValueError):
         core.write(rec)
         return

@@ -1249,7 +1249,21 @@ _ACQUIRE = re.compile(r"([\w.\[\]]+)\.acquire\(")
 def _source(frame: Frame) -> str:
     import linecache
 
-    return linecache.getline(frame.file, int(frame.line)) if frame.line.isdigit() else ""
+    if not frame.line.isdigit() or not _regular(frame.file):
+        return ""
+    return linecache.getline(frame.file, int(frame.line))
+
+
+def _regular(path: str) -> bool:
+    """Whether ``path`` names a regular file: a frame's file is read only then (a journal or stacks
+    file may name anything; ``open`` on a FIFO would wait forever)."""
+    import os
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _waits_for(frame: Frame) -> Optional[str]:
@@ -1272,8 +1286,10 @@ def _holds(frames: list[Frame]) -> list[str]:
     for frame in reversed(frames):
         if not frame.python or not frame.line.isdigit():
             continue
+        from lora_otel._boot.seam import files
+
         try:
-            with open(frame.file, encoding="utf-8") as f:
+            with open(files.open_regular(frame.file), encoding="utf-8") as f:  # never a FIFO's open
                 tree = ast.parse(f.read())
         except (OSError, SyntaxError, ValueError):
             continue

@@ -709,8 +709,10 @@ def ask_beat(request: StackRequest, wait_s: Optional[float] = None) -> str:
         except OSError:
             pass
         return ""
+    from lora_otel._boot.seam import files
+
     try:
-        with open(request.path, "rb") as f:
+        with open(files.open_regular(request.path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
             if request.file is not None:
                 st = os.fstat(f.fileno())
                 if (st.st_dev, st.st_ino) != request.file:
@@ -781,7 +783,9 @@ def python_stacks(
             while time.monotonic() < deadline:
                 if os.path.exists(stacks_path) and os.path.getsize(stacks_path) > before:
                     time.sleep(0.05)  # let the dump finish
-                    with open(stacks_path, "rb") as f:
+                    from lora_otel._boot.seam import files
+
+                    with open(files.open_regular(stacks_path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                         f.seek(before)
                         text = f.read().decode("utf-8", "replace")
                     break
@@ -931,8 +935,9 @@ def append_dump(request: StackRequest, text: str) -> None:
     if not request.path or request.file is None:
         return
     try:
-        fd = os.open(
-            request.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(  # (never blocks: O_NONBLOCK; the identity below says whether it is the stacks file)
+            request.path,
+            os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC,
         )
     except OSError:
         return

@@ -369,8 +369,10 @@ def _polling_how(stacks: str) -> str:
 def _recorded_owner(path: str) -> tuple[Optional[int], Optional[str]]:
     """The pid a lock file starts with and the host on its next line (filelock's soft lock writes
     ``pid\\nhost\\n…``), or None for what it does not say."""
+    from lora_otel._boot.seam import files
+
     try:
-        with open(path, "rb") as f:
+        with open(files.open_regular(path), "rb") as f:  # (a lock file may be a FIFO: never wait on it)
             lines = f.read(512).decode("utf-8", "replace").splitlines()
     except OSError:
         return None, None

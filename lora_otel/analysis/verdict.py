@@ -282,22 +282,67 @@ _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 
 
 def stacks_path(journal: Journal) -> Optional[str]:
-    """The stacks file the journal names (root attribute ``lora_otel.stacks.path``), if it exists."""
-    path = journal.root.attrs.get("lora_otel.stacks.path") if journal.root is not None else None
-    return path if isinstance(path, str) and path and os.path.isfile(path) else None
+    """The journal's stacks file, if there is one the journal's process could have written: the
+    name the journal records (root attribute ``lora_otel.stacks.path``) taken beside the journal
+    (a moved run is found where it is now), named after it (``<stem>.stacks[.<random>].txt``), a
+    regular file reached without a symlink, owned by the journal's owner, with one name (or the
+    very file the journal recorded, ``lora_otel.stacks.file``). A crafted journal naming another
+    file (``/etc/shadow``, a FIFO, another user's file) gets None: ``inspect`` or ``report`` run by
+    root never read it."""
+    opened = _open_stacks(journal)
+    if opened is None:
+        return None
+    os.close(opened[1])
+    return opened[0]
+
+
+def _open_stacks(journal: Journal) -> Optional[tuple[str, int]]:
+    """``(path, descriptor)`` of the journal's stacks file as `stacks_path` accepts it, opened for
+    reading (no symlink followed, never blocking on a FIFO) and checked on the open descriptor."""
+    import stat
+
+    attrs = journal.root.attrs if journal.root is not None else {}
+    recorded = attrs.get("lora_otel.stacks.path")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    from lora_otel._boot.seam import paths
+
+    name = os.path.basename(recorded)
+    stem = paths.stem(os.path.basename(journal.path))
+    if not (name.startswith(stem + ".stacks.") and name.endswith(".txt")):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(journal.path)), name)
+    ident = attrs.get("lora_otel.stacks.file")
+    try:
+        owner = os.stat(journal.path).st_uid
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (
+            stat.S_ISREG(st.st_mode)
+            and st.st_uid == owner
+            and (st.st_nlink == 1 or (isinstance(ident, list) and ident == [st.st_dev, st.st_ino]))
+        ):
+            return path, fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256 * 1024) -> str:
-    """The last stack dump in the journal's stacks file ('' when none, or when the file was last
-    written before ``since_ns``)."""
-    path = stacks_path(journal)
-    if path is None:
+    """The last stack dump in the journal's stacks file (`stacks_path`; '' when none, or when the
+    file was last written before ``since_ns``)."""
+    opened = _open_stacks(journal)
+    if opened is None:
         return ""
     try:
-        st = os.stat(path)
-        if since_ns is not None and st.st_mtime_ns < since_ns:
-            return ""
-        with open(path, "rb") as f:
+        with open(opened[1], "rb") as f:
+            st = os.fstat(f.fileno())
+            if since_ns is not None and st.st_mtime_ns < since_ns:
+                return ""
             f.seek(max(st.st_size - limit, 0))
             text = f.read().decode("utf-8", "replace")
     except OSError:

@@ -275,8 +275,10 @@ def resolve_path(path: str) -> str:
 
 
 def _first_ts(path: str) -> int:
+    from lora_otel._boot.seam import files
+
     try:
-        with open(path, "rb") as f:
+        with open(files.open_regular(path), "rb") as f:
             ts = json.loads(f.readline() or b"{}").get("ts")
         return ts if isinstance(ts, int) else 0
     except (OSError, ValueError, AttributeError):

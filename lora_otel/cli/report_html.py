@@ -407,9 +407,11 @@ def _lines_html(proc: jobs_mod.Proc) -> str:
 def beat_series(journal: Journal) -> list[tuple[int, int]]:
     """``(ts, steps)`` of every beat of the journal, read again from its file (the reader keeps only
     the last few hundred), thinned to `MAX_PLOT_POINTS`; the reader's samples when it cannot be read."""
+    from lora_otel._boot.seam import files
+
     points: list[tuple[int, int]] = []
     try:
-        with open(journal.path, "rb") as f:
+        with open(files.open_regular(journal.path), "rb") as f:  # (never a FIFO put there since)
             for raw in f:
                 if b'"beat"' not in raw:
                     continue

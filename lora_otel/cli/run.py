@@ -73,8 +73,11 @@ def _child_env(cmd: list[str], args: argparse.Namespace) -> tuple[dict[str, str]
         env["LORA_OTEL_JOURNAL"] = os.path.abspath(args.journal)
     if getattr(args, "stall_after", None) is not None:
         env["LORA_OTEL_STALL_AFTER"] = args.stall_after
-    journal = paths.choose_journal_path(cmd, env, os.getpid(), time.time())
+    now = time.time()
+    journal = paths.choose_journal_path(cmd, env, os.getpid(), now)
     if not getattr(args, "journal", None):
+        if journal == paths.dir_journal_path(env, os.getpid(), now):  # (a shared directory: a random part)
+            journal = paths.unpredictable(journal)
         journal = _create_journal(journal)
     # Name the top process's journal here, so we know where to look afterwards; only for our
     # direct child (a shell's Pythons write beside it, see the preamble).
@@ -305,8 +308,10 @@ def record_exit(
     """
     if not journal:
         return False
+    from lora_otel._boot.seam import files
+
     try:
-        fd = os.open(journal, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = files.open_existing(journal, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)  # never a FIFO, only ours
     except OSError:
         return False
     try:

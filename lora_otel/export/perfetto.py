@@ -121,9 +121,11 @@ def beat_history(journal: Journal, limit: int = MAX_BEATS) -> list[Beat]:
     the file again for the whole history. A file that cannot be read any more gives the reader's
     samples. Metrics keep only their int and float values.
     """
+    from lora_otel._boot.seam import files
+
     beats: list[Beat] = []
     try:
-        with open(journal.path, "rb") as f:
+        with open(files.open_regular(journal.path), "rb") as f:  # (never a FIFO put there since)
             for raw in f:
                 if b'"beat"' not in raw:
                     continue

@@ -125,8 +125,10 @@ class _Registry:
             if not why.endswith("No such file or directory"):
                 self._refuse("the children registry", why)
             return []
+        from lora_otel._boot.seam import files
+
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = files.open_regular(self.path, os.O_RDONLY | os.O_NOFOLLOW)  # (a FIFO put there since)
             with open(fd, "rb") as f:
                 f.seek(self.offset)
                 data = f.read()

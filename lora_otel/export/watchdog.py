@@ -764,6 +764,7 @@ def job_journals(journal: Journal) -> list[Journal]:
     (`owned_file_reason`); at most `PARENT_SCAN_MAX` files are looked at, by their first record."""
     import json
 
+    from lora_otel._boot.seam import files
     from lora_otel.journal.reader import JournalError, journal_paths, read_journal
 
     root = journal.root
@@ -779,7 +780,7 @@ def job_journals(journal: Journal) -> list[Journal]:
         if owned_file_reason(path):
             continue
         try:
-            with open(path, "rb") as f:
+            with open(files.open_regular(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                 first = json.loads(f.readline(65536) or b"{}")
             if isinstance(first, dict) and first.get("trace_id") == root.trace_id:
                 out.append(read_journal(path))
@@ -794,6 +795,7 @@ def parent_journal(journal: Journal) -> Optional[Journal]:
     ``<time>-<ppid>.otel.jsonl`` are tried first, then the others by their first record's pid."""
     import json
 
+    from lora_otel._boot.seam import files
     from lora_otel.journal.reader import JournalError, journal_paths, read_journal
 
     root = journal.root
@@ -813,7 +815,7 @@ def parent_journal(journal: Journal) -> Optional[Journal]:
             continue
         if not path.endswith(suffix):
             try:
-                with open(path, "rb") as f:
+                with open(files.open_regular(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
                     first = json.loads(f.readline(65536) or b"{}")
             except (OSError, ValueError):
                 continue

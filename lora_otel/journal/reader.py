@@ -138,11 +138,13 @@ class JournalTail:
     def _current_file(self) -> Any:
         """The open file to read; opened at the first read, replaced only once it has no name left."""
         f = self._file
-        if f is None:
-            f = self._file = open(self.path, "rb")  # noqa: SIM115 - kept open between reads; close() releases it
+        from lora_otel._boot.seam import files
+
+        if f is None:  # (never a FIFO's open that waits for a writer; only a regular file)
+            f = self._file = open(files.open_regular(self.path), "rb")  # noqa: SIM115 - kept open between reads
         elif os.fstat(f.fileno()).st_nlink == 0:
             try:
-                new = open(self.path, "rb")  # noqa: SIM115 - becomes self._file, kept open
+                new = open(files.open_regular(self.path), "rb")  # noqa: SIM115 - becomes self._file, kept open
             except FileNotFoundError:
                 return f  # deleted: what the writer still appends to it
             f.close()

@@ -161,7 +161,7 @@ def doctor(args: argparse.Namespace) -> dict[str, Any]:
 
     from lora_otel import __version__
     from lora_otel._boot import preamble
-    from lora_otel._boot.seam import envfacts, paths
+    from lora_otel._boot.seam import envfacts, files, paths
     from lora_otel.cli.run import die_with_parent
 
     started = time.monotonic()
@@ -190,7 +190,7 @@ def doctor(args: argparse.Namespace) -> dict[str, Any]:
     log: IO[bytes]
     try:
         os.makedirs(os.path.dirname(journal), mode=0o700, exist_ok=True)
-        log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        log = os.fdopen(files.open_append(log_path), "ab")  # new, or this user's: never a FIFO put there
     except OSError:
         import tempfile
 

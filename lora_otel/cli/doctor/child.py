@@ -93,9 +93,9 @@ def _child_main(argv: list[str]) -> int:
         if stacks_path:
             try:  # untraced (no .pth hook): stacks on demand all the same
                 faulthandler = _quiet_import("faulthandler")
-                from lora_otel._boot.seam import stack_signal
+                from lora_otel._boot.seam import files, stack_signal
 
-                f = os.fdopen(os.open(stacks_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+                f = os.fdopen(files.open_append(stacks_path), "ab")  # new, or this user's; never a FIFO
                 faulthandler.register(stack_signal(), file=f, all_threads=True, chain=False)
                 _KEEP.append(f)
             except Exception:  # noqa: BLE001
