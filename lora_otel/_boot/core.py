@@ -22,7 +22,7 @@ from _thread import RLock, allocate_lock, get_ident
 from sys import modules as _modules
 
 from lora_otel._boot import jsonl
-from lora_otel._boot.jsonl import dumps_line
+from lora_otel._boot.jsonl import dumps_line, printable
 
 # --- clocks ----------------------------------------------------------------------------------
 # Taken when the preamble starts, before the program can patch them: a test under freezegun
@@ -178,9 +178,30 @@ _settler: Callable[[], None] | None = None
 def forked(new_pid: int, now_ns: int) -> None:
     """In the fork hook: this is process ``new_pid`` now, forked at ``now_ns``, not settled yet
     (`forked_at`); not a job, its lines off the terminal (`quiet`)."""
-    global pid, main_ident, forked_at, promoted, quiet, worker, log_bad_only
+    global pid, main_ident, forked_at, promoted, quiet, worker, log_bad_only, hold_terminal
     pid, main_ident, forked_at, promoted, quiet, worker = new_pid, get_ident(), now_ns, "", True, True
-    log_bad_only = True
+    log_bad_only, hold_terminal = True, False
+    del _terminal_held[:]  # (the parent's, not yet shown: never the child's to show)
+
+
+hold_terminal = False
+"""While set — a process that is no job yet (`promoted` ""), with a beat thread that makes it one
+within a beat interval — its info lines for the terminal wait in `_terminal_held` (the journal and
+the ``--log`` copy have them at once): a process that ends before that (``python -c 'import x'``,
+``pip --version``, a CLI's usage error) prints nothing on stderr, as without lora_otel. Cleared, and
+what waited shown, at promotion (`show_held`)."""
+_terminal_held: list[str] = []
+_TERMINAL_HELD_MAX = 64
+
+
+def show_held() -> None:
+    """Stop holding info lines for the terminal, and show those that waited (at promotion)."""
+    global hold_terminal
+    hold_terminal = False
+    held = _terminal_held[:]
+    del _terminal_held[: len(held)]
+    if held and not quiet:
+        _stderr("".join(held))
 
 
 def settle() -> None:
@@ -355,14 +376,15 @@ def _stderr(text: str) -> None:
     try:
         if not stderr_is_ours():
             return
-        data = text.encode("utf-8", "backslashreplace")
+        encoding = _stderr_encoding()
+        data = text.encode(encoding, "backslashreplace")
         if _stderr_dropped:
             n = _stderr_dropped
             said = "%d line%s not shown here: stderr had no room (the journal has every line)" % (
                 n,
                 "" if n == 1 else "s",
             )
-            data = _format_line(said).encode() + data
+            data = _format_line(said).encode(encoding, "backslashreplace") + data
         if _mid_line():
             data = b"\n" + data
         if _put_stderr(data):
@@ -371,6 +393,23 @@ def _stderr(text: str) -> None:
             _stderr_dropped += text.count("\n") or 1
     except Exception:  # noqa: BLE001 - nowhere left to report
         pass
+
+
+def _stderr_encoding() -> str:
+    """The encoding of the program's own stderr (``PYTHONIOENCODING``, the locale): a line of ours
+    there is encoded as the program's output is, non-ASCII backslash-escaped on an ASCII console.
+    UTF-8 when it is unknown or not a codec this interpreter has. (The ``--log`` file and the
+    journal are UTF-8 always.)"""
+    import sys
+
+    encoding = getattr(sys.__stderr__, "encoding", None)
+    if not isinstance(encoding, str) or encoding.lower().replace("-", "").replace("_", "") in ("", "utf8"):
+        return "utf-8"
+    try:
+        "".encode(encoding)
+    except (LookupError, ValueError):
+        return "utf-8"
+    return encoding
 
 
 def _mid_line() -> bool:
@@ -870,7 +909,9 @@ def _write_failed(e: BaseException) -> None:
 
 
 def _format_line(msg: str) -> str:
-    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(now_ns()), msg)
+    """The one place a human line is made (stderr and the ``--log`` file): ``msg`` with its control
+    characters escaped (`jsonl.printable`), so no value in it forges a line or drives the terminal."""
+    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(now_ns()), printable(msg))
 
 
 def _same_as_std(dev_ino: tuple[int, int]) -> bool:
@@ -1055,7 +1096,12 @@ def _emit(msg: str, level: str) -> None:
     if known_secrets:
         msg = _scrubbed(msg)  # type: ignore[assignment]
     text = _format_line(msg)
-    if level != "note" and (level != "info" or not quiet):
+    if level == "info" and hold_terminal and not quiet:
+        if len(_terminal_held) < _TERMINAL_HELD_MAX:
+            _terminal_held.append(text)
+        if not hold_terminal:  # promotion showed what waited meanwhile (another thread)
+            show_held()
+    elif level != "note" and (level != "info" or not quiet):
         _stderr(text)
     if (_log_fd >= 0 or (_log_waits and log_path)) and (not log_bad_only or level in ("warn", "error")):
         try:

@@ -307,7 +307,10 @@ def start(how: str) -> None:
     except Exception as e:
         if core.strict():
             raise
-        core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
+        core._stderr(
+            "[lora-otel] not started: %s (the program goes on untraced)\n"
+            % core.printable("%s: %s" % (type(e).__name__, e))
+        )
 
 
 def _absolute_dir(env: MutableMapping[str, str]) -> None:
@@ -409,6 +412,9 @@ def _start(how: str) -> None:
     if supervised:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
+    # Its info lines reach the terminal once it is a job (at the latest its first beat): a process
+    # that ends before prints nothing there. Without a beat thread nothing would show them later.
+    core.hold_terminal = not core.beat_off
     if env.pop(EXEC_FROM_ENV, None) == str(core.pid):  # this pid started once already, then exec'd
         _execd = env.get(REGISTRY_ENV, "").partition(":")[2] or True
         core.info_line(
@@ -534,6 +540,7 @@ def promote(reason: str) -> None:
             return
         _promoting = _thread.get_ident()
         core.promoted = reason or "promoted"
+        core.show_held()  # the start-up lines that waited for the terminal: a job's from now on
         jsonl.use_c_escaper()  # a job may write many records: the C escaper is worth its load now
         core.ensure_journal()  # a forked child's, deferred until now
         # The watchdog's means first (a stage opening right after this, watched from its start).
@@ -1545,8 +1552,13 @@ def _end() -> None:
             return
         how, status_code, message = exit_outcome()
         quiet_end = not message or (how == "unknown" and not core.promoted)  # (`python -m pytest` ends so)
-        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and quiet_end:
-            core.active = False  # a fork that wrote nothing and ends well: nothing to say, no file
+        # Worth reading after a short run: a job's end, an uncaught exception or a signal (the
+        # message and the stage it met), a launched child's failure (part of its job's story). A
+        # process that is no job and ends by an exit code (a CLI's usage error, a forked worker's
+        # `sys.exit(1)`) has said why on its own stderr, and its parent has the code.
+        worth = bool(core.promoted) or how not in ("normal", "unknown") or (core.quiet and not core.forked_at)
+        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and (quiet_end or not worth):
+            core.active = False  # a fork that wrote nothing and ends well or by a code: nothing to say, no file
             return
         core.settle()
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
@@ -1559,11 +1571,13 @@ def _end() -> None:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
         elapsed = (core.now_ns() - _started_ns) / 1e9
         if message:
-            if not core.promoted and how != "unknown":  # a short process that failed: the facts for its journal
+            if not core.promoted and how != "unknown" and worth:  # a short failure: the facts for its journal
                 with core.fail_open("process description"):
                     _describe_process(_argv, _how, terminal=False)
-            # (a code unknown is said on the terminal by a job only: `python -m pytest` ends so)
-            say_end = core.error_line if how != "unknown" else core.warn_line if core.promoted else core.note_line
+            # A short process's end is in its journal, not after its own output on its stderr (a
+            # CLI's usage error, `python -c 'import x'`); a job's on the terminal too (a code
+            # unknown as a warning: `python -m pytest` ends so).
+            say_end = core.note_line if not core.promoted else core.error_line if how != "unknown" else core.warn_line
             say_end("exiting: %s after %.1f s" % (message, elapsed))
         else:
             # A process that never became a job ends as quietly as it would without lora_otel.
@@ -1581,8 +1595,8 @@ def _end() -> None:
             rec["message"] = message
         core.write(rec)
         core.active = False
-        if (how == "normal" and status_code == 0) or (how == "unknown" and not core.promoted):
-            _discard_short_run()  # (a short process whose code is unknown leaves nothing, as one ending 0)
+        if (how == "normal" and (status_code == 0 or not worth)) or (how == "unknown" and not core.promoted):
+            _discard_short_run()  # (a code unknown, or a failure not worth reading: nothing left, as at 0)
 
 
 def _steps_below(max_named: int = 4) -> str:
@@ -1650,7 +1664,8 @@ _NOT_SET = ("", "0", "false", "no", "off")
 
 
 def _discard_short_run() -> None:
-    """At a normal exit with code 0 of a process that never became a job (``core.promoted`` is "":
+    """At a normal exit with code 0 — or a code not worth reading (see `_end`) — of a process that
+    never became a job (``core.promoted`` is "":
     it ended before its first beat, heavy import, stage or sidecar): remove its journal and the
     stacks file, and the directories it created for them when empty, so that ``python -c pass`` or
     ``pip --version`` leaves nothing behind.
@@ -1948,10 +1963,12 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
     ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
-    if status == 0 and core.forked_at and _settle_lock.acquire(True, SETTLE_WAIT_S):
+    if core.forked_at and _settle_lock.acquire(True, SETTLE_WAIT_S):
         _settle_lock.release()  # another thread settling this child meanwhile has finished
-    if status == 0 and (core.forked_at or (core._deferred is not None and not core.promoted)):
-        _real_os_exit(0)  # a fork that wrote nothing and ends well: nothing to say (see _on_exit)
+    if core.forked_at or (core._deferred is not None and not core.promoted):
+        # A fork that wrote nothing and ends by a code (0 or not): nothing worth reading (see
+        # _end); its parent has the code.
+        _real_os_exit(status)
     try:
         if core.active and os.getpid() == core.pid:
             _exit_code, _raised_exit = status, (None, status, None, set())
@@ -2154,7 +2171,7 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
             _check_sidecar()
             _check_stack_signal()
         except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
-            core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
+            core._stderr("[lora-otel] beat: %s\n" % core.printable("%s: %s" % (type(e).__name__, e)))
 
 
 REOPEN_SETTLE_NS = 1_000_000_000

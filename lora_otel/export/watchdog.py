@@ -162,10 +162,11 @@ def _iso_ms(ns: int) -> str:
 
 
 def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
-    """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid."""
-    from lora_otel._boot.seam import redact_text
+    """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid; ``msg`` on one
+    line, its control characters escaped as the job's own lines have them (`seam.printable`)."""
+    from lora_otel._boot.seam import printable, redact_text
 
-    msg = redact_text(" ".join(str(msg).splitlines()))
+    msg = printable(redact_text(" ".join(str(msg).splitlines())))
     return "[lora-otel][%d][%s] %s\n" % (pid, _iso_ms(time.time_ns() if now_ns is None else now_ns), msg)
 
 
