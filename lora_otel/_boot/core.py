@@ -114,6 +114,11 @@ _log_waits = False
 """The ``--log`` file named by an option held the program's own lines at start: it may be the
 program's input as well as its log (``analyze.py --log access.log``), so lora_otel's lines wait
 (`_log_waiting`, in memory) until this process holds it open for writing (:func:`program_writes`)."""
+_log_may_create = False
+"""The waiting ``--log`` file did not exist at start: lora_otel creates it only when its lines are
+needed there — a job's warning or error (the narration's first "still in ... after 10 s", a stall, a
+failing end) — with what waited; else it waits for the program to open it (a program that rotates
+its log at start, or writes data there, finds the file as it would without lora_otel)."""
 _log_waiting: list[bytes] = []
 _log_waiting_dropped = 0
 """Lines past `_LOG_WAITING_MAX` not kept while the ``--log`` copy waits (said when it is written)."""
@@ -1034,11 +1039,19 @@ def _write_log(data: bytes) -> None:
     _log_written += os.write(fd, data)
 
 
-def wait_for_log(path: str) -> None:
-    """Copy lines to ``path`` only once the program writes it (`_log_waits`)."""
-    global _log_waits
-    _log_waits = True
+def wait_for_log(path: str, create: bool = False) -> None:
+    """Copy lines to ``path`` only once the program writes it (`_log_waits`), or — ``create``, a
+    file that does not exist yet — once a job's warning or error needs them there (`_log_may_create`)."""
+    global _log_waits, _log_may_create
+    _log_waits, _log_may_create = True, create
     del _log_waiting[:]
+
+
+def check_log() -> None:
+    """At a beat, while the ``--log`` copy waits: write what waited once the program writes the
+    file (one ``stat`` while it does not exist)."""
+    if _log_waits and log_path and program_writes(log_path):
+        _flush_waiting()
 
 
 def program_writes(path: str) -> bool:
@@ -1067,17 +1080,30 @@ def program_writes(path: str) -> bool:
     return False
 
 
-def _wait_log(data: bytes) -> None:
-    """Keep ``data`` for the waiting ``--log`` copy; write it all there once the program writes it."""
-    global _log_waits, _log_waiting_dropped
+def _wait_log(data: bytes, level: str = "info") -> None:
+    """Keep ``data`` for the waiting ``--log`` copy; write it all there once the program writes it,
+    or once a job's warning or error needs it in a file that is still not there (`_log_may_create`)."""
+    global _log_waiting_dropped
     if len(_log_waiting) < _LOG_WAITING_MAX:
         _log_waiting.append(data)
     else:
         _log_waiting_dropped += 1
-    if log_path and program_writes(log_path):
-        _log_waits = False
+    if not log_path:
+        return
+    needed = _log_may_create and promoted and level in ("warn", "error") and not os.path.lexists(log_path)
+    if needed or program_writes(log_path):
+        _flush_waiting()
+
+
+def _flush_waiting() -> None:
+    """Open the ``--log`` copy now and write what waited there; the journal records its identity
+    (``lora_otel.log.id``: the watchdog writes only to that file, at the path of the first record)."""
+    global _log_waits, _log_waiting_dropped
+    _log_waits = False
+    if log_path:
         open_log(log_path)
         if _log_fd >= 0:
+            span_attrs(root_id, {"lora_otel.log.id": [_log_dev, _log_ino]})
             dropped, _log_waiting_dropped = _log_waiting_dropped, 0
             if dropped:  # (the journal has them all)
                 note = (
@@ -1108,7 +1134,7 @@ def _emit(msg: str, level: str) -> None:
             if _log_fd >= 0:
                 _write_log(text.encode("utf-8", "backslashreplace"))
             else:
-                _wait_log(text.encode("utf-8", "backslashreplace"))
+                _wait_log(text.encode("utf-8", "backslashreplace"), level)
         except Exception as e:  # noqa: BLE001
             if not _log_failed:
                 _log_failed = True

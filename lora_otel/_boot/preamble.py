@@ -291,6 +291,11 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
         # hands, e.g. dropped root, since).
         rec["log"] = [core._log_dev, core._log_ino]
         rec["log_path"] = os.path.abspath(core.log_path)
+    elif core._log_waits and core.log_path:
+        # Not open yet (`core.wait_for_log`): the path is fixed now; its identity follows in a
+        # root attrs record (``lora_otel.log.id``) when lora_otel opens it.
+        rec["log_path"] = os.path.abspath(core.log_path)
+        rec["log_pending"] = True
     return rec
 
 
@@ -376,7 +381,11 @@ def _start(how: str) -> None:
     core.root_id = core.new_span_id()
     # The program's log file, only when it surely is one (README.md, "Your program's --log").
     core.log_path, log_source, log_value, log_problem = paths.choose_log(argv, env)
-    if core.log_path and log_source.startswith("-") and paths.holds_lines(core.log_path):
+    if core.log_path and log_source.startswith("-") and not os.path.lexists(core.log_path):
+        # Not created before the program runs: it may rotate an old log away first, or write data
+        # there; lora_otel's lines wait until the program opens it or a job's warning needs them.
+        core.wait_for_log(core.log_path, create=True)
+    elif core.log_path and log_source.startswith("-") and paths.holds_lines(core.log_path):
         core.wait_for_log(core.log_path)  # maybe the program's input too: not before it writes there
     elif core.log_path:
         core.open_log(core.log_path, explicit=log_source == "LORA_OTEL_LOG")
@@ -2156,6 +2165,8 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
                 narrate_loaded = True
                 where.set_cwd(_start_cwd)
             _guard_stacks_fd()
+            with core.fail_open("--log copy"):
+                core.check_log()
             if _program_closing_ours():
                 continue
             narrate.note_interactive()

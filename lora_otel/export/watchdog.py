@@ -325,7 +325,32 @@ class JobLines:
                 same = True  # gone: nothing to append to
             if not same and _write_checked(log, data, follow=False, ident=journal.log_id) is not None:
                 went.append(log)
+        elif journal.log_pending and journal.log_path and _create_log(journal, data):
+            went.append(journal.log_path)
         return went
+
+
+def _create_log(journal: Journal, data: bytes) -> bool:
+    """The job's ``--log`` file, which it had not opened yet (``log_pending``): created new here —
+    never an existing file, never through a symlink — with the job's lines so far (from its
+    journal) and ``data``; from now on written like a log the job opened (`Journal.log_id`)."""
+    path = journal.log_path or ""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        journal.log_id, journal.log_pending = (st.st_dev, st.st_ino), False
+        pid = journal.pid or 0
+        held = b"".join(format_line(pid, ln.msg, ln.ts).encode("utf-8", "backslashreplace") for ln in journal.lines)
+        os.write(fd, held + data)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def seconds(s: float) -> str:
