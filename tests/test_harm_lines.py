@@ -201,12 +201,14 @@ class TestTheProgramsLog:
         assert (tmp_path / "train.log").read_text() == "INFO:root:this run\n"
 
     def test_a_log_file_read_back_as_data(self, tmp_path: Path) -> None:
-        """``--log_file m.txt`` written with ``np.savetxt`` and read back with ``np.loadtxt`` (a job:
-        numpy is heavy): no crash on a line of lora_otel's."""
+        """``--log_file m.txt``, rows appended with ``np.savetxt`` by a job (numpy is heavy; it lives
+        past a beat) and read back with ``np.loadtxt`` at the end of a normal run: no crash on a
+        line of lora_otel's (before: the file was created at start with the ``started`` line)."""
         pytest.importorskip("numpy")
         script = (
-            "import argparse\nimport numpy as np\np = argparse.ArgumentParser()\np.add_argument('--log_file')\n"
-            "a = p.parse_args()\nnp.savetxt(a.log_file, [[1.0, 2.0], [3.0, 4.0]])\n"
+            "import argparse, time\nimport numpy as np\np = argparse.ArgumentParser()\np.add_argument('--log_file')\n"
+            "a = p.parse_args()\nfor row in ([1.0, 2.0], [3.0, 4.0]):\n"
+            "    with open(a.log_file, 'a') as f:\n        np.savetxt(f, [row])\n    time.sleep(0.8)\n"
             "print(np.loadtxt(a.log_file).sum())\n"
         )
         (tmp_path / "job.py").write_text(script)
