@@ -1687,7 +1687,7 @@ def _discard_short_run() -> None:
     if (
         core.promoted
         or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
-        or not (_disposable or (_beside_log and (not core.log_path or core._log_fd < 0)))
+        or not (_disposable or (_beside_log and (not core.log_path or (core._log_fd < 0 and not _log_there()))))
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
     ):
@@ -1720,6 +1720,12 @@ def _discard_short_run() -> None:
         except OSError:
             break
     core.journal_path = ""
+
+
+def _log_there() -> bool:
+    """Whether the ``--log`` file exists now: the program made it (lora_otel's copy still waiting),
+    so the journal beside it is beside a log, and stays."""
+    return bool(core.log_path) and os.path.lexists(core.log_path or "")
 
 
 def _unlink_own(path: str, ident: tuple[int, int]) -> bool:
