@@ -1090,9 +1090,20 @@ def _wait_log(data: bytes, level: str = "info") -> None:
         _log_waiting_dropped += 1
     if not log_path:
         return
-    needed = _log_may_create and promoted and level in ("warn", "error") and not os.path.lexists(log_path)
+    needed = _log_may_create and promoted and level in ("warn", "error") and not _log_holds_theirs(log_path)
     if needed or program_writes(log_path):
         _flush_waiting()
+
+
+def _log_holds_theirs(path: str) -> bool:
+    """Whether ``path`` exists with lines that are not lora_otel's (the program's: not ours to add
+    to before it writes there); not when it is absent or holds only lora_otel's lines (made by a
+    child process of this job or the watchdog, with a warning of theirs)."""
+    if not os.path.lexists(path):
+        return False
+    from lora_otel._boot import paths
+
+    return paths.holds_lines(path) or not os.path.isfile(path)
 
 
 def _flush_waiting() -> None:

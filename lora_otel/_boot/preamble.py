@@ -405,13 +405,18 @@ def _start(how: str) -> None:
     core.open_journal(chosen, exact=exact)
     if not child:  # the processes it starts write their warnings to its log file, or none
         env.pop(core.JOB_LOG_ENV, None)
-        if core.log_path and core._log_fd >= 0:
+        if core.log_path and (core._log_fd >= 0 or core._log_may_create):
             env[core.JOB_LOG_ENV] = os.path.abspath(core.log_path)
     elif not core.log_path and env.get(core.JOB_LOG_ENV):  # a quiet child, a rank: into the job's log
         core.log_bad_only = True
-        core.open_log(env[core.JOB_LOG_ENV], job_log=True)
-        if core._log_fd >= 0:
-            core.log_path = env[core.JOB_LOG_ENV]
+        job_log = env[core.JOB_LOG_ENV]
+        if not os.path.lexists(job_log):  # not made yet: made when a warning of this child needs it
+            core.log_path = job_log
+            core.wait_for_log(job_log, create=True)
+        else:
+            core.open_log(job_log, job_log=True)
+            if core._log_fd >= 0:
+                core.log_path = job_log
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False) or 1.0  # (said below when bad)
     start_ns, ticks = _process_start(now)

@@ -344,7 +344,9 @@ def _create_log(journal: Journal, data: bytes) -> bool:
         st = os.fstat(fd)
         journal.log_id, journal.log_pending = (st.st_dev, st.st_ino), False
         pid = journal.pid or 0
-        held = b"".join(format_line(pid, ln.msg, ln.ts).encode("utf-8", "backslashreplace") for ln in journal.lines)
+        quiet = isinstance(journal.config, dict) and journal.config.get("quiet") is True
+        lines = [ln for ln in journal.lines if not quiet or ln.level in ("warn", "error")]  # (a child's: its bad news)
+        held = b"".join(format_line(pid, ln.msg, ln.ts).encode("utf-8", "backslashreplace") for ln in lines)
         os.write(fd, held + data)
         return True
     except OSError:
