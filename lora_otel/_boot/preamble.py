@@ -314,7 +314,7 @@ def start(how: str) -> None:
             raise
         core._stderr(
             "[lora-otel] not started: %s (the program goes on untraced)\n"
-            % core.printable("%s: %s" % (type(e).__name__, e))
+            % jsonl.printable("%s: %s" % (type(e).__name__, e))
         )
 
 
@@ -2193,7 +2193,7 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
             _check_sidecar()
             _check_stack_signal()
         except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
-            core._stderr("[lora-otel] beat: %s\n" % core.printable("%s: %s" % (type(e).__name__, e)))
+            core._stderr("[lora-otel] beat: %s\n" % jsonl.printable("%s: %s" % (type(e).__name__, e)))
 
 
 REOPEN_SETTLE_NS = 1_000_000_000
