@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -215,3 +216,28 @@ class TestTheProgramsLog:
         r = run(tmp_path, ["job.py", "--log_file", "m.txt"])
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == b"10.0"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.9/3.10 re-raise the traceback caught (the frame stays)")
+@pytest.mark.parametrize(
+    "code",
+    ["import nonexistent_module_x", "import badmod", "def f():\n    import badmod\nf()"],
+)
+def test_a_failing_import_traceback_is_the_programs_own(tmp_path: Path, code: str) -> None:
+    """An import that fails (no such module; a module raising as it runs, at top level or in a
+    function): the program's traceback is the one it prints without lora_otel — no
+    ``traced_import`` frame of lora_otel's in it (issue 36 item 9)."""
+    (tmp_path / "badmod.py").write_text("x = 1\nraise RuntimeError('in module')\n")
+    untraced = subprocess.run(
+        [PYTHON, "-c", code], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    traced = subprocess.run(
+        [PYTHON, "-c", code],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert traced.returncode == untraced.returncode == 1
+    assert "Traceback" in untraced.stderr and traced.stderr == untraced.stderr
