@@ -370,6 +370,8 @@ def _start(how: str) -> None:
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
     rank = _new_rank(env)
     child = is_child(env, trace_id)
+    global _launched
+    _launched = child
     core.quiet = child and rank is None
     core.worker = core.quiet and is_worker(argv)
     core.trace_id = trace_id or core.new_trace_id()
@@ -431,6 +433,8 @@ def _start(how: str) -> None:
     core.hold_terminal = not core.beat_off
     if env.pop(EXEC_FROM_ENV, None) == str(core.pid):  # this pid started once already, then exec'd
         _execd = env.get(REGISTRY_ENV, "").partition(":")[2] or True
+        if isinstance(_execd, str):  # the image before was a job (it had a sidecar): this one goes on
+            core.hold_terminal = False
         core.info_line(
             "pid %d exec'd into %s (%s); journal: %s"
             % (core.pid, _exec_image(argv), how, core.journal_path or "(none)")
@@ -1570,7 +1574,7 @@ def _end() -> None:
         # message and the stage it met), a launched child's failure (part of its job's story). A
         # process that is no job and ends by an exit code (a CLI's usage error, a forked worker's
         # `sys.exit(1)`) has said why on its own stderr, and its parent has the code.
-        worth = bool(core.promoted) or how not in ("normal", "unknown") or (core.quiet and not core.forked_at)
+        worth = bool(core.promoted) or how not in ("normal", "unknown") or (_launched and not core.forked_at)
         if (core.forked_at or (core.journal_deferred() and not core.promoted)) and (quiet_end or not worth):
             core.active = False  # a fork that wrote nothing and ends well or by a code: nothing to say, no file
             return
@@ -1667,6 +1671,9 @@ def _number_after(text: str, key: str) -> str:
 
 # --- a short run leaves nothing behind ------------------------------------------------------
 
+_launched = False
+"""Whether a traced process started this one (a launcher's rank or trainer, a helper): its end, a
+failure by an exit code too, is part of its job's story and worth its journal (`_end`)."""
 _disposable = False
 """Whether this process's journal is one lora_otel named in a directory of journals (``LORA_OTEL_DIR``,
 the state directory): only such a journal is removed at a short run's exit (`_discard_short_run`)."""
@@ -1728,9 +1735,9 @@ def _discard_short_run() -> None:
 
 
 def _log_there() -> bool:
-    """Whether the ``--log`` file exists now: the program made it (lora_otel's copy still waiting),
-    so the journal beside it is beside a log, and stays."""
-    return bool(core.log_path) and os.path.lexists(core.log_path or "")
+    """Whether the ``--log`` file, absent at start, exists now: the program made it (lora_otel's
+    copy still waiting), so the journal beside it is beside a log, and stays."""
+    return core._log_may_create and bool(core.log_path) and os.path.lexists(core.log_path or "")
 
 
 def _unlink_own(path: str, ident: tuple[int, int]) -> bool:
