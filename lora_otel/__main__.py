@@ -30,6 +30,7 @@ def main() -> int:
         sys.argv = args
         sys.path[0] = os.path.dirname(os.path.abspath(script))
         preamble.start("python -m lora_otel")
+        preamble.promote("python -m lora_otel")  # started to be watched (also when LORA_OTEL=1 began it)
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as e:  # `raise SystemExit(n)` in the script: the exit record gives n

@@ -148,7 +148,8 @@ def test_chinese_argv_and_secrets(tmp_path: Path) -> None:
     args_attr = j.root.attrs["process.command_args"]
     assert "一只戴着帽子的猫" in args_attr and "输出/模型" in args_attr
     assert j.root.attrs["lora_otel.env.HF_HOME"] == "/data/缓存"
-    assert "一只戴着帽子的猫" in log.read_text(encoding="utf-8")
+    # (the --log copy: made at the first "still in" line, past this test's wait: issue 36 item 4)
+    assert any("一只戴着帽子的猫" in ln.msg for ln in j.lines)
     for f in tmp_path.rglob("*"):
         if f.is_file() and not f.name.endswith(".py"):
             data = f.read_bytes()

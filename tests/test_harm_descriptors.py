@@ -55,7 +55,8 @@ def test_closerange_then_csv_gets_only_its_rows(tmp_path: Path, close_to: str) -
     span record or human line of lora_otel's — and the journal and the ``--log`` copy go on: every
     ``row`` span is in the journal, the mark's line is in the log; when the journal's own
     descriptor was closed, one line says it was reopened."""
-    r = _run(tmp_path, CSV_PROG % close_to, "--log", "run.log")
+    # (LORA_OTEL_LOG: the copy made at start; an argv --log not there yet waits until needed, issue 36 item 4)
+    r = _run(tmp_path, CSV_PROG % close_to, LORA_OTEL_LOG=str(tmp_path / "run.log"))
     assert r.returncode == 0, r.stderr
     expected = "".join("%d,%d\n" % (i, i * i) for i in range(20))
     assert (tmp_path / "rows.csv").read_bytes() == expected.encode()
@@ -269,7 +270,7 @@ def test_log_to_the_terminal_stream_prints_each_line_once(tmp_path: Path, log: s
         r = _run(tmp_path, "print('hello')\n", "--log", log)
         assert r.returncode == 0, r.stderr
         both = r.stdout + r.stderr
-        assert sum(1 for ln in both.splitlines() if "] started pid" in ln) == 1, both
+        assert sum(1 for ln in both.splitlines() if "] started pid" in ln) <= 1, both  # (0: a short run, item 9)
         assert r.stdout.count("hello") == 1
         assert existed or not stray.exists()
         assert len(journals(tmp_path / "lora-otel")) == 1

@@ -211,7 +211,7 @@ def test_import_time_warnings_look_as_without_lora_otel(tmp_path: Path, flags: l
     plain, traced = run(), run(LORA_OTEL="1")
     assert plain.returncode == traced.returncode == 0, traced.stderr
     assert "main.py:2: DeprecationWarning: oldlib is deprecated: stacklevel 2" in plain.stderr  # shown by default
-    assert lora_otel_lines(traced.stdout + traced.stderr), "lora_otel was not active"
+    assert journals(tmp_path / "lora-otel"), "lora_otel was not active"  # (a short run says nothing: issue 36)
     for stream in ("stdout", "stderr"):
         ours = [line for line in getattr(traced, stream).splitlines() if not line.startswith("[lora-otel")]
         assert ours == getattr(plain, stream).splitlines(), stream

@@ -101,7 +101,8 @@ def test_pip_list_json_is_parseable_under_lora_otel_1(tmp_path: Path) -> None:
     assert pip.returncode == 0, pip_err
     assert reader.returncode == 0, reader.stderr.decode(errors="replace")
     assert reader.stdout == b"True\n"
-    assert any("started pid" in msg for _, msg in lora_lines(pip_err))  # traced: its lines on stderr
+    assert journals(tmp_path / "lora-otel")  # traced (a short run: no line of lora_otel's on stderr, issue 36 item 9)
+    assert not lora_lines(pip_err)
 
 
 CHILDREN = textwrap.dedent("""
@@ -113,10 +114,10 @@ CHILDREN = textwrap.dedent("""
 
 
 def test_children_of_a_traced_process_are_quiet_unless_they_fail(tmp_path: Path) -> None:
-    """A traced parent starts a traced child that succeeds and one that exits 3: the terminal
-    (stdout and stderr of the whole tree) shows the parent's lines and the failing child's error
-    line, nothing of lora_otel's from the succeeding child; each child's journal still holds its
-    info lines, and the child given ``--log`` still has them in that file."""
+    """A traced parent starts a traced child that succeeds and one that exits 3, all short: the
+    terminal (stdout and stderr of the whole tree) shows nothing of lora_otel's (issue 36 item 9:
+    a short process's start and end are in its journal); each child's journal holds its info lines
+    and the failing one's its end; the ``--log child.log`` the child never opened is not made."""
     (tmp_path / "parent.py").write_text(CHILDREN)
     r = subprocess.run(
         [PYTHON, "parent.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=60
@@ -129,26 +130,22 @@ def test_children_of_a_traced_process_are_quiet_unless_they_fail(tmp_path: Path)
     assert len(parent) == 1
     ok_child = next(j for j in found if (j.log_path or "").endswith("child.log"))
     bad_child = next(j for j in found if j is not ok_child and j is not parent[0])
-    printed = lora_lines(r.stderr)
-    assert any(pid == parent[0].pid and "started pid" in msg for pid, msg in printed)  # the top process speaks
-    assert not [msg for pid, msg in printed if pid == ok_child.pid]
-    from_bad = [msg for pid, msg in printed if pid == bad_child.pid]
-    assert len(from_bad) == 1 and from_bad[0].startswith("exiting: exit code 3 after "), from_bad
+    assert lora_lines(r.stderr) == [], r.stderr
+    assert any(ln.msg.startswith("exiting: exit code 3 after ") for ln in bad_child.lines)
     for child in (ok_child, bad_child):
         info = [ln.msg for ln in child.lines if ln.level == "info"]
         assert any(m.startswith("started pid %d" % child.pid) for m in info), info
     assert any(m.startswith("exiting normally") for m in (ln.msg for ln in ok_child.lines))
-    logged = lora_lines((tmp_path / "child.log").read_text())
-    assert logged and {pid for pid, _ in logged} == {ok_child.pid}
-    assert any("started pid" in msg for _, msg in logged) and any("exiting normally" in m for _, m in logged)
+    assert not (tmp_path / "child.log").exists()
 
 
 def test_log_file_still_receives_the_lines(tmp_path: Path) -> None:
-    """A top process with ``--log``: every line it prints on stderr is in the file too, in order
-    (the file also has the normal exit of a process that never became a job, which the terminal
-    is spared)."""
+    """A top process with ``--log`` that opens it and lives past a beat: every line it prints on
+    stderr is in the file too, in order (what waited until the program opened the file first)."""
     (tmp_path / "job.py").write_text(
-        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--log')\np.parse_args()\nprint('PROGRAM')\n"
+        "import argparse, logging, time\np = argparse.ArgumentParser()\np.add_argument('--log')\n"
+        "a = p.parse_args()\nlogging.basicConfig(filename=a.log)\nfor _ in range(1000):\n"
+        "    if '[lora-otel]' in open(a.log).read():\n        break\n    time.sleep(0.05)\nprint('PROGRAM')\n"
     )
     r = subprocess.run(
         [PYTHON, "job.py", "--log", "run.log"],
@@ -162,8 +159,8 @@ def test_log_file_still_receives_the_lines(tmp_path: Path) -> None:
     assert r.stdout == "PROGRAM\n"
     printed = lora_lines(r.stderr)
     logged = lora_lines((tmp_path / "run.log").read_text())
-    assert printed and printed == [line for line in logged if not line[1].startswith("exiting normally")]
-    assert logged[-1][1].startswith("exiting normally")
+    assert printed and printed == logged
+    assert logged[0][1].startswith("started pid") and logged[-1][1].startswith("exiting normally")
 
 
 def test_forked_children_are_quiet(tmp_path: Path) -> None:
@@ -190,7 +187,7 @@ def test_forked_children_are_quiet(tmp_path: Path) -> None:
     found = [read_journal(p) for p in journals(tmp_path / "lora-otel")]
     top = [j for j in found if j.root.parent_id is None]
     assert len(top) == 1 and len(found) == 1
-    assert {pid for pid, _ in lora_lines(r.stderr)} == {top[0].pid}
+    assert lora_lines(r.stderr) == []  # (the top process too: a short run, issue 36 item 9)
 
 
 def test_closed_stderr_does_not_raise(tmp_path: Path) -> None:
@@ -228,7 +225,9 @@ RANKS = textwrap.dedent("""
 def test_ranks_a_traced_launcher_starts_speak_their_helpers_do_not(tmp_path: Path) -> None:
     """A traced launcher (torchrun, a multi-process ``accelerate launch``) starts the job's ranks
     (``RANK`` set): their lines reach the terminal and the log panel as a top process's do, since
-    the ranks are where training happens; the helpers each rank starts (same ``RANK``) stay quiet."""
+    the ranks are where training happens; the helpers each rank starts (same ``RANK``) stay quiet.
+    (Here all are short: none says anything on the terminal, issue 36 item 9; the journals say
+    which is which.)"""
     (tmp_path / "launch.py").write_text(RANKS)
     r = subprocess.run(
         [PYTHON, "launch.py"], cwd=tmp_path, env=clean_env(LORA_OTEL="1"), capture_output=True, text=True, timeout=120
@@ -242,4 +241,4 @@ def test_ranks_a_traced_launcher_starts_speak_their_helpers_do_not(tmp_path: Pat
         by_kind[kind].append(j.pid)
     assert [len(by_kind[k]) for k in ("launcher", "rank", "helper")] == [1, 2, 2], by_kind
     started = {pid for pid, msg in lora_lines(r.stderr) if msg.startswith("started pid")}
-    assert started == set(by_kind["launcher"]) | set(by_kind["rank"]), (started, by_kind)
+    assert started <= set(by_kind["launcher"]) | set(by_kind["rank"]), (started, by_kind)

@@ -21,9 +21,9 @@ pytest.importorskip("tqdm")
 JOB = """\
 import sys, time, lora_otel
 from tqdm import tqdm
-for i in tqdm(range(12), mininterval=0, file=sys.stderr):
+for i in tqdm(range(40), mininterval=0, file=sys.stderr):  # (2 s: a job, its lines shown, issue 36)
     time.sleep(0.05)
-    if i == 6:
+    if i == 30:
         lora_otel.mark("half way")
 print("done", flush=True)
 """

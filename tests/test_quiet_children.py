@@ -120,6 +120,7 @@ args = argparse.ArgumentParser()
 args.add_argument("--log")
 args.add_argument("--mode")
 a = args.parse_args()
+open(a.log, "a").write("launcher started\\n")  # its own log first (lora_otel's copy waits until needed)
 if a.mode == "moved":
     shutil.move(a.log, a.log + ".1")  # the launcher rotates its log away
 elif a.mode == "shared":

@@ -88,11 +88,14 @@ def test_pythons_under_a_shell_get_their_own_journals(tmp_path: Path) -> None:
 
 
 def test_python_dash_m_keeps_the_module_name(tmp_path: Path) -> None:
-    """`python -m json.tool`: argv in the journal starts with the module's name, not '-m'. (Here
-    it fails, on a file that is not there: a short process that fails keeps its argv in its
-    journal, as a job does.)"""
+    """`python -m tool.cli`: argv in the journal starts with the module's name, not '-m'. (Here
+    it fails, by an uncaught exception: a short process that fails so keeps its argv in its
+    journal, as a job does; one ending by an exit code leaves no file, issue 36 item 9.)"""
+    (tmp_path / "tool").mkdir()
+    (tmp_path / "tool" / "__init__.py").write_text("")
+    (tmp_path / "tool" / "cli.py").write_text("import sys\nopen(sys.argv[1])\n")
     r = subprocess.run(
-        [PYTHON, "-m", "json.tool", "missing.json"],
+        [PYTHON, "-m", "tool.cli", "missing.json"],
         cwd=tmp_path,
         env=clean_env(LORA_OTEL="1"),
         capture_output=True,
@@ -101,8 +104,8 @@ def test_python_dash_m_keeps_the_module_name(tmp_path: Path) -> None:
     )
     assert r.returncode != 0, r.stderr
     j = only_journal(tmp_path / "lora-otel")
-    assert j.root.attrs["process.command"] == "json.tool"
-    assert j.root.attrs["process.command_args"][1:] == ["json.tool", "missing.json"]
+    assert j.root.attrs["process.command"] == "tool.cli"
+    assert j.root.attrs["process.command_args"][1:] == ["tool.cli", "missing.json"]
 
 
 def test_a_command_killed_by_a_signal_gets_a_last_line(tmp_path: Path) -> None:

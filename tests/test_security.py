@@ -38,6 +38,7 @@ p.add_argument("--hf-token")
 p.add_argument("--password")
 p.add_argument("--log")
 a = p.parse_args()
+own_log = open(a.log, "a")   # the program's log, open: lora_otel's lines join it (issue 36 item 4)
 lora_otel.mark("logged in with api_key=%s" % os.environ["MARK_VALUE"])
 with lora_otel.stage("train", api_key=os.environ["MARK_VALUE"]):
     lora_otel.progress(step=1, loss=0.5)

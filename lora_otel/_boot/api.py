@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from lora_otel._boot import core, stages
+from lora_otel._boot import core, jsonl, stages
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
@@ -266,7 +266,7 @@ def _convert_loop(my_pid: int, begun: Any) -> None:
         try:
             convert_pending()
         except Exception as e:  # noqa: BLE001 - the thread must not die on one value
-            core._stderr("[lora-otel] progress: %s: %s\n" % (type(e).__name__, e))
+            core._stderr("[lora-otel] progress: %s\n" % jsonl.printable("%s: %s" % (type(e).__name__, e)))
 
 
 def convert_pending() -> None:

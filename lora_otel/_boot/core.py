@@ -22,7 +22,7 @@ from _thread import RLock, allocate_lock, get_ident
 from sys import modules as _modules
 
 from lora_otel._boot import jsonl
-from lora_otel._boot.jsonl import dumps_line
+from lora_otel._boot.jsonl import dumps_line, printable
 
 # --- clocks ----------------------------------------------------------------------------------
 # Taken when the preamble starts, before the program can patch them: a test under freezegun
@@ -114,6 +114,11 @@ _log_waits = False
 """The ``--log`` file named by an option held the program's own lines at start: it may be the
 program's input as well as its log (``analyze.py --log access.log``), so lora_otel's lines wait
 (`_log_waiting`, in memory) until this process holds it open for writing (:func:`program_writes`)."""
+_log_may_create = False
+"""The waiting ``--log`` file did not exist at start: lora_otel creates it only when its lines are
+needed there — a job's warning or error (the narration's first "still in ... after 10 s", a stall, a
+failing end) — with what waited; else it waits for the program to open it (a program that rotates
+its log at start, or writes data there, finds the file as it would without lora_otel)."""
 _log_waiting: list[bytes] = []
 _log_waiting_dropped = 0
 """Lines past `_LOG_WAITING_MAX` not kept while the ``--log`` copy waits (said when it is written)."""
@@ -178,9 +183,30 @@ _settler: Callable[[], None] | None = None
 def forked(new_pid: int, now_ns: int) -> None:
     """In the fork hook: this is process ``new_pid`` now, forked at ``now_ns``, not settled yet
     (`forked_at`); not a job, its lines off the terminal (`quiet`)."""
-    global pid, main_ident, forked_at, promoted, quiet, worker, log_bad_only
+    global pid, main_ident, forked_at, promoted, quiet, worker, log_bad_only, hold_terminal
     pid, main_ident, forked_at, promoted, quiet, worker = new_pid, get_ident(), now_ns, "", True, True
-    log_bad_only = True
+    log_bad_only, hold_terminal = True, False
+    del _terminal_held[:]  # (the parent's, not yet shown: never the child's to show)
+
+
+hold_terminal = False
+"""While set — a process that is no job yet (`promoted` ""), with a beat thread that makes it one
+within a beat interval — its info lines for the terminal wait in `_terminal_held` (the journal and
+the ``--log`` copy have them at once): a process that ends before that (``python -c 'import x'``,
+``pip --version``, a CLI's usage error) prints nothing on stderr, as without lora_otel. Cleared, and
+what waited shown, at promotion (`show_held`)."""
+_terminal_held: list[str] = []
+_TERMINAL_HELD_MAX = 64
+
+
+def show_held() -> None:
+    """Stop holding info lines for the terminal, and show those that waited (at promotion)."""
+    global hold_terminal
+    hold_terminal = False
+    held = _terminal_held[:]
+    del _terminal_held[: len(held)]
+    if held and not quiet:
+        _stderr("".join(held))
 
 
 def settle() -> None:
@@ -355,14 +381,15 @@ def _stderr(text: str) -> None:
     try:
         if not stderr_is_ours():
             return
-        data = text.encode("utf-8", "backslashreplace")
+        encoding = _stderr_encoding()
+        data = text.encode(encoding, "backslashreplace")
         if _stderr_dropped:
             n = _stderr_dropped
             said = "%d line%s not shown here: stderr had no room (the journal has every line)" % (
                 n,
                 "" if n == 1 else "s",
             )
-            data = _format_line(said).encode() + data
+            data = _format_line(said).encode(encoding, "backslashreplace") + data
         if _mid_line():
             data = b"\n" + data
         if _put_stderr(data):
@@ -371,6 +398,23 @@ def _stderr(text: str) -> None:
             _stderr_dropped += text.count("\n") or 1
     except Exception:  # noqa: BLE001 - nowhere left to report
         pass
+
+
+def _stderr_encoding() -> str:
+    """The encoding of the program's own stderr (``PYTHONIOENCODING``, the locale): a line of ours
+    there is encoded as the program's output is, non-ASCII backslash-escaped on an ASCII console.
+    UTF-8 when it is unknown or not a codec this interpreter has. (The ``--log`` file and the
+    journal are UTF-8 always.)"""
+    import sys
+
+    encoding = getattr(sys.__stderr__, "encoding", None)
+    if not isinstance(encoding, str) or encoding.lower().replace("-", "").replace("_", "") in ("", "utf8"):
+        return "utf-8"
+    try:
+        "".encode(encoding)
+    except (LookupError, ValueError):
+        return "utf-8"
+    return encoding
 
 
 def _mid_line() -> bool:
@@ -896,7 +940,9 @@ def _write_failed(e: BaseException) -> None:
 
 
 def _format_line(msg: str) -> str:
-    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(now_ns()), msg)
+    """The one place a human line is made (stderr and the ``--log`` file): ``msg`` with its control
+    characters escaped (`jsonl.printable`), so no value in it forges a line or drives the terminal."""
+    return "[lora-otel][%d][%s] %s\n" % (pid or os.getpid(), iso_ms(now_ns()), printable(msg))
 
 
 def _same_as_std(dev_ino: tuple[int, int]) -> bool:
@@ -1019,11 +1065,19 @@ def _write_log(data: bytes) -> None:
     _log_written += os.write(fd, data)
 
 
-def wait_for_log(path: str) -> None:
-    """Copy lines to ``path`` only once the program writes it (`_log_waits`)."""
-    global _log_waits
-    _log_waits = True
+def wait_for_log(path: str, create: bool = False) -> None:
+    """Copy lines to ``path`` only once the program writes it (`_log_waits`), or — ``create``, a
+    file that does not exist yet — once a job's warning or error needs them there (`_log_may_create`)."""
+    global _log_waits, _log_may_create
+    _log_waits, _log_may_create = True, create
     del _log_waiting[:]
+
+
+def check_log() -> None:
+    """At a beat, while the ``--log`` copy waits: write what waited once the program writes the
+    file (one ``stat`` while it does not exist)."""
+    if _log_waits and log_path and program_writes(log_path):
+        _flush_waiting()
 
 
 def program_writes(path: str) -> bool:
@@ -1052,17 +1106,41 @@ def program_writes(path: str) -> bool:
     return False
 
 
-def _wait_log(data: bytes) -> None:
-    """Keep ``data`` for the waiting ``--log`` copy; write it all there once the program writes it."""
-    global _log_waits, _log_waiting_dropped
+def _wait_log(data: bytes, level: str = "info") -> None:
+    """Keep ``data`` for the waiting ``--log`` copy; write it all there once the program writes it,
+    or once a job's warning or error needs it in a file that is still not there (`_log_may_create`)."""
+    global _log_waiting_dropped
     if len(_log_waiting) < _LOG_WAITING_MAX:
         _log_waiting.append(data)
     else:
         _log_waiting_dropped += 1
-    if log_path and program_writes(log_path):
-        _log_waits = False
+    if not log_path:
+        return
+    needed = _log_may_create and promoted and level in ("warn", "error") and not _log_holds_theirs(log_path)
+    if needed or program_writes(log_path):
+        _flush_waiting()
+
+
+def _log_holds_theirs(path: str) -> bool:
+    """Whether ``path`` exists with lines that are not lora_otel's (the program's: not ours to add
+    to before it writes there); not when it is absent or holds only lora_otel's lines (made by a
+    child process of this job or the watchdog, with a warning of theirs)."""
+    if not os.path.lexists(path):
+        return False
+    from lora_otel._boot import paths
+
+    return paths.holds_lines(path) or not os.path.isfile(path)
+
+
+def _flush_waiting() -> None:
+    """Open the ``--log`` copy now and write what waited there; the journal records its identity
+    (``lora_otel.log.id``: the watchdog writes only to that file, at the path of the first record)."""
+    global _log_waits, _log_waiting_dropped
+    _log_waits = False
+    if log_path:
         open_log(log_path)
         if _log_fd >= 0:
+            span_attrs(root_id, {"lora_otel.log.id": [_log_dev, _log_ino]})
             dropped, _log_waiting_dropped = _log_waiting_dropped, 0
             if dropped:  # (the journal has them all)
                 note = (
@@ -1081,14 +1159,19 @@ def _emit(msg: str, level: str) -> None:
     if known_secrets:
         msg = _scrubbed(msg)  # type: ignore[assignment]
     text = _format_line(msg)
-    if level != "note" and (level != "info" or not quiet):
+    if level == "info" and hold_terminal and not quiet:
+        if len(_terminal_held) < _TERMINAL_HELD_MAX:
+            _terminal_held.append(text)
+        if not hold_terminal:  # promotion showed what waited meanwhile (another thread)
+            show_held()
+    elif level != "note" and (level != "info" or not quiet):
         _stderr(text)
     if (_log_fd >= 0 or (_log_waits and log_path)) and (not log_bad_only or level in ("warn", "error")):
         try:
             if _log_fd >= 0:
                 _write_log(text.encode("utf-8", "backslashreplace"))
             else:
-                _wait_log(text.encode("utf-8", "backslashreplace"))
+                _wait_log(text.encode("utf-8", "backslashreplace"), level)
         except Exception as e:  # noqa: BLE001
             if not _log_failed:
                 _log_failed = True

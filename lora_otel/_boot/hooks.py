@@ -255,9 +255,14 @@ def traced_import(
     fromlist: Sequence[str] | None = (),
     level: int = 0,
 ) -> ModuleType:
-    """``builtins.__import__`` replacement: a span around each top-level import of a new module."""
+    """``builtins.__import__`` replacement: a span around each top-level import of a new module.
+    An exception of the import leaves without this frame in its traceback (`_without_own_frame`)."""
     if level or not isinstance(name, str) or name in _modules or not core.active:
-        return _orig_import(name, globals, locals, fromlist, level)
+        try:
+            return _orig_import(name, globals, locals, fromlist, level)
+        except BaseException as e:
+            _without_own_frame(e)
+            raise
     tid = get_ident()
     # Who imports: an import statement passes its module's globals; a direct ``__import__(name)``
     # call passes none (runpy's import of ``python -m pkg.mod``'s package, importlib's fromlist
@@ -287,7 +292,11 @@ def traced_import(
         if not core.promoted:
             with core.fail_open("import hook"):
                 _maybe_promote(name, globals)
-        return _orig_import(name, globals, locals, fromlist, level)
+        try:
+            return _orig_import(name, globals, locals, fromlist, level)
+        except BaseException as e:
+            _without_own_frame(e)
+            raise
     _importing[tid] = True
     sid = None
     try:
@@ -308,6 +317,7 @@ def traced_import(
                         )
                     else:
                         core.span_end(sid, "error", text, {"lora_otel.import.by": _importer(by)})
+            _without_own_frame(e)
             raise
         if sid is not None:
             facts: dict[str, str] = {}
@@ -322,6 +332,17 @@ def traced_import(
         _importing.pop(tid, None)
     _after_import()
     return mod
+
+
+def _without_own_frame(e: BaseException) -> None:
+    """Take `traced_import`'s own entry off the head of ``e``'s traceback, before a bare ``raise``
+    re-raises it: the program's traceback (printed, logged, walked by pdb's post-mortem) shows its
+    import statement, then the module that failed, as without lora_otel — the interpreter already
+    hides its own import machinery so. Python 3.11+ (a bare ``raise`` there re-raises
+    ``e.__traceback__``; 3.9 and 3.10 restore the traceback caught, so the frame stays there)."""
+    tb = e.__traceback__
+    if tb is not None and tb.tb_frame.f_code is traced_import.__code__:
+        e.__traceback__ = tb.tb_next
 
 
 def install_import_hook() -> None:

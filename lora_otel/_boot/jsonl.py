@@ -12,7 +12,7 @@ is valid UTF-8 JSON. Not for general use: no indentation, no key sorting, no cyc
 
 from __future__ import annotations
 
-__all__ = ["_quote", "dumps_line", "use_c_escaper"]  # _quote: core writes its own small records with it
+__all__ = ["_quote", "dumps_line", "printable", "use_c_escaper"]  # _quote: core writes its own small records with it
 
 _ESC = {i: "\\u%04x" % i for i in range(32)}
 _ESC.update({ord('"'): '\\"', ord("\\"): "\\\\", 8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"})
@@ -23,6 +23,17 @@ def _quote(s: str, /) -> str:
     if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
         return '"' + s + '"'  # ids, names, paths: nothing to escape (one pass each, in C)
     return '"' + s.translate(_ESC) + '"'
+
+
+def printable(text: str, /) -> str:
+    """``text`` safe for one line of a terminal or a log file: every character Python does not
+    print — control characters (``\\n``, ``\\r``, ESC, the C1 set), line and paragraph separators,
+    lone surrogates — as its escape (``\\x1b``), the way ``lora-otel inspect`` shows them. A value
+    lora_otel prints (an argument, a path, a frame) can then neither forge a line of its own nor
+    reach the terminal as a command. Printable text, non-ASCII included, is returned as it is."""
+    if text.isprintable():
+        return text  # (one pass, in C: the common case)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def use_c_escaper() -> None:

@@ -42,20 +42,24 @@ def log_options(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
 
 def log_arg(argv: Sequence[str], options: Sequence[str] = LOG_OPTIONS) -> tuple[str, str | None]:
     """``(option, value)`` of the first of ``options`` in a program's argv (``--log PATH`` or
-    ``--log=PATH``; value None when nothing follows), or ``("", None)``. Not a decision: see
+    ``--log=PATH``; value None when nothing follows), or ``("", None)``; given more than once, its
+    last value, as argparse keeps it (``--log a.log --log b.log``: b.log). Not a decision: see
     :func:`choose_log`."""
     n = len(argv)
-    for i in range(1, n):
+    found: tuple[str, str | None] = ("", None)
+    i = 1
+    while i < n:
         a = argv[i]
         if a == "--":
             break
-        if a in options:
-            return a, argv[i + 1] if i + 1 < n else None
-        if a.startswith("--"):
-            name, eq, value = a.partition("=")
-            if eq and name in options:
-                return name, value
-    return "", None
+        name, eq, value = a.partition("=") if a.startswith("--") else (a, "", "")
+        if a in options and found[0] in ("", a):
+            found = (a, argv[i + 1] if i + 1 < n else None)
+            i += 1  # (its value is no option of its own, whatever it looks like)
+        elif eq and name in options and found[0] in ("", name):
+            found = (name, value)
+        i += 1
+    return found
 
 
 def log_path_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> str | None:

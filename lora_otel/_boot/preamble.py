@@ -255,6 +255,11 @@ def _root_record(start_ns: int, parent: str | None, ticks: int | None, how: str,
         # hands, e.g. dropped root, since).
         rec["log"] = [core._log_dev, core._log_ino]
         rec["log_path"] = os.path.abspath(core.log_path)
+    elif core._log_waits and core.log_path:
+        # Not open yet (`core.wait_for_log`): the path is fixed now; its identity follows in a
+        # root attrs record (``lora_otel.log.id``) when lora_otel opens it.
+        rec["log_path"] = os.path.abspath(core.log_path)
+        rec["log_pending"] = True
     return rec
 
 
@@ -271,7 +276,10 @@ def start(how: str) -> None:
     except Exception as e:
         if core.strict():
             raise
-        core._stderr("[lora-otel] not started: %s: %s (the program goes on untraced)\n" % (type(e).__name__, e))
+        core._stderr(
+            "[lora-otel] not started: %s (the program goes on untraced)\n"
+            % jsonl.printable("%s: %s" % (type(e).__name__, e))
+        )
 
 
 def _absolute_dir(env: MutableMapping[str, str]) -> None:
@@ -326,6 +334,8 @@ def _start(how: str) -> None:
     trace_id, parent, sampled = parse_traceparent(env.get("TRACEPARENT"))
     rank = _new_rank(env)
     child = is_child(env, trace_id)
+    global _launched
+    _launched = child
     core.quiet = child and rank is None
     core.worker = core.quiet and is_worker(argv)
     core.trace_id = trace_id or core.new_trace_id()
@@ -337,7 +347,11 @@ def _start(how: str) -> None:
     core.root_id = core.new_span_id()
     # The program's log file, only when it surely is one (README.md, "Your program's --log").
     core.log_path, log_source, log_value, log_problem = paths.choose_log(argv, env)
-    if core.log_path and log_source.startswith("-") and paths.holds_lines(core.log_path):
+    if core.log_path and log_source.startswith("-") and not os.path.lexists(core.log_path):
+        # Not created before the program runs: it may rotate an old log away first, or write data
+        # there; lora_otel's lines wait until the program opens it or a job's warning needs them.
+        core.wait_for_log(core.log_path, create=True)
+    elif core.log_path and log_source.startswith("-") and paths.holds_lines(core.log_path):
         core.wait_for_log(core.log_path)  # maybe the program's input too: not before it writes there
     elif core.log_path:
         core.open_log(core.log_path, explicit=log_source == "LORA_OTEL_LOG")
@@ -359,13 +373,18 @@ def _start(how: str) -> None:
     core.open_journal(chosen, exact=exact)
     if not child:  # the processes it starts write their warnings to its log file, or none
         env.pop(core.JOB_LOG_ENV, None)
-        if core.log_path and core._log_fd >= 0:
+        if core.log_path and (core._log_fd >= 0 or core._log_may_create):
             env[core.JOB_LOG_ENV] = os.path.abspath(core.log_path)
     elif not core.log_path and env.get(core.JOB_LOG_ENV):  # a quiet child, a rank: into the job's log
         core.log_bad_only = True
-        core.open_log(env[core.JOB_LOG_ENV], job_log=True)
-        if core._log_fd >= 0:
-            core.log_path = env[core.JOB_LOG_ENV]
+        job_log = env[core.JOB_LOG_ENV]
+        if not os.path.lexists(job_log):  # not made yet: made when a warning of this child needs it
+            core.log_path = job_log
+            core.wait_for_log(job_log, create=True)
+        else:
+            core.open_log(job_log, job_log=True)
+            if core._log_fd >= 0:
+                core.log_path = job_log
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
     core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False) or 1.0  # (said below when bad)
     start_ns, ticks = _process_start(now)
@@ -375,8 +394,13 @@ def _start(how: str) -> None:
     if supervised:
         # Started by `lora-otel run` (or doctor), which the kernel makes this process follow in death.
         core.span_attrs(core.root_id, {"lora_otel.supervisor.pid": int(owner)})
+    # Its info lines reach the terminal once it is a job (at the latest its first beat): a process
+    # that ends before prints nothing there. Without a beat thread nothing would show them later.
+    core.hold_terminal = not core.beat_off
     if env.pop(EXEC_FROM_ENV, None) == str(core.pid):  # this pid started once already, then exec'd
         _execd = env.get(REGISTRY_ENV, "").partition(":")[2] or True
+        if isinstance(_execd, str):  # the image before was a job (it had a sidecar): this one goes on
+            core.hold_terminal = False
         core.info_line(
             "pid %d exec'd into %s (%s); journal: %s"
             % (core.pid, _exec_image(argv), how, core.journal_path or "(none)")
@@ -498,6 +522,7 @@ def promote(reason: str) -> None:
             return
         _promoting = _thread.get_ident()
         core.promoted = reason or "promoted"
+        core.show_held()  # the start-up lines that waited for the terminal: a job's from now on
         jsonl.use_c_escaper()  # a job may write many records: the C escaper is worth its load now
         core.ensure_journal()  # a forked child's, deferred until now
         core.lock_journal()  # retention leaves a job's journal alone while it runs, in any pid namespace
@@ -1514,8 +1539,13 @@ def _end() -> None:
             return
         how, status_code, message = exit_outcome()
         quiet_end = not message or (how == "unknown" and not core.promoted)  # (`python -m pytest` ends so)
-        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and quiet_end:
-            core.active = False  # a fork that wrote nothing and ends well: nothing to say, no file
+        # Worth reading after a short run: a job's end, an uncaught exception or a signal (the
+        # message and the stage it met), a launched child's failure (part of its job's story). A
+        # process that is no job and ends by an exit code (a CLI's usage error, a forked worker's
+        # `sys.exit(1)`) has said why on its own stderr, and its parent has the code.
+        worth = bool(core.promoted) or how not in ("normal", "unknown") or (_launched and not core.forked_at)
+        if (core.forked_at or (core.journal_deferred() and not core.promoted)) and (quiet_end or not worth):
+            core.active = False  # a fork that wrote nothing and ends well or by a code: nothing to say, no file
             return
         core.settle()
         at_exit = getattr(sys.modules.get("lora_otel._boot.narrate"), "at_exit", None)
@@ -1528,11 +1558,13 @@ def _end() -> None:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
         elapsed = (core.now_ns() - _started_ns) / 1e9
         if message:
-            if not core.promoted and how != "unknown":  # a short process that failed: the facts for its journal
+            if not core.promoted and how != "unknown" and worth:  # a short failure: the facts for its journal
                 with core.fail_open("process description"):
                     _describe_process(_argv, _how, terminal=False)
-            # (a code unknown is said on the terminal by a job only: `python -m pytest` ends so)
-            say_end = core.error_line if how != "unknown" else core.warn_line if core.promoted else core.note_line
+            # A short process's end is in its journal, not after its own output on its stderr (a
+            # CLI's usage error, `python -c 'import x'`); a job's on the terminal too (a code
+            # unknown as a warning: `python -m pytest` ends so).
+            say_end = core.note_line if not core.promoted else core.error_line if how != "unknown" else core.warn_line
             say_end("exiting: %s after %.1f s" % (message, elapsed))
         else:
             # A process that never became a job ends as quietly as it would without lora_otel.
@@ -1550,8 +1582,8 @@ def _end() -> None:
             rec["message"] = message
         core.write(rec)
         core.active = False
-        if (how == "normal" and status_code == 0) or (how == "unknown" and not core.promoted):
-            _discard_short_run()  # (a short process whose code is unknown leaves nothing, as one ending 0)
+        if (how == "normal" and (status_code == 0 or not worth)) or (how == "unknown" and not core.promoted):
+            _discard_short_run()  # (a code unknown, or a failure not worth reading: nothing left, as at 0)
 
 
 def _steps_below(max_named: int = 4) -> str:
@@ -1620,6 +1652,9 @@ def _number_after(text: str, key: str) -> str:
 
 # --- a short run leaves nothing behind ------------------------------------------------------
 
+_launched = False
+"""Whether a traced process started this one (a launcher's rank or trainer, a helper): its end, a
+failure by an exit code too, is part of its job's story and worth its journal (`_end`)."""
 _disposable = False
 """Whether this process's journal is one lora_otel named in a directory of journals (``LORA_OTEL_DIR``,
 the state directory): only such a journal is removed at a short run's exit (`_discard_short_run`)."""
@@ -1631,7 +1666,8 @@ _NOT_SET = ("", "0", "false", "no", "off")
 
 
 def _discard_short_run() -> None:
-    """At a normal exit with code 0 of a process that never became a job (``core.promoted`` is "":
+    """At a normal exit with code 0 — or a code not worth reading (see `_end`) — of a process that
+    never became a job (``core.promoted`` is "":
     it ended before its first beat, heavy import, stage or sidecar): remove its journal and the
     stacks file, and the directories it created for them when empty, so that ``python -c pass`` or
     ``pip --version`` leaves nothing behind.
@@ -1644,7 +1680,7 @@ def _discard_short_run() -> None:
     if (
         core.promoted
         or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
-        or not (_disposable or (_beside_log and (not core.log_path or core._log_fd < 0)))
+        or not (_disposable or (_beside_log and (not core.log_path or (core._log_fd < 0 and not _log_there()))))
         or _sidecar_pid
         or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
     ):
@@ -1677,6 +1713,12 @@ def _discard_short_run() -> None:
         except OSError:
             break
     core.journal_path = ""
+
+
+def _log_there() -> bool:
+    """Whether the ``--log`` file, absent at start, exists now: the program made it (lora_otel's
+    copy still waiting), so the journal beside it is beside a log, and stays."""
+    return core._log_may_create and bool(core.log_path) and os.path.lexists(core.log_path or "")
 
 
 def _unlink_own(path: str, ident: tuple[int, int]) -> bool:
@@ -1929,10 +1971,12 @@ def _forked_child_exit(status: int = 0) -> NoReturn:
     end with ``os._exit(exitcode)``, which skips atexit), then leave as asked. The parameter has
     ``os._exit``'s name, so ``os._exit(status=1)`` works."""
     global _exit_code, _raised_exit
-    if status == 0 and core.forked_at and _settle_lock.acquire(True, SETTLE_WAIT_S):
+    if core.forked_at and _settle_lock.acquire(True, SETTLE_WAIT_S):
         _settle_lock.release()  # another thread settling this child meanwhile has finished
-    if status == 0 and (core.forked_at or (core._deferred is not None and not core.promoted)):
-        _real_os_exit(0)  # a fork that wrote nothing and ends well: nothing to say (see _on_exit)
+    if core.forked_at or (core._deferred is not None and not core.promoted):
+        # A fork that wrote nothing and ends by a code (0 or not): nothing worth reading (see
+        # _end); its parent has the code.
+        _real_os_exit(status)
     try:
         if core.active and os.getpid() == core.pid:
             _exit_code, _raised_exit = status, (None, status, None, set())
@@ -2118,6 +2162,8 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
                 narrate_loaded = True
                 where.set_cwd(_start_cwd)
             _guard_stacks_fd()
+            with core.fail_open("--log copy"):
+                core.check_log()
             if _program_closing_ours():
                 continue
             narrate.note_interactive()
@@ -2133,7 +2179,7 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
             _check_sidecar()
             _check_stack_signal()
         except Exception as e:  # noqa: BLE001 - the beat must not die on a hook problem
-            core._stderr("[lora-otel] beat: %s: %s\n" % (type(e).__name__, e))
+            core._stderr("[lora-otel] beat: %s\n" % jsonl.printable("%s: %s" % (type(e).__name__, e)))
 
 
 REOPEN_SETTLE_NS = 1_000_000_000

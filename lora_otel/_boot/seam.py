@@ -22,6 +22,7 @@ from lora_otel._boot.cgroup import memory_cgroup, oom_kill_count
 from lora_otel._boot.envfacts import PACKAGES
 from lora_otel._boot.envfacts import _normalize as normalize_package
 from lora_otel._boot.image import image_identity
+from lora_otel._boot.jsonl import printable
 from lora_otel._boot.narrate import waits_for_ranks
 from lora_otel._boot.paths import JOURNAL_SUFFIX
 from lora_otel._boot.redact import redact_text, redact_value
@@ -41,6 +42,7 @@ __all__ = [
     "normalize_package",
     "oom_kill_count",
     "paths",
+    "printable",
     "redact",
     "redact_text",
     "redact_value",

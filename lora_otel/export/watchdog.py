@@ -161,10 +161,11 @@ def _iso_ms(ns: int) -> str:
 
 
 def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
-    """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid."""
-    from lora_otel._boot.seam import redact_text
+    """``[lora-otel][<pid>][<time>] msg``: the job's own line format, with its pid; ``msg`` on one
+    line, its control characters escaped as the job's own lines have them (`seam.printable`)."""
+    from lora_otel._boot.seam import printable, redact_text
 
-    msg = redact_text(" ".join(str(msg).splitlines()))
+    msg = printable(redact_text(" ".join(str(msg).splitlines())))
     return "[lora-otel][%d][%s] %s\n" % (pid, _iso_ms(time.time_ns() if now_ns is None else now_ns), msg)
 
 
@@ -323,7 +324,34 @@ class JobLines:
                 same = True  # gone: nothing to append to
             if not same and _write_checked(log, data, follow=False, ident=journal.log_id) is not None:
                 went.append(log)
+        elif journal.log_pending and journal.log_path and _create_log(journal, data):
+            went.append(journal.log_path)
         return went
+
+
+def _create_log(journal: Journal, data: bytes) -> bool:
+    """The job's ``--log`` file, which it had not opened yet (``log_pending``): created new here —
+    never an existing file, never through a symlink — with the job's lines so far (from its
+    journal) and ``data``; from now on written like a log the job opened (`Journal.log_id`)."""
+    path = journal.log_path or ""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        journal.log_id, journal.log_pending = (st.st_dev, st.st_ino), False
+        pid = journal.pid or 0
+        quiet = isinstance(journal.config, dict) and journal.config.get("quiet") is True
+        lines = [ln for ln in journal.lines if not quiet or ln.level in ("warn", "error")]  # (a child's: its bad news)
+        held = b"".join(format_line(pid, ln.msg, ln.ts).encode("utf-8", "backslashreplace") for ln in lines)
+        os.write(fd, held + data)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def seconds(s: float) -> str:

@@ -144,6 +144,10 @@ class Journal:
     stderr_path: Optional[str] = None
     log_id: Optional[tuple[int, int]] = None
     log_path: Optional[str] = None
+    log_pending: bool = False
+    """The first record named ``log_path`` but the file was not open yet (``log_pending``): its
+    identity comes in a root ``attrs`` record (``lora_otel.log.id``) once the process opens it;
+    until then the watchdog may create it, new, to say a death or a stall (`watchdog.LineWriter`)."""
 
     @property
     def trace_id(self) -> Optional[str]:
@@ -353,6 +357,8 @@ class JournalBuilder:
             and log_path.startswith("/")
         ):
             journal.log_id, journal.log_path = (log[0], log[1]), log_path
+        elif record.get("log_pending") is True and isinstance(log_path, str) and log_path.startswith("/"):
+            journal.log_path, journal.log_pending = log_path, True
         image = record.get("image")
         if isinstance(image, dict):
             journal.image = {
@@ -397,6 +403,18 @@ class JournalBuilder:
             # The process stopped copying lines to its --log (the program showed it is no path):
             # the watchdog must not write there either. Only ever taken away, never given.
             self.journal.log_id = self.journal.log_path = None
+            self.journal.log_pending = False
+        log_id = attrs.get("lora_otel.log.id")
+        if (
+            span is self.journal.root
+            and self.journal.log_pending
+            and isinstance(log_id, list)
+            and len(log_id) == 2
+            and all(_is_int(x) for x in log_id)
+        ):
+            # The file at the path of the first record, opened since: only its identity is taken
+            # from this record (the path never is).
+            self.journal.log_id, self.journal.log_pending = (log_id[0], log_id[1]), False
 
     def _on_beat(self, number: int, ts: int, record: dict[str, Any]) -> None:
         journal = self.journal
