@@ -133,8 +133,9 @@ def _callee(code: CodeType, lasti: int) -> str:
         return _callee_by_stack(code, lasti)
     try:
         if _opcodes is None:
-            import opcode
+            from lora_otel._boot.stdlib import module
 
+            opcode = module("opcode")
             _opcodes = (opcode.opname, opcode.opmap.get("EXTENDED_ARG", -1), opcode.opmap.get("CACHE", 0))
         opname, ext_op, cache_op = _opcodes
         co = code.co_code
@@ -188,8 +189,9 @@ def _callee_by_stack(code: CodeType, lasti: int) -> str:
     follows the run up to the call only pushes the arguments (``a.b().c()`` names nothing). Any
     jump among the arguments names nothing either."""
     try:
-        import dis
+        from lora_otel._boot.stdlib import module
 
+        dis = module("dis")
         ins = []
         for i in dis.get_instructions(code):
             if i.offset > lasti:
