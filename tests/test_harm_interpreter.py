@@ -125,7 +125,14 @@ if sys.version_info >= (3, 13):
     interp = _interpreters.create()  # an isolated one (its own GIL)
     _interpreters.run_string(interp, code)
     _interpreters.destroy(interp)
-print("SUB done", flush=True)
+import _thread
+try:  # the main interpreter's SIGINT handling is intact
+    _thread.interrupt_main()
+    for _ in range(200):
+        time.sleep(0.01)
+    print("no KeyboardInterrupt", flush=True)
+except KeyboardInterrupt:
+    print("SUB done", flush=True)
 """
 
 
@@ -133,7 +140,8 @@ def test_subinterpreters_are_not_traced(tmp_path: Path) -> None:
     """A subinterpreter runs the ``.pth`` hook too: lora_otel stays out of it, saying nothing — a
     beat thread left running there made ``Py_EndInterpreter`` abort the process (CPython's
     test_atexit, test_import, test_threading), an isolated one printed ``not started``. The process
-    is traced once, by its main interpreter."""
+    is traced once, by its main interpreter, whose ``SIGINT`` still raises ``KeyboardInterrupt``
+    (importing ``_signal`` in a subinterpreter replaced its handling: CPython's test_signal)."""
     pytest.importorskip("_testcapi")
     r = subprocess.run(
         [PYTHON, "-c", SUBINTERPRETER],

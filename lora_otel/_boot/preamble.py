@@ -322,26 +322,33 @@ def main_interpreter() -> bool:
     A subinterpreter (``_testcapi.run_in_subinterp``, ``_interpreters``/``concurrent.interpreters``,
     mod_wsgi's) runs ``site`` and so the ``.pth`` hook too; lora_otel there would be a second copy in
     the same process, and its beat thread, still running when the subinterpreter ends, makes
-    ``Py_EndInterpreter`` abort the whole process ("not the last thread"). The check costs one
-    call and changes nothing: ``signal.set_wakeup_fd`` refuses (``ValueError``) anywhere but the
-    main thread of the main interpreter before it looks at its argument, and in that thread fails
-    on a descriptor number no process holds (``OSError``) before it sets anything (3.9 to 3.13). A
-    ``ValueError`` in the process's main OS thread (thread id = pid) is another interpreter's; in
-    another thread (``import lora_otel.auto`` from a thread) ``_interpreters`` (3.13+) or
-    ``_xxsubinterpreters`` tells, and without either the answer is yes."""
-    try:
-        _signal = __import__("_signal")  # built in (no stub to type it: the C half of signal)
-        old = _signal.set_wakeup_fd(NOWHERE_FD)
-    except ValueError:
-        pass
-    except Exception:  # noqa: BLE001 - OSError (EBADF): the main thread of the main interpreter
-        return True
-    else:  # (no process holds that number: never here) the old one back
-        _signal.set_wakeup_fd(old)
-        return True
-    get_native_id = getattr(_thread, "get_native_id", None)
-    if get_native_id is not None and get_native_id() == os.getpid():
-        return False
+    ``Py_EndInterpreter`` abort the whole process ("not the last thread"). The check imports nothing
+    and changes nothing. The main interpreter loads ``_signal`` before ``site`` (to install its
+    handlers), a subinterpreter does not — and must not: importing it there replaced the main
+    interpreter's SIGINT handling (no ``KeyboardInterrupt`` any more: CPython's test_signal). Then
+    ``signal.set_wakeup_fd`` refuses (``ValueError``) anywhere but the main thread of the main
+    interpreter before it looks at its argument, and in that thread fails on a descriptor number no
+    process holds (``OSError``) before it sets anything (3.9 to 3.13): a ``ValueError`` in the
+    process's main OS thread (thread id = pid) is another interpreter's. Without ``_signal`` (a
+    subinterpreter, or an interpreter embedded without signal handling), or in another thread
+    (``import lora_otel.auto`` there), 3.12+ asks ``_interpreters``/``_xxsubinterpreters``; 3.9-3.11
+    take no ``_signal`` for a subinterpreter, and a thread for the main interpreter's."""
+    signals = sys.modules.get("_signal")
+    if signals is not None:
+        try:
+            old = signals.set_wakeup_fd(NOWHERE_FD)
+        except ValueError:
+            pass
+        except Exception:  # noqa: BLE001 - OSError (EBADF): the main thread of the main interpreter
+            return True
+        else:  # (no process holds that number: never here) the old one back
+            signals.set_wakeup_fd(old)
+            return True
+        get_native_id = getattr(_thread, "get_native_id", None)
+        if get_native_id is not None and get_native_id() == os.getpid():
+            return False
+    if sys.version_info < (3, 12):
+        return signals is not None
     for name in ("_interpreters", "_xxsubinterpreters"):
         try:
             from lora_otel._boot.stdlib import module
@@ -352,8 +359,8 @@ def main_interpreter() -> bool:
         try:
             return bool(interpreters.get_current() == interpreters.get_main())
         except Exception:  # noqa: BLE001 - another version's API: cannot tell
-            return True
-    return True
+            return signals is not None
+    return signals is not None
 
 
 def _absolute_dir(env: MutableMapping[str, str]) -> None:
