@@ -89,6 +89,7 @@ IGNORED: dict[str, str] = {
     "test.test_traceback.TracebackCases.test_no_caret_with_no_debug_ranges_flag": "item 9: exit line on stderr",
     "test.test_pdb.test_pdb_issue_20766": "item 9: pdb steps into lora_otel's import hook",
     "test.test_import.ImportTracebackTests.*": "item 9: the traced_import frame in import tracebacks",
+    "test.test_import.ImportTests.test_script_*shadowing_third_party": "item 9: the traced_import frame",
     # -- found, not fixed yet: under -j2 only (each passes alone, in a worker too), SIGINT raises no
     # KeyboardInterrupt in a traced worker (docs/reliability.md) --
     "test.test_threading.InterruptMainTests.test_interrupt_main_*thread": "not fixed: SIGINT under -j2",
@@ -97,6 +98,15 @@ IGNORED: dict[str, str] = {
     "test.test_signal.RaiseSignalTest.test_sigint": "not fixed: SIGINT under -j2",
 }
 """Patterns (regrtest's ``--ignore``, fnmatch on the test id) of the tests skipped, with why."""
+
+IGNORED_ON: dict[str, dict[str, str]] = {
+    "3.13": {
+        # 3.13.0 to 3.13.9 count the threads for the fork warning after the after-fork hooks, where
+        # the beat runs again (CPython gh-137109; preamble._PAUSE_AT_FORK): the warning cannot be spared.
+        "test.test_threading.ThreadTests.test_main_thread_after_fork*": "the fork warning, 3.13.0-3.13.9",
+    },
+}
+"""`IGNORED` for one Python only."""
 
 SUMMARY = re.compile(r"Total tests: (.*)")
 
@@ -125,7 +135,7 @@ def run(version: str, python: Path, traced: bool) -> tuple[int, float, str]:
         env.update(LORA_OTEL="1", LORA_OTEL_DIR=journals)
     cmd = [str(python), "-m", "test", *MODULES, "-j2", "--timeout", "600"]
     if traced:
-        for pattern in IGNORED:
+        for pattern in [*IGNORED, *IGNORED_ON.get(version, {})]:
             cmd += ["--ignore", pattern]
     print("cpython tests: Python %s %s: %s" % (version, "with" if traced else "without", " ".join(cmd[1:6]) + " ..."))
     started = time.monotonic()
