@@ -596,6 +596,8 @@ def promote(reason: str) -> None:
             _start_sidecar(os.environ)
         with core.fail_open("promotion"):
             core.span_attrs(core.root_id, _promotion_attrs())
+        with core.fail_open("forked children's needs"):
+            _load_for_children(job=True)
         with core.fail_open("process description"):
             for attempt in range(3):
                 try:  # (maybe in the beat thread, while the program's threads change os.environ)
@@ -1342,7 +1344,10 @@ def main_ended() -> tuple[str, object]:
     try:  # a raise of a constant SystemExit: its code is in the code object itself
         from lora_otel._boot.stdlib import module
 
-        dis = module("dis")
+        # (a forked child imports nothing on its way out: `_load_for_children` loaded it, or not known)
+        dis = sys.modules.get("dis") if _child_of[1] or core.forked_at else module("dis")
+        if dis is None or getattr(getattr(dis, "__spec__", None), "_initializing", False):
+            return "raise", _UNKNOWN
         skip = ("CACHE", "PRECALL", "PUSH_NULL", "KW_NAMES")
         ins = [i for i in dis.get_instructions(code) if i.offset <= lasti and i.opname not in skip][-4:]
         names = [i.opname for i in ins]
@@ -1995,25 +2000,26 @@ def _before_fork() -> None:
 
 _loaded_for_children = 0
 """The pid that has loaded what its forked children may need (`_load_for_children`)."""
-FORK_CHILD_NEEDS = ("fcntl", "select", "_socket", *(("dis",) if sys.version_info < (3, 12) else ()))
+FORK_CHILD_NEEDS = ("fcntl", "select", "_socket")
 """The standard library modules a forked child's records and lines use (a journal moved to a high
-descriptor, a line on a stderr that is a pipe or a socket; on 3.9-3.11 how the main code ended,
-`main_ended`)."""
+descriptor, a line on a stderr that is a pipe or a socket)."""
 
 
-def _load_for_children() -> None:
-    """Before this process's first fork: load what a forked child may use on its way (its exit or
-    exec record, redacted; its lines), so that the child imports nothing. In a child, a module that
-    another thread of the parent was importing at the fork stays locked for ever (that thread does
-    not exist there): an import of it on the child's way out waited for ever, and so did the parent
-    waiting for the child (``os.spawnve`` whose exec fails: CPython's test_os). Once per process
-    (a few milliseconds the first time, nothing after)."""
+def _load_for_children(job: bool = False) -> None:
+    """Load what a forked child may use on its way (its exit or exec record, redacted; its lines),
+    so that the child imports nothing: at promotion (``job``: with ``dis`` on 3.9-3.11, for how the
+    main code ended, `main_ended`), else before the first fork (about a millisecond: every moment
+    spent there delays the fork, and 3.12+ refuses a thread to a child forked once the main thread
+    has begun to finalize). In a child, a module that another thread of the parent was importing
+    at the fork stays locked for ever (that thread does not exist there): an import of it on the
+    child's way out waited for ever, and so did the parent waiting for the child (``os.spawnve``
+    whose exec fails: CPython's test_os)."""
     global _loaded_for_children
     _loaded_for_children = core.pid
     from lora_otel._boot import files, redact  # noqa: F401 - loaded for the children
     from lora_otel._boot.stdlib import module
 
-    for name in FORK_CHILD_NEEDS:
+    for name in FORK_CHILD_NEEDS + (("dis",) if job and sys.version_info < (3, 12) else ()):
         module(name)
 
 
