@@ -596,8 +596,6 @@ def promote(reason: str) -> None:
             _start_sidecar(os.environ)
         with core.fail_open("promotion"):
             core.span_attrs(core.root_id, _promotion_attrs())
-        with core.fail_open("forked children's needs"):
-            _load_for_children(job=True)
         with core.fail_open("process description"):
             for attempt in range(3):
                 try:  # (maybe in the beat thread, while the program's threads change os.environ)
@@ -2005,12 +2003,12 @@ FORK_CHILD_NEEDS = ("fcntl", "select", "_socket")
 descriptor, a line on a stderr that is a pipe or a socket)."""
 
 
-def _load_for_children(job: bool = False) -> None:
-    """Load what a forked child may use on its way (its exit or exec record, redacted; its lines),
-    so that the child imports nothing: at promotion (``job``: with ``dis`` on 3.9-3.11, for how the
-    main code ended, `main_ended`), else before the first fork (about a millisecond: every moment
-    spent there delays the fork, and 3.12+ refuses a thread to a child forked once the main thread
-    has begun to finalize). In a child, a module that another thread of the parent was importing
+def _load_for_children() -> None:
+    """Before this process's first fork: load what a forked child may use on its way (its exit or
+    exec record, redacted; its lines), so that the child imports nothing (about a millisecond, once:
+    every moment spent there delays the fork, and 3.12+ refuses a thread to a child forked once the
+    main thread has begun to finalize; ``dis``, for how a child's main code ended on 3.9-3.11, is
+    not loaded for it: `main_ended`). In a child, a module that another thread of the parent was importing
     at the fork stays locked for ever (that thread does not exist there): an import of it on the
     child's way out waited for ever, and so did the parent waiting for the child (``os.spawnve``
     whose exec fails: CPython's test_os)."""
@@ -2019,7 +2017,7 @@ def _load_for_children(job: bool = False) -> None:
     from lora_otel._boot import files, redact  # noqa: F401 - loaded for the children
     from lora_otel._boot.stdlib import module
 
-    for name in FORK_CHILD_NEEDS + (("dis",) if job and sys.version_info < (3, 12) else ()):
+    for name in FORK_CHILD_NEEDS:
         module(name)
 
 
