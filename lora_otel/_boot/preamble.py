@@ -898,6 +898,10 @@ def _stack_dump() -> str:
     """Every thread's Python stack but the calling one's (the beat), innermost first, as
     faulthandler writes it: ``Current thread 0x… (most recent call first):`` for the main thread,
     ``Thread 0x…`` for the others, ``  File "…", line N in f`` lines, a blank line after each."""
+    from lora_otel._boot.where import other_interpreters
+
+    if other_interpreters():  # (reading their threads' frames races them: `where.other_interpreters`)
+        return "Python stacks not read: the program runs interpreters of its own\n\n"
     me = _thread.get_ident()
     frames = sys._current_frames()
     out: list[str] = []
