@@ -2066,12 +2066,14 @@ def _after_fork_child() -> None:
     the child writes after the fork is a copy (~3 µs each), so a fork that exits at once should
     write few (`core.forked`). Its first record, span, beat or promotion settles it
     (`_settle_child`); it becomes a job like any process (`promote`)."""
-    global _born_ns, _next_beat_ns, _beat_paused, _settle_lock
+    global _born_ns, _next_beat_ns, _beat_paused, _settle_lock, _forked_from_thread
     if _spawning:
         return  # `spawn`'s own fork on the way to the sidecar's exec
     with _FORK_HOOK:
         if not core.active:
             return
+        if _thread.get_ident() != core.main_ident:  # (the parent's, until `core.forked` below)
+            _forked_from_thread = os.getpid()
         _settle_lock = _thread.allocate_lock()  # (a thread of the parent may have held the old one)
         _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
@@ -2224,7 +2226,7 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
             core.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
             return
-        if _only_thread_left():
+        if _forked_from_thread == my_pid and _only_thread_left():
             return
         try:
             if not narrate_loaded:  # after the first sleep: a short program never pays for it
@@ -2401,6 +2403,11 @@ def _start_beat() -> None:
     finally:
         if old >= 0:
             _thread.stack_size(old)
+
+
+_forked_from_thread = 0
+"""The pid of this process when it is a child forked from a thread other than its parent's main one
+(`_only_thread_left` is asked only there: it opens a file, and the beat opens nothing it need not)."""
 
 
 def _only_thread_left() -> bool:
