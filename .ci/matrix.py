@@ -57,6 +57,7 @@ IN_PROCESS = [
     "tests/test_harm_streams.py",
     "tests/test_harm_descriptors.py",
     "tests/test_harm_fine_programs.py",
+    "tests/test_harm_interpreter.py",
     "tests/test_harm_log_arg.py",
     "tests/test_short_process.py",
     "tests/test_fork.py",

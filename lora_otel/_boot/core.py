@@ -511,8 +511,9 @@ def _sigpipe_ignored() -> bool:
 
 def _room_on_stderr() -> bool:
     """Whether descriptor 2 has room for a write (``poll``, no wait) and a reader."""
-    import select
+    from lora_otel._boot.stdlib import module
 
+    select = module("select")  # (never a select.py of the working directory: lora_otel._boot.stdlib)
     poller = select.poll()
     poller.register(2, select.POLLOUT)
     events = poller.poll(0)
@@ -520,8 +521,9 @@ def _room_on_stderr() -> bool:
 
 
 def _send_stderr(data: bytes) -> bool:
-    import _socket
+    from lora_otel._boot.stdlib import module
 
+    _socket = module("_socket")
     fd = os.dup(2)
     try:
         sock = _socket.socket(fileno=fd)
@@ -793,7 +795,9 @@ def _reopen_journal() -> bool:
         return True  # another thread reopened it meanwhile
     fd, ident, error = -1, (0, 0), None
     try:
-        import fcntl  # noqa: F401 - loaded before the open: the low number the open takes is held for µs, not for an import
+        from lora_otel._boot.stdlib import module
+
+        module("fcntl")  # loaded before the open: the low number the open takes is held for µs, not for an import
 
         fd = files.move_high(files.open_append(journal_path))
         ident = files.identity(fd)
@@ -918,8 +922,9 @@ def _size_limit() -> float:
 
         if _signal.getsignal(_signal.SIGXFSZ) == _signal.SIG_IGN:
             return float("inf")
-        import resource
+        from lora_otel._boot.stdlib import module
 
+        resource = module("resource")
         soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     except Exception:  # noqa: BLE001 - no such limit on this platform
         return float("inf")

@@ -332,8 +332,9 @@ def move_high(fd: int, alone: bool = False) -> int:
             return fd
         high = _dup_free(fd) if alone else -1
         if high < 0:
-            import fcntl
+            from lora_otel._boot.stdlib import module
 
+            fcntl = module("fcntl")  # (never a fcntl.py of the working directory)
             high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _floor)
     except (OSError, ValueError, AttributeError, ImportError):
         return fd

@@ -128,7 +128,9 @@ def _json_line(line: bytes) -> bool:
     if line[:1] == b"{" and line[-1:] == b"}":
         return True
     if line[:1] == b"[" and line[-1:] == b"]":
-        import json  # only for a line that may be a JSON array ("[INFO] done [ok]" is not)
+        from lora_otel._boot.stdlib import module
+
+        json = module("json")  # only for a line that may be a JSON array ("[INFO] done [ok]" is not)
 
         try:
             json.loads(line)

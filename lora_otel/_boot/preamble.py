@@ -271,6 +271,8 @@ def start(how: str) -> None:
         or os.path.basename(sys.argv[0] if sys.argv else "") == "lora-otel"
     ):
         return  # lora_otel's own processes are not traced
+    if not main_interpreter():
+        return  # a subinterpreter runs .pth files too: the process is traced by its main interpreter
     try:
         _start(how)
     except Exception as e:
@@ -280,6 +282,57 @@ def start(how: str) -> None:
             "[lora-otel] not started: %s (the program goes on untraced)\n"
             % jsonl.printable("%s: %s" % (type(e).__name__, e))
         )
+
+
+NOWHERE_FD = 2**31 - 1
+"""A descriptor number no process can hold (see `NOWHERE`)."""
+
+
+def main_interpreter() -> bool:
+    """Whether this code runs in the process's main interpreter (not a subinterpreter).
+
+    A subinterpreter (``_testcapi.run_in_subinterp``, ``_interpreters``/``concurrent.interpreters``,
+    mod_wsgi's) runs ``site`` and so the ``.pth`` hook too; lora_otel there would be a second copy in
+    the same process, and its beat thread, still running when the subinterpreter ends, makes
+    ``Py_EndInterpreter`` abort the whole process ("not the last thread"). The check imports nothing
+    and changes nothing. The main interpreter loads ``_signal`` before ``site`` (to install its
+    handlers), a subinterpreter does not — and must not: importing it there replaced the main
+    interpreter's SIGINT handling (no ``KeyboardInterrupt`` any more: CPython's test_signal). Then
+    ``signal.set_wakeup_fd`` refuses (``ValueError``) anywhere but the main thread of the main
+    interpreter before it looks at its argument, and in that thread fails on a descriptor number no
+    process holds (``OSError``) before it sets anything (3.9 to 3.13): a ``ValueError`` in the
+    process's main OS thread (thread id = pid) is another interpreter's. Without ``_signal`` (a
+    subinterpreter, or an interpreter embedded without signal handling), or in another thread
+    (``import lora_otel.auto`` there), 3.12+ asks ``_interpreters``/``_xxsubinterpreters``; 3.9-3.11
+    take no ``_signal`` for a subinterpreter, and a thread for the main interpreter's."""
+    signals = sys.modules.get("_signal")
+    if signals is not None:
+        try:
+            old = signals.set_wakeup_fd(NOWHERE_FD)
+        except ValueError:
+            pass
+        except Exception:  # noqa: BLE001 - OSError (EBADF): the main thread of the main interpreter
+            return True
+        else:  # (no process holds that number: never here) the old one back
+            signals.set_wakeup_fd(old)
+            return True
+        get_native_id = getattr(_thread, "get_native_id", None)
+        if get_native_id is not None and get_native_id() == os.getpid():
+            return False
+    if sys.version_info < (3, 12):
+        return signals is not None
+    for name in ("_interpreters", "_xxsubinterpreters"):
+        try:
+            from lora_otel._boot.stdlib import module
+
+            interpreters = module(name)
+        except ImportError:
+            continue
+        try:
+            return bool(interpreters.get_current() == interpreters.get_main())
+        except Exception:  # noqa: BLE001 - another version's API: cannot tell
+            return signals is not None
+    return signals is not None
 
 
 def _absolute_dir(env: MutableMapping[str, str]) -> None:
@@ -839,6 +892,10 @@ def _stack_dump() -> str:
     """Every thread's Python stack but the calling one's (the beat), innermost first, as
     faulthandler writes it: ``Current thread 0x… (most recent call first):`` for the main thread,
     ``Thread 0x…`` for the others, ``  File "…", line N in f`` lines, a blank line after each."""
+    from lora_otel._boot.where import other_interpreters
+
+    if other_interpreters():  # (reading their threads' frames races them: `where.other_interpreters`)
+        return "Python stacks not read: the program runs interpreters of its own\n\n"
     me = _thread.get_ident()
     frames = sys._current_frames()
     out: list[str] = []
@@ -1136,8 +1193,9 @@ def _left_through_handler(code: CodeType, noted: int, lasti: int) -> bool:
     ``RERAISE`` at ``lasti`` by the handler of the innermost ``try``/``with`` around ``noted``
     (``try: main() except BrokenPipeError: ...``, as ``json.tool`` has: the handler runs, the
     exception goes on). A later ``SystemExit`` that left by another ``try``'s handler does not."""
-    import opcode
+    from lora_otel._boot.stdlib import module
 
+    opcode = module("opcode")
     ops = code.co_code
     reraise = opcode.opmap["RERAISE"]
     if not (0 <= lasti < len(ops) and ops[lasti] == reraise):
@@ -1280,8 +1338,12 @@ def main_ended() -> tuple[str, object]:
     if code.co_code[lasti] == _RETURN_VALUE:
         return "return", None
     try:  # a raise of a constant SystemExit: its code is in the code object itself
-        import dis
+        from lora_otel._boot.stdlib import module
 
+        # (a forked child imports nothing on its way out: `_load_for_children` loaded it, or not known)
+        dis = sys.modules.get("dis") if _child_of[1] or core.forked_at else module("dis")
+        if dis is None or getattr(getattr(dis, "__spec__", None), "_initializing", False):
+            return "raise", _UNKNOWN
         skip = ("CACHE", "PRECALL", "PUSH_NULL", "KW_NAMES")
         ins = [i for i in dis.get_instructions(code) if i.offset <= lasti and i.opname not in skip][-4:]
         names = [i.opname for i in ins]
@@ -1558,7 +1620,9 @@ def _end() -> None:
                 core.span_end(sid, "ok", attrs=core.training_attrs() if info[0] == "training" else None)
         elapsed = (core.now_ns() - _started_ns) / 1e9
         if message:
-            if not core.promoted and how != "unknown" and worth:  # a short failure: the facts for its journal
+            if not core.promoted and how != "unknown" and worth and not _child_of[1]:
+                # A short process that failed: the facts for its journal (a forked child's are its
+                # parent's: it imports nothing on its way out, `_load_for_children`).
                 with core.fail_open("process description"):
                     _describe_process(_argv, _how, terminal=False)
             # A short process's end is in its journal, not after its own output on its stderr (a
@@ -1951,9 +2015,37 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 def _before_fork() -> None:
     global _fork_parent_span
     _fork_parent_span = core.current_span_id() if core.active else None
+    if core.active and _loaded_for_children != core.pid:
+        with _FORK_HOOK:
+            _load_for_children()
     if _PAUSE_AT_FORK and core.active:
         with _FORK_HOOK:
             _pause_beat()
+
+
+_loaded_for_children = 0
+"""The pid that has loaded what its forked children may need (`_load_for_children`)."""
+FORK_CHILD_NEEDS = ("fcntl", "select", "_socket")
+"""The standard library modules a forked child's records and lines use (a journal moved to a high
+descriptor, a line on a stderr that is a pipe or a socket)."""
+
+
+def _load_for_children() -> None:
+    """Before this process's first fork: load what a forked child may use on its way (its exit or
+    exec record, redacted; its lines), so that the child imports nothing (about a millisecond, once:
+    every moment spent there delays the fork, and 3.12+ refuses a thread to a child forked once the
+    main thread has begun to finalize; ``dis``, for how a child's main code ended on 3.9-3.11, is
+    not loaded for it: `main_ended`). In a child, a module that another thread of the parent was importing
+    at the fork stays locked for ever (that thread does not exist there): an import of it on the
+    child's way out waited for ever, and so did the parent waiting for the child (``os.spawnve``
+    whose exec fails: CPython's test_os)."""
+    global _loaded_for_children
+    _loaded_for_children = core.pid
+    from lora_otel._boot import files, redact  # noqa: F401 - loaded for the children
+    from lora_otel._boot.stdlib import module
+
+    for name in FORK_CHILD_NEEDS:
+        module(name)
 
 
 _PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
@@ -1999,10 +2091,13 @@ def _after_fork_child() -> None:
     the child writes after the fork is a copy (~3 µs each), so a fork that exits at once should
     write few (`core.forked`). Its first record, span, beat or promotion settles it
     (`_settle_child`); it becomes a job like any process (`promote`)."""
-    global _born_ns, _next_beat_ns, _beat_paused
+    global _born_ns, _next_beat_ns, _beat_paused, _settle_lock, _forked_from_thread
     with _FORK_HOOK:
         if not core.active:
             return
+        if _thread.get_ident() != core.main_ident:  # (the parent's, until `core.forked` below)
+            _forked_from_thread = os.getpid()
+        _settle_lock = _thread.allocate_lock()  # (a thread of the parent may have held the old one)
         _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
         target = _subprocess_exec_target()
@@ -2153,6 +2248,8 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
         else:
             core.sleep(core.beat_interval)
         if not core.active or os.getpid() != my_pid:
+            return
+        if _forked_from_thread == my_pid and _only_thread_left():
             return
         try:
             if not narrate_loaded:  # after the first sleep: a short program never pays for it
@@ -2331,6 +2428,21 @@ def _start_beat() -> None:
     finally:
         if old >= 0:
             _thread.stack_size(old)
+
+
+_forked_from_thread = 0
+"""The pid of this process when it is a child forked from a thread other than its parent's main one
+(`_only_thread_left` is asked only there: it opens a file, and the beat opens nothing it need not)."""
+
+
+def _only_thread_left() -> bool:
+    """Whether every other thread of this process has ended without the interpreter's exit: a child
+    forked from a thread, whose thread then returned. CPython ends such a process when its last
+    thread ends, so the beat thread must end too, or it keeps the process alive for ever (CPython's
+    test_threading). The kernel then shows the main thread as a zombie still counted among the
+    threads (``/proc/self/stat``: state ``Z``, 2 threads: it and this one)."""
+    fields = _read_small("/proc/self/stat").rpartition(b")")[2].split()
+    return len(fields) > 17 and fields[0] == b"Z" and fields[17] == b"2"
 
 
 def _os_threads() -> int:

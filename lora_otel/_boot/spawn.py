@@ -309,8 +309,9 @@ def allow_tracing_by(pid: int, scope_path: str = YAMA_PTRACE_SCOPE) -> bool:
         with open(scope_path, "rb") as f:
             if f.read(8).strip() != b"1":
                 return False
-        import ctypes
+        from lora_otel._boot.stdlib import module
 
+        ctypes = module("ctypes")  # (never a ctypes.py of the working directory)
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), 0, 0, 0) == 0)
     except Exception:  # noqa: BLE001 - not Linux, no Yama, no libc: the sidecar goes on without ptrace

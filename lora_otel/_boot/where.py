@@ -78,9 +78,29 @@ def _skipped(filename: str) -> bool:
     return filename.startswith(("<frozen importlib", _lora_otel_dir))
 
 
+def other_interpreters() -> bool:
+    """Whether the program has created interpreters of its own (``_interpreters``, 3.13's
+    ``concurrent.interpreters``, ``_xxsubinterpreters``: the only ways to one with its own GIL) and
+    one still exists. ``sys._current_frames`` reads the frames of every interpreter's threads, and
+    of one running under its own GIL that read races its thread: 3.13 freed memory twice ("double
+    free or corruption") when a beat sampled the main thread while it ran an isolated
+    subinterpreter. Only modules the program loaded are asked; nothing is imported."""
+    for name in ("_interpreters", "_xxsubinterpreters"):
+        interpreters = sys.modules.get(name)
+        if interpreters is not None:
+            try:
+                return len(interpreters.list_all()) > 1
+            except Exception:  # noqa: BLE001 - another version's API: take it there are some
+                return True
+    return False
+
+
 def sample(main_ident: int, _frames: Callable[[], dict[int, FrameType]] = sys._current_frames) -> list[Frame] | None:
-    """The main thread's innermost frames, outermost first (module docstring); None when it has none."""
+    """The main thread's innermost frames, outermost first (module docstring); None when it has none,
+    or while the program runs other interpreters (`other_interpreters`)."""
     global _last_spot
+    if other_interpreters():
+        return None
     frame = _frames().get(main_ident)
     if frame is None:
         return None
@@ -133,8 +153,9 @@ def _callee(code: CodeType, lasti: int) -> str:
         return _callee_by_stack(code, lasti)
     try:
         if _opcodes is None:
-            import opcode
+            from lora_otel._boot.stdlib import module
 
+            opcode = module("opcode")
             _opcodes = (opcode.opname, opcode.opmap.get("EXTENDED_ARG", -1), opcode.opmap.get("CACHE", 0))
         opname, ext_op, cache_op = _opcodes
         co = code.co_code
@@ -188,8 +209,9 @@ def _callee_by_stack(code: CodeType, lasti: int) -> str:
     follows the run up to the call only pushes the arguments (``a.b().c()`` names nothing). Any
     jump among the arguments names nothing either."""
     try:
-        import dis
+        from lora_otel._boot.stdlib import module
 
+        dis = module("dis")
         ins = []
         for i in dis.get_instructions(code):
             if i.offset > lasti:
