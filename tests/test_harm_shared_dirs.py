@@ -728,3 +728,45 @@ def test_a_frame_naming_a_fifo_never_hangs_the_reader(tmp_path: Path, shared: Pa
         [PYTHON, "-c", LOCK_WAITS, stacks], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and r.stdout == "None\n", r.stderr
+
+
+PLANT_SPARSE = """
+import os, sys
+with open(os.path.join(sys.argv[1], "zz-big.otel.jsonl"), "wb") as f:
+    f.truncate(1 << 40)   # 1 TiB of zeros, no newline, no disk used
+"""
+
+
+def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path, shared: Path, attacker) -> None:
+    """The attacker puts a 1 TiB sparse file (zeros, no newline, no disk used) under a journal's
+    name in the shared ``LORA_OTEL_DIR``. ``inspect``, ``report`` and ``watch --once`` of that
+    directory, run by root, still show the victim's job, name the planted file as not read, and end
+    within the limit. Before, ``inspect`` and ``report`` died with MemoryError reading it whole
+    and ``watch`` grew its memory without end, copying the never-ending line."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert journals(shared)
+    as_attacker(attacker, PLANT_SPARSE, str(shared))
+    for args in (["inspect", str(shared)], ["report", str(shared), "-o", str(tmp_path / "r.html")]):
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", *args], env=clean_env(), capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        if args[0] == "inspect":
+            assert "zz-big.otel.jsonl: not a journal (a line longer than" in r.stdout + r.stderr
+            assert "exited" in r.stdout
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "watch", str(shared), "--once"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "exited" in r.stdout
