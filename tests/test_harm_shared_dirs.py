@@ -770,3 +770,52 @@ def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "exited" in r.stdout
+
+
+FAKE_SIDECAR = """
+import sys, time
+sys.stdout.write("up\\n"); sys.stdout.flush()
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("who", ["attacker", "init"])
+def test_a_registry_variable_naming_no_sidecar_of_ours_is_not_joined(
+    tmp_path: Path, shared: Path, attacker, who: str
+) -> None:
+    """``LORA_OTEL_LIVE_REGISTRY`` names a live process that is not a sidecar of this user's: the
+    attacker's, whose command line even reads ``-m lora_otel.export.sidecar --children <registry>``,
+    or pid 1 (a variable left in a long-lived shell, its sidecar gone and the pid reused). The job
+    starts its own sidecar (its journal names that one and its log), and no registry is written.
+    Before, it joined the stranger, started none, and a frozen job went untold while frozen."""
+    registry = shared / "reg.children"
+    fake = None
+    if who == "attacker":
+        fake = as_attacker(
+            attacker, FAKE_SIDECAR, "-m", "lora_otel.export.sidecar", "--children", str(registry), wait=False
+        )
+        assert fake.stdout is not None and fake.stdout.readline() == b"up\n"
+        pid = fake.pid
+    else:
+        pid = 1
+    try:
+        r = subprocess.run(
+            [PYTHON, "-c", "import lora_otel\nwith lora_otel.stage('x'):\n    pass\n"],
+            cwd=tmp_path,
+            env=clean_env(
+                LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), LORA_OTEL_LIVE_REGISTRY="%d:%s" % (pid, registry)
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        if fake is not None:
+            fake.kill()
+            fake.communicate()
+    assert r.returncode == 0, r.stderr
+    [path] = journals(tmp_path / "j")
+    attrs = read_journal(path).root.attrs
+    assert attrs.get("lora_otel.sidecar.pid") not in (None, pid), attrs
+    assert "lora_otel.sidecar.log" in attrs, attrs
+    assert not registry.exists()
