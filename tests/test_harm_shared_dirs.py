@@ -819,3 +819,46 @@ def test_a_registry_variable_naming_no_sidecar_of_ours_is_not_joined(
     assert attrs.get("lora_otel.sidecar.pid") not in (None, pid), attrs
     assert "lora_otel.sidecar.log" in attrs, attrs
     assert not registry.exists()
+
+
+PLANT_MANY = """
+import os, sys
+for i in range(100000):
+    os.close(os.open(os.path.join(sys.argv[1], "0-%06d.otel.jsonl" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+"""
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path("/proc/%d/status" % pid).read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM for pid %d" % pid)
+
+
+def test_a_hundred_thousand_planted_files_do_not_swell_the_sidecar(tmp_path: Path, shared: Path, attacker) -> None:
+    """The attacker fills the shared ``LORA_OTEL_DIR`` with 100,000 empty ``*.otel.jsonl`` files.
+    The job's sidecar, once past its start (retention done, the job followed), peaks under 60 MB
+    (16 MB in an empty directory). Before, retention listed the whole directory at once and the
+    sidecar peaked at 110 MB: enough to get a job in a tight memory cgroup OOM-killed."""
+    as_attacker(attacker, PLANT_MANY, str(shared))
+    p = subprocess.Popen(
+        [PYTHON, "-c", "import lora_otel, time\nwith lora_otel.stage('x'):\n    time.sleep(60)\n"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(shared)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        path = wait_for(
+            lambda: next((j for j in journals(shared) if j.name.endswith("-%d.otel.jsonl" % p.pid)), None),
+            what="the job's journal",
+        )
+        attrs = wait_for(
+            lambda: (a := read_journal(path).root.attrs).get("lora_otel.sidecar.log") and a, what="the sidecar"
+        )
+        log = Path(attrs["lora_otel.sidecar.log"])
+        wait_for(lambda: "following" in log.read_text(), what="the sidecar following the job", timeout=120)
+        assert _peak_rss_mb(attrs["lora_otel.sidecar.pid"]) < 60
+    finally:
+        p.kill()
+        p.wait()
