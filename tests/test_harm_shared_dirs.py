@@ -862,3 +862,38 @@ def test_a_hundred_thousand_planted_files_do_not_swell_the_sidecar(tmp_path: Pat
     finally:
         p.kill()
         p.wait()
+
+
+PLANT_SORTED_FIRST = """
+import os, sys
+for i in range(300):
+    name = "0-%04d-%s.otel.jsonl" % (i, sys.argv[2])
+    os.close(os.open(os.path.join(sys.argv[1], name), os.O_CREAT | os.O_WRONLY, 0o644))
+"""
+
+
+def test_files_named_to_sort_first_hide_no_journal_of_the_job(tmp_path: Path, shared: Path, attacker) -> None:
+    """A traced parent and its traced child write their journals in the shared ``LORA_OTEL_DIR``;
+    the attacker adds 300 files named to sort before them, ending like the parent's
+    (``0-0000-<parent pid>.otel.jsonl``). The watchdog still finds the child's parent journal and
+    the job's other journal (`watchdog.parent_journal`, `watchdog.job_journals`). Before, only
+    the first 256 names were looked at, all the attacker's, and the job's own were missed."""
+    from lora_otel.export.watchdog import job_journals, parent_journal
+
+    code = "import subprocess, sys, lora_otel\nwith lora_otel.stage('x'):\n"
+    code += "    subprocess.run([sys.executable, '-c', 'pass'])\n"
+    r = subprocess.run(
+        [PYTHON, "-c", code],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared), LORA_OTEL_KEEP_SHORT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    parent, child = sorted((read_journal(p) for p in journals(shared)), key=lambda j: j.root.start_ns)
+    assert parent_journal(child) is not None and len(job_journals(child)) == 1
+    as_attacker(attacker, PLANT_SORTED_FIRST, str(shared), str(parent.pid))
+    found = parent_journal(child)
+    assert found is not None and found.path == parent.path
+    assert [j.path for j in job_journals(child)] == [parent.path]
