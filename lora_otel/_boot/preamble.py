@@ -186,7 +186,7 @@ def _float_env(name: str, default: float, say: bool = True, low: float = 0.0, hi
         return default
 
 
-BEAT_S_BOUNDS = {"low": 0.01, "high": 3600.0}
+BEAT_S_LOW, BEAT_S_HIGH = 0.01, 3600.0
 """``LORA_OTEL_BEAT_S`` outside these is bad (the default, and one line): 1e-9 made the beat thread
 spin (30% of a core), 1e308 overflowed its deadline and ended it with a traceback on stderr."""
 
@@ -374,7 +374,8 @@ def _start(how: str) -> None:
         if core._log_fd >= 0:
             core.log_path = env[core.JOB_LOG_ENV]
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
-    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False, **BEAT_S_BOUNDS) or 1.0  # (said below when bad)
+    # (a bad value is said below)
+    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, False, BEAT_S_LOW, BEAT_S_HIGH) or 1.0
     start_ns, ticks = _process_start(now)
     _image = image_identity()
     _write_root_start(start_ns, parent, ticks, how, argv)
@@ -430,7 +431,8 @@ def _start(how: str) -> None:
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
-    _float_env("LORA_OTEL_BEAT_S", 1.0, **BEAT_S_BOUNDS)  # a bad value: one line, now that the first evidence is out
+    # a bad value: one line, now that the first evidence is out
+    _float_env("LORA_OTEL_BEAT_S", 1.0, True, BEAT_S_LOW, BEAT_S_HIGH)
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
