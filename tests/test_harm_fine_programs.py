@@ -95,6 +95,28 @@ print("sleep called %d times" % sleep.call_count, flush=True)
     assert r.stdout == "sleep called 0 times\n", r.stderr
 
 
+@pytest.mark.parametrize("value", ["1e-9", "1e308"])
+def test_a_hostile_beat_interval_neither_spins_nor_ends_the_beat(tmp_path: Path, value: str) -> None:
+    """A parent exported ``LORA_OTEL_BEAT_S=1e-9`` or ``1e308``: the job's beat runs at the default
+    second (one line says the value was not used): no traceback on the program's stderr, beats in
+    the journal, and the process's CPU time stays small. Before, 1e-9 spun the beat (a third of a
+    core on a 3 s sleep) and 1e308 ended the beat thread with an ``OverflowError`` traceback."""
+    script = """\
+import os, threading, lora_otel
+with lora_otel.stage("wait"):
+    threading.Event().wait(2.5)
+t = os.times()
+print("cpu %.2f" % (t.user + t.system), flush=True)
+"""
+    r = run_job(tmp_path, script, LORA_OTEL_BEAT_S=value, LORA_OTEL_DIR=str(tmp_path / "j"))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("LORA_OTEL_BEAT_S") == 1, r.stderr
+    assert float(r.stdout.split()[1]) < 0.6, r.stdout
+    [path] = journals(tmp_path / "j")
+    assert path.read_text().count('"k":"beat"') >= 1
+
+
 # --- interactive kernels and REPLs ---------------------------------------------------------------
 
 

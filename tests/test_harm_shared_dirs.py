@@ -728,3 +728,177 @@ def test_a_frame_naming_a_fifo_never_hangs_the_reader(tmp_path: Path, shared: Pa
         [PYTHON, "-c", LOCK_WAITS, stacks], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0 and r.stdout == "None\n", r.stderr
+
+
+PLANT_SPARSE = """
+import os, sys
+with open(os.path.join(sys.argv[1], "zz-big.otel.jsonl"), "wb") as f:
+    for size in (1 << 40, 1 << 36, 1 << 33):  # 1 TiB of zeros, no newline, no disk used (less where refused)
+        try:
+            f.truncate(size)
+            break
+        except OSError:
+            continue
+"""
+
+
+def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path, shared: Path, attacker) -> None:
+    """The attacker puts a 1 TiB sparse file (zeros, no newline, no disk used) under a journal's
+    name in the shared ``LORA_OTEL_DIR``. ``inspect``, ``report`` and ``watch --once`` of that
+    directory, run by root, still show the victim's job, name the planted file as not read, and end
+    within the limit. Before, ``inspect`` and ``report`` died with MemoryError reading it whole
+    and ``watch`` grew its memory without end, copying the never-ending line."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert journals(shared)
+    as_attacker(attacker, PLANT_SPARSE, str(shared))
+    for args in (["inspect", str(shared)], ["report", str(shared), "-o", str(tmp_path / "r.html")]):
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", *args], env=clean_env(), capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        if args[0] == "inspect":
+            assert "zz-big.otel.jsonl: not a journal (a line longer than" in r.stdout + r.stderr
+            assert "exited" in r.stdout
+    r = subprocess.run(
+        [PYTHON, "-m", "lora_otel", "watch", str(shared), "--once"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "exited" in r.stdout
+
+
+FAKE_SIDECAR = """
+import sys, time
+sys.stdout.write("up\\n"); sys.stdout.flush()
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("who", ["attacker", "init"])
+def test_a_registry_variable_naming_no_sidecar_of_ours_is_not_joined(
+    tmp_path: Path, shared: Path, attacker, who: str
+) -> None:
+    """``LORA_OTEL_LIVE_REGISTRY`` names a live process that is not a sidecar of this user's: the
+    attacker's, whose command line even reads ``-m lora_otel.export.sidecar --children <registry>``,
+    or pid 1 (a variable left in a long-lived shell, its sidecar gone and the pid reused). The job
+    starts its own sidecar (its journal names that one and its log), and no registry is written.
+    Before, it joined the stranger, started none, and a frozen job went untold while frozen."""
+    registry = shared / "reg.children"
+    fake = None
+    if who == "attacker":
+        fake = as_attacker(
+            attacker, FAKE_SIDECAR, "-m", "lora_otel.export.sidecar", "--children", str(registry), wait=False
+        )
+        assert fake.stdout is not None and fake.stdout.readline() == b"up\n"
+        pid = fake.pid
+    else:
+        pid = 1
+    try:
+        r = subprocess.run(
+            [PYTHON, "-c", "import lora_otel\nwith lora_otel.stage('x'):\n    pass\n"],
+            cwd=tmp_path,
+            env=clean_env(
+                LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), LORA_OTEL_LIVE_REGISTRY="%d:%s" % (pid, registry)
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        if fake is not None:
+            fake.kill()
+            fake.communicate()
+    assert r.returncode == 0, r.stderr
+    [path] = journals(tmp_path / "j")
+    attrs = read_journal(path).root.attrs
+    assert attrs.get("lora_otel.sidecar.pid") not in (None, pid), attrs
+    assert "lora_otel.sidecar.log" in attrs, attrs
+    assert not registry.exists()
+
+
+PLANT_MANY = """
+import os, sys
+for i in range(100000):
+    os.close(os.open(os.path.join(sys.argv[1], "0-%06d.otel.jsonl" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+"""
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path("/proc/%d/status" % pid).read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM for pid %d" % pid)
+
+
+def test_a_hundred_thousand_planted_files_do_not_swell_the_sidecar(tmp_path: Path, shared: Path, attacker) -> None:
+    """The attacker fills the shared ``LORA_OTEL_DIR`` with 100,000 empty ``*.otel.jsonl`` files.
+    The job's sidecar, once past its start (retention done, the job followed), peaks under 60 MB
+    (16 MB in an empty directory). Before, retention listed the whole directory at once and the
+    sidecar peaked at 110 MB: enough to get a job in a tight memory cgroup OOM-killed."""
+    as_attacker(attacker, PLANT_MANY, str(shared))
+    p = subprocess.Popen(
+        [PYTHON, "-c", "import lora_otel, time\nwith lora_otel.stage('x'):\n    time.sleep(60)\n"],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(shared)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        path = wait_for(
+            lambda: next((j for j in journals(shared) if j.name.endswith("-%d.otel.jsonl" % p.pid)), None),
+            what="the job's journal",
+        )
+        attrs = wait_for(
+            lambda: (a := read_journal(path).root.attrs).get("lora_otel.sidecar.log") and a, what="the sidecar"
+        )
+        log = Path(attrs["lora_otel.sidecar.log"])
+        wait_for(lambda: "following" in log.read_text(), what="the sidecar following the job", timeout=120)
+        assert _peak_rss_mb(attrs["lora_otel.sidecar.pid"]) < 60
+    finally:
+        p.kill()
+        p.wait()
+
+
+PLANT_SORTED_FIRST = """
+import os, sys
+for i in range(300):
+    name = "0-%04d-%s.otel.jsonl" % (i, sys.argv[2])
+    os.close(os.open(os.path.join(sys.argv[1], name), os.O_CREAT | os.O_WRONLY, 0o644))
+"""
+
+
+def test_files_named_to_sort_first_hide_no_journal_of_the_job(tmp_path: Path, shared: Path, attacker) -> None:
+    """A traced parent and its traced child write their journals in the shared ``LORA_OTEL_DIR``;
+    the attacker adds 300 files named to sort before them, ending like the parent's
+    (``0-0000-<parent pid>.otel.jsonl``). The watchdog still finds the child's parent journal and
+    the job's other journal (`watchdog.parent_journal`, `watchdog.job_journals`). Before, only
+    the first 256 names were looked at, all the attacker's, and the job's own were missed."""
+    from lora_otel.export.watchdog import job_journals, parent_journal
+
+    code = "import subprocess, sys, lora_otel\nwith lora_otel.stage('x'):\n"
+    code += "    subprocess.run([sys.executable, '-c', 'pass'])\n"
+    r = subprocess.run(
+        [PYTHON, "-c", code],
+        cwd=tmp_path,
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared), LORA_OTEL_KEEP_SHORT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    parent, child = sorted((read_journal(p) for p in journals(shared)), key=lambda j: j.root.start_ns)
+    assert parent_journal(child) is not None and len(job_journals(child)) == 1
+    as_attacker(attacker, PLANT_SORTED_FIRST, str(shared), str(parent.pid))
+    found = parent_journal(child)
+    assert found is not None and found.path == parent.path
+    assert [j.path for j in job_journals(child)] == [parent.path]

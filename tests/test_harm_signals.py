@@ -439,6 +439,35 @@ def test_bad_stack_signal_value_warns_once_and_uses_the_default(tmp_path: Path) 
         assert r.stderr.count("LORA_OTEL_STACK_SIGNAL") == (0 if value == "50" else 1), r.stderr
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stack_signal_set_to_a_standard_one_never_takes_its_meaning(tmp_path: Path, sig: int) -> None:
+    """A parent exported ``LORA_OTEL_STACK_SIGNAL=15`` (or 1): the running job still dies of
+    ``kill -TERM`` (``-HUP``) as without lora_otel, and one line says the value was not used.
+    Before, faulthandler took the signal over and the job went on after ``kill``, to its end."""
+    prog = "import time, lora_otel\nwith lora_otel.stage('x'):\n    print('READY', flush=True)\n    time.sleep(60)\n"
+    for traced in ("0", "1"):
+        p = subprocess.Popen(
+            [PYTHON, "-c", prog],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_env(LORA_OTEL=traced, LORA_OTEL_DIR=str(tmp_path / traced), LORA_OTEL_STACK_SIGNAL=str(int(sig))),
+        )
+        try:
+            assert p.stdout is not None and p.stdout.readline() == b"READY\n"
+            if traced == "1":  # the stack handler is registered once the stage made it a job
+                [job] = wait_for(lambda: journals(tmp_path / "1"), what="the journal")
+                wait_for(lambda j=job: "lora_otel.stacks.signal" in read_journal(j).root.attrs, what="the handler")
+            os.kill(p.pid, sig)
+            _, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        assert p.returncode == -sig, (traced, err.decode(errors="replace"))
+        assert err.decode().count("LORA_OTEL_STACK_SIGNAL") == int(traced)
+
+
 def _wchan(pid: int) -> str:
     """Where the process's main thread sleeps in the kernel (``anon_pipe_read``: reading a pipe)."""
     try:
@@ -466,7 +495,7 @@ print("READY", flush=True)
     [
         ("request", STACK_SIGNAL, {}, 0),  # killed by 44 before the fix
         ("ignore", STACK_SIGNAL, {}, 0),  # the program's SIG_IGN: killed by 44 before (faulthandler's default back)
-        ("sigterm", signal.SIGTERM, {"LORA_OTEL_STACK_SIGNAL": "15"}, -signal.SIGTERM),  # as without lora_otel
+        ("sigterm", signal.SIGUSR2, {"LORA_OTEL_STACK_SIGNAL": "12"}, -signal.SIGUSR2),  # as without lora_otel
     ],
 )
 def test_a_signal_during_the_c_teardown_after_exit_does_as_without_lora_otel(
@@ -477,8 +506,8 @@ def test_a_signal_during_the_c_teardown_after_exit_does_as_without_lora_otel(
     a slow C++ teardown after that (gloo's, NCCL's) killed a process exiting 0 by signal 44, and a
     program that ignored the signal itself lost its SIG_IGN. lora_otel's exit hook now ignores its
     real-time signal from there on and keeps the program's SIG_IGN; a stack signal chosen by
-    ``LORA_OTEL_STACK_SIGNAL`` (SIGTERM here) gets its default back, so a supervisor's SIGTERM still
-    ends a stuck teardown, as without lora_otel."""
+    ``LORA_OTEL_STACK_SIGNAL`` (SIGUSR2 here, a standard signal) gets its default back, so a
+    supervisor's signal still ends a stuck teardown, as without lora_otel."""
     (tmp_path / "prog.py").write_text(TEARDOWN_PROG)
     p = subprocess.Popen(
         [PYTHON, "prog.py", case],

@@ -168,20 +168,27 @@ def _start_ticks() -> int | None:
         return None
 
 
-def _float_env(name: str, default: float, say: bool = True) -> float:
-    """A non-negative number from the environment; a bad one is said in one line (unless not ``say``)."""
+def _float_env(name: str, default: float, say: bool = True, low: float = 0.0, high: float = float("inf")) -> float:
+    """A non-negative number from the environment, ``0`` or between ``low`` and ``high``; a bad one
+    is said in one line (unless not ``say``)."""
     raw = os.environ.get(name)
     if not raw:
         return default
     try:
         v = float(raw)
-        if v < 0 or v != v:
+        if v < 0 or v != v or (v and not low <= v <= high):
             raise ValueError
         return v
     except ValueError:
         if say:
-            core.error_line("%s=%r is not a non-negative number; using %s" % (name, raw, default))
+            bounds = " from %s to %s" % (low, high) if high != float("inf") else ""
+            core.error_line("%s=%r is not a non-negative number%s; using %s" % (name, raw, bounds, default))
         return default
+
+
+BEAT_S_LOW, BEAT_S_HIGH = 0.01, 3600.0
+"""``LORA_OTEL_BEAT_S`` outside these is bad (the default, and one line): 1e-9 made the beat thread
+spin (30% of a core), 1e308 overflowed its deadline and ended it with a traceback on stderr."""
 
 
 def _service_name(argv: list[str]) -> str:
@@ -439,7 +446,8 @@ def _start(how: str) -> None:
             if core._log_fd >= 0:
                 core.log_path = job_log
     core.import_threshold_ms = _float_env("LORA_OTEL_IMPORT_THRESHOLD_MS", 5.0)
-    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, say=False) or 1.0  # (said below when bad)
+    # (a bad value is said below)
+    core.beat_interval = _float_env("LORA_OTEL_BEAT_S", 1.0, False, BEAT_S_LOW, BEAT_S_HIGH) or 1.0
     start_ns, ticks = _process_start(now)
     _image = image_identity()
     _write_root_start(start_ns, parent, ticks, how, argv)
@@ -500,7 +508,8 @@ def _start(how: str) -> None:
     _install_exec_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
-    _float_env("LORA_OTEL_BEAT_S", 1.0)  # a bad value: one line, now that the first evidence is out
+    # a bad value: one line, now that the first evidence is out
+    _float_env("LORA_OTEL_BEAT_S", 1.0, True, BEAT_S_LOW, BEAT_S_HIGH)
     if env.get("LORA_OTEL_STALL_AFTER") or env.get("LORA_OTEL_FROZEN_AFTER") or env.get("LORA_OTEL_NARRATE_S"):
         from lora_otel._boot import narrate  # a bad value is said now, at start (else: at the first beat)
 
@@ -753,6 +762,13 @@ _faulthandler_signal = 0
 """The signal faulthandler.register was called on (kept when lora_otel gives up its claim)."""
 
 
+USER_SIGNALS = (10, 12)
+"""SIGUSR1, SIGUSR2: with the real-time signals, the only ones ``LORA_OTEL_STACK_SIGNAL`` may name.
+Any other has a meaning the stack handler would take away: with 15 (SIGTERM), 2 (SIGINT) or 1
+(SIGHUP) a running job survived ``kill`` and Ctrl-C; 17 (SIGCHLD) reached faulthandler at every
+child's end."""
+
+
 def stack_signal(env: Mapping[str, str] | None = None) -> int:
     """The stack request signal: ``LORA_OTEL_STACK_SIGNAL`` (a number) or ``SIGRTMIN + 10``; 0 where
     the platform has no real-time signals. A bad value: one line, and the default."""
@@ -766,15 +782,15 @@ def stack_signal(env: Mapping[str, str] | None = None) -> int:
         return default
     try:
         n = int(raw)
-        if not (1 <= n <= (rtmax or 64)) or n in (9, 19) or (rtmin and 31 < n < rtmin):
+        if not (1 <= n <= (rtmax or 64)) or (n not in USER_SIGNALS and not (rtmin and n >= rtmin)):
             raise ValueError
         return n
     except ValueError:
         if not _stack_signal_warned:
             _stack_signal_warned = True
             core.error_line(
-                "LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (1-%d, not SIGKILL, "
-                "SIGSTOP or the C library's own); using %d" % (raw, rtmax or 64, default)
+                "LORA_OTEL_STACK_SIGNAL=%r is not a signal number lora_otel can use (SIGUSR1, SIGUSR2 or "
+                "a real-time one, %d-%d); using %d" % (raw, rtmin, rtmax or 64, default)
             )
         return default
 

@@ -87,6 +87,8 @@ def join_parent_sidecar(journal_path: str, env: Mapping[str, str]) -> int:
         return 0
     except OSError:
         pass  # alive, not ours to signal
+    if not _is_sidecar(pid, registry):
+        return 0
     from lora_otel._boot import files
 
     try:
@@ -98,6 +100,23 @@ def join_parent_sidecar(journal_path: str, env: Mapping[str, str]) -> int:
     except OSError:
         return 0
     return pid
+
+
+def _is_sidecar(pid: int, registry: str) -> bool:
+    """Whether ``pid`` is a sidecar of this user's following ``registry`` (its ``/proc/<pid>/cmdline``
+    names both; taken on trust where there is no ``/proc``). A variable left in a long-lived shell
+    after its sidecar ended, with the pid reused, or one naming any live process (``1:...``), made
+    every job below start no sidecar and go unwatched: a frozen job was never told while frozen."""
+    if not os.path.isdir("/proc/self"):
+        return True
+    try:
+        if os.stat("/proc/%d" % pid).st_uid != os.geteuid():
+            return False
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = f.read(1 << 16).split(b"\0")
+    except OSError:
+        return False
+    return b"lora_otel.export.sidecar" in args and os.fsencode(registry) in args
 
 
 opened_log = ""

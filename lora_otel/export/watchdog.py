@@ -787,6 +787,17 @@ PARENT_SCAN_MAX = 256
 ``--log`` file, a parent's journal does not say its pid in its name)."""
 
 
+def _mine(path: str) -> bool:
+    """Whether ``path`` is a regular file of this user's (one ``lstat``): what another user left
+    in a shared directory is left out before `PARENT_SCAN_MAX` counts, so 256 files named to sort
+    first cannot hide the job's own journals."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def job_journals(journal: Journal) -> list[Journal]:
     """The journals beside ``journal`` of the same trace (its job), that the watchdog may read
     (`owned_file_reason`); at most `PARENT_SCAN_MAX` files are looked at, by their first record."""
@@ -804,7 +815,7 @@ def job_journals(journal: Journal) -> list[Journal]:
     except OSError:
         return []
     out = []
-    for path in [path for path in paths if path != own][:PARENT_SCAN_MAX]:
+    for path in [path for path in paths if path != own and _mine(path)][:PARENT_SCAN_MAX]:
         if owned_file_reason(path):
             continue
         try:
@@ -836,7 +847,7 @@ def parent_journal(journal: Journal) -> Optional[Journal]:
         paths = [os.path.abspath(path) for path in journal_paths(os.path.dirname(own))]
     except OSError:
         return None
-    paths = [path for path in paths if path != own]
+    paths = [path for path in paths if path != own and _mine(path)]
     paths.sort(key=lambda path: (not path.endswith(suffix), path))
     for path in paths[:PARENT_SCAN_MAX]:
         if owned_file_reason(path):

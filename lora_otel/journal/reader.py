@@ -60,6 +60,12 @@ __all__ = [
 
 ProcessState = Literal["exited", "running", "gone", "exec'd"]
 
+MAX_LINE = 64 << 20
+"""The longest line read (64 MiB): lora_otel writes none near that long. A file with a longer one is
+not a journal (a sparse file of zeros, 100 GB that cost its maker no disk, planted under a journal's
+name in a shared directory): what follows that line's start is not read, nor kept in memory."""
+OVERLONG = "a line longer than %d MiB: not a journal's; the rest of the file is not read" % (MAX_LINE >> 20)
+
 
 class JournalError(Exception):
     """The journal cannot be read at all (missing, a directory, no permission). One-line message."""
@@ -86,11 +92,13 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise JournalError(f"{path}: not a regular file")
-            data = f.read()
+            data, overlong = _read_bounded(f)
     except OSError as e:
         raise _read_error(path, e) from None
     builder = JournalBuilder(path)
     builder.journal.touched_ns = st.st_mtime_ns
+    if overlong:
+        builder.journal.problems.append(OVERLONG)
     raw_lines = data.split(b"\n")
     # A journal ends with a newline; whatever follows the last one is a partly written record.
     tail = raw_lines.pop()
@@ -99,6 +107,23 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     if tail:
         builder.feed_line(len(raw_lines) + 1, tail, is_unterminated_tail=True)
     return builder.finish()
+
+
+def _read_bounded(f: Any) -> tuple[bytes, bool]:
+    """``(data, overlong)``: the whole file, or, where a line passes `MAX_LINE`, what precedes that
+    line (overlong True), reading no further: memory and time bounded by what was really written."""
+    parts: list[bytes] = []
+    since = 0  # bytes since the last newline
+    while True:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            return b"".join(parts), False
+        nl = chunk.rfind(b"\n")
+        since = since + len(chunk) if nl < 0 else len(chunk) - nl - 1
+        parts.append(chunk)
+        if since > MAX_LINE:
+            data = b"".join(parts)
+            return data[: data.rfind(b"\n") + 1], True
 
 
 class JournalTail:
@@ -134,6 +159,7 @@ class JournalTail:
         self._offset = 0
         self._pending = b""
         self._number = 0
+        self._overlong = False
 
     def _current_file(self) -> Any:
         """The open file to read; opened at the first read, replaced only once it has no name left."""
@@ -167,7 +193,7 @@ class JournalTail:
                 )
                 self._offset, self._pending = 0, b""
             f.seek(self._offset)
-            while True:
+            while not self._overlong:
                 data = f.read(self.CHUNK)
                 if not data:
                     break
@@ -213,6 +239,9 @@ class JournalTail:
         for raw in lines:
             self._number += 1
             self._builder.feed_line(self._number, raw)
+        if len(self._pending) > MAX_LINE:  # not a journal (`MAX_LINE`): read no further
+            self._pending, self._overlong = b"", True
+            self._builder.journal.problems.append(OVERLONG)
 
 
 def _read_error(path: str, e: OSError) -> JournalError:
