@@ -87,6 +87,9 @@ IGNORED: dict[str, str] = {
     "test.test_signal.PosixTests.test_keyboard_interrupt_exit_code": "not fixed: SIGINT under -j2",
     "test.test_signal.PidfdSignalTest.test_pidfd_send_signal": "not fixed: SIGINT under -j2",
     "test.test_signal.RaiseSignalTest.test_sigint": "not fixed: SIGINT under -j2",
+    # -- found, not fixed yet: once in seven traced runs of test_subprocess (3.13, -j2), the parent's
+    # read of subprocess's exec-error pipe failed with EBADF while fds 0-2 were closed (docs/reliability.md) --
+    "test.test_subprocess.POSIXProcessTestCase.test_close_fds_0_1_2": "not fixed: EBADF race, 0-2 closed",
 }
 """Patterns (regrtest's ``--ignore``, fnmatch on the test id) of the tests skipped, with why."""
 
