@@ -78,14 +78,22 @@ def open_existing(path: str, flags: int = APPEND) -> int:
     :func:`check_own` accepts it: a regular file of this user's with no other name. lora_otel's own
     files (journal, stacks, sidecar log, children registry) never have another: one that does was
     linked there by someone else (to a file of this user's they wanted written)."""
+    return _open_checked(path, flags, group_ok=False, one_name=True)
+
+
+def _open_checked(path: str, flags: int, group_ok: bool, one_name: bool) -> int:
+    """``path`` opened with ``flags``, never through a symlink nor blocking, then kept only when
+    :func:`check_own` accepts it; a symlink, a FIFO nobody reads or a socket is :class:`UnsafeFile`."""
     try:
         fd = os.open(path, flags | O_NOFOLLOW | EXISTING)
     except OSError as e:
+        if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
+            raise UnsafeFile("%s is a symlink" % path) from None
         if e.errno == ENXIO:  # a FIFO nobody reads, or a socket
             raise UnsafeFile("%s is not a regular file (a FIFO or a socket)" % path) from None
         raise
     try:
-        check_own(fd, path, one_name=True)
+        check_own(fd, path, group_ok=group_ok, one_name=one_name)
     except BaseException:
         os.close(fd)
         raise
@@ -124,7 +132,7 @@ def read_head(path: str, size: int) -> bytes:
 def open_append(path: str, create: bool = True) -> int:
     """For appending: ``path`` created new, or the existing file when it is safely this user's.
 
-    Raises ``OSError`` (``ELOOP`` for a symlink, :class:`UnsafeFile` for someone else's file,
+    Raises ``OSError`` (:class:`UnsafeFile` for a symlink or someone else's file,
     ``ENOENT`` when absent and not ``create``).
     """
     if create:
@@ -132,12 +140,7 @@ def open_append(path: str, create: bool = True) -> int:
             return create_new(path)
         except FileExistsError:
             pass
-    try:
-        return open_existing(path)
-    except OSError as e:
-        if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
-            raise UnsafeFile("%s is a symlink" % path) from None
-        raise
+    return open_existing(path)
 
 
 def open_program_log(path: str, create: bool = True) -> tuple[int, bool]:
@@ -152,20 +155,7 @@ def open_program_log(path: str, create: bool = True) -> tuple[int, bool]:
             return os.open(path, APPEND | os.O_CREAT | os.O_EXCL, 0o666), True
         except FileExistsError:
             pass
-    try:
-        fd = os.open(path, APPEND | EXISTING)  # a FIFO there never blocks
-    except OSError as e:
-        if e.errno == 40:  # ELOOP: O_NOFOLLOW met a symlink
-            raise UnsafeFile("%s is a symlink" % path) from None
-        if e.errno == ENXIO:
-            raise UnsafeFile("%s is not a regular file (a FIFO or a socket)" % path) from None
-        raise
-    try:
-        check_own(fd, path, group_ok=True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, False
+    return _open_checked(path, APPEND, group_ok=True, one_name=False), False
 
 
 def unique_name(path: str, suffix: str = "") -> str:
