@@ -750,16 +750,17 @@ def lock_journal(fd: int = -1) -> None:
     """Hold a shared ``flock`` on the journal (``fd``: the journal's descriptor) for as long as it
     is open: the proof, across pid namespaces and hosts sharing the directory, that its owner still
     runs (retention, `lora_otel.journal.runs.prune`, removes no journal it cannot lock
-    exclusively). Taken when the process becomes a job (`preamble.promote`: ``fcntl`` is loaded by
-    then; a process that ends at once pays nothing) and on every descriptor reopened after that.
+    exclusively). Taken when the process becomes a job (`preamble.promote`; a process that ends at
+    once pays nothing) and on every descriptor reopened after that.
     A forked child shares the lock through the descriptor it inherits, until it lets go of it.
     Never blocks (only retention's probe asks for more than a shared lock), never raises."""
     fd = _journal_fd if fd < 0 else fd
     if fd < 0:
         return
     try:
-        import fcntl
+        from lora_otel._boot.stdlib import module
 
+        fcntl = module("fcntl")  # (never a fcntl.py of the working directory)
         for _ in range(5):
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
