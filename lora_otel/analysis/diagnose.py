@@ -1249,21 +1249,27 @@ _ACQUIRE = re.compile(r"([\w.\[\]]+)\.acquire\(")
 def _source(frame: Frame) -> str:
     import linecache
 
-    if not frame.line.isdigit() or not _regular(frame.file):
-        return ""
-    return linecache.getline(frame.file, int(frame.line))
+    path = _source_file(frame.file) if frame.line.isdigit() else None
+    return linecache.getline(path, int(frame.line)) if path else ""
 
 
-def _regular(path: str) -> bool:
-    """Whether ``path`` names a regular file: a frame's file is read only then (a journal or stacks
-    file may name anything; ``open`` on a FIFO would wait forever)."""
+def _source_file(name: str) -> Optional[str]:
+    """The file a frame's source is read from, only when it is a regular file (a journal or stacks
+    file may name anything; ``open`` on a FIFO would wait forever): ``name`` itself, or for a bare
+    name (the beat's samples keep ``threading.py``, ``job.py``) the first regular file of that name
+    on ``sys.path``, where `linecache` would look."""
     import os
     import stat
+    import sys
 
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
+    candidates = [name] if os.path.isabs(name) else [os.path.join(d or ".", name) for d in ["", *sys.path]]
+    for path in candidates:
+        try:
+            if stat.S_ISREG(os.stat(path).st_mode):
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _waits_for(frame: Frame) -> Optional[str]:
