@@ -324,9 +324,35 @@ class JobLines:
                 same = True  # gone: nothing to append to
             if not same and _write_checked(log, data, follow=False, ident=journal.log_id) is not None:
                 went.append(log)
-        elif journal.log_pending and journal.log_path and _create_log(journal, data):
-            went.append(journal.log_path)
+        elif journal.log_pending and journal.log_path:
+            if _create_log(journal, data):
+                went.append(journal.log_path)
+            else:
+                # The job made the file a moment ago and its record of it is not read yet: the file
+                # the job holds open at that path is its log (never one that someone else put there).
+                ident = _held_by(journal.pid, journal.log_path)
+                if ident is not None and _write_checked(journal.log_path, data, follow=False, ident=ident):
+                    journal.log_id, journal.log_pending = ident, False
+                    went.append(journal.log_path)
         return went
+
+
+def _held_by(pid: int, path: str) -> Optional[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of the regular file at ``path`` when process ``pid`` holds it open."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        for name in os.listdir("/proc/%d/fd" % pid):
+            try:
+                held = os.stat("/proc/%d/fd/%s" % (pid, name))
+            except OSError:
+                continue
+            if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
+                return st.st_dev, st.st_ino
+    except OSError:
+        return None
+    return None
 
 
 def _create_log(journal: Journal, data: bytes) -> bool:
