@@ -2062,6 +2062,11 @@ def _load_for_children() -> None:
 
     for name in FORK_CHILD_NEEDS:
         module(name)
+    if sys.version_info >= (3, 12) and not _PAUSE_AT_FORK:
+        # This fork will warn (the beat runs, `_PAUSE_AT_FORK`), and the interpreter imports
+        # ``warnings`` for it by name: the standard library's, never a warnings.py of the working
+        # directory (3.13.0-3.13.9, 3.14.0).
+        module("warnings")
 
 
 _PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
