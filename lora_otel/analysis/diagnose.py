@@ -101,6 +101,11 @@ class Diagnosis:
     """Extra attributes for the stall's event and log record (``lora_otel.collective.*``)."""
     ages: list[list[int]] = field(default_factory=list)
     """Where the sentence's growing durations are: ``[offset, length, ns]`` (`lora_otel.analysis.ages`)."""
+    advice: str = ""
+    """What to do, one sentence the user can act on, drawn from the same evidence as ``sentence``
+    (the file to remove and why it is safe, the setting that stops a prompt ...); "" when the
+    evidence supports no step: never a guess. Shown as its own ``what to do:`` line in every view
+    and sent as ``lora_otel.diagnosis.advice``."""
 
 
 def diagnose(
@@ -136,6 +141,8 @@ def explain(
             found = rule.check(facts)
             if found is not None:
                 found.attrs.setdefault("lora_otel.diagnosis.rule", rule.name)
+                if found.advice:
+                    found.attrs["lora_otel.diagnosis.advice"] = found.advice
                 handler = exit_handler(stall, facts.stacks) if rule.name != "exit joins" else ""
                 if handler:
                     found.sentence = handler + found.sentence
