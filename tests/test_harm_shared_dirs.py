@@ -902,3 +902,50 @@ def test_files_named_to_sort_first_hide_no_journal_of_the_job(tmp_path: Path, sh
     found = parent_journal(child)
     assert found is not None and found.path == parent.path
     assert [j.path for j in job_journals(child)] == [parent.path]
+
+
+PLANT_FOR_WATCH = """
+import os, sys
+d, target = sys.argv[1], sys.argv[2]
+os.close(os.open(os.path.join(d, "a-empty.otel.jsonl"), os.O_CREAT | os.O_WRONLY, 0o644))
+for i in range(2000):
+    with open(os.path.join(d, "j-%04d.otel.jsonl" % i), "w") as f:
+        f.write("junk\\n")
+os.symlink(target, os.path.join(d, "link.otel.jsonl"))
+os.mkfifo(os.path.join(d, "fifo.otel.jsonl"))
+"""
+
+
+def test_watch_of_a_shared_dir_leaves_other_users_files_alone(tmp_path: Path, shared: Path, attacker) -> None:
+    """In the shared ``LORA_OTEL_DIR`` of a finished job, the attacker puts an empty journal, 2,000
+    junk files, a symlink to a journal of the victim's elsewhere and a FIFO, all named
+    ``*.otel.jsonl``. ``lora-otel watch DIR`` (line mode and ``--once``) follows only the victim's
+    journal, says the others are ignored in one line, and exits 0 as without them. Before, the
+    empty file counted as a process gone without an exit record (exit 3), each junk file printed
+    its own lines, and the symlink was followed."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [own] = journals(shared)
+    private = tmp_path / "private.otel.jsonl"
+    shutil.copy(own, private)
+    as_attacker(attacker, PLANT_FOR_WATCH, str(shared), str(private))
+    for extra in (["--interval", "0.2"], ["--once"]):
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "watch", str(shared), *extra],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        assert "ignored 2003 files named *.otel.jsonl that are not this user's" in r.stdout, r.stdout[-3000:]
+        assert "link.otel.jsonl" not in r.stdout and "j-0000" not in r.stdout and "a-empty" not in r.stdout
+        assert len(r.stdout.splitlines()) < 30, r.stdout[-3000:]
+        if extra[0] == "--interval":
+            assert r.stdout.count("following ") == 1, r.stdout[-3000:]
