@@ -3,8 +3,8 @@
 PATH is a journal, or a directory whose ``*.otel.jsonl`` files (not recursive) are all followed,
 new ones picked up as they appear: only this user's regular files (another user's, a symlink or a
 FIFO put there in a shared directory is never opened; one line counts them). Every ``--interval``
-s each journal's new bytes are read (`JournalTail`) and stalls checked by `stall.detect` (``--stall-after``/``LORA_OTEL_STALL_AFTER``,
-``LORA_OTEL_FROZEN_AFTER``).
+s each journal's new bytes are read (`JournalTail`) and stalls checked by `stall.detect`
+(``--stall-after``/``LORA_OTEL_STALL_AFTER``, ``LORA_OTEL_FROZEN_AFTER``).
 
 - On a terminal the whole view is redrawn (ANSI clear + home): per process a heading (pid, state)
   and inspect's report, open spans counting up, a stalled span red and bold with its stall message
