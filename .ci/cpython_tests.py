@@ -106,16 +106,7 @@ MONITORING_HANG = {
     "test.test_threading.ThreadingExceptionTests.test_print_exception_gh_102056": "not fixed: sys.monitoring",
 }
 
-OWN_IMPORT_FRAME = {
-    # 3.9 and 3.10 put the frame of a function an exception passes through back at the head of its
-    # traceback at a bare ``raise`` (3.11+ re-raise ``e.__traceback__``): the import hook's frame
-    # stays in a failing import's traceback there (`hooks._without_own_frame`).
-    "test.test_import.ImportTracebackTests.*": "the import hook's frame, 3.9 and 3.10",
-}
-
 IGNORED_ON: dict[str, dict[str, str]] = {
-    "3.9": OWN_IMPORT_FRAME,
-    "3.10": OWN_IMPORT_FRAME,
     "3.12": {**FORK_FROM_THREAD_RACE, **MONITORING_HANG},
     "3.13": {
         **FORK_FROM_THREAD_RACE,

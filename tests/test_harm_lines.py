@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -218,16 +217,30 @@ class TestTheProgramsLog:
         assert r.stdout.strip() == b"10.0"
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.9/3.10 re-raise the traceback caught (the frame stays)")
+WALK_TB = """import sys
+try:
+    import outer
+except RuntimeError as e:
+    tb = e.__traceback__
+    while tb:
+        print(tb.tb_frame.f_code.co_filename, tb.tb_frame.f_code.co_name, file=sys.stderr)
+        tb = tb.tb_next
+    raise
+"""
+
+
 @pytest.mark.parametrize(
     "code",
-    ["import nonexistent_module_x", "import badmod", "def f():\n    import badmod\nf()"],
+    ["import nonexistent_module_x", "import badmod", "def f():\n    import badmod\nf()", "import outer", WALK_TB],
 )
 def test_a_failing_import_traceback_is_the_programs_own(tmp_path: Path, code: str) -> None:
-    """An import that fails (no such module; a module raising as it runs, at top level or in a
-    function): the program's traceback is the one it prints without lora_otel — no
-    ``traced_import`` frame of lora_otel's in it (issue 36 item 9)."""
+    """An import that fails (no such module; a module raising as it runs, at top level, in a
+    function, in a module another imports; the traceback walked by the program): the program's
+    traceback is the one it prints without lora_otel — no ``traced_import`` frame of lora_otel's in
+    it (issue 36 item 9), on 3.9 and 3.10 too (their bare ``raise`` re-raises the traceback caught:
+    `hooks._set_exc_info`)."""
     (tmp_path / "badmod.py").write_text("x = 1\nraise RuntimeError('in module')\n")
+    (tmp_path / "outer.py").write_text("import os\nimport badmod\n")
     untraced = subprocess.run(
         [PYTHON, "-c", code], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
     )
@@ -241,3 +254,26 @@ def test_a_failing_import_traceback_is_the_programs_own(tmp_path: Path, code: st
     )
     assert traced.returncode == untraced.returncode == 1
     assert "Traceback" in untraced.stderr and traced.stderr == untraced.stderr
+
+
+def test_pdb_step_into_an_import_stops_where_it_does_without_lora_otel(tmp_path: Path) -> None:
+    """``python -m pdb job.py``, ``step`` three times on ``import modx`` (a module not loaded yet),
+    then ``continue``: pdb shows the same stops as without lora_otel (importlib's ``_find_and_load``
+    first), never a line of lora_otel's import hook (issue 36 item 9)."""
+    (tmp_path / "modx.py").write_text("X = 1\n")
+    (tmp_path / "job.py").write_text("import modx\nprint(modx.X)\n")
+    outs = []
+    for env in (clean_env(), clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"))):
+        r = subprocess.run(
+            [PYTHON, "-m", "pdb", "job.py"],
+            cwd=tmp_path,
+            env=env,
+            input="s\ns\ns\nc\nq\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        outs.append(r.stdout)
+    untraced, traced = outs
+    assert "_find_and_load" in untraced, untraced
+    assert "lora_otel" not in traced and traced == untraced, traced

@@ -137,3 +137,24 @@ def test_runs_from_another_pid_namespace_go_only_when_they_say_they_ended(tmp_pa
     removed = runs.prune(str(d), keep_runs=1)
     assert [r.journal for r in removed] == [str(exited)]
     assert killed.exists()
+
+
+def test_retention_locks_only_a_regular_file(tmp_path: Path) -> None:
+    """What retention locks before removing a run (`runs._lock`) is opened non-blocking and checked
+    to be a regular file: a FIFO put under a journal's name since the listing (a writer waiting on
+    it) is not taken for a journal nobody holds, nor is a device; each counts as held (-1), so its
+    run is kept."""
+    fifo = tmp_path / "run.otel.jsonl"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([PYTHON, "-c", f"open({str(fifo)!r}, 'w').write('x')"])
+    try:
+        assert runs._lock(str(fifo)) == -1
+    finally:
+        if writer.poll() is None:  # still waiting for a reader: release it
+            with open(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), "rb"):
+                writer.wait(60)
+    if os.geteuid() == 0:
+        device = tmp_path / "dev.otel.jsonl"
+        os.mknod(device, 0o600 | 0o020000, os.makedev(1, 3))  # a character device (/dev/null's)
+        assert runs._lock(str(device)) == -1
+    assert runs._head(str(fifo)) == {}

@@ -902,3 +902,141 @@ def test_files_named_to_sort_first_hide_no_journal_of_the_job(tmp_path: Path, sh
     found = parent_journal(child)
     assert found is not None and found.path == parent.path
     assert [j.path for j in job_journals(child)] == [parent.path]
+
+
+PLANT_FOR_WATCH = """
+import os, sys
+d, target = sys.argv[1], sys.argv[2]
+os.close(os.open(os.path.join(d, "a-empty.otel.jsonl"), os.O_CREAT | os.O_WRONLY, 0o644))
+for i in range(2000):
+    with open(os.path.join(d, "j-%04d.otel.jsonl" % i), "w") as f:
+        f.write("junk\\n")
+os.symlink(target, os.path.join(d, "link.otel.jsonl"))
+os.mkfifo(os.path.join(d, "fifo.otel.jsonl"))
+"""
+
+
+def test_watch_of_a_shared_dir_leaves_other_users_files_alone(tmp_path: Path, shared: Path, attacker) -> None:
+    """In the shared ``LORA_OTEL_DIR`` of a finished job, the attacker puts an empty journal, 2,000
+    junk files, a symlink to a journal of the victim's elsewhere and a FIFO, all named
+    ``*.otel.jsonl``. ``lora-otel watch DIR`` (line mode and ``--once``) follows only the victim's
+    journal, says the others are ignored in one line, and exits 0 as without them. Before, the
+    empty file counted as a process gone without an exit record (exit 3), each junk file printed
+    its own lines, and the symlink was followed."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [own] = journals(shared)
+    private = tmp_path / "private.otel.jsonl"
+    shutil.copy(own, private)
+    as_attacker(attacker, PLANT_FOR_WATCH, str(shared), str(private))
+    for extra in (["--interval", "0.2"], ["--once"]):
+        r = subprocess.run(
+            [PYTHON, "-m", "lora_otel", "watch", str(shared), *extra],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        assert "ignored 2003 files named *.otel.jsonl that are not this user's" in r.stdout, r.stdout[-3000:]
+        assert "link.otel.jsonl" not in r.stdout and "j-0000" not in r.stdout and "a-empty" not in r.stdout
+        assert len(r.stdout.splitlines()) < 30, r.stdout[-3000:]
+        if extra[0] == "--interval":
+            assert r.stdout.count("following ") == 1, r.stdout[-3000:]
+
+
+RECEIVER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        sys.stdout.write("got %s\n" % self.path); sys.stdout.flush()
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 4318), H)
+sys.stdout.write("up\n"); sys.stdout.flush()
+server.serve_forever()
+"""
+
+LIVE_JOB = r"""
+import time
+import lora_otel
+from lora_otel._boot import preamble
+with lora_otel.stage("secret stage"):  # a job: its sidecar starts, and says what it does in its log
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        log = preamble._sidecar_log
+        if log and "following" in open(log).read():
+            break
+        time.sleep(0.05)
+print(preamble._sidecar_log, preamble._sidecar_pid, flush=True)
+"""
+
+# Run inside a new network namespace (its own loopback, port 4318 free whatever else runs here):
+# the receiver (as argv[1]'s command), then the job as root, then the receiver's output.
+LIVE_DRIVER = r"""
+import json, os, subprocess, sys, time
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+receiver_cmd, python, job, env = json.loads(sys.argv[1])
+receiver = subprocess.Popen(receiver_cmd, stdout=subprocess.PIPE, text=True)
+assert receiver.stdout.readline() == "up\n"
+r = subprocess.run([python, "-c", job], env=env, capture_output=True, text=True, timeout=300)
+log, pid = r.stdout.split()
+deadline = time.time() + 120
+while time.time() < deadline:  # the sidecar drains and ends once the job has
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.05)
+receiver.kill()
+out = receiver.communicate()[0]
+print(json.dumps({"rc": r.returncode, "stderr": r.stderr, "log": open(log).read(), "received": out}))
+"""
+
+
+def _can_unshare_net() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    return subprocess.run(["unshare", "--net", "ip", "link", "set", "lo", "up"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare_net(), reason="needs root, unshare and ip (a network namespace)")
+@pytest.mark.parametrize("who", ["attacker", "own"])
+def test_live_export_without_an_endpoint_goes_only_to_an_own_listener(tmp_path: Path, attacker, who: str) -> None:
+    """``LORA_OTEL_LIVE=1`` with no OTLP endpoint set sends to the default ``localhost:4318``. When
+    another user listens there (it bound the port first), the job's sidecar sends it nothing, runs
+    as the local watchdog, and says why in one line on the job's stderr and in its log; when the
+    listener is the job's own user's, the spans go there as before. Before, the attacker's
+    listener received every span. In a network namespace of the test's own (a real loopback)."""
+    python_of_receiver = attacker_python(attacker) if who == "attacker" else PYTHON
+    receiver_cmd = [python_of_receiver, "-c", RECEIVER]
+    if who == "attacker":
+        ids = ["--reuid=%d" % attacker.pw_uid, "--regid=%d" % attacker.pw_gid, "--clear-groups"]
+        receiver_cmd = ["setpriv", *ids, *receiver_cmd]
+    env = clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="1", LORA_OTEL_DIR=str(tmp_path), LORA_OTEL_DRAIN_S="10")
+    r = subprocess.run(
+        ["unshare", "--net", PYTHON, "-c", LIVE_DRIVER, json.dumps([receiver_cmd, PYTHON, LIVE_JOB, env])],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=clean_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["rc"] == 0, out["stderr"]
+    if who == "attacker":
+        assert out["received"] == "", out
+        line = "live export off: LORA_OTEL_LIVE=1 names no OTLP endpoint and localhost:4318 is listened on by uid %d"
+        assert line % attacker.pw_uid in out["stderr"], out["stderr"]
+        assert line % attacker.pw_uid in out["log"] and "in local mode" in out["log"], out["log"]
+    else:
+        assert "got /v1/traces" in out["received"], out
+        assert "live export off" not in out["stderr"] + out["log"]

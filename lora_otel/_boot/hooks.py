@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import 
     from argparse import ArgumentParser
     from collections.abc import Callable, Mapping, MutableMapping, Sequence
     from importlib.machinery import ModuleSpec
-    from types import ModuleType
+    from types import ModuleType, TracebackType
     from typing import Any, TypeVar
 
     from typing_extensions import Concatenate, ParamSpec
@@ -338,11 +338,59 @@ def _without_own_frame(e: BaseException) -> None:
     """Take `traced_import`'s own entry off the head of ``e``'s traceback, before a bare ``raise``
     re-raises it: the program's traceback (printed, logged, walked by pdb's post-mortem) shows its
     import statement, then the module that failed, as without lora_otel — the interpreter already
-    hides its own import machinery so. Python 3.11+ (a bare ``raise`` there re-raises
-    ``e.__traceback__``; 3.9 and 3.10 restore the traceback caught, so the frame stays there)."""
+    hides its own import machinery so. On 3.11+ a bare ``raise`` re-raises ``e.__traceback__``.
+
+    3.9 and 3.10 re-raise the traceback the ``except`` caught, kept in the thread's "exception
+    being handled" (``sys.exc_info()``), which already holds this frame; every other way out of a
+    Python frame (``raise e.with_traceback(...)``, a ``finally``, a ``with``) adds the frame again
+    on the way through, and Python code cannot set ``sys.exc_info()``. So there the handled
+    exception is replaced through the C API's ``PyErr_SetExcInfo`` (`_set_exc_info`), only on this
+    path: an import that failed."""
     tb = e.__traceback__
     if tb is not None and tb.tb_frame.f_code is traced_import.__code__:
         e.__traceback__ = tb.tb_next
+        if sys.version_info < (3, 11):
+            _set_exc_info(e, tb.tb_next)
+
+
+_exc_info_api: list[Any] = []
+"""``[Py_IncRef, PyErr_SetExcInfo]`` once loaded (3.9, 3.10); ``[]`` before, ``[None]`` when unavailable."""
+
+
+def _set_exc_info(e: BaseException, tb: TracebackType | None) -> None:
+    """Make ``(type(e), e, tb)`` the exception this thread is handling (``sys.exc_info()``), which
+    a bare ``raise`` re-raises on 3.9 and 3.10. Through ``_ctypes`` alone (not ``ctypes``, whose
+    import would be the program's), loaded at the first failed import; fails open: unavailable (no
+    ``_ctypes``, no ``/proc``-less dlopen), the frame stays in the traceback, as before."""
+    try:
+        if not _exc_info_api:
+            _exc_info_api.append(None)  # (tried once)
+            from lora_otel._boot import stdlib
+
+            c = stdlib.module("_ctypes")
+
+            class _Object(c._SimpleCData):  # type: ignore[misc, name-defined]  # ctypes.py_object
+                _type_ = "O"
+
+            flags = c.FUNCFLAG_CDECL | c.FUNCFLAG_PYTHONAPI
+
+            class _IncRef(c.CFuncPtr):  # type: ignore[misc, name-defined]
+                _flags_, _argtypes_, _restype_ = flags, (_Object,), None
+
+            class _SetExcInfo(c.CFuncPtr):  # type: ignore[misc, name-defined]
+                _flags_, _argtypes_, _restype_ = flags, (_Object, _Object, _Object), None
+
+            handle = c.dlopen(None, c.RTLD_LOCAL)  # the interpreter's own symbols, as ctypes.pythonapi
+            _exc_info_api[:] = [_IncRef(c.dlsym(handle, "Py_IncRef")), _SetExcInfo(c.dlsym(handle, "PyErr_SetExcInfo"))]
+        incref, set_exc_info = _exc_info_api if len(_exc_info_api) == 2 else (None, None)
+        if set_exc_info is None or incref is None:
+            return
+        triple = (type(e), e, tb)
+        for obj in triple:  # PyErr_SetExcInfo takes over one reference to each
+            incref(obj)
+        set_exc_info(*triple)
+    except Exception:  # noqa: BLE001 - fail open: the traceback keeps the frame, as before
+        pass
 
 
 def install_import_hook() -> None:
@@ -369,6 +417,7 @@ _integrations: dict[str, str] = {
     "transformers.modeling_utils": "hf_models",  # from_pretrained: "load model"
     "datasets.arrow_dataset": "datasets",  # Dataset.map/filter: "prepare dataset"
     "subprocess": "install_subprocess_hook",
+    "bdb": "install_bdb_hook",  # pdb's step passes over lora_otel's frames
     "multiprocessing.util": "install_mp_spawn_hook",  # loaded lazily, when a spawn starts
     "multiprocessing.process": "install_mp_terminate_hook",
 }
@@ -502,6 +551,33 @@ def _apply(env: MutableMapping[str, str], changes: Mapping[str, str | None]) -> 
             env.pop(key, None)
         else:
             env[key] = value
+
+
+_OWN_MODULES = ("lora_otel._boot.", "lora_otel.integrations.")
+"""Modules whose frames run inside the program's calls (the import hook, wrapped functions)."""
+
+
+def install_bdb_hook(bdb: ModuleType) -> None:
+    """pdb (and any debugger built on ``bdb``) never stops in lora_otel's own frames: ``step`` on an
+    import statement stops where it stops without lora_otel (importlib's first frame, or the
+    module's code), not in `traced_import`; nor in a wrapper of a function the program calls. A
+    frame of these modules is one ``Bdb.stop_here`` says no to, as for the modules of pdb's own
+    ``skip``: not traced line by line, while the frames it calls still are. A breakpoint set in
+    lora_otel's files still stops there."""
+    cls = getattr(bdb, "Bdb", None)
+    orig = getattr(cls, "stop_here", None)
+    if cls is None or orig is None or getattr(orig, "_lora_otel", False):
+        return
+
+    def stop_here(self: object, frame: Any) -> bool:
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and name.startswith(_OWN_MODULES):
+            return False
+        return bool(orig(self, frame))
+
+    stop_here._lora_otel = True  # type: ignore[attr-defined]
+    stop_here.__wrapped__ = orig  # type: ignore[attr-defined]
+    cls.stop_here = stop_here
 
 
 def install_subprocess_hook(subprocess: ModuleType) -> None:

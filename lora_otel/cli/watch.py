@@ -1,9 +1,10 @@
 """``lora-otel watch``: follow running jobs live, their span trees updating and stalls highlighted.
 
 PATH is a journal, or a directory whose ``*.otel.jsonl`` files (not recursive) are all followed,
-new ones picked up as they appear. Every ``--interval`` s each journal's new bytes are read
-(`JournalTail`) and stalls checked by `stall.detect` (``--stall-after``/``LORA_OTEL_STALL_AFTER``,
-``LORA_OTEL_FROZEN_AFTER``).
+new ones picked up as they appear: only this user's regular files (another user's, a symlink or a
+FIFO put there in a shared directory is never opened; one line counts them). Every ``--interval``
+s each journal's new bytes are read (`JournalTail`) and stalls checked by `stall.detect`
+(``--stall-after``/``LORA_OTEL_STALL_AFTER``, ``LORA_OTEL_FROZEN_AFTER``).
 
 - On a terminal the whole view is redrawn (ANSI clear + home): per process a heading (pid, state)
   and inspect's report, open spans counting up, a stalled span red and bold with its stall message
@@ -43,11 +44,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -392,19 +393,56 @@ class Watcher:
         self.path, self.is_dir, self.limits, self.frozen_after_s = path, os.path.isdir(path), limits, frozen_after_s
         self.followed: dict[str, Followed] = {}
         self.said_waiting = False
+        self.ignored: set[str] = set()
+        """Names in the directory that are not this user's regular files (another user's, a
+        symlink, a FIFO): never opened, counted in one line (`ignored_line`)."""
+        self.said_ignored = 0
 
     def poll(self, now_ns: int) -> None:
         """Pick up new journals (directory), read what each gained, and check for stalls."""
-        paths = (
-            sorted(glob.glob(os.path.join(glob.escape(self.path), "*" + JOURNAL_SUFFIX)))
-            if self.is_dir
-            else [self.path]
-        )
-        for path in paths:
-            if path not in self.followed and os.path.isfile(path):
-                self.followed[path] = Followed(JournalTail(path), now_ns)
+        if self.is_dir:
+            self._list(now_ns)
+        elif self.path not in self.followed and os.path.isfile(self.path):
+            self.followed[self.path] = Followed(JournalTail(self.path), now_ns)
         for f in self.followed.values():
             self._refresh(f, now_ns)
+
+    def _list(self, now_ns: int) -> None:
+        """Follow the new journals of the directory that are this user's regular files. In a
+        directory others can write to, anyone can put a file there under a journal's name: an
+        empty one (a process "gone" that fails watch), thousands (a line each), a symlink to a file
+        of this user's (read and shown), a FIFO. Those are left alone (`ignored`), as retention
+        leaves them (`lora_otel.journal.runs.runs_in`); ``lora-otel watch FILE`` follows one."""
+        me, new = os.geteuid(), []
+        try:
+            with os.scandir(self.path) as entries:  # one entry at a time: 100,000 junk files listed whole cost MBs
+                for entry in entries:
+                    name = entry.name
+                    if not name.endswith(JOURNAL_SUFFIX) or name in self.ignored:
+                        continue
+                    path = os.path.join(self.path, name)
+                    if path in self.followed:
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode) and st.st_uid == me:
+                        new.append(path)
+                    else:
+                        self.ignored.add(name)
+        except OSError:
+            return
+        for path in sorted(new):
+            self.followed[path] = Followed(JournalTail(path, nofollow=True), now_ns)
+
+    def ignored_line(self) -> Optional[str]:
+        """One line for every file left alone (`_list`), or None when there is none."""
+        n = len(self.ignored)
+        if not n:
+            return None
+        files = f"{n} file{'s' if n != 1 else ''} named *{JOURNAL_SUFFIX}"
+        return f"ignored {files} that {'are' if n != 1 else 'is'} not this user's (another user's, a symlink, a FIFO)"
 
     def _refresh(self, f: Followed, now_ns: int) -> None:
         try:
@@ -518,6 +556,8 @@ class Watcher:
         lines = [f"lora-otel watch {_display(self.path)}  {time.strftime('%H:%M:%S')}  {header}"] if header else []
         if not self.followed:
             lines.append(f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}")
+        if self.ignored:
+            lines.append(self.ignored_line() or "")
         jobs, which, rest = self.jobs(now_ns)
         for job in jobs:
             if len(job.procs) == 1:
@@ -590,11 +630,14 @@ class Watcher:
 
     def changes(self, now_ns: int) -> list[str]:
         """One line per change since the last call, for output that is not a terminal."""
+        out: list[str] = []
+        if len(self.ignored) != self.said_ignored:  # at most one line a poll, however many files come
+            self.said_ignored = len(self.ignored)
+            out.append(self.ignored_line() or "")
         if not self.followed and not self.said_waiting:
             self.said_waiting = True
-            return [f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}"]
+            return [*out, f"waiting for journals (*{JOURNAL_SUFFIX}) in {_display(self.path)}"]
         jobs, which, rest = self.jobs(now_ns)
-        out: list[str] = []
         for job in jobs:
             for proc in job.procs:
                 f = which[id(proc)]

@@ -71,6 +71,18 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
+def _tell_job(journal_path: str, stderr_hint: Optional[StderrHint], msg: str) -> None:
+    """``msg`` in the sidecar's log and as one of the job's lines (its stderr, its ``--log``)."""
+    _say(msg)
+    from lora_otel.export.watchdog import JobLines
+    from lora_otel.journal.reader import read_journal
+
+    try:
+        JobLines(stderr_hint).say(read_journal(journal_path), msg, alive=True)
+    except Exception as e:  # noqa: BLE001 - the line in the sidecar's log stands
+        _say("could not tell the job: %s: %s" % (type(e).__name__, e))
+
+
 def _float_env(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
@@ -306,6 +318,17 @@ def follow(
 
     if not exports(os.environ):
         return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
+    from lora_otel.export import loopback
+
+    why = loopback.stranger(os.environ)
+    if why is not None:  # LORA_OTEL_LIVE=1 and no endpoint: the default port, not provably ours
+        _tell_job(
+            journal_path,
+            stderr_hint,
+            "live export off: LORA_OTEL_LIVE=1 names no OTLP endpoint and %s; the watchdog runs locally "
+            "(set OTEL_EXPORTER_OTLP_ENDPOINT to export anyway)" % why,
+        )
+        return follow_local(journal_path, pid, poll_s, cgroup, oom_kills, children, stderr_hint)
     import logging
 
     # The SDK's exporters log every failed attempt; during an outage that is noise here, and the
@@ -330,7 +353,10 @@ def follow(
         _say("live export off: %s; the journal remains for `lora-otel replay %s`" % (e, journal_path))
         return 2
     log_exporter = None
-    if os.environ.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none":
+    logs_why = loopback.stranger(os.environ, "LOGS")  # a traces endpoint set, the logs' left to the default
+    if logs_why is not None:
+        _say("log records off: no OTLP endpoint for them and %s" % logs_why)
+    elif os.environ.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none":
         try:
             log_exporter = make_log_exporter(timeout=5)
         except Exception as e:  # noqa: BLE001 - log records are extra; spans go on

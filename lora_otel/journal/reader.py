@@ -147,9 +147,12 @@ class JournalTail:
 
     CHUNK = 1 << 20
 
-    def __init__(self, path: str | os.PathLike[str], max_events: Optional[int] = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], max_events: Optional[int] = None, nofollow: bool = False) -> None:
+        """``nofollow``: never open ``path`` through a symlink (a name found in a directory others
+        can write to, which ``watch DIR`` follows)."""
         self.path = os.fspath(path)
         self.max_events = max_events
+        self.nofollow = nofollow
         self._file: Optional[Any] = None
         self._restart()
 
@@ -166,11 +169,12 @@ class JournalTail:
         f = self._file
         from lora_otel._boot.seam import files
 
+        flags = os.O_RDONLY | (files.O_NOFOLLOW if self.nofollow else 0)
         if f is None:  # (never a FIFO's open that waits for a writer; only a regular file)
-            f = self._file = open(files.open_regular(self.path), "rb")  # noqa: SIM115 - kept open between reads
+            f = self._file = open(files.open_regular(self.path, flags), "rb")  # noqa: SIM115 - kept open between reads
         elif os.fstat(f.fileno()).st_nlink == 0:
             try:
-                new = open(files.open_regular(self.path), "rb")  # noqa: SIM115 - becomes self._file, kept open
+                new = open(files.open_regular(self.path, flags), "rb")  # noqa: SIM115 - becomes self._file, kept open
             except FileNotFoundError:
                 return f  # deleted: what the writer still appends to it
             f.close()

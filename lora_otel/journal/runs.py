@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-from lora_otel._boot.seam import JOURNAL_SUFFIX, paths
+from lora_otel._boot.seam import JOURNAL_SUFFIX, files, paths
 
 KEEP_RUNS = 100
 """Runs kept per directory unless ``LORA_OTEL_KEEP`` says otherwise (0: no limit)."""
@@ -79,7 +79,7 @@ def default_dir(environ: Optional[Mapping[str, str]] = None) -> str:
 def _head(path: str) -> dict[str, object]:
     """The journal's first record (the process start), or {} when it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = files.open_regular(path, os.O_RDONLY | files.O_NOFOLLOW)
         with open(fd, "rb") as f:
             line = f.readline(1 << 16)
         rec = json.loads(line)
@@ -274,11 +274,11 @@ def _lock(path: str) -> int:
     taking its own lock meanwhile (`lora_otel._boot.core.lock_journal`) tries again."""
     import fcntl
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:  # a FIFO, device or socket put there since the listing is never opened for good nor locked
+        fd = files.open_regular(path, os.O_RDONLY | files.O_NOFOLLOW)
     except FileNotFoundError:
         return -2
-    except OSError:
+    except OSError:  # a symlink, not a regular file (UnsafeFile), unreadable
         return -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
