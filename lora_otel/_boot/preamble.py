@@ -1924,21 +1924,6 @@ def _bound_short_runs() -> None:
     marked_name = head + SHORT_MARK + pid + paths.JOURNAL_SUFFIX
     if not dash or not pid.isdigit() or not is_short_run_name(marked_name):
         return
-    journals: list[str] = []
-    marked: list[str] = []
-    try:
-        with os.scandir(d) as entries:
-            for i, entry in enumerate(entries):
-                if i >= SHORT_SCAN_MAX:
-                    return  # a huge directory: left to a job's retention
-                if is_short_run_name(entry.name):
-                    marked.append(entry.name)
-                elif entry.name.endswith(paths.JOURNAL_SUFFIX):
-                    journals.append(entry.name)
-    except OSError:
-        return
-    if _has_children(path, journals):
-        return
     from lora_otel._boot import files
 
     ident = (core._journal_dev, core._journal_ino)
@@ -1953,6 +1938,28 @@ def _bound_short_runs() -> None:
         _unlink_own(new, ident)
         return
     core.journal_path = new
+    # Listed after the mark: of short runs ending together, the last to list sees every mark.
+    journals: list[str] = []
+    marked: list[str] = []
+    try:
+        with os.scandir(d) as entries:
+            for i, entry in enumerate(entries):
+                if i >= SHORT_SCAN_MAX:
+                    return  # a huge directory: left to a job's retention
+                if is_short_run_name(entry.name):
+                    marked.append(entry.name)
+                elif entry.name.endswith(paths.JOURNAL_SUFFIX):
+                    journals.append(entry.name)
+    except OSError:
+        return
+    if _has_children(path, journals):  # (forked children are named after the first name)
+        try:
+            os.link(new, path, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            return
+        if _unlink_own(new, ident):
+            core.journal_path = path
+        return
     me = os.geteuid()
     own: list[tuple[int, str, tuple[int, int]]] = []
     for other in marked:
