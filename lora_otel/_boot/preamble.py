@@ -1897,8 +1897,8 @@ def _bound_short_runs() -> None:
     `_short_runs_kept` are removed.
 
     Only what `_discard_short_run` could remove takes part: a journal lora_otel named in a directory
-    of journals, of a process that never became a job, was not started by a traced process (part of
-    its job's story), started no sidecar, has no stacks file and no traced child referring to it;
+    of journals (not a fallback one, whose path a line on stderr named), of a process that never
+    became a job, was not started by a traced process (part of its job's story), started no sidecar, has no stacks file and no traced child referring to it;
     nothing with ``LORA_OTEL_KEEP_SHORT=1``. One listing of the directory, at most `SHORT_SCAN_MAX`
     entries (names only); a file is removed only when it is a regular file of this user's with one
     name, under `SHORT_MAX_BYTES`, that nobody holds a lock on (a job locks its journal: a non-blocking
@@ -1920,6 +1920,8 @@ def _bound_short_runs() -> None:
     if not keep or not path or not path.endswith(paths.JOURNAL_SUFFIX):
         return
     d, name = os.path.split(path)
+    if d != os.path.dirname(paths.dir_journal_path(os.environ, core.pid, 0.0)):
+        return  # a fallback directory, its path said on stderr ("using ... instead"): the name stays
     head, dash, pid = name[: -len(paths.JOURNAL_SUFFIX)].rpartition("-")
     marked_name = head + SHORT_MARK + pid + paths.JOURNAL_SUFFIX
     if not dash or not pid.isdigit() or not is_short_run_name(marked_name):
