@@ -1912,6 +1912,7 @@ def _bound_short_runs() -> None:
         or core.forked_at
         or _launched
         or not _disposable
+        or not hasattr(os, "geteuid")
         or _sidecar_pid
         or _stacks_fd >= 0
         or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
