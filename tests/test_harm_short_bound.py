@@ -54,12 +54,16 @@ def test_failing_short_runs_leave_at_most_the_bound(tmp_path: Path, shared: Path
     """200 real short runs (100 uncaught exceptions, 100 ``SystemExit(2)``) into one shared
     ``LORA_OTEL_DIR``: at most `SHORT_RUNS_KEPT` journals of them stay, the newest, each readable by
     ``lora-otel inspect``; a live job's journal (even one named like a short run's, its files an
-    hour old: it holds its lock), another user's file named like a short run's, and a file of ours
-    that is no journal all survive. (Before: 100 journals.)"""
+    hour old: it holds its lock), another user's file named like a short run's, a hard link to a
+    file of ours under such a name, and a file of ours that is no journal all survive. (Before: 100 journals.)"""
     foreign = shared / "20200101T000000Z-0badc0de-short-1.otel.jsonl"
     as_attacker(attacker, "import sys; open(sys.argv[1], 'w').write('not yours\\n')", str(foreign))
     notes = shared / "notes.txt"
     notes.write_text("mine\n")
+    precious = tmp_path / "precious.txt"  # a file of ours, hard-linked under a short run's name (by
+    precious.write_text("keep\n")  # anyone who can write the directory, with protected_hardlinks=0)
+    os.link(precious, shared / "20200101T000003Z-short-3.otel.jsonl")
+    os.utime(precious, (0, 0))
     jobs = []
     for extra in (
         {"LORA_OTEL_DIR": str(shared)},
@@ -83,7 +87,7 @@ def test_failing_short_runs_leave_at_most_the_bound(tmp_path: Path, shared: Path
             os.utime(path, (old, old))
         failed = _failing_runs(shared, 200)
         marked = _marked(shared)
-        kept = [p for p in marked if p.name != jobs[1][1].name]
+        kept = [p for p in marked if p.name not in (jobs[1][1].name, "20200101T000003Z-short-3.otel.jsonl")]
         assert len(kept) <= SHORT_RUNS_KEPT, [p.name for p in kept]
         last = {"-short-%d.otel.jsonl" % pid for pid in failed[-2:]}
         assert {p.name[p.name.rindex("-short-") :] for p in kept} >= last, (last, [p.name for p in kept])
@@ -92,6 +96,7 @@ def test_failing_short_runs_leave_at_most_the_bound(tmp_path: Path, shared: Path
         for _proc, path in jobs:
             assert path.exists(), path
         assert foreign.read_text() == "not yours\n" and notes.read_text() == "mine\n"
+        assert (shared / "20200101T000003Z-short-3.otel.jsonl").read_text() == "keep\n"
         newest = max(kept, key=lambda p: p.stat().st_mtime_ns)
         r = subprocess.run(
             [PYTHON, "-m", "lora_otel", "inspect", str(newest)],

@@ -1976,7 +1976,12 @@ def _bound_short_runs() -> None:
             st = os.lstat(os.path.join(d, other))
         except OSError:
             continue
-        if st.st_mode & 0o170000 == 0o100000 and st.st_uid == me and st.st_size <= SHORT_MAX_BYTES:
+        if (
+            st.st_mode & 0o170000 == 0o100000
+            and st.st_uid == me
+            and st.st_nlink == 1  # (a hard link to a file of ours, put there by someone else: not counted)
+            and st.st_size <= SHORT_MAX_BYTES
+        ):
             own.append((st.st_mtime_ns, other, (st.st_dev, st.st_ino)))
     if len(own) < keep:
         return
