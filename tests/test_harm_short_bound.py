@@ -128,3 +128,21 @@ def test_lora_otel_keep_lowers_the_bound(tmp_path: Path) -> None:
     d2 = tmp_path / "k"
     _failing_runs(d2, 8, LORA_OTEL_KEEP_SHORT="1", LORA_OTEL_KEEP="1")
     assert len(journals(d2)) == 8 and _marked(d2) == []  # (the SystemExit(2) runs too)
+
+
+def test_a_short_failure_with_a_failed_forked_child_keeps_its_name(tmp_path: Path) -> None:
+    """A short run that forks a child dying of an uncaught exception, then fails itself: the
+    child's journal is named after the parent's (``<stem>.<pid>``) and names it as its parent, so
+    the parent's journal keeps its first name (the mark given at exit is taken back) and neither is
+    removed."""
+    code = (
+        "import os\npid = os.fork()\nif pid == 0:\n    raise ValueError('child')\n"
+        "os.waitpid(pid, 0)\nraise KeyError('parent')\n"
+    )
+    env = clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), LORA_OTEL_KEEP_SHORT="", LORA_OTEL_KEEP="1")
+    r = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    names = sorted(p.name for p in journals(tmp_path / "j"))
+    assert len(names) == 2 and _marked(tmp_path / "j") == [], names
+    parent, child = names[1], names[0]
+    assert child.startswith(parent[: -len(".otel.jsonl")] + "."), names
