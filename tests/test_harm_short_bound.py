@@ -146,3 +146,30 @@ def test_a_short_failure_with_a_failed_forked_child_keeps_its_name(tmp_path: Pat
     assert len(names) == 2 and _marked(tmp_path / "j") == [], names
     parent, child = names[1], names[0]
     assert child.startswith(parent[: -len(".otel.jsonl")] + "."), names
+
+
+RSS_OF_CHILD = """\
+import resource, subprocess, sys
+subprocess.run([sys.executable, "-c", sys.argv[1]], check=False)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def test_a_short_run_beside_100000_files_does_not_swell(tmp_path: Path) -> None:
+    """``python -c pass`` (and a short failure) in a ``LORA_OTEL_DIR`` holding 100,000 files that
+    someone left there peaks no higher than in an empty one (within 2 MB): the exit's look for
+    traced children streams the directory instead of listing it whole (before: +4.6 MB at
+    ``python -c pass``; a job in a tight memory cgroup pays it)."""
+    crowded, empty = tmp_path / "crowded", tmp_path / "empty"
+    crowded.mkdir()
+    empty.mkdir()
+    for i in range(100_000):
+        os.close(os.open(crowded / ("left-%06d" % i), os.O_CREAT | os.O_WRONLY, 0o600))
+    for code in ("pass", "raise ValueError('short')"):
+        peaks = {}
+        for d in (empty, crowded, empty, crowded):  # (the second of each: byte code, caches warm)
+            env = clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(d), LORA_OTEL_KEEP_SHORT="")
+            r = subprocess.run([PYTHON, "-c", RSS_OF_CHILD, code], env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            peaks[d] = int(r.stdout.split()[-1])  # KiB
+        assert peaks[crowded] - peaks[empty] < 2048, (code, peaks)

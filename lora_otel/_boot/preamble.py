@@ -1822,18 +1822,24 @@ def _has_children(path: str, names: list[str] | None = None) -> bool:
     its first record not written yet). Only the journals named after this one (forked children) or
     created since this process started are read, their first 8 KiB. ``names``: the directory's
     names when the caller listed it already (`_bound_short_runs`)."""
+    d, name = os.path.split(path)
+    if names is None:
+        try:  # streamed: 100,000 names another user left in the directory are never held at once
+            with os.scandir(d or ".") as entries:
+                return _names_have_children(d, name, (entry.name for entry in entries))
+        except OSError:
+            return True  # cannot tell: keep
+    return _names_have_children(d, name, names)
+
+
+def _names_have_children(d: str, name: str, names: Iterable[str]) -> bool:
+    """`_has_children` over the names ``names`` of the directory ``d`` (``name``: this journal's)."""
     from lora_otel._boot import files
 
-    d, name = os.path.split(path)
     own_stem = paths.stem(name) + "."
     since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
     trace = ('"trace_id":"%s"' % core.trace_id).encode()
     ppid = (',"ppid":%d,' % core.pid).encode()
-    if names is None:
-        try:
-            names = os.listdir(d or ".")
-        except OSError:
-            return True  # cannot tell: keep
     for other in names:
         if other == name or not other.endswith(paths.JOURNAL_SUFFIX):
             continue
