@@ -1664,6 +1664,8 @@ def _end() -> None:
         core.active = False
         if (how == "normal" and (status_code == 0 or not worth)) or (how == "unknown" and not core.promoted):
             _discard_short_run()  # (a code unknown, or a failure not worth reading: nothing left, as at 0)
+        else:
+            _bound_short_runs()  # a short failure kept: at most SHORT_RUNS_KEPT such journals stay
 
 
 def _steps_below(max_named: int = 4) -> str:
@@ -1813,23 +1815,31 @@ def _unlink_own(path: str, ident: tuple[int, int]) -> bool:
         return False
 
 
-def _has_children(path: str) -> bool:
+def _has_children(path: str, names: list[str] | None = None) -> bool:
     """Whether a traced child of this process refers to its journal: a journal beside it whose
     root record names this trace and this pid as its parent (a forked child, ``<stem>.<pid>``, or a
     spawned one) — still running, or kept because it failed; or an empty journal (just created,
     its first record not written yet). Only the journals named after this one (forked children) or
-    created since this process started are read, their first 8 KiB."""
+    created since this process started are read, their first 8 KiB. ``names``: the directory's
+    names when the caller listed it already (`_bound_short_runs`)."""
+    d, name = os.path.split(path)
+    if names is None:
+        try:  # streamed: 100,000 names another user left in the directory are never held at once
+            with os.scandir(d or ".") as entries:
+                return _names_have_children(d, name, (entry.name for entry in entries))
+        except OSError:
+            return True  # cannot tell: keep
+    return _names_have_children(d, name, names)
+
+
+def _names_have_children(d: str, name: str, names: Iterable[str]) -> bool:
+    """`_has_children` over the names ``names`` of the directory ``d`` (``name``: this journal's)."""
     from lora_otel._boot import files
 
-    d, name = os.path.split(path)
     own_stem = paths.stem(name) + "."
     since = paths.journal_name(core.pid, _born_ns / 1e9)[:16]  # "<UTC second>": names sort by time
     trace = ('"trace_id":"%s"' % core.trace_id).encode()
     ppid = (',"ppid":%d,' % core.pid).encode()
-    try:
-        names = os.listdir(d or ".")
-    except OSError:
-        return True  # cannot tell: keep
     for other in names:
         if other == name or not other.endswith(paths.JOURNAL_SUFFIX):
             continue
@@ -1850,6 +1860,169 @@ def _has_children(path: str) -> bool:
         if not head and _my_child(other):
             return True  # a child that has just created its journal: its first record may name us
     return False
+
+
+SHORT_RUNS_KEPT = 20
+"""The most journals of short failed runs (`_bound_short_runs`) kept per directory and user, the
+newest ones; ``LORA_OTEL_KEEP`` lowers it (``0``: no bound). The one home of this value
+(docs/journal.md, "Retention")."""
+SHORT_MARK = "-short-"
+"""Put before the pid in the name of a short failed run's journal at its exit:
+``20261130T221348Z-4242.otel.jsonl`` → ``20261130T221348Z-short-4242.otel.jsonl``."""
+SHORT_SCAN_MAX = 10_000
+"""The most directory entries `_bound_short_runs` reads at an exit: a bigger directory is left to a
+job's retention (`lora_otel.journal.runs.prune`), its journal kept under its first name."""
+SHORT_MAX_BYTES = 1 << 20
+"""A marked journal bigger than this is not one a short run wrote (a few KiB): never removed here."""
+
+
+def is_short_run_name(name: str) -> bool:
+    """Whether ``name`` is a short failed run's journal as `_bound_short_runs` names it:
+    ``<UTC second>-[<8 hex>-]short-<pid>.otel.jsonl``."""
+    if not name.endswith(paths.JOURNAL_SUFFIX) or len(name) < 16 or name[8:9] != "T" or name[15:16] != "Z":
+        return False
+    head, mark, pid = name[: -len(paths.JOURNAL_SUFFIX)].rpartition(SHORT_MARK)
+    return bool(mark) and pid.isdigit() and head[:8].isdigit() and len(head) in (16, 25)
+
+
+def _short_runs_kept() -> int:
+    """`SHORT_RUNS_KEPT`, or ``LORA_OTEL_KEEP`` when that is lower (``0``: no bound; a bad value
+    is said by the sidecar that reads it, and ignored here)."""
+    raw = os.environ.get("LORA_OTEL_KEEP", "").strip()
+    if raw.isdigit():
+        return min(SHORT_RUNS_KEPT, int(raw))
+    return SHORT_RUNS_KEPT
+
+
+def _bound_short_runs() -> None:
+    """At the exit of a short process that failed and keeps its journal (an uncaught exception, a
+    signal): bound such journals without waiting for a job's sidecar (600 failing ``python -c`` runs
+    left 600 journals). The journal gets a second name marking it a finished short run
+    (`SHORT_MARK`, given by its process on its way out, after its last record), its first name
+    goes; then, of this user's journals so marked in the directory, all but the newest
+    `_short_runs_kept` are removed.
+
+    Only what `_discard_short_run` could remove takes part: a journal lora_otel named in a directory
+    of journals (not a fallback one, whose path a line on stderr named), of a process that never
+    became a job, was not started by a traced process (part of its job's story), started no
+    sidecar, has no stacks file and no traced child referring to it; nothing with
+    ``LORA_OTEL_KEEP_SHORT=1``. One listing of the directory, after the mark (of short runs ending
+    together, the last to list sees every mark), at most `SHORT_SCAN_MAX` entries, names only
+    (a forked child's journal found there undoes the mark); a file is removed only when it is a
+    regular file of this user's with one name, under `SHORT_MAX_BYTES`, that nobody holds a lock on
+    (a job locks its journal: a non-blocking exclusive ``flock`` is asked, never waited for), still
+    the one listed (device, inode). Never raises; fails open (the journal kept, under its first
+    name when the mark could not be given)."""
+    if (
+        core.promoted
+        or core.forked_at
+        or _launched
+        or not _disposable
+        or not hasattr(os, "geteuid")
+        or _sidecar_pid
+        or _stacks_fd >= 0
+        or core.now_ns() - _born_ns >= core.beat_interval * 1e9  # it lived to its first beat: a job
+        or os.environ.get("LORA_OTEL_KEEP_SHORT", "").strip().lower() not in _NOT_SET
+    ):
+        return
+    keep = _short_runs_kept()
+    path = core.journal_path
+    if not keep or not path or not path.endswith(paths.JOURNAL_SUFFIX):
+        return
+    d, name = os.path.split(path)
+    if d != os.path.dirname(paths.dir_journal_path(os.environ, core.pid, 0.0)):
+        return  # a fallback directory, its path said on stderr ("using ... instead"): the name stays
+    head, dash, pid = name[: -len(paths.JOURNAL_SUFFIX)].rpartition("-")
+    marked_name = head + SHORT_MARK + pid + paths.JOURNAL_SUFFIX
+    if not dash or not pid.isdigit() or not is_short_run_name(marked_name):
+        return
+    from lora_otel._boot import files
+
+    ident = (core._journal_dev, core._journal_ino)
+    if not files.same(core._journal_fd, ident):
+        return  # the program closed or reused its descriptor: the journal is not this process's to judge
+    new = os.path.join(d, marked_name)
+    try:
+        os.link(path, new, follow_symlinks=False)  # never over a file someone put at that name
+    except (OSError, NotImplementedError):
+        return  # (a file system without hard links: kept under its first name, for a job's retention)
+    if not _unlink_own(path, ident):
+        _unlink_own(new, ident)
+        return
+    core.journal_path = new
+    # Listed after the mark: of short runs ending together, the last to list sees every mark.
+    journals: list[str] = []
+    marked: list[str] = []
+    try:
+        with os.scandir(d) as entries:
+            for i, entry in enumerate(entries):  # (the loop is the cost: ~0.4 µs an entry)
+                if i >= SHORT_SCAN_MAX:
+                    return  # a huge directory: left to a job's retention
+                other = entry.name
+                if other.endswith(paths.JOURNAL_SUFFIX):
+                    (marked if SHORT_MARK in other else journals).append(other)
+    except OSError:
+        return
+    journals += [other for other in marked if not is_short_run_name(other)]
+    marked = [other for other in marked if is_short_run_name(other)]
+    if _has_children(path, journals):  # (forked children are named after the first name)
+        try:
+            os.link(new, path, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+            return
+        if _unlink_own(new, ident):
+            core.journal_path = path
+        return
+    me = os.geteuid()
+    own: list[tuple[int, str, tuple[int, int]]] = []
+    for other in marked:
+        if other == marked_name:
+            continue
+        try:
+            st = os.lstat(os.path.join(d, other))
+        except OSError:
+            continue
+        if (
+            st.st_mode & 0o170000 == 0o100000
+            and st.st_uid == me
+            and st.st_nlink == 1  # (a hard link to a file of ours, put there by someone else: not counted)
+            and st.st_size <= SHORT_MAX_BYTES
+        ):
+            own.append((st.st_mtime_ns, other, (st.st_dev, st.st_ino)))
+    if len(own) < keep:
+        return
+    own.sort()
+    fcntl = None
+    for _, other, other_id in own[: len(own) - (keep - 1)]:
+        if fcntl is None:
+            from lora_otel._boot.stdlib import module
+
+            try:
+                fcntl = module("fcntl")
+            except ImportError:
+                return
+        _remove_finished(os.path.join(d, other), other_id, fcntl)
+
+
+def _remove_finished(path: str, ident: tuple[int, int], fcntl: Any) -> None:
+    """Unlink the short run's journal at ``path`` when it is still the file ``ident`` names, a
+    regular file of this user's with one name, opened without blocking, and nobody holds a lock on
+    it (asked without waiting)."""
+    from lora_otel._boot import files
+
+    try:
+        fd = files.open_existing(path, os.O_RDONLY | files.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if files.identity(fd) != tuple(ident):
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a live process's (OSError)
+        _unlink_own(path, ident)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _my_child(journal_name: str) -> bool:

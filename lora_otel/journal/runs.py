@@ -21,6 +21,11 @@ for (a file system without locks) is kept. A process that is not a job yet (its 
 holds no lock: it is judged by its pid with the journal's start time, as
 `lora_otel.journal.reader.process_state` judges it, as is every journal written before the lock.
 
+Short failed runs (a process that never became a job and died of an uncaught exception or a
+signal) are bounded without any sidecar: their journals are named ``<UTC>-[<random>-]short-<pid>``
+at exit and each such exit keeps the newest ``SHORT_RUNS_KEPT`` of them
+(`lora_otel._boot.preamble._bound_short_runs`); here they are runs like any other.
+
 Standard library only.
 """
 
