@@ -2487,12 +2487,25 @@ def _start_beat() -> None:
     wake.acquire()
     begun = _thread.allocate_lock()
     begun.acquire()
+    # Born with the program's asynchronous signals blocked (a thread inherits its creator's mask):
+    # until the thread's own first instruction blocks them, a signal the program's thread blocks
+    # (to take it with sigwait, or later) went to the beat thread and its handler ran at once
+    # (CPython's test_signal test_pthread_sigmask, a loaded machine). Put back right after.
+    signals = sys.modules.get("_signal") if sys.platform.startswith("linux") else None
+    mask = None
+    try:
+        if signals is not None:
+            mask = signals.pthread_sigmask(signals.SIG_BLOCK, ASYNC_SIGNALS)
+    except (OSError, ValueError, AttributeError):
+        mask = None
     try:
         _thread.start_new_thread(_beat_loop, (core.pid, wake, begun))
         _beat_stop, _beat_begun = wake, (os.getpid(), begun)
     finally:
         if old >= 0:
             _thread.stack_size(old)
+        if mask is not None:
+            signals.pthread_sigmask(signals.SIG_SETMASK, mask)  # type: ignore[union-attr]
 
 
 _forked_from_thread = 0
