@@ -169,12 +169,12 @@ def run(
 
 def default_sigint() -> None:
     """SIGINT's default action for regrtest, however this script was started. A background job of
-    a non-interactive shell (``cmd &`` in a script, ``nohup``) starts with SIGINT ignored; Python
+    a shell without job control (``cmd &`` in a script) starts with SIGINT ignored; Python
     then keeps it ignored (no ``default_int_handler``) and every child inherits that: test_signal's
     ``test_sigint``, ``test_keyboard_interrupt_exit_code``, ``test_pidfd_send_signal`` and
     test_threading's ``test_interrupt_main_*thread`` fail, with or without lora_otel (two runs of
-    six, with ``-W``, were started so: issue 36 item 10). A Python handler here gives each child
-    the default back at its exec."""
+    six, with ``-W``, lost exactly these: issue 36 item 10; tests/conftest.py does the same for the
+    suite). A Python handler here gives each child the default back at its exec."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

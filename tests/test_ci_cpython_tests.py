@@ -2,8 +2,7 @@
 not how the script was started (issue 36 item 10).
 
 A real run of the script (regrtest of two modules, the SIGINT tests only) started as a background
-job of a non-interactive shell, as ``cmd &`` in a CI script or ``nohup`` start it: with SIGINT
-ignored.
+job of a shell without job control, as ``cmd &`` in a CI script starts it: with SIGINT ignored.
 """
 
 from __future__ import annotations
