@@ -360,3 +360,58 @@ def test_daemon_whose_data_file_took_descriptor_2_gets_only_its_bytes(tmp_path: 
     daemon = [read_journal(p) for p in journals(tmp_path) if "REC" not in p.name]
     lines = [ln.msg for j in daemon for ln in j.lines]
     assert any("closed or reused by the program" in m for m in lines), lines
+
+
+STDIO_GAPS = r"""
+import os, sys, time
+import lora_otel
+
+with lora_otel.stage("setup"):       # a job from here (promoted in this thread), beating every 0.05 s
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+mine = [os.fstat(fd)[1:3] for fd in saved]  # (st_ino, st_dev) of the program's stdin, stdout, stderr
+taken, lost = set(), set()
+for cycle in range(int(sys.argv[1])):
+    for fd in (0, 1, 2):             # as CPython's test_subprocess test_close_fds_0_1_2 does
+        os.close(fd)
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:    # meanwhile no number of these is anyone's but the program's
+        for fd in (0, 1, 2):
+            try:
+                os.fstat(fd)
+                taken.add(fd)
+            except OSError:
+                pass
+    for fd in (0, 1, 2):
+        os.dup2(saved[fd], fd)       # its own back, as the test's _restore_fds does
+    time.sleep(0.3)
+    for fd in (0, 1, 2):
+        try:
+            if os.fstat(fd)[1:3] != mine[fd]:
+                lost.add(fd)
+        except OSError:
+            lost.add(fd)
+        os.dup2(saved[fd], fd)
+os.write(saved[1], ("taken=%s lost=%s\n" % (sorted(taken), sorted(lost))).encode())
+"""
+
+
+def test_beats_take_no_standard_number_the_program_closed_for_a_while(tmp_path: Path) -> None:
+    """A program that closes descriptors 0-2 for a while and then puts its own back with ``dup2``
+    (CPython's test_subprocess ``test_close_fds_0_1_2``; a daemon's ``/dev/null``) finds none of
+    those numbers open meanwhile, and its own files under them afterwards: the beat, which would
+    take the lowest free number for each file it reads, waits until they are back. (Before: a beat
+    read ``/proc/self/status`` at 0, the program's ``dup2`` replaced it, and the beat's ``close(0)``
+    closed the program's restored stdin; EBADF in the program, issue 36 item 10.)"""
+    (tmp_path / "gaps.py").write_text(STDIO_GAPS)
+    with open(os.devnull, "rb") as stdin:
+        r = subprocess.run(
+            [PYTHON, "gaps.py", "6"],
+            cwd=tmp_path,
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="0.05"),
+        )
+    assert r.returncode == 0, r.stderr
+    assert "taken=[] lost=[]" in r.stdout, (r.stdout, r.stderr)

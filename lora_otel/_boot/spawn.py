@@ -233,7 +233,7 @@ def start(
     pid_r = pid_w = -1
     try:
         pid_r, pid_w = os.pipe()
-        pid_w, log_fd = _above_stdio(pid_w), _above_stdio(log_fd)
+        pid_r, pid_w, log_fd = _above_stdio(pid_r), _above_stdio(pid_w), _above_stdio(log_fd)
         if os.access(SHELL, os.X_OK):
             # `sh -c SCRIPT PYTHON ARGS...`: the shell starts the sidecar in the background and
             # says its pid; the sidecar's stdout is /dev/null, not the pid pipe (else the read
@@ -294,11 +294,20 @@ _PY_SCRIPT = (
 
 def _above_stdio(fd: int) -> int:
     """``fd``, or a copy numbered above 2 that replaces it (the program closed its stdin or stdout:
-    the pipe took that number), so that the spawn's own 0-2 do not overwrite it before it moves there."""
+    the pipe took that number), so that the spawn's own 0-2 do not overwrite it before it moves there,
+    and the program's ``dup2`` that puts its own 0-2 back does not close ours while the intermediate
+    runs. The low number is closed only while it still names our file: a ``dup2`` of the program's
+    onto it meanwhile made it the program's (its restored stdin), which is never ours to close."""
     if not 0 <= fd <= 2:
         return fd
+    st = os.fstat(fd)
     new = _above_stdio(os.dup(fd))
-    os.close(fd)
+    try:
+        now = os.fstat(fd)
+    except OSError:
+        return new
+    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+        os.close(fd)
     return new
 
 
