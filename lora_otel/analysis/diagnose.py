@@ -108,6 +108,15 @@ class Diagnosis:
     and sent as ``lora_otel.diagnosis.advice``."""
 
 
+ADVICE = "what to do: "
+"""How every view begins the advice's line (the job's lines, inspect, watch, the report)."""
+
+
+def advice_line(advice: str) -> str:
+    """``what to do: <advice>``, the line every view shows under the why; "" without advice."""
+    return ADVICE + advice if advice.strip() else ""
+
+
 def diagnose(
     stall: Stall,
     evidence: dict[str, Any],
@@ -692,18 +701,18 @@ def with_baseline(
     attrs = dict(found.attrs)
     if isinstance(baseline, BaseException):
         attrs["lora_otel.baseline.error"] = str(baseline)
-        return Diagnosis(found.sentence, attrs, found.ages)
+        return Diagnosis(found.sentence, attrs, found.ages, found.advice)
     attrs["lora_otel.baseline.path"] = baseline.path
     try:
         relevant, other = bl.stall_drift(baseline, stall.span, journal, now_ns)
     except Exception as e:  # noqa: BLE001 - the diagnosis goes on without the baseline
         attrs["lora_otel.baseline.error"] = "cannot compare with %s: %s: %s" % (baseline.path, type(e).__name__, e)
-        return Diagnosis(found.sentence, attrs, found.ages)
+        return Diagnosis(found.sentence, attrs, found.ages, found.advice)
     attrs["lora_otel.baseline.drift"] = [d.text for d in relevant]
     if other:
         attrs["lora_otel.baseline.other_drift"] = [d.text for d in other[:20]]
     prefix = bl.sentence_prefix(relevant)
-    return Diagnosis(prefix + found.sentence, attrs, ages.shifted(found.ages, len(prefix)))
+    return Diagnosis(prefix + found.sentence, attrs, ages.shifted(found.ages, len(prefix)), found.advice)
 
 
 def stacks_text(evidence: Mapping[str, Any]) -> str:

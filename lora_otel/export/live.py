@@ -581,7 +581,9 @@ class Follower:
         sentence = found.sentence
         if self.watch is not None:
             try:
-                self.watch.write(journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal), found.ages)
+                self.watch.write(
+                    journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal), found.ages, found.advice
+                )
             except Exception as e:  # noqa: BLE001 - the export goes on
                 evidence[PREFIX + "record.error"] = "%s: %s" % (type(e).__name__, e)
         ranks = world_peers(journal, peers)
