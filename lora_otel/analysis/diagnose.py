@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks
+from lora_otel.analysis import ages, filelocks, hubcache, pipes
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -256,26 +256,67 @@ def _said(text: Optional[str]) -> Optional[Diagnosis]:
     return None if text is None else Diagnosis(text)
 
 
+def _root_int(journal: Optional[Journal], key: str) -> Optional[int]:
+    """An integer attribute of the journal's root span (``process.parent_pid``), None when none."""
+    value = journal.root.attrs.get(key) if journal is not None and journal.root is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _env(journal: Optional[Journal], name: str) -> str:
+    """A variable of the job's environment as its self-check recorded it (``lora_otel.env.NAME`` on
+    the root span, `lora_otel._boot.envfacts`); "" when not recorded."""
+    value = (
+        journal.root.attrs.get("lora_otel.env." + name) if journal is not None and journal.root is not None else None
+    )
+    return value.strip() if isinstance(value, str) else ""
+
+
 def _zombie(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("Z"):
-        return Diagnosis("The process has ended; its parent has not reaped it yet (a zombie).")
+        parent = _root_int(f.journal, "process.parent_pid")
+        return Diagnosis(
+            "The process has ended; its parent has not reaped it yet (a zombie).",
+            advice="Its parent%s must reap it (wait for it: Popen.wait(), os.waitpid()); a zombie cannot be "
+            "killed itself — ending the parent lets the system reap it." % (" (pid %d)" % parent if parent else ""),
+        )
     return None
 
 
 def _stopped(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("T"):
-        return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
+        pid = f.journal.pid if f.journal is not None else None
+        return Diagnosis(
+            "The process is stopped (SIGSTOP or a debugger), not running at all.",
+            advice="Resume it: kill -CONT %s (a job stopped with Ctrl-Z in a shell: fg)." % (pid or "<pid>"),
+        )
     return None
 
 
 def _memory(f: Facts) -> Optional[Diagnosis]:
-    return _said(memory_pressure(f.evidence))
+    found = memory_pressure(f.evidence)
+    if found is None:
+        return None
+    limit = f.evidence.get(PREFIX + "memory.limit_bytes")
+    more = (
+        "raise the job's memory limit (%s now%s)"
+        % (
+            _mb(limit),
+            ", %s" % f.evidence[PREFIX + "memory.limit_from"] if f.evidence.get(PREFIX + "memory.limit_from") else "",
+        )
+        if isinstance(limit, int) and not isinstance(limit, bool)
+        else "free memory on the machine"
+    )
+    return Diagnosis(
+        found, advice="Give it the memory it needs — %s — or make it need less: a smaller batch size." % more
+    )
 
 
 def _full_pipe(f: Facts) -> Optional[Diagnosis]:
-    return _said(
-        full_pipe(f.evidence, f.innermost, f.stall.kind == "frozen", f.journal.pid if f.journal is not None else None)
-    )
+    frozen, pid = f.stall.kind == "frozen", f.journal.pid if f.journal is not None else None
+    found = full_pipe(f.evidence, f.innermost, frozen, pid)
+    if found is None:
+        return None
+    return Diagnosis(found, advice=pipes.advice(f.evidence, frozen, pid, _root_int(f.journal, "process.parent_pid")))
 
 
 def _disk(f: Facts) -> Optional[Diagnosis]:
@@ -300,14 +341,17 @@ def _file_lock(f: Facts) -> Optional[Diagnosis]:
         value = f.evidence.get(filelocks.KEY + key)
         if value is not None:
             attrs["lora_otel.file_lock." + key] = value
-    return Diagnosis(found, attrs)
+    return Diagnosis(
+        found, attrs, advice=filelocks.advice(f.evidence, f.journal.pid if f.journal is not None else None)
+    )
 
 
 def _hub(f: Facts) -> Optional[Diagnosis]:
     if "huggingface_hub" in f.stacks and f.on_network:
         return Diagnosis(
             "Waiting on the network inside huggingface_hub (a hub download or API call)%s."
-            % ("; connection %s" % f.conns[0] if f.conns else "")
+            % ("; connection %s" % f.conns[0] if f.conns else ""),
+            advice=hubcache.advice(f.evidence),
         )
     return None
 
@@ -320,7 +364,35 @@ def _in_collective(f: Facts) -> Optional[Diagnosis]:
 
 
 def _dataloader(f: Facts) -> Optional[Diagnosis]:
-    return _said(dataloader_wait(f.stacks, f.evidence, f.stall))
+    found = dataloader_wait(f.stacks, f.evidence, f.stall)
+    if found is None:
+        return None
+    stuck = _busy_workers(f.evidence) if found.startswith("The main thread waits for a DataLoader batch") else []
+    pids = ", ".join(str(k.get("pid")) for k in stuck[:MAX_NAMED])
+    return Diagnosis(
+        found,
+        advice="See where worker pid %s is (py-spy dump --pid %s); to confirm that the dataset's own code hangs, "
+        "run with num_workers=0: it then runs in the main process, and the stall names its line."
+        % (pids, stuck[0].get("pid"))
+        if stuck
+        else "",
+    )
+
+
+def _busy_workers(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The DataLoader workers (`dataloader_wait`'s) that are not waiting for work: in the dataset's
+    code as read from outside, running, in disk I/O, or waiting elsewhere than a worker's idle wait."""
+    kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict) and "pid" in k]
+    workers = [
+        k
+        for k in kids
+        if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k or str(k.get("cmdline", "")) == ""
+    ] or kids
+    return [
+        k
+        for k in workers
+        if _in_work(k) or k.get("state") in ("R", "D") or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)
+    ]
 
 
 def _worker_pool(f: Facts) -> Optional[Diagnosis]:
@@ -357,11 +429,30 @@ def _exit_joins(f: Facts) -> Optional[Diagnosis]:
         "%s is at %s" % (_thread_name(frames), _short(next(fr for fr in frames if fr.python)))
         for frames in busy[:MAX_NAMED_THREADS]
     )
+    threads = (
+        ", ".join(names[:MAX_NAMED_THREADS])
+        if names
+        else ", ".join("%s at %s" % (_thread_name(fr), _short(next(x for x in fr if x.python))) for fr in busy[:1])
+    )
+    many = len(names[:MAX_NAMED_THREADS]) > 1
+    advice = (
+        "Make %s %s (threading.Thread(..., daemon=True)), or end %s loop%s and join %s before the program returns."
+        % (
+            ("threads %s" if many else "thread %s") % threads if names else threads,
+            "daemon threads" if many else "a daemon thread",
+            "their" if many else "its",
+            "s" if many else "",
+            "them" if many else "it",
+        )
+        if threads
+        else ""
+    )
     return Diagnosis(
         "The interpreter's exit waits for threads the program left running (threading._shutdown joins "
         "every non-daemon thread%s)%s. The process ends only when they do: end them before the program "
         "returns, or make them daemon threads."
-        % (": %s" % ", ".join(names[:MAX_NAMED_THREADS]) if names else "", "; " + where if where else "")
+        % (": %s" % ", ".join(names[:MAX_NAMED_THREADS]) if names else "", "; " + where if where else ""),
+        advice=advice,
     )
 
 
@@ -462,8 +553,31 @@ def _rendezvous(f: Facts) -> Optional[Diagnosis]:
         "Waiting in torch.distributed's rendezvous (init_process_group%s): %s for the other ranks to reach "
         "the store (MASTER_ADDR:MASTER_PORT) — a rank that was never started (WORLD_SIZE or RANK left in the "
         "environment), is still starting, or cannot reach that address keeps every rank here."
-        % (", at %s" % called if called else "", who)
+        % (", at %s" % called if called else "", who),
+        advice=_rendezvous_advice(f, rank, world),
     )
+
+
+def _rendezvous_advice(f: Facts, rank: Optional[int], world: Optional[int]) -> str:
+    """The ranks that must be started (of the world, those with no journal in the job), and the
+    address they must reach (the recorded MASTER_ADDR:MASTER_PORT); "" when neither is known."""
+    store = _store(f.journal)
+    if rank is None or world is None or world > 4096:
+        return "Every rank must reach %s (MASTER_ADDR:MASTER_PORT)." % store if store else ""
+    seen = set(world_peers(f.journal, f.peers)) | {rank}
+    unseen = sorted(set(range(world)) - seen)
+    reach = " with MASTER_ADDR and MASTER_PORT that reach %s" % store if store else ""
+    if unseen:
+        return (
+            "Start %s of world size %d%s (this one is rank %d); if this job was meant to run alone, "
+            "unset WORLD_SIZE and RANK in its environment." % (_ranks(unseen), world, reach, rank)
+        )
+    if store:
+        return "Every rank of the %d is running: check that each one can reach %s (MASTER_ADDR:MASTER_PORT)." % (
+            world,
+            store,
+        )
+    return ""
 
 
 _SLEEP_WCHAN = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "schedule_hrtimeout")
@@ -979,7 +1093,11 @@ def _collective(
         told = ["rank %d %s" % (rank, ", ".join(clauses)) for rank, clauses in sorted(missing.items())[:MAX_NAMED]]
         if len(missing) > MAX_NAMED:
             told.append("and %d more" % (len(missing) - MAX_NAMED))
-        return Diagnosis("%s; %s never arrived: %s." % (head, _ranks(sorted(missing)), "; ".join(told)), attrs)
+        return Diagnosis(
+            "%s; %s never arrived: %s." % (head, _ranks(sorted(missing)), "; ".join(told)),
+            attrs,
+            advice=_collective_advice(collective, journal, {rank: others[rank] for rank in missing}),
+        )
     if not others:
         why = "no other rank of the world%s is followed here" % (" of %d" % world if world else "")
     else:
@@ -995,6 +1113,43 @@ def _collective(
             parts.append("%s %s not followed here" % (_ranks(unseen), "is" if len(unseen) == 1 else "are"))
         why = "; ".join(parts)
     return Diagnosis("%s; cannot tell which rank never arrived: %s." % (head, why), attrs)
+
+
+def _rank_who(rank: int, peer: Journal) -> str:
+    """``rank 1 (pid 4712 on node-2)``: a rank by its journal's pid and host."""
+    host = peer.root.attrs.get("host.name") if peer.root is not None else None
+    where = ", ".join(
+        x
+        for x in ("pid %s" % peer.pid if peer.pid else "", "on %s" % host if isinstance(host, str) and host else "")
+        if x
+    )
+    return "rank %d%s" % (rank, " (%s)" % where.replace(", on", " on") if where else "")
+
+
+def _store(journal: Optional[Journal]) -> str:
+    """``10.0.0.1:29500``: the rendezvous store's address, from the job's recorded MASTER_ADDR and
+    MASTER_PORT; "" when either is not recorded."""
+    addr, port = _env(journal, "MASTER_ADDR"), _env(journal, "MASTER_PORT")
+    return "%s:%s" % (addr, port) if addr and port else ""
+
+
+def _collective_advice(collective: Collective, journal: Optional[Journal], missing: Mapping[int, Journal]) -> str:
+    """What to do about ranks that never reached a collective: which ranks to look at (pid, host,
+    its journal), since every rank must make the same collective calls in the same order."""
+    if not missing:
+        return ""
+    shown = sorted(missing.items())[:MAX_NAMED]
+    store = _store(journal)
+    return (
+        "Find out why %s did not reach %s: `lora-otel inspect %s` shows where it is; every rank must make the same "
+        "collective calls in the same order%s."
+        % (
+            " and ".join(_rank_who(rank, peer) for rank, peer in shown),
+            collective.op,
+            shown[0][1].path,
+            " (the ranks meet at %s, MASTER_ADDR:MASTER_PORT)" % store if store else "",
+        )
+    )
 
 
 def _innermost_frame(stacks: str) -> str:
