@@ -250,6 +250,9 @@ class Rule(NamedTuple):
     needs: str
     example: str
     check: Callable[[Facts], Optional[Diagnosis]]
+    advice: str = ""
+    """An example of its advice (`Diagnosis.advice`), "" for a rule that gives none (docs/stalls.md's
+    "what to do" column is checked against it)."""
 
 
 def _said(text: Optional[str]) -> Optional[Diagnosis]:
@@ -677,18 +680,21 @@ RULES: tuple[Rule, ...] = (
         "/proc/<pid>/stat state Z",
         "The process has ended; its parent has not reaped it yet (a zombie).",
         _zombie,
+        "Its parent (pid 4711) must reap it (wait for it: Popen.wait(), os.waitpid()); ...",
     ),
     Rule(
         "stopped",
         "/proc/<pid>/stat state T",
         "The process is stopped (SIGSTOP or a debugger), not running at all.",
         _stopped,
+        "Resume it: kill -CONT 4712 (a job stopped with Ctrl-Z in a shell: fg).",
     ),
     Rule(
         "memory pressure",
         "major faults/s >= 50, swap-ins/s >= 50 or memory PSI some avg10 >= 10 %",
         "Loading is slowed by swapping: RSS 3900 MB against a memory limit of 4000 MB, ...",
         _memory,
+        "Give it the memory it needs — raise the job's memory limit (4000 MB now, ...) — or make it need less: ...",
     ),
     Rule(
         "full pipe",
@@ -697,6 +703,7 @@ RULES: tuple[Rule, ...] = (
         "Blocked writing to its stdout, a pipe nobody reads: the main thread waits in anon_pipe_write; "
         "pipe:[34094] holding 64000 of its 65536 bytes; its read end is held by pid 4711 ...",
         _full_pipe,
+        "The program that started this job (pid 4711 python ui.py) must read the job's stdout while the job runs ...",
     ),
     Rule(
         "disk I/O",
@@ -711,24 +718,28 @@ RULES: tuple[Rule, ...] = (
         "Waiting for a file lock on /data/.locks/model.lock (filelock polls it, at job.py:5 in <module>), "
         "held by pid 4711 (python prefetch.py).",
         _file_lock,
+        "Wait for pid 4711 (python prefetch.py) to finish with /data/.locks/model.lock, or stop it ...",
     ),
     Rule(
         "hub download",
         "huggingface_hub on the stack and a socket wait",
         "Waiting on the network inside huggingface_hub (a hub download or API call); connection ...",
         _hub,
+        "gpt2 is in the local Hugging Face cache already (...): start the job with HF_HUB_OFFLINE=1 ...",
     ),
     Rule(
         "collective",
         "a torch.distributed collective on the stack; the other ranks' journals and stacks files",
         "Waiting inside a collective (all_reduce, called at train.py:17 in <module>); rank 1 never arrived: ...",
         _in_collective,
+        "Find out why rank 1 (pid 4712 on node-2) did not reach all_reduce: `lora-otel inspect ...` ...",
     ),
     Rule(
         "DataLoader",
         "torch/utils/data/ on the main thread's stack; /proc/<pid>/task/*/children",
         "The main thread waits for a DataLoader batch (at job.py:18 in <module>) for 4 s; worker pid ...",
         _dataloader,
+        "See where worker pid 4711 is (py-spy dump --pid 4711); ... run with num_workers=0 ...",
     ),
     Rule(
         "worker pool",
@@ -745,6 +756,7 @@ RULES: tuple[Rule, ...] = (
         "The interpreter's exit waits for threads the program left running (threading._shutdown joins every "
         "non-daemon thread: uploader); thread upload() is at job.py:5 in upload. ...",
         _exit_joins,
+        "Make thread uploader a daemon thread (threading.Thread(..., daemon=True)), or end its loop and join it ...",
     ),
     Rule(
         "thread locks",
@@ -779,6 +791,7 @@ RULES: tuple[Rule, ...] = (
         "Waiting in torch.distributed's rendezvous (init_process_group, at train.py:12 in <module>): rank 0 of "
         "world size 2 waits for the other ranks to reach the store ...",
         _rendezvous,
+        "Start rank 1 of world size 2 with MASTER_ADDR and MASTER_PORT that reach 10.0.0.1:29500 ...",
     ),
     Rule(
         "sleeping",
