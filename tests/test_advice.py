@@ -150,9 +150,9 @@ def test_file_lock_held_by_a_live_process_vs_nobody() -> None:
     ), found.advice
     # the job holding it itself, a pid on another host, an unknown file: no step
     for facts in (
-        dict(how="flock", path="/data/m.lock", holders=["this process itself"], holder_pid=4712),
-        dict(how="soft", path="/data/m.lock", recorded_pid=7, recorded_host="other"),
-        dict(how="filelock", error="which file is not known"),
+        {"how": "flock", "path": "/data/m.lock", "holders": ["this process itself"], "holder_pid": 4712},
+        {"how": "soft", "path": "/data/m.lock", "recorded_pid": 7, "recorded_host": "other"},
+        {"how": "filelock", "error": "which file is not known"},
     ):
         assert explain(a_stall(), lock_evidence(**facts), a_journal(4712)).advice == "", facts
 
