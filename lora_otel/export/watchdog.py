@@ -582,6 +582,7 @@ class Watch:
         # waiting for the job's STALLED line (`_say_why`): deadline, since, why line, whole STALLED line,
         # the what-to-do line after either ("" when none)
         self._why: list[tuple[float, int, str, str, str]] = []
+        self._stalled_said: list[int] = []  # times of the job's own STALLED lines seen (`note_lines`)
 
     def read(self) -> Journal:
         self.journal = self.tail.read()
@@ -707,12 +708,10 @@ class Watch:
     def _say_why(self, journal: Journal, alive: bool) -> None:
         """Write the why lines whose STALLED line the job has said (its ``line`` record): after it,
         never before; for a job that did not say it in `WHY_WAIT_S`, the whole STALLED line."""
+        self.note_lines(journal)
         keep = []
         for deadline, since, why, whole, then in self._why:
-            said = any(
-                said.level == "error" and said.msg.startswith("STALLED: ") and said.ts >= since - 1_000_000_000
-                for said in journal.lines
-            )
+            said = any(ts >= since - 1_000_000_000 for ts in self._stalled_said)
             if not alive:
                 continue  # gone: `ended` tells what happened
             if said or time.monotonic() >= deadline:
@@ -722,6 +721,25 @@ class Watch:
             else:
                 keep.append((deadline, since, why, whole, then))
         self._why = keep
+
+    def note_lines(self, journal: Journal) -> None:
+        """Remember when the job said its own STALLED lines, among the lines read so far (the live
+        export sends and forgets them: `say_why_later` runs after)."""
+        seen = set(self._stalled_said)
+        self._stalled_said += [
+            line.ts
+            for line in journal.lines
+            if line.level == "error" and line.msg.startswith("STALLED: ") and line.ts not in seen
+        ]
+        del self._stalled_said[:-16]
+
+    def say_why_later(self, journal: Journal, alive: bool) -> None:
+        """The why lines (and what to do) still waiting for the job's own STALLED line (`_say_why`):
+        for the live export, which reads the journal itself and calls this on each poll."""
+        if self._why:
+            self._say_why(journal, alive)
+        else:
+            self.note_lines(journal)
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a

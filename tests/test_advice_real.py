@@ -1,0 +1,169 @@
+"""What to do, end to end: a real job that stalls, and the advice in every view.
+
+The classic launcher bug (`Popen(stdout=PIPE)`, then `wait()` before reading): the job blocks
+printing to a full pipe that its launcher never reads. Its sidecar exports to a real collector (the
+live follower, which also writes the stall record and the lines the job cannot). What must hold is
+what the user sees: the ``what to do:`` line right after the why line on the job's stderr and in its
+``--log``, naming the launcher (its pid and command) as the program that must read the pipe; the
+same advice in ``inspect``, ``watch --once``, the report's HTML, the stall record, and the OTLP
+span, event and log record (``lora_otel.diagnosis.advice``). The evidence is recorded (redacted,
+generic) under tests/data/evidence/ for the pure test in test_advice.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from procs import PYTHON, clean_env, lora_otel_cli, wait_for
+
+from lora_otel.journal.reader import read_journal
+
+pytestmark = [pytest.mark.slow, pytest.mark.collector]
+
+JOB = """\
+import lora_otel
+with lora_otel.stage("write report"):
+    for i in range(2000):
+        print("x" * 99)  # 200 kB: three pipes' worth
+"""
+
+LAUNCHER = """\
+import subprocess, sys
+p = subprocess.Popen([sys.executable, "job.py", "--log", "run.log"], stdout=subprocess.PIPE,
+                     stderr=open("err.txt", "wb"))
+with open("job.pid", "w") as f:
+    f.write(str(p.pid))
+p.wait()  # reads the job's output only after it ends: the job never ends
+print(p.stdout.read())
+"""
+
+RECORDED = Path(__file__).resolve().parent / "data" / "evidence" / "full_pipe_launcher_waits.json"
+
+
+def text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def test_full_pipe_advice_in_every_view(tmp_path: Path, collector) -> None:
+    (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
+    (tmp_path / "launcher.py").write_text(LAUNCHER, encoding="utf-8")
+    with open(tmp_path / "launcher.txt", "wb") as out:
+        launcher = subprocess.Popen(
+            [PYTHON, "launcher.py"],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=clean_env(
+                LORA_OTEL="1",
+                LORA_OTEL_STALL_AFTER="write report=2",
+                OTEL_EXPORTER_OTLP_ENDPOINT=collector.http_endpoint,
+            ),
+            start_new_session=True,
+        )
+    want = "what to do: The program that started this job (pid %d %s launcher.py) must read the job's stdout" % (
+        launcher.pid,
+        PYTHON,
+    )
+    try:
+        # the job's own lines: in --log, the what-to-do line right after the why line; on its stderr too
+        lines = wait_for(
+            lambda: (
+                [x for x in text(tmp_path / "run.log").splitlines() if "what to do: " in x]
+                and text(tmp_path / "run.log").splitlines()
+            ),
+            timeout=90,
+            what="the what-to-do line in run.log",
+        )
+        job = int(text(tmp_path / "job.pid"))
+        [i] = [n for n, x in enumerate(lines) if "what to do: " in x]
+        assert lines[i].startswith("[lora-otel][%d][" % job) and want in lines[i], lines[i]
+        assert "or start the job with stdout to a file." in lines[i], lines[i]
+        assert "why write report is stalled: Blocked writing to its stdout" in lines[i - 1], lines[i - 1 :]
+        assert lines[i] in wait_for(lambda: text(tmp_path / "err.txt").splitlines(), what="stderr"), "on stderr too"
+
+        journal = str(tmp_path / "run.log.otel.jsonl")
+        [record] = read_journal(journal).stalls
+        assert record["by"] == "sidecar" and want[len("what to do: ") :] in record["advice"], record
+
+        shown = lora_otel_cli("inspect", journal, cwd=tmp_path)
+        out = shown.stdout.splitlines()
+        [n] = [k for k, x in enumerate(out) if x.startswith("what to do: ")]
+        assert out[n - 1].startswith("STALLED: write report open for") and want in out[n], shown.stdout
+        assert (
+            json.loads(lora_otel_cli("inspect", journal, "--json", cwd=tmp_path).stdout)["stall"]["advice"]
+            == (record["advice"])
+        )
+        watched = lora_otel_cli("watch", "--once", str(tmp_path), cwd=tmp_path)
+        assert want in watched.stdout, watched.stdout
+        report = lora_otel_cli("report", str(tmp_path), "-o", str(tmp_path / "job.html"), cwd=tmp_path)
+        assert report.returncode == 0, report.stderr
+        page = text(tmp_path / "job.html")
+        assert '<p class="advice">what to do: The program that started this job (pid %d ' % launcher.pid in page
+
+        # OTLP: the stalled span, its event and the log record carry lora_otel.diagnosis.advice
+        span = wait_for(
+            lambda: next((s for s in collector.spans() if s.name == "write report"), None),
+            timeout=30,
+            what="the stalled span at the collector",
+        )
+        assert span.attributes["lora_otel.diagnosis.advice"] == record["advice"], span.attributes
+        logs = wait_for(
+            lambda: [x for x in collector.logs() if x.attributes.get("lora_otel.diagnosis.advice")],
+            timeout=30,
+            what="the stall's log record",
+        )
+        assert logs[0].attributes["lora_otel.diagnosis.advice"] == record["advice"]
+
+        _record(record, job, launcher.pid)
+    finally:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        launcher.wait(timeout=30)
+
+    # the job is gone: inspect still shows the last stall's advice
+    gone = wait_for(
+        lambda: (r := lora_otel_cli("inspect", journal, cwd=tmp_path)) and "what to do: " in r.stdout and r,
+        timeout=60,
+        what="inspect of the dead job",
+    )
+    assert want in gone.stdout, gone.stdout
+
+
+def _record(record: dict, job: int, launcher: int) -> None:
+    """The evidence of this run, generic (pids and paths as in the pure test's journal), for
+    test_advice.py's recorded cases; written only when LORA_OTEL_RECORD_EVIDENCE=1."""
+    if os.environ.get("LORA_OTEL_RECORD_EVIDENCE") != "1":
+        return
+    evidence = {k: v for k, v in record["evidence"].items() if k.startswith(("pipe.", "process.state", "process.wait"))}
+    raw = json.dumps(evidence).replace(str(launcher), "4711").replace(str(job), "4712").replace(PYTHON, "python")
+    evidence = json.loads(raw)
+    evidence["pipe.fd1.readers"] = [
+        {"pid": 4711, "fd": 3, "cmdline": "python launcher.py", "state": "S", "wchan": "do_wait", "reading": False}
+    ]
+    evidence["pipe.writing_threads"] = ["4712 anon_pipe_write"]
+    RECORDED.write_text(
+        json.dumps(
+            {
+                "stage": "write report",
+                "pid": 4712,
+                "root_attrs": {"process.parent_pid": 4711},
+                "evidence": evidence,
+                "rule": "full pipe",
+                "sentence": ["Blocked writing to its stdout, a pipe nobody reads", "held by pid 4711"],
+                "advice": [
+                    "The program that started this job (pid 4711 python launcher.py) must read the job's stdout",
+                    "or start the job with stdout to a file.",
+                ],
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
