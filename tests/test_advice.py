@@ -419,3 +419,41 @@ def test_the_watchdog_writes_the_advice_after_the_why_line(tmp_path: Path) -> No
     assert "advice" not in watchdog.stall_record(stall, "x", {}, "watchdog", 1, None, "")
     stalls = read_journal(str(b.path)).stalls
     assert stalls[-1]["advice"] == "Resume it."
+
+
+DEADLOCK_JOB = """\
+import threading
+lock_a, lock_b = threading.Lock(), threading.Lock()
+def worker():
+    with lock_b:
+        with lock_a:
+            pass
+with lock_a:
+    with lock_b:
+        pass
+"""
+
+
+def test_a_deadlock_whose_places_the_source_shows_says_take_the_locks_in_one_order(tmp_path: Path) -> None:
+    """Both threads' waits and the locks they hold are on the source: one order for both locks.
+    A thread waiting on a lock nobody is seen holding gives no step."""
+    job = tmp_path / "job.py"
+    job.write_text(DEADLOCK_JOB, encoding="utf-8")
+    stacks = (
+        "Thread 0x2 (most recent call first):\n"
+        '  File "%s", line 5 in worker\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1010 in run\n'
+        "\n"
+        "Current thread 0x1 (most recent call first):\n"
+        '  File "%s", line 8 in <module>\n'
+    ) % (job, job)
+    found = explain(a_stall("training"), {PREFIX + "python.stacks": stacks})
+    assert rule_of(found) == "thread locks" and found.sentence.startswith("Deadlock: "), found.sentence
+    assert found.advice == (
+        "Take lock_b and lock_a in one order in every thread (the main thread takes lock_b at job.py:8 in <module> "
+        "while holding lock_a; thread worker() takes lock_a at job.py:5 in worker while holding lock_b), or hold "
+        "one lock for both."
+    ), found.advice
+    alone = stacks.split("\n\n", 1)[1]
+    found = explain(a_stall("training"), {PREFIX + "python.stacks": alone})
+    assert found.sentence.startswith("Waiting for a lock") and found.advice == "", found

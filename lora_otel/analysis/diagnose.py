@@ -473,7 +473,10 @@ def exit_handler(stall: Stall, stacks: str) -> str:
 
 
 def _locks(f: Facts) -> Optional[Diagnosis]:
-    return _said(lock_waits(f.stacks))
+    found = lock_waits(f.stacks)
+    if found is None:
+        return None
+    return Diagnosis(found, advice=deadlock_advice(f.stacks) if found.startswith("Deadlock: ") else "")
 
 
 def _cuda_init(f: Facts) -> Optional[Diagnosis]:
@@ -763,6 +766,8 @@ RULES: tuple[Rule, ...] = (
         "the source line of each thread's innermost frame (with lock:, lock.acquire() and the with blocks around it",
         "Deadlock: the main thread waits in lock_b.acquire at job.py:20 in <module> holding lock_a ...",
         _locks,
+        "Take lock_b and lock_a in one order in every thread (the main thread takes lock_b at job.py:20 in <module> "
+        "while holding lock_a; thread worker() takes lock_a at job.py:14 in worker while holding lock_b), ...",
     ),
     Rule(
         "CUDA init",
@@ -1559,6 +1564,49 @@ def lock_waits(stacks: str) -> Optional[str]:
     """Threads waiting to acquire ``threading`` locks (as the source lines of their innermost frames
     show), which lock each waits for and which it holds; a cycle is called a deadlock. None when no
     thread waits on a lock."""
+    waits, event = _lock_wait_rows(stacks)
+    if not waits:
+        return event
+    holder = {h: name for name, _, _, held in waits for h in held}
+    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]
+    parts = []
+    for name, lock, where, held in waits:
+        text = "%s waits in %s.acquire at %s" % (name, lock, where)
+        if held:
+            text += " holding %s" % " and ".join(held)
+        if lock in holder and holder[lock] != name:
+            text += " (%s is held by %s)" % (lock, holder[lock])
+        parts.append(text)
+    if len(cycle) >= 2:
+        return "Deadlock: %s." % "; ".join(parts)
+    return (
+        "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts)
+        if not any(w[1] in holder for w in waits)
+        else "Waiting for a lock: %s." % "; ".join(parts)
+    )
+
+
+def deadlock_advice(stacks: str) -> str:
+    """For a deadlock whose every thread's wait and held locks the source shows (`lock_waits`):
+    take the locks in one order everywhere, naming where each thread takes them; "" otherwise
+    (no cycle, or a lock held where the source does not show it)."""
+    waits, _ = _lock_wait_rows(stacks)
+    holder = {h: name for name, _, _, held in waits for h in held}
+    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0] and w[3]]
+    if len(cycle) < 2:
+        return ""
+    locks = list(dict.fromkeys(lock for _, lock, _, _ in cycle))
+    told = "; ".join(
+        "%s takes %s at %s while holding %s" % (name, lock, where, " and ".join(held))
+        for name, lock, where, held in cycle
+    )
+    return "Take %s in one order in every thread (%s), or hold one lock for both." % (" and ".join(locks), told)
+
+
+def _lock_wait_rows(stacks: str) -> tuple[list[tuple[str, str, str, list[str]]], Optional[str]]:
+    """The threads waiting on a ``threading`` lock (`lock_waits`), the main thread first: (who,
+    the lock, where, the locks it holds as its source's ``with`` blocks show); and the main thread's
+    wait for an event (`_event_wait`) when it waits on one, else None."""
     waits = []
     threads = _threads(stacks)
     main = _named_main(threads)
@@ -1578,26 +1626,8 @@ def lock_waits(stacks: str) -> Optional[str]:
             continue
         held = [h for h in _holds(frames) if h != lock]
         waits.append(("the main thread" if frames is main else _thread_name(frames), lock, _short(frames[0]), held))
-    if not waits:
-        return event
     waits.sort(key=lambda w: w[0] != "the main thread")
-    holder = {h: name for name, _, _, held in waits for h in held}
-    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]
-    parts = []
-    for name, lock, where, held in waits:
-        text = "%s waits in %s.acquire at %s" % (name, lock, where)
-        if held:
-            text += " holding %s" % " and ".join(held)
-        if lock in holder and holder[lock] != name:
-            text += " (%s is held by %s)" % (lock, holder[lock])
-        parts.append(text)
-    if len(cycle) >= 2:
-        return "Deadlock: %s." % "; ".join(parts)
-    return (
-        "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts)
-        if not any(w[1] in holder for w in waits)
-        else "Waiting for a lock: %s." % "; ".join(parts)
-    )
+    return waits, event
 
 
 def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
