@@ -23,7 +23,7 @@ from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 
 from lora_otel.journal.reader import read_journal
 
-pytestmark = [pytest.mark.slow, pytest.mark.collector]
+pytestmark = pytest.mark.slow
 
 JOB = """\
 import lora_otel
@@ -49,6 +49,7 @@ def text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
 
 
+@pytest.mark.collector
 def test_full_pipe_advice_in_every_view(tmp_path: Path, collector) -> None:
     (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
     (tmp_path / "launcher.py").write_text(LAUNCHER, encoding="utf-8")
@@ -134,6 +135,68 @@ def test_full_pipe_advice_in_every_view(tmp_path: Path, collector) -> None:
         what="inspect of the dead job",
     )
     assert want in gone.stdout, gone.stdout
+
+
+HOLDER = """\
+import fcntl, sys, time
+f = open(sys.argv[1], "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(600)
+"""
+
+LOCKED_JOB = """\
+import fcntl, lora_otel
+with lora_otel.stage("load model"):
+    f = open("model.lock", "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+"""
+
+
+def test_file_lock_held_by_a_live_process_advice_from_the_local_watchdog(tmp_path: Path) -> None:
+    """No collector: the local watchdog. The job blocks in flock on a file an untraced process
+    holds; its stderr has the why line and, right after it, what to do: wait for or stop that pid."""
+    (tmp_path / "holder.py").write_text(HOLDER, encoding="utf-8")
+    (tmp_path / "job.py").write_text(LOCKED_JOB, encoding="utf-8")
+    lock = tmp_path / "model.lock"
+    holder = subprocess.Popen([PYTHON, "holder.py", str(lock)], cwd=tmp_path, env=clean_env(), start_new_session=True)
+    job = None
+    try:
+        wait_for((tmp_path / "model.lock.ready").exists, timeout=60, what="the holder to take the lock")
+        with open(tmp_path / "err.txt", "wb") as err:
+            job = subprocess.Popen(
+                [PYTHON, "job.py"],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=clean_env(LORA_OTEL="1", LORA_OTEL_DIR=str(tmp_path / "j"), LORA_OTEL_STALL_AFTER="load model=2"),
+                start_new_session=True,
+            )
+        lines = wait_for(
+            lambda: (
+                [x for x in text(tmp_path / "err.txt").splitlines() if "what to do: " in x]
+                and text(tmp_path / "err.txt").splitlines()
+            ),
+            timeout=90,
+            what="the what-to-do line on the job's stderr",
+        )
+        [i] = [n for n, x in enumerate(lines) if "what to do: " in x]
+        assert "why load model is stalled: Waiting for a file lock on %s" % lock in lines[i - 1], lines
+        assert lines[i].endswith(
+            "what to do: Wait for pid %d (%s holder.py %s) to finish with %s, or stop it if it should not be "
+            "running: the kernel frees its lock when it ends." % (holder.pid, PYTHON, lock, lock)
+        ), lines[i]
+        [journal] = [str(p) for p in (tmp_path / "j").glob("*.otel.jsonl")]
+        shown = lora_otel_cli("inspect", journal, cwd=tmp_path)
+        assert "\nwhat to do: Wait for pid %d " % holder.pid in shown.stdout, shown.stdout
+    finally:
+        for proc in (job, holder):
+            if proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait(timeout=30)
 
 
 def _record(record: dict, job: int, launcher: int) -> None:
