@@ -371,12 +371,16 @@ def _dataloader(f: Facts) -> Optional[Diagnosis]:
     if found is None:
         return None
     stuck = _busy_workers(f.evidence) if found.startswith("The main thread waits for a DataLoader batch") else []
-    pids = ", ".join(str(k.get("pid")) for k in stuck[:MAX_NAMED])
+    pids = [str(k.get("pid")) for k in stuck[:MAX_NAMED]]
     return Diagnosis(
         found,
-        advice="See where worker pid %s is (py-spy dump --pid %s); to confirm that the dataset's own code hangs, "
+        advice="See where worker %s %s (py-spy dump --pid %s); to confirm that the dataset's own code hangs, "
         "run with num_workers=0: it then runs in the main process, and the stall names its line."
-        % (pids, stuck[0].get("pid"))
+        % (
+            "pid %s" % pids[0] if len(pids) == 1 else "pids %s and %s" % (", ".join(pids[:-1]), pids[-1]),
+            "is" if len(pids) == 1 else "are",
+            pids[0],
+        )
         if stuck
         else "",
     )
