@@ -199,6 +199,79 @@ def test_file_lock_held_by_a_live_process_advice_from_the_local_watchdog(tmp_pat
                 proc.wait(timeout=30)
 
 
+FAKE_HUB = """\
+import socket
+PORT = int(open("port").read())
+
+def hf_hub_download(repo_id, filename):
+    s = socket.create_connection(("127.0.0.1", PORT))
+    s.sendall(b"GET /%s/resolve/main/%s HTTP/1.1\\r\\n\\r\\n" % (repo_id.encode(), filename.encode()))
+    return s.recv(1)
+"""
+
+HUB_JOB = """\
+import lora_otel
+from huggingface_hub import hf_hub_download
+with lora_otel.stage("load model"):
+    hf_hub_download("some-org/tiny-model", "model.safetensors")
+"""
+
+
+def test_hub_download_of_a_cached_model_advises_offline(tmp_path: Path) -> None:
+    """A hub download that never answers (a local huggingface_hub package and a server that accepts
+    and stays silent), of a repo whose snapshot is in the job's HF_HUB_CACHE: the watchdog reads the
+    repo id from the job's own line and the cache from the job's environment, and says HF_HUB_OFFLINE=1."""
+    import socket
+
+    (tmp_path / "huggingface_hub").mkdir()
+    (tmp_path / "huggingface_hub" / "__init__.py").write_text(FAKE_HUB, encoding="utf-8")
+    (tmp_path / "job.py").write_text(HUB_JOB, encoding="utf-8")
+    cache = tmp_path / "cache"
+    snapshot = cache / "models--some-org--tiny-model" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}", encoding="utf-8")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    (tmp_path / "port").write_text(str(server.getsockname()[1]), encoding="utf-8")
+    job = None
+    try:
+        with open(tmp_path / "err.txt", "wb") as err:
+            job = subprocess.Popen(
+                [PYTHON, "job.py"],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=clean_env(
+                    LORA_OTEL="1",
+                    LORA_OTEL_DIR=str(tmp_path / "j"),
+                    LORA_OTEL_STALL_AFTER="load model=2",
+                    HF_HUB_CACHE=str(cache),
+                ),
+                start_new_session=True,
+            )
+        line = wait_for(
+            lambda: [x for x in text(tmp_path / "err.txt").splitlines() if "what to do: " in x],
+            timeout=90,
+            what="the what-to-do line on the job's stderr",
+        )[0]
+        assert line.endswith(
+            "what to do: some-org/tiny-model is in the local Hugging Face cache already (%s): start the job with "
+            "HF_HUB_OFFLINE=1 to load it from there without the network." % cache
+        ), line
+        [journal] = [str(p) for p in (tmp_path / "j").glob("*.otel.jsonl")]
+        [record] = read_journal(journal).stalls
+        assert record["diagnosis"].startswith("Waiting on the network inside huggingface_hub"), record
+    finally:
+        if job is not None:
+            try:
+                os.killpg(job.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            job.wait(timeout=30)
+        server.close()
+
+
 def _record(record: dict, job: int, launcher: int) -> None:
     """The evidence of this run, generic (pids and paths as in the pure test's journal), for
     test_advice.py's recorded cases; written only when LORA_OTEL_RECORD_EVIDENCE=1."""
