@@ -272,6 +272,56 @@ def test_hub_download_of_a_cached_model_advises_offline(tmp_path: Path) -> None:
         server.close()
 
 
+RENDEZVOUS = """\
+import glob, os, threading, time, lora_otel
+import torch.distributed as dist
+def watch():  # end the wait once the stall record is written (and 1 s more), as a user's Ctrl-C would
+    while not any(b'"stall"' in open(p, "rb").read() for p in glob.glob("j/*.otel.jsonl")):
+        time.sleep(0.1)
+    time.sleep(1)
+    print("stall seen", flush=True)
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+with lora_otel.stage("join"):
+    dist.init_process_group("gloo")  # WORLD_SIZE=2 left in the environment: rank 1 never comes
+"""
+
+
+@pytest.mark.torch
+def test_rendezvous_advice_names_the_rank_to_start_and_the_address(tmp_path: Path) -> None:
+    """``RANK=0 WORLD_SIZE=2`` left in the environment, one process: the advice names rank 1 as
+    the one to start and the store's address from the job's recorded MASTER_ADDR:MASTER_PORT."""
+    pytest.importorskip("torch.distributed")
+    from collector import free_port
+
+    port = free_port()
+    (tmp_path / "job.py").write_text(RENDEZVOUS, encoding="utf-8")
+    r = subprocess.run(
+        [PYTHON, "job.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=clean_env(
+            LORA_OTEL="1",
+            LORA_OTEL_DIR="j",
+            LORA_OTEL_STALL_AFTER="join=3",
+            RANK="0",
+            WORLD_SIZE="2",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        ),
+    )
+    assert r.returncode == 0 and r.stdout == "stall seen\n", (r.stdout, r.stderr[-3000:])
+    [path] = (tmp_path / "j").glob("*.otel.jsonl")
+    [record] = read_journal(str(path)).stalls
+    assert record["advice"] == (
+        "Start rank 1 of world size 2 with MASTER_ADDR and MASTER_PORT that reach 127.0.0.1:%d (this one is rank 0); "
+        "if this job was meant to run alone, unset WORLD_SIZE and RANK in its environment." % port
+    ), record
+
+
 def _record(record: dict, job: int, launcher: int) -> None:
     """The evidence of this run, generic (pids and paths as in the pure test's journal), for
     test_advice.py's recorded cases; written only when LORA_OTEL_RECORD_EVIDENCE=1."""
