@@ -725,13 +725,8 @@ class Watch:
     def note_lines(self, journal: Journal) -> None:
         """Remember when the job said its own STALLED lines, among the lines read so far (the live
         export sends and forgets them: `say_why_later` runs after)."""
-        seen = set(self._stalled_said)
-        self._stalled_said += [
-            line.ts
-            for line in journal.lines
-            if line.level == "error" and line.msg.startswith("STALLED: ") and line.ts not in seen
-        ]
-        del self._stalled_said[:-16]
+        said = {line.ts for line in journal.lines if line.level == "error" and line.msg.startswith("STALLED: ")}
+        self._stalled_said = sorted(said.union(self._stalled_said))[-16:]  # the latest: a why waits for a new one
 
     def say_why_later(self, journal: Journal, alive: bool) -> None:
         """The why lines (and what to do) still waiting for the job's own STALLED line (`_say_why`):
