@@ -24,6 +24,23 @@ def test_docs_table_is_the_rule_list_in_order() -> None:
     assert doc_rules() == [rule.name for rule in RULES]
 
 
+def doc_advice() -> dict[str, str]:
+    """The table's last column ("what to do"), by rule."""
+    text = DOC.read_text(encoding="utf-8")
+    table = text[text.index("| rule | what it is told by |") :].split("\n\n", 1)[0]
+    rows = [row for row in table.splitlines()[2:] if row.startswith("| ")]
+    return {row.split(" | ", 1)[0][2:].strip(): row.rstrip(" |").rsplit(" | ", 1)[1].strip() for row in rows}
+
+
+def test_docs_table_says_which_rules_give_advice() -> None:
+    """The "what to do" column: an example for every rule that gives advice (`Rule.advice`), "—" for
+    each that gives none."""
+    told = doc_advice()
+    assert set(told) == {rule.name for rule in RULES}
+    for rule in RULES:
+        assert (told[rule.name] == "\u2014") == (rule.advice == ""), (rule.name, told[rule.name], rule.advice)
+
+
 def test_rule_names_are_unique_and_cannot_tell_is_last() -> None:
     names = [rule.name for rule in RULES]
     assert len(set(names)) == len(names)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks
+from lora_otel.analysis import ages, filelocks, hubcache, pipes
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -106,6 +106,15 @@ class Diagnosis:
     (the file to remove and why it is safe, the setting that stops a prompt ...); "" when the
     evidence supports no step: never a guess. Shown as its own ``what to do:`` line in every view
     and sent as ``lora_otel.diagnosis.advice``."""
+
+
+ADVICE = "what to do: "
+"""How every view begins the advice's line (the job's lines, inspect, watch, the report)."""
+
+
+def advice_line(advice: str) -> str:
+    """``what to do: <advice>``, the line every view shows under the why; "" without advice."""
+    return ADVICE + advice if advice.strip() else ""
 
 
 def diagnose(
@@ -241,32 +250,76 @@ class Rule(NamedTuple):
     needs: str
     example: str
     check: Callable[[Facts], Optional[Diagnosis]]
+    advice: str = ""
+    """An example of its advice (`Diagnosis.advice`), "" for a rule that gives none (docs/stalls.md's
+    "what to do" column is checked against it)."""
 
 
 def _said(text: Optional[str]) -> Optional[Diagnosis]:
     return None if text is None else Diagnosis(text)
 
 
+def _root_int(journal: Optional[Journal], key: str) -> Optional[int]:
+    """An integer attribute of the journal's root span (``process.parent_pid``), None when none."""
+    value = journal.root.attrs.get(key) if journal is not None and journal.root is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _env(journal: Optional[Journal], name: str) -> str:
+    """A variable of the job's environment as its self-check recorded it (``lora_otel.env.NAME`` on
+    the root span, `lora_otel._boot.envfacts`); "" when not recorded."""
+    value = (
+        journal.root.attrs.get("lora_otel.env." + name) if journal is not None and journal.root is not None else None
+    )
+    return value.strip() if isinstance(value, str) else ""
+
+
 def _zombie(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("Z"):
-        return Diagnosis("The process has ended; its parent has not reaped it yet (a zombie).")
+        parent = _root_int(f.journal, "process.parent_pid")
+        return Diagnosis(
+            "The process has ended; its parent has not reaped it yet (a zombie).",
+            advice="Its parent%s must reap it (wait for it: Popen.wait(), os.waitpid()); a zombie cannot be "
+            "killed itself — ending the parent lets the system reap it." % (" (pid %d)" % parent if parent else ""),
+        )
     return None
 
 
 def _stopped(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("T"):
-        return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
+        pid = f.journal.pid if f.journal is not None else None
+        return Diagnosis(
+            "The process is stopped (SIGSTOP or a debugger), not running at all.",
+            advice="Resume it: kill -CONT %s (a job stopped with Ctrl-Z in a shell: fg)." % (pid or "<pid>"),
+        )
     return None
 
 
 def _memory(f: Facts) -> Optional[Diagnosis]:
-    return _said(memory_pressure(f.evidence))
+    found = memory_pressure(f.evidence)
+    if found is None:
+        return None
+    limit = f.evidence.get(PREFIX + "memory.limit_bytes")
+    more = (
+        "raise the job's memory limit (%s now%s)"
+        % (
+            _mb(limit),
+            ", %s" % f.evidence[PREFIX + "memory.limit_from"] if f.evidence.get(PREFIX + "memory.limit_from") else "",
+        )
+        if isinstance(limit, int) and not isinstance(limit, bool)
+        else "free memory on the machine"
+    )
+    return Diagnosis(
+        found, advice="Give it the memory it needs — %s — or make it need less: a smaller batch size." % more
+    )
 
 
 def _full_pipe(f: Facts) -> Optional[Diagnosis]:
-    return _said(
-        full_pipe(f.evidence, f.innermost, f.stall.kind == "frozen", f.journal.pid if f.journal is not None else None)
-    )
+    frozen, pid = f.stall.kind == "frozen", f.journal.pid if f.journal is not None else None
+    found = full_pipe(f.evidence, f.innermost, frozen, pid)
+    if found is None:
+        return None
+    return Diagnosis(found, advice=pipes.advice(f.evidence, frozen, pid, _root_int(f.journal, "process.parent_pid")))
 
 
 def _disk(f: Facts) -> Optional[Diagnosis]:
@@ -291,14 +344,17 @@ def _file_lock(f: Facts) -> Optional[Diagnosis]:
         value = f.evidence.get(filelocks.KEY + key)
         if value is not None:
             attrs["lora_otel.file_lock." + key] = value
-    return Diagnosis(found, attrs)
+    return Diagnosis(
+        found, attrs, advice=filelocks.advice(f.evidence, f.journal.pid if f.journal is not None else None)
+    )
 
 
 def _hub(f: Facts) -> Optional[Diagnosis]:
     if "huggingface_hub" in f.stacks and f.on_network:
         return Diagnosis(
             "Waiting on the network inside huggingface_hub (a hub download or API call)%s."
-            % ("; connection %s" % f.conns[0] if f.conns else "")
+            % ("; connection %s" % f.conns[0] if f.conns else ""),
+            advice=hubcache.advice(f.evidence),
         )
     return None
 
@@ -311,7 +367,39 @@ def _in_collective(f: Facts) -> Optional[Diagnosis]:
 
 
 def _dataloader(f: Facts) -> Optional[Diagnosis]:
-    return _said(dataloader_wait(f.stacks, f.evidence, f.stall))
+    found = dataloader_wait(f.stacks, f.evidence, f.stall)
+    if found is None:
+        return None
+    stuck = _busy_workers(f.evidence) if found.startswith("The main thread waits for a DataLoader batch") else []
+    pids = [str(k.get("pid")) for k in stuck[:MAX_NAMED]]
+    return Diagnosis(
+        found,
+        advice="See where worker %s %s (py-spy dump --pid %s); to confirm that the dataset's own code hangs, "
+        "run with num_workers=0: it then runs in the main process, and the stall names its line."
+        % (
+            "pid %s" % pids[0] if len(pids) == 1 else "pids %s and %s" % (", ".join(pids[:-1]), pids[-1]),
+            "is" if len(pids) == 1 else "are",
+            pids[0],
+        )
+        if stuck
+        else "",
+    )
+
+
+def _busy_workers(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The DataLoader workers (`dataloader_wait`'s) that are not waiting for work: in the dataset's
+    code as read from outside, running, in disk I/O, or waiting elsewhere than a worker's idle wait."""
+    kids = [k for k in evidence.get(PREFIX + "process.children") or () if isinstance(k, dict) and "pid" in k]
+    workers = [
+        k
+        for k in kids
+        if "multiprocessing" in str(k.get("cmdline", "")) or "journal" in k or str(k.get("cmdline", "")) == ""
+    ] or kids
+    return [
+        k
+        for k in workers
+        if _in_work(k) or k.get("state") in ("R", "D") or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)
+    ]
 
 
 def _worker_pool(f: Facts) -> Optional[Diagnosis]:
@@ -348,11 +436,30 @@ def _exit_joins(f: Facts) -> Optional[Diagnosis]:
         "%s is at %s" % (_thread_name(frames), _short(next(fr for fr in frames if fr.python)))
         for frames in busy[:MAX_NAMED_THREADS]
     )
+    threads = (
+        ", ".join(names[:MAX_NAMED_THREADS])
+        if names
+        else ", ".join("%s at %s" % (_thread_name(fr), _short(next(x for x in fr if x.python))) for fr in busy[:1])
+    )
+    many = len(names[:MAX_NAMED_THREADS]) > 1
+    advice = (
+        "Make %s %s (threading.Thread(..., daemon=True)), or end %s loop%s and join %s before the program returns."
+        % (
+            ("threads %s" if many else "thread %s") % threads if names else threads,
+            "daemon threads" if many else "a daemon thread",
+            "their" if many else "its",
+            "s" if many else "",
+            "them" if many else "it",
+        )
+        if threads
+        else ""
+    )
     return Diagnosis(
         "The interpreter's exit waits for threads the program left running (threading._shutdown joins "
         "every non-daemon thread%s)%s. The process ends only when they do: end them before the program "
         "returns, or make them daemon threads."
-        % (": %s" % ", ".join(names[:MAX_NAMED_THREADS]) if names else "", "; " + where if where else "")
+        % (": %s" % ", ".join(names[:MAX_NAMED_THREADS]) if names else "", "; " + where if where else ""),
+        advice=advice,
     )
 
 
@@ -370,7 +477,10 @@ def exit_handler(stall: Stall, stacks: str) -> str:
 
 
 def _locks(f: Facts) -> Optional[Diagnosis]:
-    return _said(lock_waits(f.stacks))
+    found = lock_waits(f.stacks)
+    if found is None:
+        return None
+    return Diagnosis(found, advice=deadlock_advice(f.stacks) if found.startswith("Deadlock: ") else "")
 
 
 def _cuda_init(f: Facts) -> Optional[Diagnosis]:
@@ -453,8 +563,31 @@ def _rendezvous(f: Facts) -> Optional[Diagnosis]:
         "Waiting in torch.distributed's rendezvous (init_process_group%s): %s for the other ranks to reach "
         "the store (MASTER_ADDR:MASTER_PORT) — a rank that was never started (WORLD_SIZE or RANK left in the "
         "environment), is still starting, or cannot reach that address keeps every rank here."
-        % (", at %s" % called if called else "", who)
+        % (", at %s" % called if called else "", who),
+        advice=_rendezvous_advice(f, rank, world),
     )
+
+
+def _rendezvous_advice(f: Facts, rank: Optional[int], world: Optional[int]) -> str:
+    """The ranks that must be started (of the world, those with no journal in the job), and the
+    address they must reach (the recorded MASTER_ADDR:MASTER_PORT); "" when neither is known."""
+    store = _store(f.journal)
+    if rank is None or world is None or world > 4096:
+        return "Every rank must reach %s (MASTER_ADDR:MASTER_PORT)." % store if store else ""
+    seen = set(world_peers(f.journal, f.peers)) | {rank}
+    unseen = sorted(set(range(world)) - seen)
+    reach = " with MASTER_ADDR and MASTER_PORT that reach %s" % store if store else ""
+    if unseen:
+        return (
+            "Start %s of world size %d%s (this one is rank %d); if this job was meant to run alone, "
+            "unset WORLD_SIZE and RANK in its environment." % (_ranks(unseen), world, reach, rank)
+        )
+    if store:
+        return "Every rank of the %d is running: check that each one can reach %s (MASTER_ADDR:MASTER_PORT)." % (
+            world,
+            store,
+        )
+    return ""
 
 
 _SLEEP_WCHAN = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "schedule_hrtimeout")
@@ -554,18 +687,21 @@ RULES: tuple[Rule, ...] = (
         "/proc/<pid>/stat state Z",
         "The process has ended; its parent has not reaped it yet (a zombie).",
         _zombie,
+        "Its parent (pid 4711) must reap it (wait for it: Popen.wait(), os.waitpid()); ...",
     ),
     Rule(
         "stopped",
         "/proc/<pid>/stat state T",
         "The process is stopped (SIGSTOP or a debugger), not running at all.",
         _stopped,
+        "Resume it: kill -CONT 4712 (a job stopped with Ctrl-Z in a shell: fg).",
     ),
     Rule(
         "memory pressure",
         "major faults/s >= 50, swap-ins/s >= 50 or memory PSI some avg10 >= 10 %",
         "Loading is slowed by swapping: RSS 3900 MB against a memory limit of 4000 MB, ...",
         _memory,
+        "Give it the memory it needs — raise the job's memory limit (4000 MB now, ...) — or make it need less: ...",
     ),
     Rule(
         "full pipe",
@@ -574,6 +710,7 @@ RULES: tuple[Rule, ...] = (
         "Blocked writing to its stdout, a pipe nobody reads: the main thread waits in anon_pipe_write; "
         "pipe:[34094] holding 64000 of its 65536 bytes; its read end is held by pid 4711 ...",
         _full_pipe,
+        "The program that started this job (pid 4711 python ui.py) must read the job's stdout while the job runs ...",
     ),
     Rule(
         "disk I/O",
@@ -588,24 +725,28 @@ RULES: tuple[Rule, ...] = (
         "Waiting for a file lock on /data/.locks/model.lock (filelock polls it, at job.py:5 in <module>), "
         "held by pid 4711 (python prefetch.py).",
         _file_lock,
+        "Wait for pid 4711 (python prefetch.py) to finish with /data/.locks/model.lock, or stop it ...",
     ),
     Rule(
         "hub download",
         "huggingface_hub on the stack and a socket wait",
         "Waiting on the network inside huggingface_hub (a hub download or API call); connection ...",
         _hub,
+        "gpt2 is in the local Hugging Face cache already (...): start the job with HF_HUB_OFFLINE=1 ...",
     ),
     Rule(
         "collective",
         "a torch.distributed collective on the stack; the other ranks' journals and stacks files",
         "Waiting inside a collective (all_reduce, called at train.py:17 in <module>); rank 1 never arrived: ...",
         _in_collective,
+        "Find out why rank 1 (pid 4712 on node-2) did not reach all_reduce: `lora-otel inspect ...` ...",
     ),
     Rule(
         "DataLoader",
         "torch/utils/data/ on the main thread's stack; /proc/<pid>/task/*/children",
         "The main thread waits for a DataLoader batch (at job.py:18 in <module>) for 4 s; worker pid ...",
         _dataloader,
+        "See where worker pid 4711 is (py-spy dump --pid 4711); ... run with num_workers=0 ...",
     ),
     Rule(
         "worker pool",
@@ -622,12 +763,15 @@ RULES: tuple[Rule, ...] = (
         "The interpreter's exit waits for threads the program left running (threading._shutdown joins every "
         "non-daemon thread: uploader); thread upload() is at job.py:5 in upload. ...",
         _exit_joins,
+        "Make thread uploader a daemon thread (threading.Thread(..., daemon=True)), or end its loop and join it ...",
     ),
     Rule(
         "thread locks",
         "the source line of each thread's innermost frame (with lock:, lock.acquire() and the with blocks around it",
         "Deadlock: the main thread waits in lock_b.acquire at job.py:20 in <module> holding lock_a ...",
         _locks,
+        "Take lock_b and lock_a in one order in every thread (the main thread takes lock_b at job.py:20 in <module> "
+        "while holding lock_a; thread worker() takes lock_a at job.py:14 in worker while holding lock_b), ...",
     ),
     Rule(
         "CUDA init",
@@ -656,6 +800,7 @@ RULES: tuple[Rule, ...] = (
         "Waiting in torch.distributed's rendezvous (init_process_group, at train.py:12 in <module>): rank 0 of "
         "world size 2 waits for the other ranks to reach the store ...",
         _rendezvous,
+        "Start rank 1 of world size 2 with MASTER_ADDR and MASTER_PORT that reach 10.0.0.1:29500 ...",
     ),
     Rule(
         "sleeping",
@@ -692,18 +837,18 @@ def with_baseline(
     attrs = dict(found.attrs)
     if isinstance(baseline, BaseException):
         attrs["lora_otel.baseline.error"] = str(baseline)
-        return Diagnosis(found.sentence, attrs, found.ages)
+        return Diagnosis(found.sentence, attrs, found.ages, found.advice)
     attrs["lora_otel.baseline.path"] = baseline.path
     try:
         relevant, other = bl.stall_drift(baseline, stall.span, journal, now_ns)
     except Exception as e:  # noqa: BLE001 - the diagnosis goes on without the baseline
         attrs["lora_otel.baseline.error"] = "cannot compare with %s: %s: %s" % (baseline.path, type(e).__name__, e)
-        return Diagnosis(found.sentence, attrs, found.ages)
+        return Diagnosis(found.sentence, attrs, found.ages, found.advice)
     attrs["lora_otel.baseline.drift"] = [d.text for d in relevant]
     if other:
         attrs["lora_otel.baseline.other_drift"] = [d.text for d in other[:20]]
     prefix = bl.sentence_prefix(relevant)
-    return Diagnosis(prefix + found.sentence, attrs, ages.shifted(found.ages, len(prefix)))
+    return Diagnosis(prefix + found.sentence, attrs, ages.shifted(found.ages, len(prefix)), found.advice)
 
 
 def stacks_text(evidence: Mapping[str, Any]) -> str:
@@ -970,7 +1115,11 @@ def _collective(
         told = ["rank %d %s" % (rank, ", ".join(clauses)) for rank, clauses in sorted(missing.items())[:MAX_NAMED]]
         if len(missing) > MAX_NAMED:
             told.append("and %d more" % (len(missing) - MAX_NAMED))
-        return Diagnosis("%s; %s never arrived: %s." % (head, _ranks(sorted(missing)), "; ".join(told)), attrs)
+        return Diagnosis(
+            "%s; %s never arrived: %s." % (head, _ranks(sorted(missing)), "; ".join(told)),
+            attrs,
+            advice=_collective_advice(collective, journal, {rank: others[rank] for rank in missing}),
+        )
     if not others:
         why = "no other rank of the world%s is followed here" % (" of %d" % world if world else "")
     else:
@@ -986,6 +1135,43 @@ def _collective(
             parts.append("%s %s not followed here" % (_ranks(unseen), "is" if len(unseen) == 1 else "are"))
         why = "; ".join(parts)
     return Diagnosis("%s; cannot tell which rank never arrived: %s." % (head, why), attrs)
+
+
+def _rank_who(rank: int, peer: Journal) -> str:
+    """``rank 1 (pid 4712 on node-2)``: a rank by its journal's pid and host."""
+    host = peer.root.attrs.get("host.name") if peer.root is not None else None
+    where = ", ".join(
+        x
+        for x in ("pid %s" % peer.pid if peer.pid else "", "on %s" % host if isinstance(host, str) and host else "")
+        if x
+    )
+    return "rank %d%s" % (rank, " (%s)" % where.replace(", on", " on") if where else "")
+
+
+def _store(journal: Optional[Journal]) -> str:
+    """``10.0.0.1:29500``: the rendezvous store's address, from the job's recorded MASTER_ADDR and
+    MASTER_PORT; "" when either is not recorded."""
+    addr, port = _env(journal, "MASTER_ADDR"), _env(journal, "MASTER_PORT")
+    return "%s:%s" % (addr, port) if addr and port else ""
+
+
+def _collective_advice(collective: Collective, journal: Optional[Journal], missing: Mapping[int, Journal]) -> str:
+    """What to do about ranks that never reached a collective: which ranks to look at (pid, host,
+    its journal), since every rank must make the same collective calls in the same order."""
+    if not missing:
+        return ""
+    shown = sorted(missing.items())[:MAX_NAMED]
+    store = _store(journal)
+    return (
+        "Find out why %s did not reach %s: `lora-otel inspect %s` shows where it is; every rank must make the same "
+        "collective calls in the same order%s."
+        % (
+            " and ".join(_rank_who(rank, peer) for rank, peer in shown),
+            collective.op,
+            shown[0][1].path,
+            " (the ranks meet at %s, MASTER_ADDR:MASTER_PORT)" % store if store else "",
+        )
+    )
 
 
 def _innermost_frame(stacks: str) -> str:
@@ -1382,6 +1568,49 @@ def lock_waits(stacks: str) -> Optional[str]:
     """Threads waiting to acquire ``threading`` locks (as the source lines of their innermost frames
     show), which lock each waits for and which it holds; a cycle is called a deadlock. None when no
     thread waits on a lock."""
+    waits, event = _lock_wait_rows(stacks)
+    if not waits:
+        return event
+    holder = {h: name for name, _, _, held in waits for h in held}
+    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]
+    parts = []
+    for name, lock, where, held in waits:
+        text = "%s waits in %s.acquire at %s" % (name, lock, where)
+        if held:
+            text += " holding %s" % " and ".join(held)
+        if lock in holder and holder[lock] != name:
+            text += " (%s is held by %s)" % (lock, holder[lock])
+        parts.append(text)
+    if len(cycle) >= 2:
+        return "Deadlock: %s." % "; ".join(parts)
+    return (
+        "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts)
+        if not any(w[1] in holder for w in waits)
+        else "Waiting for a lock: %s." % "; ".join(parts)
+    )
+
+
+def deadlock_advice(stacks: str) -> str:
+    """For a deadlock whose every thread's wait and held locks the source shows (`lock_waits`):
+    take the locks in one order everywhere, naming where each thread takes them; "" otherwise
+    (no cycle, or a lock held where the source does not show it)."""
+    waits, _ = _lock_wait_rows(stacks)
+    holder = {h: name for name, _, _, held in waits for h in held}
+    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0] and w[3]]
+    if len(cycle) < 2:
+        return ""
+    locks = list(dict.fromkeys(lock for _, lock, _, _ in cycle))
+    told = "; ".join(
+        "%s takes %s at %s while holding %s" % (name, lock, where, " and ".join(held))
+        for name, lock, where, held in cycle
+    )
+    return "Take %s in one order in every thread (%s), or hold one lock for both." % (" and ".join(locks), told)
+
+
+def _lock_wait_rows(stacks: str) -> tuple[list[tuple[str, str, str, list[str]]], Optional[str]]:
+    """The threads waiting on a ``threading`` lock (`lock_waits`), the main thread first: (who,
+    the lock, where, the locks it holds as its source's ``with`` blocks show); and the main thread's
+    wait for an event (`_event_wait`) when it waits on one, else None."""
     waits = []
     threads = _threads(stacks)
     main = _named_main(threads)
@@ -1401,26 +1630,8 @@ def lock_waits(stacks: str) -> Optional[str]:
             continue
         held = [h for h in _holds(frames) if h != lock]
         waits.append(("the main thread" if frames is main else _thread_name(frames), lock, _short(frames[0]), held))
-    if not waits:
-        return event
     waits.sort(key=lambda w: w[0] != "the main thread")
-    holder = {h: name for name, _, _, held in waits for h in held}
-    cycle = [w for w in waits if w[1] in holder and holder[w[1]] != w[0]]
-    parts = []
-    for name, lock, where, held in waits:
-        text = "%s waits in %s.acquire at %s" % (name, lock, where)
-        if held:
-            text += " holding %s" % " and ".join(held)
-        if lock in holder and holder[lock] != name:
-            text += " (%s is held by %s)" % (lock, holder[lock])
-        parts.append(text)
-    if len(cycle) >= 2:
-        return "Deadlock: %s." % "; ".join(parts)
-    return (
-        "Waiting for a lock: %s; no other thread the stacks show holds it." % "; ".join(parts)
-        if not any(w[1] in holder for w in waits)
-        else "Waiting for a lock: %s." % "; ".join(parts)
-    )
+    return waits, event
 
 
 def network_quiet(evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:

@@ -799,6 +799,8 @@ def python_stacks(
             out[PREFIX + "python.stacks.error"] = str(e)
     # -- file locks: told by the stacks, py-spy's included (analysis/filelocks.py) --
     out.update(file_lock_facts(pid, out))
+    # -- a hub download of a model already cached (analysis/hubcache.py) --
+    out.update(hub_facts(pid, out))
     return out
 
 
@@ -1237,6 +1239,15 @@ def pipe_facts(pid: int) -> dict[str, Any]:
 
 
 # --- file locks (lora_otel.analysis.filelocks) --------------------------------------------------
+
+
+def hub_facts(pid: int, found: dict[str, Any]) -> dict[str, Any]:
+    """Whether the repo a hub download waits for is in the job's local cache (`hubcache.facts`:
+    ``hub.*``), told by the stacks already in ``found``."""
+    from lora_otel.analysis import hubcache
+
+    stacks = "\n".join(str(found.get(PREFIX + key) or "") for key in ("python.stacks", "py_spy.dump"))
+    return hubcache.facts(pid, stacks)
 
 
 def file_lock_facts(pid: int, found: dict[str, Any], use_py_spy: bool = True) -> dict[str, Any]:

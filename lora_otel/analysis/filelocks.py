@@ -425,3 +425,28 @@ def sentence(evidence: Mapping[str, Any], where: str = "") -> Optional[str]:
     if recorded is not None and host:
         return "%s; it was written by pid %s on %s, which cannot be looked at from here." % (head, recorded, host)
     return "%s; cannot tell who holds it." % head
+
+
+def advice(evidence: Mapping[str, Any], pid: Optional[int] = None) -> str:
+    """What to do about the lock `sentence` told, from the same evidence ("" when it supports no
+    step): a live holder (another process) — wait for it or stop it, as the lock is freed when it
+    ends; a lock file nobody holds, nor has open, whose writer is gone — remove it (safe: no process
+    uses it). ``pid``: the waiting process's (a holder that is the process itself is no step here)."""
+    path = evidence.get(KEY + "path")
+    holder = evidence.get(KEY + "holder_pid")
+    holders = [str(h) for h in evidence.get(KEY + "holders") or evidence.get(KEY + "open_by") or ()]
+    if isinstance(holder, int) and holder != pid and holders:
+        named = holders[0]
+        kernel = bool(evidence.get(KEY + "holders")) and not evidence.get(KEY + "recorded_alive")
+        return "Wait for %s to finish with %s, or stop it if it should not be running%s." % (
+            named,
+            path or "the lock",
+            ": the kernel frees its lock when it ends" if kernel else "",
+        )
+    if path and evidence.get(KEY + "stale"):
+        recorded = evidence.get(KEY + "recorded_pid")
+        return "Remove %s: no process holds it or has it open%s, so nothing else is using it." % (
+            path,
+            " and pid %s written in it is gone" % recorded if recorded is not None else "",
+        )
+    return ""

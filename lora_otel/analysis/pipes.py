@@ -108,6 +108,14 @@ def describe_reader(reader: Mapping[str, Any], writer_pid: Optional[int] = None)
     return text
 
 
+def _chosen(evidence: Mapping[str, Any]) -> list[int]:
+    """The descriptors (1, 2) the job may be blocked on: the (nearly) full pipes, else those whose
+    fill could not be read."""
+    fds = [fd for fd in _STREAM if isinstance(evidence.get(PREFIX + "pipe.fd%d.inode" % fd), int)]
+    full = [fd for fd in fds if _full(evidence, fd)]
+    return full or [fd for fd in fds if _full(evidence, fd) is None]
+
+
 def full_pipe(
     evidence: Mapping[str, Any], where: str = "", frozen: bool = False, pid: Optional[int] = None
 ) -> Optional[str]:
@@ -120,10 +128,7 @@ def full_pipe(
     writer = _blocked_writer(evidence, frozen)
     if writer is None:
         return None
-    fds = [fd for fd in _STREAM if isinstance(evidence.get(PREFIX + "pipe.fd%d.inode" % fd), int)]
-    full = [fd for fd in fds if _full(evidence, fd)]
-    unknown = [fd for fd in fds if _full(evidence, fd) is None]
-    chosen = full or unknown
+    chosen = _chosen(evidence)
     if not chosen:
         return None
     inodes = {fd: evidence[PREFIX + "pipe.fd%d.inode" % fd] for fd in chosen}
@@ -145,3 +150,41 @@ def full_pipe(
             told.append("and %d more" % (len(readers) - MAX_READERS))
         tail = "; its read end is held by %s" % "; ".join(told)
     return "%s%s%s." % (head, tail, "; last Python frame: %s" % where if where else "")
+
+
+def advice(
+    evidence: Mapping[str, Any], frozen: bool = False, pid: Optional[int] = None, parent_pid: Optional[int] = None
+) -> str:
+    """What to do about the pipe `full_pipe` told ("" when it told none, or the evidence names no
+    process that could read it): who must read it — the process holding its read end, by pid and
+    command, called the program that started the job when it is the job's parent — or, for a
+    stopped reader, to resume it. ``parent_pid``: the job's parent (its root span's)."""
+    if _blocked_writer(evidence, frozen) is None:
+        return ""
+    chosen = _chosen(evidence)
+    if not chosen:
+        return ""
+    fd = chosen[0]
+    readers = [r for r in evidence.get(PREFIX + "pipe.fd%d.readers" % fd) or () if isinstance(r, Mapping)]
+    readers = [r for r in readers if r.get("pid") != pid]  # the job's own copy of its read end reads nothing
+    if not readers:
+        return ""
+    reader = readers[0]
+    cmd = str(reader.get("cmdline") or "").strip()
+    if len(cmd) > 80:
+        cmd = cmd[:79] + "\u2026"
+    who = "pid %s%s" % (reader.get("pid"), " %s" % cmd if cmd else "")
+    stream = " and ".join(_STREAM[f] for f in chosen)
+    if str(reader.get("state") or "") == "T":
+        return "Resume %s, which holds the read end of the job's %s and is stopped: kill -CONT %s." % (
+            who,
+            stream,
+            reader.get("pid"),
+        )
+    if str(reader.get("state") or "") in ("R", "Z"):
+        return ""  # busy or slow, or ended: no step the evidence supports
+    holder = "started this job" if parent_pid is not None and reader.get("pid") == parent_pid else "holds its read end"
+    return (
+        "The program that %s (%s) must read the job's %s while the job runs (Popen.communicate(), or a "
+        "thread reading the pipe), or start the job with %s to a file." % (holder, who, stream, stream)
+    )

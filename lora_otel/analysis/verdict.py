@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from lora_otel.analysis import evidence as ev
 from lora_otel.analysis.ages import aged
-from lora_otel.analysis.diagnose import explain
+from lora_otel.analysis.diagnose import advice_line, explain
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.journal.reader import Journal, Span, format_duration, process_state
@@ -64,6 +64,7 @@ class Verdict:
     by: str  # "watchdog", "sidecar" (a stall record) or "inspect"/"watch" (computed now)
     learned: Optional[dict[str, Any]] = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    advice: str = ""  # what to do (`Diagnosis.advice`, a stall record's ``advice``); "" when none
 
     @property
     def what(self) -> str:
@@ -75,6 +76,10 @@ class Verdict:
         if isinstance(self.learned, dict) and self.learned.get("from"):
             learned = f" (limit learned from {self.learned['from']})"
         return f"STALLED: {self.what}{learned} — {self.diagnosis or 'Cannot tell from the evidence.'}"
+
+    def advice_line(self) -> str:
+        """``what to do: <advice>``, the line under `line`; "" when the evidence supports no step."""
+        return advice_line(self.advice)
 
     def stacks_lines(self, journal: Journal) -> list[str]:
         """The stacks to show under the tree (`stacks_lines`), relevant thread first."""
@@ -90,6 +95,7 @@ class Verdict:
             "by": self.by,
             "learned": self.learned,
             "line": self.line(),
+            "advice": self.advice or None,
         }
 
 
@@ -118,8 +124,11 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
     if open_s is not None and recorded is not None:
         # the diagnosis's own durations ("waits for its Pool for 5.25 s") grow as the headline's does
         diagnosis = aged(diagnosis, record.get("ages"), round((open_s - recorded) * 1e9))
+    advice = record.get("advice") if isinstance(record.get("advice"), str) else ""
     if record.get("kind") == "died":
         diagnosis += _stalled_before(journal)
+        before = _record_before(journal)
+        advice = advice or (str(before.get("advice") or "") if before is not None else "")
     return Verdict(
         record.get("stage") or (span.name if span is not None else None),
         str(record.get("kind")),
@@ -129,24 +138,32 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
         record.get("by") or "watchdog",
         record.get("learned"),
         record.get("evidence") or {},
+        advice or "",
     )
 
 
-def _stalled_before(journal: Journal) -> str:
-    """`` Before, it was stalled: <what> — <diagnosis>``: the stall recorded last before the death
-    record, when it still held then (its stage still open), so that a killed job's views keep the
-    why found while it hung; "" when there is none."""
+def _record_before(journal: Journal) -> Optional[dict[str, Any]]:
+    """The stall recorded last before the death record, when it still held then (its stage still
+    open); None when there is none."""
     for record in reversed(journal.stalls[:-1]):
         if record.get("kind") == "died" or not record.get("diagnosis"):
             continue
         span_id = record.get("span_id")
         span = journal.span(span_id) if isinstance(span_id, str) else None
-        if span is not None and not span.is_open:
-            return ""
-        open_s, limit_s = _sane_s(record.get("open_s")), _sane_s(record.get("limit_s"))
-        what = what_phrase(record.get("stage") or None, str(record.get("kind")), open_s, limit_s)
-        return " Before, it was stalled: %s — %s" % (what, record["diagnosis"])
-    return ""
+        return None if span is not None and not span.is_open else record
+    return None
+
+
+def _stalled_before(journal: Journal) -> str:
+    """`` Before, it was stalled: <what> — <diagnosis>``: the stall recorded last before the death
+    record, when it still held then (its stage still open), so that a killed job's views keep the
+    why found while it hung (and its advice: `from_record`); "" when there is none."""
+    record = _record_before(journal)
+    if record is None:
+        return ""
+    open_s, limit_s = _sane_s(record.get("open_s")), _sane_s(record.get("limit_s"))
+    what = what_phrase(record.get("stage") or None, str(record.get("kind")), open_s, limit_s)
+    return " Before, it was stalled: %s — %s" % (what, record["diagnosis"])
 
 
 MAX_S = 1e10
@@ -222,6 +239,7 @@ def current(
         by,
         None,
         evidence,
+        diagnosis.advice,
     )
 
 
@@ -262,6 +280,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
         out[PREFIX + "python.stacks"] = text
         out[PREFIX + "python.stacks.from"] = "the stacks file (last request)"
     out.update(ev.file_lock_facts(pid, out, use_py_spy=False))
+    out.update(ev.hub_facts(pid, out))
     return out
 
 

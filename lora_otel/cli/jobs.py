@@ -82,6 +82,8 @@ def render_text(
         first = focus(job)
         if first is not None and first.view.verdict is not None:
             out.append(_display(first.view.verdict.line()))
+            if first.view.verdict.advice_line():
+                out.append(_display(first.view.verdict.advice_line()))
         if notes and first is not None:
             out.extend(_display(line) for line in notes.get(id(first), []))
         shown = job.procs if show_all else [callout.proc] if callout is not None else []
@@ -89,8 +91,8 @@ def render_text(
             lines = proc.view.text_lines()
             if show_all:
                 out.append(f"  {proc.who}: {_display(lines[0])}")
-            if proc.view.verdict is not None:  # said above, under the job's lines
-                del lines[1]
+            if proc.view.verdict is not None:  # said above, under the job's lines (with its advice)
+                del lines[1 : 3 if proc.view.verdict.advice_line() else 2]
             out.extend(_indent(lines[1:]))
         hidden = len(job.procs) - len(shown)
         if hidden and len(job.procs) > 1:

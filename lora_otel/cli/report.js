@@ -100,7 +100,8 @@ DATA.jobs.forEach(function (job, ji) {
       "<tr><th>journal</th><td>" + esc(lane.journal) + "</td></tr></table>";
     if (d.message) out += "<h4>Message</h4><pre>" + esc(d.message) + "</pre>";
     var stall = lane.stall && (si === lane.diag_at || s[1] === 0);
-    if (stall) out += '<h4>Stall</h4><div class="stall">' + esc(lane.diagnosis) + "</div>";
+    if (stall) out += '<h4>Stall</h4><div class="stall">' + esc(lane.diagnosis) + "</div>" +
+      (lane.advice ? '<p class="advice">' + esc(lane.advice) + "</p>" : "");
     if (d.stacks) {
       if (lane.main) out += "<h4>Main thread</h4><p>" + esc(lane.main) + "</p>";
       out += "<h4>Stacks</h4>" + (lane.stacks.length ? '<pre class="stacks">' + esc(lane.stacks.join("\n")) + "</pre>" :

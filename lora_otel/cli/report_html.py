@@ -250,6 +250,7 @@ def _lane_data(proc: jobs_mod.Proc, job: jobs_mod.Job, t0: int) -> dict[str, Any
         "end": _ms(max(reference, proc.start_ns), t0),
         "journal": _text(journal.path),
         "diagnosis": diagnosis,
+        "advice": _text(verdict.advice_line()) or None if verdict is not None and diagnosis is not None else None,
         "diag_at": next((i for i, (_, span) in enumerate(tree) if span is diag_at), None),
         "stall": _stall_data(verdict, proc) if diagnosis is not None else None,
         "stacks": stacks,
@@ -314,6 +315,8 @@ def _job_html(job: jobs_mod.Job, index: int, data: dict[str, Any]) -> str:
     focus_lane = data["lanes"][job.procs.index(focus)] if focus is not None else None
     if focus_lane is not None and focus_lane["diagnosis"]:
         parts.append(f'<p class="verdict" role="alert"><b>⚠</b> {html.escape(focus_lane["diagnosis"])}</p>')
+        if focus_lane.get("advice"):
+            parts.append(f'<p class="advice">{html.escape(focus_lane["advice"])}</p>')
     parts.append(_processes_table(job, data))
     plot = _steps_svg(job, data)
     if plot:

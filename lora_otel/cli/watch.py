@@ -620,8 +620,10 @@ class Watcher:
         if journal.problems:
             lines = [line for line in lines if not line.startswith("note: ")]
             lines.append(f"problems: {len(journal.problems)} (lora-otel inspect lists them)")
-        if f.verdict is not None:  # the stall and its diagnosis lead, red and bold
+        if f.verdict is not None:  # the stall and its diagnosis lead, red and bold; what to do under it, bold
             lines[1] = _paint(lines[1], RED_BOLD, color)
+            if f.verdict.advice_line():
+                lines[2] = _paint(lines[2], BOLD, color)
         return lines
 
     @staticmethod
@@ -677,6 +679,8 @@ class Watcher:
         if stall is not None and f.once(f"x:{stall.span.span_id}:{stall.kind}"):
             if f.verdict is not None:
                 out.append(_display(f.verdict.line()))
+                if f.verdict.advice_line():
+                    out.append(_display(f.verdict.advice_line()))
             else:
                 from lora_otel.analysis.verdict import what_phrase
 

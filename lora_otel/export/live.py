@@ -417,6 +417,8 @@ class Follower:
         if stall is not None and stall.span.span_id not in stalled_now and stall.span.span_id not in self.exported:
             out += self._stall(journal, tr, stall, now)
         self._send(out)
+        if self.watch is not None:  # the why and what-to-do lines, after the job's own STALLED line
+            self.watch.say_why_later(journal, alive)
         self._send_lines(journal, tr)
         self.tail.forget(self._forget)
         self._forget = set()
@@ -581,7 +583,9 @@ class Follower:
         sentence = found.sentence
         if self.watch is not None:
             try:
-                self.watch.write(journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal), found.ages)
+                self.watch.write(
+                    journal, stall, sentence, evidence, now, cause_pid(found.attrs, journal), found.ages, found.advice
+                )
             except Exception as e:  # noqa: BLE001 - the export goes on
                 evidence[PREFIX + "record.error"] = "%s: %s" % (type(e).__name__, e)
         ranks = world_peers(journal, peers)

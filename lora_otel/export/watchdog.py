@@ -93,9 +93,11 @@ def stall_record(
     by: str,
     now_ns: int,
     ages: Optional[list[list[int]]] = None,
+    advice: str = "",
 ) -> dict[str, Any]:
     """The journal's ``stall`` record for ``stall`` (see docs/journal.md); ``ages``: where the
-    diagnosis's growing durations are (`lora_otel.analysis.ages`)."""
+    diagnosis's growing durations are (`lora_otel.analysis.ages`); ``advice``: what to do
+    (`Diagnosis.advice`), kept only when there is one."""
     no_stage = stall.kind == "between" or (stall.span.parent_id is None and stall.span.name == "process")
     evidence = evidence_summary(evidence)
     if stall.kind == "between" and stall.after:
@@ -117,6 +119,8 @@ def stall_record(
     }
     if ages:
         record["ages"] = ages
+    if advice:
+        record["advice"] = advice
     return record
 
 
@@ -429,6 +433,14 @@ def why_line(stall: Stall, diagnosis: str) -> str:
     return "why %s is stalled: %s" % ("the job" if stall.kind == "between" else stall.stage, diagnosis)
 
 
+def record_advice(record: dict[str, Any]) -> str:
+    """The ``what to do: …`` line for a stall record (`advice_line`), "" when it has no advice."""
+    from lora_otel.analysis.diagnose import advice_line
+
+    advice = record.get("advice")
+    return advice_line(advice) if isinstance(advice, str) else ""
+
+
 CAUSE_PID = "lora_otel.diagnosis.in_pid"
 """The diagnosis attribute naming another process as the cause (a pool's worker holding the task)."""
 
@@ -567,7 +579,10 @@ class Watch:
         self.slow_told: set[str] = set()
         self._asker: Optional[StackAsker] = None  # made at the first stall (`_ask`)
         self.oom = OomWatch()
-        self._why: list[tuple[float, int, str, str]] = []  # waiting for the job's STALLED line (`_say_why`)
+        # waiting for the job's STALLED line (`_say_why`): deadline, since, why line, whole STALLED line,
+        # the what-to-do line after either ("" when none)
+        self._why: list[tuple[float, int, str, str, str]] = []
+        self._stalled_said: list[int] = []  # times of the job's own STALLED lines seen (`note_lines`)
 
     def read(self) -> Journal:
         self.journal = self.tail.read()
@@ -646,7 +661,9 @@ class Watch:
             evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
         _, frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)
         found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
-        return self.write(journal, stall, found.sentence, evidence, now, cause_pid(found.attrs, journal), found.ages)
+        return self.write(
+            journal, stall, found.sentence, evidence, now, cause_pid(found.attrs, journal), found.ages, found.advice
+        )
 
     def write(
         self,
@@ -657,10 +674,12 @@ class Watch:
         now: int,
         cause: Optional[int] = None,
         ages: Optional[list[list[int]]] = None,
+        advice: str = "",
     ) -> dict[str, Any]:
         """The stall record, and the STALLED line where the job cannot write it (``cause``: the pid
-        of another process the diagnosis names, `cause_pid`; ``ages``: `Diagnosis.ages`)."""
-        record = stall_record(stall, sentence, evidence, self.by, now, ages)
+        of another process the diagnosis names, `cause_pid`; ``ages``: `Diagnosis.ages`; ``advice``:
+        `Diagnosis.advice`, said as its own ``what to do:`` line after the why line)."""
+        record = stall_record(stall, sentence, evidence, self.by, now, ages, advice)
         since = now - int(stall.open_for_s * 1e9)
         beat = (journal.config if isinstance(journal.config, dict) else {}).get("beat_s")
         beats = 3 * beat if isinstance(beat, (int, float)) and not isinstance(beat, bool) else 0
@@ -676,28 +695,46 @@ class Watch:
             cause,
             evidence,
             why_later=lambda line: self._why.append(
-                (time.monotonic() + wait_s, since, line, stalled_line(stall, record["diagnosis"]))
+                (
+                    time.monotonic() + wait_s,
+                    since,
+                    line,
+                    stalled_line(stall, record["diagnosis"]),
+                    record_advice(record),
+                )
             ),
         )
 
     def _say_why(self, journal: Journal, alive: bool) -> None:
         """Write the why lines whose STALLED line the job has said (its ``line`` record): after it,
         never before; for a job that did not say it in `WHY_WAIT_S`, the whole STALLED line."""
+        self.note_lines(journal)
         keep = []
-        for deadline, since, why, whole in self._why:
-            said = any(
-                said.level == "error" and said.msg.startswith("STALLED: ") and said.ts >= since - 1_000_000_000
-                for said in journal.lines
-            )
+        for deadline, since, why, whole, then in self._why:
+            said = any(ts >= since - 1_000_000_000 for ts in self._stalled_said)
             if not alive:
                 continue  # gone: `ended` tells what happened
-            if said:
-                self.lines.say(journal, why, alive=True)
-            elif time.monotonic() >= deadline:
-                self.lines.say(journal, whole, alive=True)
+            if said or time.monotonic() >= deadline:
+                self.lines.say(journal, why if said else whole, alive=True)
+                if then:
+                    self.lines.say(journal, then, alive=True)
             else:
-                keep.append((deadline, since, why, whole))
+                keep.append((deadline, since, why, whole, then))
         self._why = keep
+
+    def note_lines(self, journal: Journal) -> None:
+        """Remember when the job said its own STALLED lines, among the lines read so far (the live
+        export sends and forgets them: `say_why_later` runs after)."""
+        said = {line.ts for line in journal.lines if line.level == "error" and line.msg.startswith("STALLED: ")}
+        self._stalled_said = sorted(said.union(self._stalled_said))[-16:]  # the latest: a why waits for a new one
+
+    def say_why_later(self, journal: Journal, alive: bool) -> None:
+        """The why lines (and what to do) still waiting for the job's own STALLED line (`_say_why`):
+        for the live export, which reads the journal itself and calls this on each poll."""
+        if self._why:
+            self._say_why(journal, alive)
+        else:
+            self.note_lines(journal)
 
     def ended(self, oom: Optional[str] = None, now_ns: Optional[int] = None) -> Optional[str]:
         """The process is gone: when it left no exit record (nor exec'd), say how it died (a
@@ -787,16 +824,23 @@ def write_stall(
         say("stall record not written: %s" % why)
     if records is not None:
         records.append(record)
+    then = record_advice(record)  # what to do: its own line, right after the why (or STALLED) line
     if speaks_for_job(stall, cause, evidence):
         lines.say(journal, stalled_line(stall, record["diagnosis"]), alive=True)
+        if then:
+            lines.say(journal, then, alive=True)
     elif not str(record["diagnosis"]).startswith("Cannot tell"):
         # The job says STALLED with where its main thread is; why is known only here.
         line = why_line(stall, record["diagnosis"])
         if why_later is not None:
-            why_later(line)
+            why_later(line)  # (`Watch` says the what-to-do line after it)
         else:
             lines.say(journal, line, alive=True)
+            if then:
+                lines.say(journal, then, alive=True)
     say("%s stall in %s: %s" % (stall.kind, stall.stage, record["diagnosis"]))
+    if then:
+        say(then)
     return record
 
 

@@ -486,7 +486,7 @@ class JournalBuilder:
         for key in ("limit_s", "open_s"):
             if not isinstance(stall.get(key), (int, float)) or isinstance(stall.get(key), bool):
                 stall[key] = None
-        for key in ("stage", "diagnosis", "by"):
+        for key in ("stage", "diagnosis", "by", "advice"):
             if not isinstance(stall.get(key), str):
                 stall[key] = None
         for key in ("evidence", "learned"):

@@ -21,6 +21,8 @@ class Lead(Protocol):
 
     def line(self) -> str: ...
 
+    def advice_line(self) -> str: ...
+
     def to_json(self) -> dict[str, Any]: ...
 
     def stacks_lines(self, journal: Journal) -> list[str]: ...
@@ -223,6 +225,9 @@ class View:
         lines = [self.stuck()]
         if self.verdict is not None:
             lines.append(_display(self.verdict.line()))
+            advice = self.verdict.advice_line()
+            if advice:
+                lines.append(_display(advice))
         main = self.main_thread_line()
         if main:
             lines.append(main)
