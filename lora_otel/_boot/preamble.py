@@ -2103,7 +2103,9 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 def _before_fork() -> None:
     global _fork_parent_span
     _fork_parent_span = core.current_span_id() if core.active else None
-    if core.active and _loaded_for_children != core.pid:
+    if core.active and _loaded_for_children != core.pid and _thread.get_ident() == core.main_ident:
+        # (from another thread: the child loads them itself, `_load_in_child`; not here, where the
+        # imports let the main thread run on into its finalization before the fork)
         with _FORK_HOOK:
             _load_for_children()
     if _PAUSE_AT_FORK and core.active:
@@ -2119,14 +2121,16 @@ descriptor, a line on a stderr that is a pipe or a socket)."""
 
 
 def _load_for_children() -> None:
-    """Before this process's first fork: load what a forked child may use on its way (its exit or
-    exec record, redacted; its lines), so that the child imports nothing (about a millisecond, once:
-    every moment spent there delays the fork, and 3.12+ refuses a thread to a child forked once the
-    main thread has begun to finalize; ``dis``, for how a child's main code ended on 3.9-3.11, is
-    not loaded for it: `main_ended`). In a child, a module that another thread of the parent was importing
-    at the fork stays locked for ever (that thread does not exist there): an import of it on the
-    child's way out waited for ever, and so did the parent waiting for the child (``os.spawnve``
-    whose exec fails: CPython's test_os)."""
+    """Before this process's first fork from its main thread: load what a forked child may use on
+    its way (its exit or exec record, redacted; its lines), so that the child imports nothing (a few
+    milliseconds, once; ``dis``, for how a child's main code ended on 3.9-3.11, is not loaded for
+    it: `main_ended`). In a child, a module that another thread of the parent was importing at the
+    fork stays locked for ever (that thread does not exist there): an import of it on the child's
+    way out waited for ever, and so did the parent waiting for the child (``os.spawnve`` whose exec
+    fails: CPython's test_os). A fork from another thread leaves this to the child
+    (`_load_in_child`): an import there gives up the GIL, the main thread runs on into its
+    finalization meanwhile, and 3.12+ refuse a thread to a child forked after that (CPython's
+    ``test_3_join_in_forked_from_thread`` failed in 24 runs of 30, none without lora_otel)."""
     global _loaded_for_children
     _loaded_for_children = core.pid
     from lora_otel._boot import files, redact  # noqa: F401 - loaded for the children
@@ -2139,6 +2143,26 @@ def _load_for_children() -> None:
         # ``warnings`` for it by name: the standard library's, never a warnings.py of the working
         # directory (3.13.0-3.13.9, 3.14.0).
         module("warnings")
+
+
+def _load_in_child() -> None:
+    """In a child forked from a thread other than the main one before its parent loaded what a
+    child needs (`_load_for_children`): load it now, in the child, but never a module whose import
+    lock is held (a thread of the parent, which does not exist here, was importing it at the fork:
+    it would wait for ever)."""
+    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+    if not isinstance(locks, dict):
+        return
+    from lora_otel._boot.stdlib import module
+
+    for name in ("lora_otel._boot.redact", *FORK_CHILD_NEEDS):
+        held = locks.get(name)
+        if name in sys.modules or (held is not None and held() is not None):
+            continue
+        if name.startswith("lora_otel."):
+            __import__(name)
+        else:
+            module(name)
 
 
 _PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
@@ -2190,6 +2214,8 @@ def _after_fork_child() -> None:
             return
         if _thread.get_ident() != core.main_ident:  # (the parent's, until `core.forked` below)
             _forked_from_thread = os.getpid()
+            if _loaded_for_children != core.pid:  # (core.pid: the parent's, until `core.forked`)
+                _load_in_child()
         _settle_lock = _thread.allocate_lock()  # (a thread of the parent may have held the old one)
         _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
@@ -2554,8 +2580,9 @@ def _pause_beat() -> None:
     schedule. Where the program has threads of its own, the warning is its own: nothing is done."""
     global _beat_stop, _beat_paused
     wake = _beat_stop
-    if wake is None or _os_threads() != 2:
-        return
+    if wake is None or _thread._count() > 1 or _os_threads() != 2:
+        return  # (a Python thread of the program's besides the beat: known without reading /proc,
+        # whose read gives up the GIL, and the main thread may run on into its finalization)
     caller = sys._getframe(2)  # (0: here, 1: the fork hook, 2: who forks)
     if caller.f_code.co_filename.endswith("subprocess.py"):
         return  # `subprocess` forks to exec at once and does not warn
