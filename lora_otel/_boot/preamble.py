@@ -2159,8 +2159,8 @@ def _load_in_child() -> None:
         held = locks.get(name)
         if name in sys.modules or (held is not None and held() is not None):
             continue
-        if name.startswith("lora_otel."):
-            __import__(name)
+        if name == "lora_otel._boot.redact":
+            from lora_otel._boot import redact  # noqa: F401 - loaded for the way out (untraced: ours)
         else:
             module(name)
 
@@ -2212,13 +2212,15 @@ def _after_fork_child() -> None:
     with _FORK_HOOK:
         if not core.active:
             return
-        if _thread.get_ident() != core.main_ident:  # (the parent's, until `core.forked` below)
+        from_thread = _thread.get_ident() != core.main_ident  # (the parent's, until `core.forked` below)
+        if from_thread:
             _forked_from_thread = os.getpid()
-            if _loaded_for_children != core.pid:  # (core.pid: the parent's, until `core.forked`)
-                _load_in_child()
+        loaded = _loaded_for_children == core.pid  # (the parent's pid, until `core.forked`)
         _settle_lock = _thread.allocate_lock()  # (a thread of the parent may have held the old one)
         _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
+        if from_thread and not loaded:
+            _load_in_child()
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
