@@ -86,24 +86,8 @@ IGNORED: dict[str, str] = {
 }
 """Patterns (regrtest's ``--ignore``, fnmatch on the test id) of the tests skipped, with why."""
 
-FORK_FROM_THREAD_RACE = {
-    # 3.12+ refuse a thread (and a fork) once the main thread has begun to finalize; the test forks
-    # from a thread as the main thread ends, and the fork hooks' time (the beat paused so that the
-    # fork does not warn, 3.12; what the child needs loaded, once) loses that race now and then.
-    "test.test_threading.ThreadJoinOnShutdown.test_3_join_in_forked_from_thread": "a race with finalization",
-}
-
-MONITORING_HANG = {
-    # found, not fixed: an exponential RecursionError loop that only interrupt_main ends often never
-    # ends under the SystemExit watch's sys.monitoring RAISE callback (docs/reliability.md)
-    "test.test_threading.ThreadingExceptionTests.test_print_exception_gh_102056": "not fixed: sys.monitoring",
-}
-
 IGNORED_ON: dict[str, dict[str, str]] = {
-    "3.12": {**FORK_FROM_THREAD_RACE, **MONITORING_HANG},
     "3.13": {
-        **FORK_FROM_THREAD_RACE,
-        **MONITORING_HANG,
         # 3.13.0 to 3.13.9 count the threads for the fork warning after the after-fork hooks, where
         # the beat runs again (CPython gh-137109; preamble._PAUSE_AT_FORK): the warning cannot be spared.
         "test.test_threading.ThreadTests.test_main_thread_after_fork*": "the fork warning, 3.13.0-3.13.9",

@@ -324,6 +324,61 @@ class TestSystemExitOnPython312:
         assert j.exit["message"] == "exit code unknown: the program took the sys.monitoring tool ids 3 and 4", j.exit
         assert "exit code 0" not in r.stderr and "exiting normally" not in r.stderr, r.stderr
 
+    @pytest.mark.parametrize(
+        ("tail", "status", "message"),
+        [
+            ("", 0, None),
+            ("import sys\nsys.exit(3)\n", 3, "exit code 3"),
+            ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\n", 0, None),
+            ("def main():\n    return 5\n\nraise SystemExit(main())\n", 5, "unknown"),
+        ],
+        ids=["returns", "sys.exit", "caught-sys.exit", "raise"],
+    )
+    def test_after_a_recursion_error(self, tmp_path: Path, tail: str, status: int, message: str | None) -> None:
+        """A program that met a ``RecursionError`` (the ``SystemExit`` watch stands down at the first
+        one: `test_an_interrupt_ends_a_loop_that_retries_on_recursion_error`) still ends with an
+        exact outcome for a return and a ``sys.exit``, and a ``raise SystemExit(n)`` after it is
+        said unknown, never 0."""
+        program = "def deep(n):\n    return deep(n + 1)\n\ntry:\n    deep(0)\nexcept RecursionError:\n    pass\n"
+        r = run_in_mode(tmp_path, "import lora_otel.auto", program + tail, python=_python312() or "")
+        if message != "unknown":
+            assert_outcome(tmp_path, r, status, message)
+            return
+        assert r.returncode == status, r.stderr
+        (path,) = journals(tmp_path / "j")
+        j = read_journal(path)
+        assert j.exit is not None and j.exit["code"] is None and j.exit["how"] == "unknown", j.exit
+        assert re.fullmatch(r"exit code unknown: the program raised SystemExit at prog.py:\d+", j.exit["message"]), (
+            j.exit
+        )
+
+    def test_an_interrupt_ends_a_loop_that_retries_on_recursion_error(self, tmp_path: Path) -> None:
+        """CPython's ``test_threading`` ``test_print_exception_gh_102056``: a recursion that retries
+        on ``RecursionError`` without end, stopped by ``_thread.interrupt_main()`` after a second,
+        ends by that ``KeyboardInterrupt`` as without lora_otel, every time (before: hung in about
+        half the runs on 3.12 and 3.13: the watch's RAISE callback, unable to run one frame short of
+        the limit, turned the ``KeyboardInterrupt`` raised there into a ``RecursionError`` that the
+        loop caught)."""
+        program = (
+            "import threading, time, _thread\n\n"
+            "def f():\n    try:\n        f()\n    except RecursionError:\n        f()\n\n"
+            "def g():\n    try:\n        raise ValueError()\n    except* ValueError:\n        f()\n\n"
+            "def h():\n    time.sleep(1)\n    _thread.interrupt_main()\n\n"
+            "t = threading.Thread(target=h)\nt.start()\ng()\nt.join()\n"
+        )
+        (tmp_path / "prog.py").write_text("import lora_otel.auto\n" + program)
+        env = clean_env(LORA_OTEL_DIR=str(tmp_path / "j"), PYTHONPATH=str(REPO))
+        for attempt in range(4):  # (it hung in about one run of two)
+            try:
+                r = subprocess.run(
+                    [_python312() or "", "prog.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+                )
+            except subprocess.TimeoutExpired:
+                pytest.fail(
+                    "run %d: still running after 60 s (it ends in a second or three without lora_otel)" % attempt
+                )
+            assert r.returncode == -2 and "KeyboardInterrupt" in r.stderr, (r.returncode, r.stderr[-2000:])
+
 
 POOL = """\
 import multiprocessing as mp

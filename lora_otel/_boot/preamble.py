@@ -1415,7 +1415,16 @@ def _ended_main(raised: tuple[BaseException | None, object, FrameType | None, se
 def _watch_system_exit() -> None:
     """On 3.12+: follow ``SystemExit`` in the main thread with ``sys.monitoring`` (RAISE and RERAISE
     events: a call per frame an exception unwinds, none per instruction; whether it was caught is
-    read at exit, `_ended_main`)."""
+    read at exit, `_ended_main`).
+
+    A Python callback cannot run in a frame at the recursion limit: there its call fails, and the
+    ``RecursionError`` of that failure replaces the exception being raised (CPython's rule for a
+    RAISE callback that fails). A ``KeyboardInterrupt`` raised there became a ``RecursionError``,
+    which a program retrying on ``RecursionError`` caught, and ``_thread.interrupt_main()`` no longer
+    ended it (CPython's ``test_print_exception_gh_102056`` hung). Only a program that recursed to the
+    limit is ever there, and it raised a ``RecursionError`` on its way: at the first one the callback
+    sees, the watch stands down for the rest of the process, and how the main code
+    ended is read at exit from where its frame stopped (`_stood_down_ended`)."""
     global _watching_exit
     mon = getattr(sys, "monitoring", None)
     if mon is None:
@@ -1431,8 +1440,27 @@ def _watch_system_exit() -> None:
         main = get_ident()
 
         def raised(code: CodeType, offset: int, exc: BaseException) -> None:
-            global _raised_exit
-            if isinstance(exc, SystemExit) and get_ident() == main:
+            global _raised_exit, _watching_exit, _exit_watch_stood_down, _stood_down_main
+            if isinstance(exc, RecursionError):
+                # Stand down for good (inline: this frame may be one short of the limit, where no
+                # Python function can be called), and keep the main thread's bottom frame to read at
+                # exit how the main code ended. Never raises (a callback's exception replaces the
+                # program's) but for what a signal handler of the program's raises here.
+                try:
+                    if held:
+                        mon.set_events(held[0], 0)
+                        for event, _ in callbacks:
+                            mon.register_callback(held[0], event, None)
+                        mon.free_tool_id(held.pop())
+                    _watching_exit = False
+                    _exit_watch_stood_down = True
+                    frame = sys._current_frames().get(main)
+                    while frame is not None and frame.f_back is not None:
+                        frame = frame.f_back
+                    _stood_down_main = frame
+                except Exception:  # noqa: BLE001 - fail open, silently: inside the program's raise
+                    pass
+            elif isinstance(exc, SystemExit) and get_ident() == main:
                 frame = bottom = sys._getframe(1)  # the frame the event is for; then the stack's bottom
                 while bottom.f_back is not None:
                     bottom = bottom.f_back
@@ -1484,6 +1512,39 @@ def _watch_system_exit() -> None:
 
 _exit_watch_lost = False
 """3.12+: the program took both tool ids (`_free_tool`): a ``raise SystemExit(n)`` is not seen."""
+_exit_watch_stood_down = False
+"""3.12+: the watch stood down at the first ``RecursionError`` it saw (`_watch_system_exit`)."""
+_stood_down_main: FrameType | None = None
+"""3.12+: the bottom frame of the main thread's stack when the watch stood down (the main code's,
+or runpy's for ``python -m``); where it stopped tells at exit how the main code ended."""
+
+
+def _stood_down_ended() -> str:
+    """3.12+, the watch stood down: ``"return"`` when the frame `_stood_down_main` ended by its
+    return, ``"raise"`` when by an exception (a ``SystemExit``: an uncaught other one is known
+    otherwise), ``""`` when not known (no frame, still running, ``opcode`` not loaded in a forked
+    child, which imports nothing on its way out)."""
+    frame = _stood_down_main
+    if frame is None:
+        return ""
+    here: FrameType | None = sys._getframe()
+    while here is not None:
+        if here is frame:
+            return ""  # (still running: an exit from inside it)
+        here = here.f_back
+    opcode = sys.modules.get("opcode")
+    if opcode is None and not (_child_of[1] or core.forked_at):
+        from lora_otel._boot.stdlib import module
+
+        with core.fail_open("exit note"):
+            opcode = module("opcode")
+    if opcode is None:
+        return ""
+    ops, lasti = frame.f_code.co_code, frame.f_lasti
+    if not 0 <= lasti < len(ops):
+        return ""
+    returns = {opcode.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in opcode.opmap}
+    return "return" if ops[lasti] in returns else "raise"
 
 
 def _set_exit_watch_lost() -> None:
@@ -1530,6 +1591,16 @@ def exit_outcome() -> tuple[str, int, str | None]:
         code = _raised_exit[1]
     elif _watching_exit:
         code = None  # sys.monitoring saw every SystemExit: the noted ones were caught
+    elif _exit_watch_stood_down:
+        ended = _stood_down_ended()
+        if ended == "return":
+            code = None  # the main code returned: a SystemExit noted before was caught
+        elif _exit_noted:
+            code = _exit_code
+        else:
+            frame = _stood_down_main
+            where = "%s:%s" % (os.path.basename(frame.f_code.co_filename), frame.f_lineno) if frame else "?"
+            return "unknown", -1, "exit code unknown: the program raised SystemExit at %s" % where
     elif _exit_watch_lost:
         if not _exit_noted:
             return "unknown", -1, "exit code unknown: the program took the sys.monitoring tool ids 3 and 4"
@@ -1605,9 +1676,10 @@ def _forget_frames() -> None:
     module's globals, and the ``__main__`` module's dict kept alive past this exit handler is never
     cleared at shutdown — its objects' ``__del__`` never ran (3.9-3.11: a writer's last flush, a
     "closed" line, an "Exception ignored" report all lost; a hostile trial)."""
-    global _main_frame, _raised_exit
+    global _main_frame, _raised_exit, _stood_down_main
     _main_frame = None
     _raised_exit = None
+    _stood_down_main = None
 
 
 def _end() -> None:
@@ -2204,7 +2276,9 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 def _before_fork() -> None:
     global _fork_parent_span
     _fork_parent_span = core.current_span_id() if core.active else None
-    if core.active and _loaded_for_children != core.pid:
+    if core.active and _loaded_for_children != core.pid and _thread.get_ident() == core.main_ident:
+        # (from another thread: the child loads them itself, `_load_in_child`; not here, where the
+        # imports let the main thread run on into its finalization before the fork)
         with _FORK_HOOK:
             _load_for_children()
     if _PAUSE_AT_FORK and core.active:
@@ -2220,14 +2294,16 @@ descriptor, a line on a stderr that is a pipe or a socket)."""
 
 
 def _load_for_children() -> None:
-    """Before this process's first fork: load what a forked child may use on its way (its exit or
-    exec record, redacted; its lines), so that the child imports nothing (about a millisecond, once:
-    every moment spent there delays the fork, and 3.12+ refuses a thread to a child forked once the
-    main thread has begun to finalize; ``dis``, for how a child's main code ended on 3.9-3.11, is
-    not loaded for it: `main_ended`). In a child, a module that another thread of the parent was importing
-    at the fork stays locked for ever (that thread does not exist there): an import of it on the
-    child's way out waited for ever, and so did the parent waiting for the child (``os.spawnve``
-    whose exec fails: CPython's test_os)."""
+    """Before this process's first fork from its main thread: load what a forked child may use on
+    its way (its exit or exec record, redacted; its lines), so that the child imports nothing (a few
+    milliseconds, once; ``dis``, for how a child's main code ended on 3.9-3.11, is not loaded for
+    it: `main_ended`). In a child, a module that another thread of the parent was importing at the
+    fork stays locked for ever (that thread does not exist there): an import of it on the child's
+    way out waited for ever, and so did the parent waiting for the child (``os.spawnve`` whose exec
+    fails: CPython's test_os). A fork from another thread leaves this to the child
+    (`_load_in_child`): an import there gives up the GIL, the main thread runs on into its
+    finalization meanwhile, and 3.12+ refuse a thread to a child forked after that (CPython's
+    ``test_3_join_in_forked_from_thread`` failed in 24 runs of 30, none without lora_otel)."""
     global _loaded_for_children
     _loaded_for_children = core.pid
     from lora_otel._boot import files, redact  # noqa: F401 - loaded for the children
@@ -2240,6 +2316,26 @@ def _load_for_children() -> None:
         # ``warnings`` for it by name: the standard library's, never a warnings.py of the working
         # directory (3.13.0-3.13.9, 3.14.0).
         module("warnings")
+
+
+def _load_in_child() -> None:
+    """In a child forked from a thread other than the main one before its parent loaded what a
+    child needs (`_load_for_children`): load it now, in the child, but never a module whose import
+    lock is held (a thread of the parent, which does not exist here, was importing it at the fork:
+    it would wait for ever)."""
+    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+    if not isinstance(locks, dict):
+        return
+    from lora_otel._boot.stdlib import module
+
+    for name in ("lora_otel._boot.redact", *FORK_CHILD_NEEDS):
+        held = locks.get(name)
+        if name in sys.modules or (held is not None and held() is not None):
+            continue
+        if name == "lora_otel._boot.redact":
+            from lora_otel._boot import redact  # noqa: F401 - loaded for the way out (untraced: ours)
+        else:
+            module(name)
 
 
 _PAUSE_AT_FORK = (3, 12) <= sys.version_info < (3, 13) or (3, 13, 10) <= sys.version_info[:3] != (3, 14, 0)
@@ -2289,11 +2385,15 @@ def _after_fork_child() -> None:
     with _FORK_HOOK:
         if not core.active:
             return
-        if _thread.get_ident() != core.main_ident:  # (the parent's, until `core.forked` below)
+        from_thread = _thread.get_ident() != core.main_ident  # (the parent's, until `core.forked` below)
+        if from_thread:
             _forked_from_thread = os.getpid()
+        loaded = _loaded_for_children == core.pid  # (the parent's pid, until `core.forked`)
         _settle_lock = _thread.allocate_lock()  # (a thread of the parent may have held the old one)
         _born_ns = core.now_ns()
         core.forked(os.getpid(), _born_ns)
+        if from_thread and not loaded:
+            _load_in_child()
         target = _subprocess_exec_target()
         if target is not None:  # subprocess with preexec_fn: it execs from C, unseen by os.execv
             _exec_record(target[0], target[1] if isinstance(target[1], (list, tuple)) else [], via="subprocess")
@@ -2712,8 +2812,9 @@ def _pause_beat() -> None:
     schedule. Where the program has threads of its own, the warning is its own: nothing is done."""
     global _beat_stop, _beat_paused
     wake = _beat_stop
-    if wake is None or _os_threads() != 2:
-        return
+    if wake is None or _thread._count() > 1 or _os_threads() != 2:
+        return  # (a Python thread of the program's besides the beat: known without reading /proc,
+        # whose read gives up the GIL, and the main thread may run on into its finalization)
     caller = sys._getframe(2)  # (0: here, 1: the fork hook, 2: who forks)
     if caller.f_code.co_filename.endswith("subprocess.py"):
         return  # `subprocess` forks to exec at once and does not warn
