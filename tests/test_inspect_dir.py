@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import pytest
 from conftest import FUZZ, JournalBuilder, journal_lines
 from hypothesis import given
 from hypothesis import strategies as st
@@ -482,6 +483,7 @@ class TestWatch:
         assert lines.index(callout) < lines.index("[watch] every process has ended")
 
 
+@pytest.mark.slow
 def test_help_documents_the_directory_and_exit_statuses() -> None:
     r = lora_otel_cli("inspect", "--help")
     assert r.returncode == 0

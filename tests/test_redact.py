@@ -610,6 +610,7 @@ print("\n".join(sorted(set(sys.modules) - before)))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [[], ["-S"]], ids=["site", "no-site"])
 def test_import_loads_nothing(flags: list[str]) -> None:
     """Importing redact.py in a fresh interpreter loads no module besides itself, its

@@ -210,6 +210,7 @@ class TestReplayCommand:
         assert status == 0 and out.startswith("nothing to replay")
 
 
+@pytest.mark.slow
 @pytest.mark.collector
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_replay_to_real_collector(capsys, journal, monkeypatch, collector, protocol):
