@@ -276,6 +276,7 @@ def test_a_stderr_reader_gone_keeps_the_exit_status(tmp_path: Path, code: int, s
 NOTEBOOK_CELL = "import lora_otel; lora_otel.mark('hello from a cell'); print('CELL ran')"
 
 
+@pytest.mark.slow
 def test_lines_stay_out_of_a_notebook_cell(tmp_path: Path) -> None:
     """A real ipykernel, driven by jupyter_client, started with ``LORA_OTEL=1``: a cell that makes
     lora_otel say a line shows only the cell's own output (ipykernel's ``sys.stderr`` is the cell's

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from procs import LINE_RE, PYTHON, clean_env, journals, wait_for
 
+pytestmark = pytest.mark.slow
+
 YEAR = time.gmtime().tm_year
 
 
@@ -56,7 +58,6 @@ print("done", flush=True)
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("lib", "when"),
     [("freezegun", "2020-01-01"), ("freezegun", "2040-01-01"), ("time_machine", "2020-01-01")],
@@ -79,7 +80,6 @@ def test_a_test_under_a_frozen_clock_is_not_frozen(tmp_path: Path, lib: str, whe
     assert stamps and all(time.gmtime(t / 1e9).tm_year == YEAR for t in stamps), sorted(set(stamps))[:5]
 
 
-@pytest.mark.slow
 def test_a_mocked_sleep_does_not_make_the_beat_spin(tmp_path: Path) -> None:
     """A test replaces ``time.sleep`` with a mock (``unittest.mock.patch``) and waits 3 s for an
     event: the beat still sleeps a real second between beats (before, it called the mock
@@ -97,7 +97,6 @@ print("sleep called %d times" % sleep.call_count, flush=True)
     assert r.stdout == "sleep called 0 times\n", r.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("value", ["1e-9", "1e308"])
 def test_a_hostile_beat_interval_neither_spins_nor_ends_the_beat(tmp_path: Path, value: str) -> None:
     """A parent exported ``LORA_OTEL_BEAT_S=1e-9`` or ``1e308``: the job's beat runs at the default
@@ -183,7 +182,6 @@ def test_an_idle_notebook_kernel_that_imported_torch_is_not_stalled(tmp_path: Pa
     assert '"k":"stall"' not in text and "STALLED" not in text, text
 
 
-@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("how", ["python -i", "REPL"])
 def test_an_idle_repl_that_imported_torch_is_not_stalled(tmp_path: Path, how: str) -> None:
@@ -276,7 +274,6 @@ def run_limited(tmp_path: Path, script: str, limits: dict, traced: bool) -> subp
     )
 
 
-@pytest.mark.slow
 def test_an_address_space_limit_costs_the_program_no_memory(tmp_path: Path) -> None:
     """Under ``ulimit -v`` (a real ``RLIMIT_AS`` set in the child), the largest allocation the
     program can make is what it is without lora_otel, but for the in-process half's own modules
@@ -330,7 +327,6 @@ print("forked %d, threads %s" % (len(children), threads), flush=True)
 """
 
 
-@pytest.mark.slow
 def test_a_task_limit_near_leaves_the_program_its_tasks(tmp_path: Path) -> None:
     """Under ``ulimit -u`` (a real ``RLIMIT_NPROC`` set in the child) with only a few tasks left
     for this user, lora_otel starts no beat thread: the program's forks get the slots it would
@@ -345,7 +341,6 @@ def test_a_task_limit_near_leaves_the_program_its_tasks(tmp_path: Path) -> None:
     assert '"beat_off":"RLIMIT_NPROC is' in journal_text(tmp_path)
 
 
-@pytest.mark.slow
 def test_the_beat_thread_has_a_small_stack_and_leaves_the_programs_setting(tmp_path: Path) -> None:
     """Without limits the beat runs, on a stack of its own size (256 KiB, not the 8 MiB default), and
     the program's ``threading.stack_size()`` is still 0 (the default) after lora_otel started it."""
@@ -402,7 +397,6 @@ def run_fork_job(tmp_path: Path, python: str, *flags: str) -> subprocess.Complet
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("python", interpreters("3.12.1"))
 def test_a_fork_on_python_3_12_does_not_warn_because_of_the_beat(tmp_path: Path, python: str) -> None:
     """Python 3.12+ warns ``This process is multi-threaded, use of fork() may lead to deadlocks``
@@ -416,7 +410,6 @@ def test_a_fork_on_python_3_12_does_not_warn_because_of_the_beat(tmp_path: Path,
     assert r.stdout == "forked; threads after 2\n", r.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("python", interpreters("3.13.0"))
 def test_a_fork_on_python_3_13_0_warns_as_cpython_counts(tmp_path: Path, python: str) -> None:
     """3.13.0 to 3.13.9 and 3.14.0 count threads after the ``after_in_parent`` hooks (CPython
@@ -467,7 +460,6 @@ print(at_start, after_beats, in_child, mine[0], flush=True)
 """
 
 
-@pytest.mark.slow
 def test_the_program_keeps_its_descriptor_numbers(tmp_path: Path) -> None:
     """lora_otel's own descriptors (journal, stacks file, log) sit high: the program's first free
     descriptor is 3 at start, after beats and promotion, and in a forked child; after it closes
@@ -506,7 +498,6 @@ with lora_otel.stage("after"):
 """
 
 
-@pytest.mark.slow
 def test_lora_otel_reopens_nothing_while_the_program_opens_its_files_after_closerange(tmp_path: Path) -> None:
     """Reopening the journal takes the lowest free number for a moment. A beat that found the journal
     closed reopened it at once, in the very moments a program that had just closed every descriptor
@@ -533,7 +524,6 @@ print("took signal %d from pid %d" % (info.si_signo, info.si_pid), flush=True)
 """
 
 
-@pytest.mark.slow
 def test_a_program_that_takes_sigterm_with_sigwaitinfo_gets_it(tmp_path: Path) -> None:
     """A service blocks SIGTERM in its main thread and takes it with ``sigwaitinfo`` once it is done
     with what it was doing when the signal came (meanwhile the signal is pending). lora_otel's beat
@@ -563,7 +553,6 @@ def test_a_program_that_takes_sigterm_with_sigwaitinfo_gets_it(tmp_path: Path) -
 # --- tools that open a code object's file ----------------------------------------------------
 
 
-@pytest.mark.slow
 def test_trace_count_runs_as_without_lora_otel(tmp_path: Path) -> None:
     """``python -m trace --count`` opens the file of every code object it counted: the import hook's
     frames name a real file (before: ``hooks.py (importlib._bootstrap)``, no such file, and the
@@ -592,7 +581,6 @@ print("ran", flush=True)
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("ending", ["", "raise SystemExit(3)\n", "sys.exit(0)\n"])
 def test_module_objects_are_finalized_at_shutdown(tmp_path: Path, ending: str) -> None:
     """An object held by the ``__main__`` module is finalized as the interpreter shuts down, as it is

@@ -415,6 +415,7 @@ class TestBadInput:
         assert [line.split("  pid")[0].strip() for line in lines[1:3]] == ["rank 0", "rank 1"]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     first=journal_lines,

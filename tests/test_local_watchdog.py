@@ -705,6 +705,7 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
         cg.rmdir()
 
 
+@pytest.mark.slow
 def test_one_watchdog_per_job_also_with_a_bad_endpoint(tmp_path: Path) -> None:
     """A job whose OTEL_EXPORTER_OTLP_ENDPOINT is not a URL (dropped with one line) still has one
     sidecar for the job: a child process joins its parent's (the registry once went into a copy
@@ -765,6 +766,7 @@ with lora_otel.stage("run child"):
 """
 
 
+@pytest.mark.slow
 def test_a_child_started_while_another_thread_promotes_joins_its_sidecar(tmp_path: Path) -> None:
     """The main thread starts a child while the beat thread is promoting the process (starting the
     sidecar): the child waits for that promotion and joins its sidecar, instead of starting a

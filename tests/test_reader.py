@@ -342,6 +342,7 @@ def test_fuzz_bytes_never_raise(tmp_path, data):
     process_state(j)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=journal_lines)
 def test_fuzz_records_never_raise(tmp_path, text):

@@ -129,6 +129,7 @@ def test_a_program_that_took_the_signal_is_still_asked_through_its_beat(tmp_path
     ), record["diagnosis"]
 
 
+@pytest.mark.slow
 def test_a_beat_that_does_not_answer_leaves_no_ask_file(tmp_path: Path) -> None:
     """A process whose beat cannot run (frozen) never answers: after a beat and a second of waiting
     the watchdog removes its ask file and gets nothing (then the signal is the fallback); the stacks

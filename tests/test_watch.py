@@ -276,6 +276,7 @@ def test_corrupt_journal_is_shown_with_a_problem_count(capsys, journal) -> None:
     assert "note:" not in out
 
 
+@pytest.mark.slow
 def test_stall_and_frozen_in_plain_output(capsys, monkeypatch, tmp_path: Path) -> None:
     """A running job past its import limit, and one whose beat stopped, are each marked STALLED."""
     for name in ("LORA_OTEL_STALL_AFTER", "LORA_OTEL_FROZEN_AFTER"):

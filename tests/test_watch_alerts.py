@@ -172,6 +172,7 @@ def test_webhook_gets_the_stall_as_json(tmp_path: Path, hook: Hook) -> None:
     assert alert["stage"] == "import slowmod" and alert["kind"] == "alive" and alert["pid"] == job.pid
 
 
+@pytest.mark.slow
 def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, hook: Hook) -> None:
     """--once on a stalled process: alerts (command and webhook, rank and host from the journal);
     status 4 with --exit-on-stall, 3 without (stalled, as inspect DIR --summary says)."""
@@ -195,6 +196,7 @@ def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, 
     assert len(hook.bodies) == 2, "no stall, no alert"
 
 
+@pytest.mark.slow
 def test_a_hanging_alert_command_is_killed(tmp_path: Path, capfd, monkeypatch) -> None:
     monkeypatch.setattr(watch_mod, "ALERT_COMMAND_TIMEOUT_S", 0.5)
     stuck = stuck_here(tmp_path / "a.otel.jsonl")
@@ -205,6 +207,7 @@ def test_a_hanging_alert_command_is_killed(tmp_path: Path, capfd, monkeypatch) -
     assert err.splitlines() == ["lora-otel watch: alert command killed after 0.5 s: sleep 30"]
 
 
+@pytest.mark.slow
 def test_an_unreachable_webhook_is_one_line(tmp_path: Path, capfd) -> None:
     hook = Hook()
     url = hook.url
