@@ -1013,6 +1013,7 @@ def test_fuzz_follower(tmp_path, no_lora_env, first, second, evidence, peer_stac
     follow_like_the_sidecar(paths, evidence, peer_stacks, polls)
 
 
+@pytest.mark.slow
 @FEWEST
 @given(first=hostile, second=hostile)
 def test_fuzz_sidecar(tmp_path, otlp_env, first, second):
