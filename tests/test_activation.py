@@ -14,6 +14,8 @@ from procs import LINE_RE, PYTHON, clean_env, journals, only_journal, run_traced
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = textwrap.dedent("""
     import argparse
     import json

@@ -42,6 +42,7 @@ def test_inactive_calls_do_nothing() -> None:
         lora_otel.progress(step=3, loss=0.1)
 
 
+@pytest.mark.slow
 def test_stage_mark_and_errors_in_a_real_process(tmp_path: Path) -> None:
     """Nested stages nest; marks are events; an exception ends its stage in error and propagates."""
     (tmp_path / "job.py").write_text(

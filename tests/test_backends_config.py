@@ -26,6 +26,8 @@ import pytest
 import yaml
 from backends import JAEGER_CONFIG, OTELCOL_CONFIG, REPO, OtelCol, backend_binaries, debian_tool, validate
 
+pytestmark = pytest.mark.slow
+
 CLOUD = REPO / "collector" / "cloud"
 CLOUD_OVERLAYS = sorted(CLOUD.glob("*.yaml"))
 NOT_BUILT = {"aws-cloudwatch-logs.yaml": "awscloudwatchlogs", "tencentcloud-cls.yaml": "tencentcloud_logservice"}

@@ -36,6 +36,8 @@ from test_sidecar import sidecar_pid, wait_gone
 from lora_otel.export.otlp import translate
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 GRPC = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
 ERROR = 2  # OTLP status code ERROR; UNSET (what lora_otel gives a span that ended "ok") is omitted
 

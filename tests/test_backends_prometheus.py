@@ -74,6 +74,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
 # --- promtool -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_promtool_checks_the_rules_and_the_config() -> None:
     """``promtool check rules`` and ``check config`` accept the shipped files as they are (the
     config's rule file path is relative to the config file)."""
@@ -84,6 +85,7 @@ def test_promtool_checks_the_rules_and_the_config() -> None:
     assert "is valid prometheus config file syntax" in checked.stdout, checked
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_each_alert_and_recording_rule() -> None:
     """``promtool test rules`` passes, and its file tests every alert both firing (with its labels
     and annotations) and not firing, and the value of every recording rule."""
@@ -246,6 +248,7 @@ def _value(sample: dict[str, Any]) -> float:
     return float(sample["value"][1])
 
 
+@pytest.mark.slow
 def test_prometheus_scrapes_the_collector(stack) -> None:
     """Each job of deploy/prometheus/prometheus.yml is up: the collector's Prometheus exporter
     (8889 in compose), its own telemetry (8888) and Prometheus itself; every rule of the alerts
@@ -265,6 +268,7 @@ def test_prometheus_scrapes_the_collector(stack) -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_real_stall_raises_the_counter_and_fires_the_alert(stack) -> None:
     """The job stalled in ``import stuckmod``: ``lora_otel_stalls_total`` is 1 for it (one stall,
     its open ancestors not counted), and LoraOtelStallDetected fires in /api/v1/alerts with the
@@ -297,6 +301,7 @@ def test_a_real_stall_raises_the_counter_and_fires_the_alert(stack) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_frozen_process_fires_both_stall_alerts(stack) -> None:
     """The job whose import holds the GIL: its stall is kind "frozen"; LoraOtelStallDetected and
     the critical LoraOtelProcessFrozen both fire for it."""
@@ -313,6 +318,7 @@ def test_a_frozen_process_fires_both_stall_alerts(stack) -> None:
     assert by_name["LoraOtelStallDetected"]["labels"]["lora_otel_stall_kind"] == "frozen"
 
 
+@pytest.mark.slow
 def test_the_expressions_shipped_before_miss_it(stack) -> None:
     """The bug this module found: on the same real series, the stall expressions shipped before
     (``increase(lora_otel_stalls_total[5m]) > 0``) return nothing — the counter of a job's stall
@@ -326,6 +332,7 @@ def test_the_expressions_shipped_before_miss_it(stack) -> None:
     assert all(math.isnan(v) for v in old), old  # nothing, or 0/0
 
 
+@pytest.mark.slow
 def test_span_metrics_carry_what_the_rules_select(stack) -> None:
     """The span metrics series the rules and the dashboard select exist as the collector exports
     them: an ended phase (``import quickmod``) without ``lora_otel_incomplete``; the stalled span
@@ -349,6 +356,7 @@ def test_span_metrics_carry_what_the_rules_select(stack) -> None:
     assert "import stuckmod" not in mean
 
 
+@pytest.mark.slow
 def test_the_dashboards_prometheus_queries_show_the_jobs(stack) -> None:
     """Each Prometheus query of the Grafana dashboard (its variables given values as Grafana
     would: the job, a 10-minute range, a 1-minute rate interval) returns the jobs' series from the
@@ -373,6 +381,7 @@ def test_the_dashboards_prometheus_queries_show_the_jobs(stack) -> None:
     assert checked >= 5
 
 
+@pytest.mark.slow
 def test_a_jobs_resource_attributes_cannot_break_or_falsify_the_metrics(stack) -> None:
     """A job with OTEL_RESOURCE_ATTRIBUTES ``le=5,job=...,lora_otel.stall.stage=fake,span.name=zzz``
     beside the others: every target stays up (``le`` as a label once made every

@@ -11,6 +11,8 @@ from procs import PYTHON, clean_env, journals, only_journal
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = "import json\nprint('PROGRAM done')\n"
 
 needs_non_root = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")

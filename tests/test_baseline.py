@@ -134,6 +134,7 @@ def test_round_trip_on_this_interpreter(tmp_path: Path, capsys) -> None:
     assert status == 0 and found["drift"] == [] and found["against"]["kind"] == "interpreter"
 
 
+@pytest.mark.slow
 def test_real_traced_run_agrees_with_this_interpreter(tmp_path: Path, capsys) -> None:
     """The self-check a real traced job records is the environment `baseline save` sees here; and
     a run compared with a baseline of itself has no drift. (A stage makes the run a job.)"""

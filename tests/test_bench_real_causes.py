@@ -36,6 +36,7 @@ def _run(tmp_path: Path, *cases: str) -> tuple[str, dict]:
     return r.stdout, {res["case"]: res for res in json.loads(out.read_text(encoding="utf-8"))}
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_frozen_call_and_deadlock_rows_say_place_and_cause(tmp_path: Path) -> None:
     """About 30 s. The frozen native call is named (place and cause) in every view, with the job's
@@ -64,6 +65,7 @@ killed child when the suite loads the machine — the watchdog's first death lin
 the signal yet. tests/test_first_failure.py tests that order with its own waits.)"""
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_quiet_child_first_failure_and_gloo_rows_in_every_view(tmp_path: Path) -> None:
     """About 30 s. Two cases each view got wrong before:

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from procs import PYTHON, clean_env, journals
 
 from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end
@@ -56,6 +57,7 @@ def results(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return value
 
 
+@pytest.mark.slow
 class TestWaitCalls:
     def test_os_waitpid_wait_wait3_wait4_waitid(self, tmp_path: Path) -> None:
         """Each of the five reaping calls journals its child, with the exit code or the exact
@@ -156,6 +158,7 @@ print("child", pid)
         ]
 
 
+@pytest.mark.slow
 class TestLibraries:
     def test_subprocess_run_popen_wait_and_poll(self, tmp_path: Path) -> None:
         """``subprocess.run`` (exit code 3), ``Popen.kill`` + ``wait`` (SIGKILL) and a ``poll`` loop
@@ -218,6 +221,7 @@ if __name__ == "__main__":
 
 
 class TestEnds:
+    @pytest.mark.slow
     def test_child_ends_and_describe_end(self, tmp_path: Path) -> None:
         """`child_ends` reads the events into `ChildEnd`s; `describe_end` says them in words."""
         r, parent = run(

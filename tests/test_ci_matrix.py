@@ -30,6 +30,7 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
+@pytest.mark.slow
 def test_checkout_venv_sees_the_shared_packages_this_checkout_and_the_start_hook(cache, tmp_path):
     shared = cache / "py3.99-aaaa"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(shared)], check=True)
@@ -65,6 +66,7 @@ def test_checkout_venv_sees_the_shared_packages_this_checkout_and_the_start_hook
     assert not list(shared_site.glob("lora_otel*.pth"))
 
 
+@pytest.mark.slow
 def test_prune_removes_other_keys_of_that_python_unless_a_run_holds_them(cache):
     for key in ("keep", "held", "stale"):
         (cache / ("py3.99-%s" % key) / "bin").mkdir(parents=True)
@@ -165,6 +167,7 @@ def test_schedule_runs_one_python_at_a_time_then_two_once_widened():
     assert results["c"][0] == 1 and results["c"][2] == "RuntimeError: no interpreter"
 
 
+@pytest.mark.slow
 def test_a_built_venv_is_used_at_once_while_another_run_uses_it(cache):
     """A second run (CI's checkout beside a developer's .ci/run) must not wait for the first to end:
     it once asked for the venv's lock exclusive first, and waited a whole matrix run."""

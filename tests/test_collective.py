@@ -91,6 +91,7 @@ def _kill_job(proc: subprocess.Popen, ranks: dict) -> None:
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.collector
 @pytest.mark.torch
 def test_rank_waits_in_all_reduce_that_the_other_rank_skipped(tmp_path: Path, collector) -> None:
@@ -339,6 +340,7 @@ with lora_otel.stage("join"):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_rendezvous_waiting_for_a_rank_never_started_is_named(tmp_path: Path) -> None:
     """``RANK=0 WORLD_SIZE=2`` left in the environment, one process: ``init_process_group`` waits

@@ -340,6 +340,7 @@ def test_dashboard(path: Path) -> None:
 # --- end to end ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.collector
 def test_stalled_job_carries_what_the_collector_counts(tmp_path: Path, collector, otelcol) -> None:
     """A real job whose import stalls, exported over OTLP/gRPC (the compose file's 4317) to a real

@@ -7,6 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
 
@@ -14,6 +15,8 @@ from lora_otel.analysis.diagnose import diagnose
 from lora_otel.analysis.evidence import gather, py_spy_path, stack_request
 from lora_otel.analysis.stall import detect, parse_limits
 from lora_otel.journal.reader import read_journal
+
+pytestmark = pytest.mark.slow
 
 
 def evidence_for(tmp_path: Path, pid: int, native: bool = False):

@@ -54,6 +54,7 @@ def line_of(out: str, name: str) -> str:
 # --- real runs ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_stack
 def test_doctor_on_this_machine(tmp_path: Path) -> None:
     """The whole flow: exit 0, ok imports, the LoRA step ok, CUDA a clear warn here (CPU only), and a
@@ -90,6 +91,7 @@ def test_doctor_on_this_machine(tmp_path: Path) -> None:
     assert "import runpy" not in names and not any(n.startswith("import lora_otel") for n in names)
 
 
+@pytest.mark.slow
 @needs_stack
 def test_json_report_and_need_gpu_memory(tmp_path: Path) -> None:
     """--json is the documented object; --need-gpu-memory 16G on a machine without a GPU fails, says so."""
@@ -131,6 +133,7 @@ def make_package(root: Path, name: str, code: str) -> None:
     (root / name / "__init__.py").write_text(code)
 
 
+@pytest.mark.slow
 @needs_stack
 def test_broken_missing_and_hanging_modules(tmp_path: Path) -> None:
     """--also-import: a module that raises fails with its error; a missing one says not installed;
@@ -185,6 +188,7 @@ def test_broken_missing_and_hanging_modules(tmp_path: Path) -> None:
     assert next(s for s in j.spans if s.name == "import brokenpkg").status == "error"
 
 
+@pytest.mark.slow
 @pytest.mark.collector
 @needs_stack
 def test_exported_live_when_an_endpoint_is_set(tmp_path: Path, collector) -> None:
@@ -204,6 +208,7 @@ def test_exported_live_when_an_endpoint_is_set(tmp_path: Path, collector) -> Non
     assert {s.resource.get("service.name") for s in spans} == {"lora-otel-doctor"}
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for bad in (
         ["--need-gpu-memory", "16x"],
@@ -488,6 +493,7 @@ def test_arch_supported() -> None:
     assert doctor.arch_supported((10, 0), ["sm_100"]) and not doctor.arch_supported((7, 5), ["sm_80"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL"])
 def test_no_check_process_outlives_the_doctor(tmp_path: Path, signame: str) -> None:
     """The doctor killed while its check process hangs (here in sitecustomize, at start-up): SIGTERM

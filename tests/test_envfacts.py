@@ -423,6 +423,7 @@ FORBIDDEN = {
 }
 
 
+@pytest.mark.slow
 def test_collect_loads_only_lora_otel_modules():
     """Importing envfacts and running collect() in a fresh interpreter loads only lora_otel
     modules and __future__ (plus whatever the lora_otel package's own __init__ loads, which must

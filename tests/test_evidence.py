@@ -6,6 +6,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
 
@@ -18,6 +19,7 @@ def stacks_registered(path: Path) -> None:
     wait_for(lambda: "lora_otel.stacks.signal" in read_journal(path).root.attrs, what="the stack dump")
 
 
+@pytest.mark.slow
 def test_sleeping_import_evidence(tmp_path: Path) -> None:
     """A process sleeping in an import: state sleeping, ~0 % CPU, RSS and threads, its stack names the import."""
     make_module(tmp_path, "slowmod", "import time\ndef wait_for_hub():\n    time.sleep(600)\nwait_for_hub()\n")
@@ -45,6 +47,7 @@ def test_sleeping_import_evidence(tmp_path: Path) -> None:
         kill_and_reap(proc)
 
 
+@pytest.mark.slow
 def test_busy_and_stopped_processes(tmp_path: Path) -> None:
     """A spinning import shows high CPU; once SIGSTOPped its state says stopped, the stacks are not
     waited for, and they land in the stacks file once the process continues."""
@@ -116,6 +119,7 @@ poll_for_release()
 """
 
 
+@pytest.mark.slow
 def test_a_poll_loop_reads_as_its_sleep_not_on_cpu() -> None:
     """A loop that polls with short sleeps is awake between two of them now and then; one read of
     its wait channel caught it so ("on CPU"), and the job's line said "Cannot tell why" where "The
@@ -136,6 +140,7 @@ def test_a_poll_loop_reads_as_its_sleep_not_on_cpu() -> None:
         proc.communicate()
 
 
+@pytest.mark.slow
 def test_a_spinning_process_reads_as_on_cpu() -> None:
     """The other side of the same rule: a thread that never waits has no wait channel, however
     little of a CPU a loaded machine gives it (runnable, not running, is no wait either)."""
@@ -154,6 +159,7 @@ def test_a_spinning_process_reads_as_on_cpu() -> None:
         proc.communicate()
 
 
+@pytest.mark.slow
 def test_a_process_stopped_during_the_sample_reads_as_stopped() -> None:
     """A process asleep in most reads of the sample and then stopped (SIGSTOP) is stopped now: its
     state and wait channel are the last read's, not the sleep read most often (a hostile trial:

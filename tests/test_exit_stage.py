@@ -15,7 +15,10 @@ from procs import LINE_RE, PYTHON, clean_env, journals, lora_otel_cli, span_name
 
 from lora_otel.journal.reader import read_journal
 
-pytestmark = pytest.mark.torch  # every job here imports torch (a heavy framework: a job from its start)
+pytestmark = [
+    pytest.mark.torch,  # every job here imports torch (a heavy framework: a job from its start)
+    pytest.mark.slow,
+]
 
 ATEXIT_HANG = """\
 import atexit, time

@@ -34,6 +34,8 @@ from test_sidecar import assert_unique, by_name, sidecar_pid, wait_gone
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 STAGES = 20
 JOB = (
     """

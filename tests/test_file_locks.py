@@ -28,6 +28,8 @@ from lora_otel.analysis.evidence import PREFIX, python_stacks, stack_request
 from lora_otel.analysis.filelocks import py_spy_path
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 LIMIT = "load model=2"
 """The stage's stall limit the jobs run with; the tests wait for the watchdog's record (>= 60 s)."""
 

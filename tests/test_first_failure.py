@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import JournalBuilder
 from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 
@@ -72,6 +73,7 @@ def first_failure_line(text: str, b: int) -> str:
     return found[0]
 
 
+@pytest.mark.slow
 def test_killed_child_is_named_before_the_peer_that_lost_it(tmp_path: Path) -> None:
     """B, SIGKILLed and reaped by its traced parent, is named first in ``inspect``, ``watch --once``,
     the report and its death line, with how it ended (SIGKILL); A's error comes after it, as a
@@ -246,6 +248,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_death_line_of_a_consequence_names_the_first_failure(tmp_path: Path) -> None:
     """B is SIGKILLed; the launcher then stops A with SIGTERM: A's death line says it was killed by
     SIGTERM and, before it, that B died first, killed by SIGKILL."""
@@ -295,6 +298,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_a_child_reaped_late_is_still_told_by_its_signal(tmp_path: Path) -> None:
     """A launcher that waits on its children one after the other reaps a killed one only when the
     one before it ends (here 1.8 s after the death): the death line still says SIGKILL, from the

@@ -11,6 +11,8 @@ from procs import PYTHON, clean_env, journals
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 PROGRAM = """
 import os, lora_otel
 with lora_otel.stage("spawn workers"):

@@ -86,6 +86,7 @@ def watchdog_line(tmp_path: Path) -> str:
     )[0]
 
 
+@pytest.mark.slow
 def test_launcher_that_never_reads_is_named_with_its_pid(tmp_path: Path) -> None:
     """stdout a pipe nobody reads, stderr a file: the job's own STALLED line gets through (stderr is
     no pipe), and the watchdog's why line after it on --log (and on the job's stderr) says the job
@@ -127,6 +128,7 @@ def test_launcher_that_never_reads_is_named_with_its_pid(tmp_path: Path) -> None
         stop(launcher)
 
 
+@pytest.mark.slow
 def test_stdout_and_stderr_in_one_pipe(tmp_path: Path) -> None:
     """``stderr=STDOUT``: the job's own lines on stderr cannot get through either, yet its beat goes
     on (lines on descriptor 2 never block) — its own STALLED line and the watchdog's, naming the
@@ -221,6 +223,7 @@ def test_a_reader_nobody_can_see() -> None:
     assert "no process this user can see holds its read end" in found.sentence
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_pipe_facts_of_a_real_blocked_writer(tmp_path: Path) -> None:
     """`evidence.pipe_facts` on a child blocked writing to a pipe this process holds and never reads."""
@@ -264,6 +267,7 @@ def test_what_the_reader_does_instead(row: dict, said: str) -> None:
     assert said in describe_reader({**LAUNCHER_ROW, **row})
 
 
+@pytest.mark.slow
 def test_the_readers_command_line_is_redacted(tmp_path: Path) -> None:
     """The process holding the read end is another program: a secret on its command line (``--token``)
     never reaches the evidence or the sentence."""

@@ -949,6 +949,7 @@ def check_sidecar(paths: list[str], directory: Path) -> None:
 # --- fuzz: each reader ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @FUZZ
 @given(recipe=hostile)
 def test_fuzz_inspect_file_and_doctor(tmp_path, no_lora_env, recipe):
@@ -959,6 +960,7 @@ def test_fuzz_inspect_file_and_doctor(tmp_path, no_lora_env, recipe):
     check_doctor(path)
 
 
+@pytest.mark.slow
 @FEWER
 @given(first=mostly_trees, second=mostly_trees)
 def test_fuzz_inspect_directory(tmp_path, no_lora_env, first, second):
@@ -969,6 +971,7 @@ def test_fuzz_inspect_directory(tmp_path, no_lora_env, first, second):
     check_inspect_dir(str(directory))
 
 
+@pytest.mark.slow
 @FEWER
 @given(first=mostly_trees, second=mostly_trees)
 def test_fuzz_watch(tmp_path, no_lora_env, first, second):
@@ -980,6 +983,7 @@ def test_fuzz_watch(tmp_path, no_lora_env, first, second):
     check_watch_lines(str(directory))
 
 
+@pytest.mark.slow
 @FEWER
 @given(recipe=hostile)
 def test_fuzz_replay(tmp_path, otlp_env, recipe):
@@ -987,6 +991,7 @@ def test_fuzz_replay(tmp_path, otlp_env, recipe):
     check_replay(write(fresh_dir(tmp_path), "run.otel.jsonl", recipe.render()), otlp_env)
 
 
+@pytest.mark.slow
 @FEWER
 @given(recipe=hostile)
 def test_fuzz_baseline(tmp_path, no_lora_env, baseline_file, recipe):
@@ -996,6 +1001,7 @@ def test_fuzz_baseline(tmp_path, no_lora_env, baseline_file, recipe):
     check_baseline(write(directory, "run.otel.jsonl", recipe.render()), baseline_file, directory)
 
 
+@pytest.mark.slow
 @FEWER
 @given(first=mostly_trees, second=mostly_trees, evidence=_evidence, peer_stacks=_peer_stacks, later=st.integers(0, 2))
 def test_fuzz_follower(tmp_path, no_lora_env, first, second, evidence, peer_stacks, later):
@@ -1007,6 +1013,7 @@ def test_fuzz_follower(tmp_path, no_lora_env, first, second, evidence, peer_stac
     follow_like_the_sidecar(paths, evidence, peer_stacks, polls)
 
 
+@pytest.mark.slow
 @FEWEST
 @given(first=hostile, second=hostile)
 def test_fuzz_sidecar(tmp_path, otlp_env, first, second):
@@ -1192,6 +1199,7 @@ FIXED: dict[str, Callable[[int], list[bytes]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(FIXED))
 def test_fixed_hostile_journal_every_reader(tmp_path, otlp_env, baseline_file, case):
     """Every reader on each fixed hostile journal set (one or two journals in a directory)."""
@@ -1212,6 +1220,7 @@ def test_fixed_hostile_journal_every_reader(tmp_path, otlp_env, baseline_file, c
     check_sidecar(paths, directory)
 
 
+@pytest.mark.slow
 def test_export_to_a_refused_port_fails_cleanly(tmp_path, monkeypatch, no_lora_env):
     """replay and the Follower, with a hostile journal, to a port nobody listens on: replay exits 1 with one
     line; the Follower queues, retries, and gives up at close; neither raises."""
@@ -1285,6 +1294,7 @@ def _grow(path: Path, data: bytes, points: list[int], after_each: Callable[[], A
 _unicode_heavy = st.builds(lambda recipe: Recipe(recipe.items, recipe.base, False, recipe.cut), _structured())
 
 
+@pytest.mark.slow
 @FUZZ
 @given(recipe=hostile | _unicode_heavy, cuts=st.lists(st.integers(0, 10**6), max_size=10))
 def test_fuzz_tail_in_pieces_reads_what_the_whole_file_does(tmp_path, recipe, cuts):
@@ -1309,6 +1319,7 @@ def _exported(spans: list) -> set:
     }
 
 
+@pytest.mark.slow
 @FEWER
 @given(
     recipe=_structured(unique=True)

@@ -143,6 +143,7 @@ def frozen_line(tmp_path: Path, script: str) -> str:
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_a_busy_c_loop_holding_the_gil(tmp_path: Path) -> None:
     """``sum(range(...))`` runs in C and never lets the GIL go: py-spy shows the main thread
@@ -153,6 +154,7 @@ def test_a_busy_c_loop_holding_the_gil(tmp_path: Path) -> None:
     assert "py-spy shows thread %s" % line.split("][", 2)[1] in line and "holding it" in line, line
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_pause_holding_the_gil(tmp_path: Path) -> None:
     """``ctypes.PyDLL(None).pause()`` holds the GIL while blocked: py-spy's native stacks show the
@@ -180,6 +182,7 @@ def run_allow(scope_file: Path) -> list[str]:
     return r.stdout.split()
 
 
+@pytest.mark.slow
 def test_ptracer_is_named_only_under_scope_1(tmp_path: Path) -> None:
     """Scope 0 (or no Yama): nothing is done, not even ``import ctypes``. Scope 1: ``prctl(PR_SET_PTRACER)``
     is called, true where the kernel has Yama (false where it has not: EINVAL), and never raises."""
@@ -207,6 +210,7 @@ SIGWAIT_LOOP = (
 )
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_py_spy_does_not_pause_a_sigtimedwait(tmp_path: Path) -> None:
     """A thread in ``sigtimedwait`` (a service's shutdown loop): pausing the process for native stacks

@@ -14,6 +14,8 @@ from procs import PYTHON, clean_env, journal_has_open, journals, lora_otel_cli, 
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 
 def start_traced(tmp_path: Path, script: str, *args: str, **env: str) -> subprocess.Popen:
     path = tmp_path / "job.py"

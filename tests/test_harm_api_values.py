@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from procs import LINE_RE, PYTHON, clean_env, only_journal, span_named
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 pytest.importorskip("numpy")
 

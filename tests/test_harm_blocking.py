@@ -103,6 +103,7 @@ FILL_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_full_stderr_pipe_nobody_reads_blocks_nothing(tmp_path: Path) -> None:
     """A launcher reads the job's stdout and leaves its stderr pipe unread for 6 s while the job,
     which writes nothing to stderr itself, makes lora_otel say > 64 KiB of lines: the job and the
@@ -149,6 +150,7 @@ def test_a_full_stderr_pipe_nobody_reads_blocks_nothing(tmp_path: Path) -> None:
     assert marks - shown_marks <= int(dropped.group(1)) <= said_before - len(shown)  # each one not shown counted
 
 
+@pytest.mark.slow
 def test_a_terminal_stopped_with_ctrl_s_blocks_nothing(tmp_path: Path) -> None:
     """stderr is a terminal whose output was stopped with Ctrl-S (the user scrolls back in it): a
     job that writes nothing to stderr itself runs to its end; lora_otel's lines are in the journal."""
@@ -192,6 +194,7 @@ SOCKET_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_socket_stderr_nobody_reads_blocks_nothing(tmp_path: Path) -> None:
     """stderr is a stream socket (a systemd service's, into the journal) whose reader is busy: a job
     that writes nothing to stderr itself runs to its end while lora_otel's lines overflow the
@@ -246,6 +249,7 @@ READER_GONE_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("code", "sigpipe_default"), [(0, False), (3, False), (0, True)], ids=["exit-0", "exit-3", "SIGPIPE-default"]
 )
@@ -272,6 +276,7 @@ def test_a_stderr_reader_gone_keeps_the_exit_status(tmp_path: Path, code: int, s
 NOTEBOOK_CELL = "import lora_otel; lora_otel.mark('hello from a cell'); print('CELL ran')"
 
 
+@pytest.mark.slow
 def test_lines_stay_out_of_a_notebook_cell(tmp_path: Path) -> None:
     """A real ipykernel, driven by jupyter_client, started with ``LORA_OTEL=1``: a cell that makes
     lora_otel say a line shows only the cell's own output (ipykernel's ``sys.stderr`` is the cell's
@@ -316,6 +321,7 @@ SIGNAL_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_os_system_in_a_signal_handler_while_os_system_runs_in_a_stage(tmp_path: Path) -> None:
     """A signal handler that calls ``os.system`` lands while the main thread is in ``os.system``
     inside a stage: both shells run (no deadlock on a lock the interrupted call holds), both are
@@ -354,6 +360,7 @@ THREADS_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_threads_running_os_system_during_training_run_at_once(tmp_path: Path) -> None:
     """Four threads call ``os.system`` at once while training runs: the four shells run
     concurrently (each waits until all four have started; a lock held for the whole call would
@@ -415,6 +422,7 @@ def fill_pipe(write_end: int) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_forked_child_exits_while_the_beat_narrates_into_a_full_pipe(tmp_path: Path) -> None:
     """The beat narrates a slow stage into a stderr pipe that is full (its reader busy); the main
     thread forks a worker that exits at once: the worker exits (no lock of the beat's is inherited
@@ -481,6 +489,7 @@ HELD_AT_FORK_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_child_forked_while_a_thread_holds_lora_otels_locks_exits(tmp_path: Path) -> None:
     """Every lock of ``core``, ``hooks`` and ``narrate`` is held by another thread at the moment
     of ``fork`` (held here on purpose, as a thread inside lora_otel's bookkeeping holds one for a
@@ -528,6 +537,7 @@ INTERRUPTED_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signame", "code", "out"), [("SIGINT", 130, b"INTERRUPTED\n"), ("SIGTERM", 143, b"")])
 def test_ctrl_c_or_sys_exit_during_lora_otels_bookkeeping_is_the_programs(
     tmp_path: Path, signame: str, code: int, out: bytes
@@ -565,6 +575,7 @@ USER_TEST = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_users_pytest_run_passes_as_without_lora_otel(tmp_path: Path) -> None:
     """A user's own test suite, run with ``python -m pytest`` and ``LORA_OTEL=1`` (pytest sets
     ``PYTEST_CURRENT_TEST``; the project's own switch is not set), imports a package whose module

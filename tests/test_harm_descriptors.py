@@ -21,6 +21,8 @@ from procs import PYTHON, clean_env, journals, wait_for
 from lora_otel.analysis.evidence import StackRequest, send_request
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 # Both the common bound and "every descriptor there can be" (the daemon idiom).
 CLOSE_TO = ["1024", "os.sysconf('SC_OPEN_MAX')"]
 

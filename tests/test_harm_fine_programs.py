@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from procs import LINE_RE, PYTHON, clean_env, journals, wait_for
 
+pytestmark = pytest.mark.slow
+
 YEAR = time.gmtime().tm_year
 
 

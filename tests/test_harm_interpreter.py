@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, journals
 
+pytestmark = pytest.mark.slow
+
 # Every top-level module of the standard library (3.10+ lists them), plus the ones lora_otel loads
 # after start and their imports, for 3.9.
 STDLIB_NAMES = set(getattr(sys, "stdlib_module_names", ())) | {

@@ -50,6 +50,7 @@ class TestPrintable:
         assert printable(text) == shown
 
 
+@pytest.mark.slow
 class TestForgedLines:
     """Item 7: no value of the program's forges a line or reaches the terminal as a command."""
 
@@ -88,6 +89,7 @@ class TestForgedLines:
         assert "日志".encode() in (d / "ours.log.otel.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 class TestShortProcessesSayNothing:
     """Item 9: a process that ends before it is a job prints nothing of lora_otel's."""
 
@@ -182,6 +184,7 @@ class TestShortProcessesSayNothing:
         assert codes == [1] * 200
 
 
+@pytest.mark.slow
 class TestTheProgramsLog:
     """Item 4: an absent ``--log`` file is lora_otel's to create only when its lines are needed."""
 
@@ -229,6 +232,7 @@ except RuntimeError as e:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "code",
     ["import nonexistent_module_x", "import badmod", "def f():\n    import badmod\nf()", "import outer", WALK_TB],
@@ -256,6 +260,7 @@ def test_a_failing_import_traceback_is_the_programs_own(tmp_path: Path, code: st
     assert "Traceback" in untraced.stderr and traced.stderr == untraced.stderr
 
 
+@pytest.mark.slow
 def test_pdb_step_into_an_import_stops_where_it_does_without_lora_otel(tmp_path: Path) -> None:
     """``python -m pdb job.py``, ``step`` three times on ``import modx`` (a module not loaded yet),
     then ``continue``: pdb shows the same stops as without lora_otel (importlib's ``_find_and_load``

@@ -84,6 +84,7 @@ print("plotted %d rows, log=%s" % (len(rows), a.log))
 """
 
 
+@pytest.mark.slow
 class TestTheProgramsFilesAreLeftAlone:
     """Each case of the issue's list: the file, its mode, its directory, its format stay as the
     program alone would leave them."""
@@ -394,6 +395,7 @@ class TestTheProgramsFilesAreLeftAlone:
         assert os.listdir(tmp_path / parent / "tb") == ["events.out.tfevents.1"]
 
 
+@pytest.mark.slow
 class TestTheSeedCase:
     """A launcher's ``--log runs/x/train.log``: the directory exists, the file not yet."""
 
@@ -433,6 +435,7 @@ class TestTheSeedCase:
         assert "program started training" in text and text.index("started pid") < text.index("program started")
 
 
+@pytest.mark.slow
 class TestExplicitSettings:
     """``LORA_OTEL_LOG`` and ``LORA_OTEL_LOG_ARG`` win over any guess."""
 
@@ -483,6 +486,7 @@ class TestExplicitSettings:
         assert read_journal(tmp_path / "run.log.otel.jsonl").log_path == str(tmp_path / "run.log")
 
 
+@pytest.mark.slow
 def test_watchdog_never_writes_to_a_log_the_program_disowned(tmp_path: Path) -> None:
     """``tool.py --log notes.txt`` (a flag; notes.txt an existing text file), then the job freezes
     holding the GIL: the watchdog's STALLED line reaches the job's stderr but not notes.txt, which
@@ -545,6 +549,7 @@ def test_short_options_redacted_only_when_a_secret(label: str, argv: list[str], 
     assert redact_argv(argv) == expected
 
 
+@pytest.mark.slow
 def test_pytest_run_keeps_its_argv(tmp_path: Path) -> None:
     """A user's ``python -m pytest -p no:cacheprovider`` with ``LORA_OTEL=1``: the journal's argv
     and its ``argv:`` line show ``no:cacheprovider``, no ``[REDACTED]``."""

@@ -17,6 +17,8 @@ from procs import PYTHON, clean_env, journals, wait_for
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 HANDLERS = """\
 import json, os, sys, threading
 events = []

@@ -20,6 +20,8 @@ from test_sidecar import alive
 from lora_otel.journal import runs
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 FROZEN = """\
 import ctypes, lora_otel, os
 with lora_otel.stage("frozen"):  # a job: its journal locked, its stacks file made

@@ -31,6 +31,8 @@ from lora_otel._boot import redact
 from lora_otel.export import otlp
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 SECRET = "hunter2sekrit"
 API_KEY = "K3ysekrit9876"
 LOGIN_FAILS = """\

@@ -33,6 +33,8 @@ from test_sidecar import alive, wait_gone
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 ATTACKER = "lora_otel_attacker"
 PRECIOUS = b"the victim's own data\n"
 

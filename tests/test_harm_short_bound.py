@@ -13,11 +13,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from procs import PYTHON, clean_env, journals, wait_for
 from test_harm_shared_dirs import as_attacker, attacker, shared  # noqa: F401 - fixtures
 
 from lora_otel._boot.preamble import SHORT_RUNS_KEPT, is_short_run_name
 from lora_otel.journal.reader import read_journal
+
+pytestmark = pytest.mark.slow
 
 LIVE_JOB = """\
 import lora_otel, sys

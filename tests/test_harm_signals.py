@@ -27,6 +27,7 @@ from lora_otel.journal.reader import read_journal
 pytestmark = [
     pytest.mark.collector,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and real-time signals"),
+    pytest.mark.slow,
 ]
 
 STACK_SIGNAL = signal.SIGRTMIN + 10 if hasattr(signal, "SIGRTMIN") else 0

@@ -10,9 +10,12 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
 from procs import LINE_RE, PYTHON, clean_env, journals
 
 from lora_otel.journal.reader import read_journal
+
+pytestmark = pytest.mark.slow
 
 PAYLOAD = {"rows": [1, 2, 3], "name": "ünïcode", "ok": True}
 PRINT_JSON = "import json; print(json.dumps(%r))" % (PAYLOAD,)

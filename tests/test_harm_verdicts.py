@@ -18,6 +18,8 @@ from procs import PYTHON, REPO, clean_env, journals
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 MODES = ("LORA_OTEL=1", "lora-otel run", "python -m lora_otel", "import lora_otel.auto")
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, wait_for
 
+pytestmark = pytest.mark.slow
+
 IGNORES_SIGTERM = """\
 import os, signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -35,6 +35,7 @@ print("stall seen", seen is not None, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_tqdm_monitor_and_idle_executor_are_not_a_lock_wait(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
     r = subprocess.run(

@@ -6,6 +6,7 @@ import json
 import re
 import time
 
+import pytest
 from conftest import FUZZ, journal_lines
 from hypothesis import given
 from hypothesis import strategies as st
@@ -303,6 +304,7 @@ def test_render_text_is_the_command_output(capsys, journal):
     assert render_text(journal.read()) == "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.binary(max_size=400) | journal_lines.map(str.encode), as_json=st.booleans())
 def test_fuzz_inspect_never_fails(tmp_path, capsys, data, as_json):

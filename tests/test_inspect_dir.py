@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import pytest
 from conftest import FUZZ, JournalBuilder, journal_lines
 from hypothesis import given
 from hypothesis import strategies as st
@@ -414,6 +415,7 @@ class TestBadInput:
         assert [line.split("  pid")[0].strip() for line in lines[1:3]] == ["rank 0", "rank 1"]
 
 
+@pytest.mark.slow
 @FUZZ
 @given(
     first=journal_lines,
@@ -482,6 +484,7 @@ class TestWatch:
         assert lines.index(callout) < lines.index("[watch] every process has ended")
 
 
+@pytest.mark.slow
 def test_help_documents_the_directory_and_exit_statuses() -> None:
     r = lora_otel_cli("inspect", "--help")
     assert r.returncode == 0

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, REPO, clean_env, only_journal, run_traced, span_named
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 QUIET = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,7 @@ def captured(monkeypatch) -> list:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=TEXT, status=st.sampled_from(["ok", "error"]) | TEXT, ts=st.integers(1, 2**63 - 1))
 def test_templates_write_what_the_encoder_writes(monkeypatch, name, status, ts) -> None:

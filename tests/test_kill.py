@@ -10,9 +10,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from procs import PYTHON, clean_env, journals
 
 from lora_otel.journal.reader import read_journal
+
+pytestmark = pytest.mark.slow
 
 # The program reports on fd 3 (unbuffered, after the fact) each stage it has *entered*; the test
 # kills it at a random moment and checks the journal has a start record for each one reported.

@@ -26,6 +26,8 @@ from procs import PYTHON, REPO, clean_env, journals
 from collector import free_port
 from lora_otel.journal.reader import Journal, read_journal, start_ticks_from_stat
 
+pytestmark = pytest.mark.slow
+
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_ACCELERATE = HAVE_TORCH and importlib.util.find_spec("accelerate") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")

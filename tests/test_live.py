@@ -13,7 +13,7 @@ from test_hangs import kill_and_reap, make_module, start_traced
 from lora_otel.analysis.stall import parse_limits
 from lora_otel.export.live import Follower
 
-pytestmark = pytest.mark.collector
+pytestmark = [pytest.mark.collector, pytest.mark.slow]
 
 
 def follower_for(tmp_path: Path, collector, limits: str) -> Follower:

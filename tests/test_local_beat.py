@@ -22,6 +22,8 @@ from procs import LINE_RE, PYTHON, clean_env, lora_otel_cli, wait_for
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 FAST = {"LORA_OTEL_NARRATE_S": "1", "LORA_OTEL_BEAT_S": "0.2"}
 
 SLEEPY_IMPORT = "import time\ntime.sleep(%s)\n"

@@ -30,6 +30,8 @@ from procs import PYTHON, clean_env, journals, lora_otel_cli, start_torchrun, wa
 from lora_otel.analysis.evidence import python_stacks, stack_request
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 TORCH_TRAIN_START = """\
 import torch
 model = torch.nn.Linear(4, 1)

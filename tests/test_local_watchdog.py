@@ -77,6 +77,7 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
     """An import holding the GIL in C cannot speak for itself: the watchdog's STALLED line, with the
     diagnosis, lands in the launcher's log.txt and in --log; the journal has a `frozen` stall record."""
@@ -103,6 +104,7 @@ def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_sigstop_is_called_stalled(tmp_path: Path) -> None:
     """SIGSTOP in a stage: the STALLED line says the process is stopped; it is written once."""
     proc = launch(
@@ -126,6 +128,7 @@ def test_sigstop_is_called_stalled(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_sigkill_death_line_and_eof_at_once(tmp_path: Path) -> None:
     """SIGKILL in a stage: a launcher reading the job's stderr pipe gets end-of-file right after
     the job dies (the watchdog holds nothing of it); the death line lands in --log, and the journal
@@ -178,6 +181,7 @@ def test_sigkill_death_line_and_eof_at_once(tmp_path: Path) -> None:
         proc.stderr.close()
 
 
+@pytest.mark.slow
 def test_oom_killer_death_line(tmp_path: Path) -> None:
     """A job the kernel's OOM killer kills (a real memory cgroup with a 200 MB limit): the death line
     in --log and log.txt names the OOM killer and the stage."""
@@ -212,6 +216,7 @@ def test_oom_killer_death_line(tmp_path: Path) -> None:
         cg.rmdir()
 
 
+@pytest.mark.slow
 def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
     """A stage past its limit (LORA_OTEL_STALL_AFTER, recorded by the job): the watchdog appends one
     `stall` record, which `lora-otel inspect --json` (run without that variable) reads back."""
@@ -231,6 +236,7 @@ def test_stall_record_read_back_by_inspect(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_between_stages_stall(tmp_path: Path) -> None:
     """No stage open after the arguments were parsed (the program's own code hangs, as a download
@@ -248,6 +254,7 @@ def test_between_stages_stall(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
     """The job says STALLED itself (with where its main thread is); the watchdog, which diagnoses,
@@ -281,6 +288,7 @@ def test_the_jobs_stalled_line_is_followed_by_why(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_killed_jobs_views_keep_the_why_found_while_it_hung(tmp_path: Path) -> None:
     """A job deadlocks, is diagnosed, then is killed (as a user ends a hung job): the death record
@@ -312,6 +320,7 @@ def test_a_killed_jobs_views_keep_the_why_found_while_it_hung(tmp_path: Path) ->
         stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_stuck_dataloader_workers_place_comes_from_its_journal(tmp_path: Path) -> None:
     """A DataLoader worker blocks in the dataset, without py-spy (most users have none): the why
@@ -348,6 +357,7 @@ def test_a_stuck_dataloader_workers_place_comes_from_its_journal(tmp_path: Path)
                 pass
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_why_line_waits_for_a_late_stalled_line(tmp_path: Path) -> None:
     """A job whose beat comes late (a 12 s beat here; a loaded machine in the full suite, where the
@@ -371,6 +381,7 @@ def test_the_why_line_waits_for_a_late_stalled_line(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_why_line_is_not_written_over_in_a_positioned_stderr_file(tmp_path: Path) -> None:
     """``> log.txt 2>&1`` (a file the job writes at its own position, no O_APPEND): the watchdog's
@@ -399,6 +410,7 @@ def test_the_why_line_is_not_written_over_in_a_positioned_stderr_file(tmp_path: 
         stop(proc)
 
 
+@pytest.mark.slow
 def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
     """Three earlier runs in the same directory imported `quickmod` in milliseconds; in the fourth it
     hangs: at 10 s one line says it is slow ("usually … over the last 3 runs"), and at the learned
@@ -451,6 +463,7 @@ def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.collector
 def test_exported_stall_matches_the_journal(tmp_path: Path, collector) -> None:
     """With a collector, the live follower appends the same stall record: the exported stall's kind,
@@ -475,6 +488,7 @@ def test_exported_stall_matches_the_journal(tmp_path: Path, collector) -> None:
     assert record["span_id"] == span.span_id
 
 
+@pytest.mark.slow
 def test_local_mode_imports_no_opentelemetry(tmp_path: Path) -> None:
     """Without an endpoint the sidecar never imports the OpenTelemetry SDK (-X importtime of the
     sidecar itself, following a finished job); LORA_OTEL_LIVE=0 starts none."""
@@ -525,6 +539,7 @@ NOT_BEFORE_A_STALL = (
 job's memory cgroup for the job's whole life (docs/performance.md, "Memory a traced job adds")."""
 
 
+@pytest.mark.slow
 def test_local_watchdog_loads_no_evidence_or_diagnosis_before_a_stall(tmp_path: Path) -> None:
     """A job that runs for a while without a stall, followed by its local watchdog: the watchdog
     (its ``-X importtime`` lines in its log, as it polls the running job and after it ends) never
@@ -556,6 +571,7 @@ def test_local_watchdog_loads_no_evidence_or_diagnosis_before_a_stall(tmp_path: 
     assert not loaded, loaded
 
 
+@pytest.mark.slow
 def test_recorded_limits_apply_unless_the_command_line_says_otherwise(journal) -> None:
     """One set of limits: `inspect` applies the limits the job recorded at start (config.stall_after,
     config.frozen_after), not its own defaults; its own --stall-after still wins."""
@@ -585,6 +601,7 @@ def test_between_limit_in_stall_rules(journal) -> None:
     assert detect(j, journal.ns(20), True, parse_limits("between=10")).kind == "between"
 
 
+@pytest.mark.slow
 def test_watchdog_writes_only_to_the_log_recorded_at_start(tmp_path: Path) -> None:
     """A process can append records to its own journal (after dropping root it still holds the
     descriptor): a later attrs record naming another file as its ``--log`` is not believed. The
@@ -613,6 +630,7 @@ def test_watchdog_writes_only_to_the_log_recorded_at_start(tmp_path: Path) -> No
     assert victim.read_bytes() == b"precious\n"
 
 
+@pytest.mark.slow
 def test_a_quiet_service_is_not_called_stalled(tmp_path: Path) -> None:
     """A long-running service (no argparse, no torch: a select loop) with the whole environment
     traced: its `arguments` span stays open and nothing happens for a while, by design. The
@@ -652,6 +670,7 @@ print("loaded", total > 0)
 """
 
 
+@pytest.mark.slow
 def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
     """A model load in a real memory cgroup (48 MB) that maps a 160 MB file: the pages the limit
     evicts are read back from disk again and again. Past the stage's limit the watchdog's stall
@@ -686,6 +705,7 @@ def test_a_load_slowed_by_memory_pressure_is_named(tmp_path: Path) -> None:
         cg.rmdir()
 
 
+@pytest.mark.slow
 def test_one_watchdog_per_job_also_with_a_bad_endpoint(tmp_path: Path) -> None:
     """A job whose OTEL_EXPORTER_OTLP_ENDPOINT is not a URL (dropped with one line) still has one
     sidecar for the job: a child process joins its parent's (the registry once went into a copy
@@ -746,6 +766,7 @@ with lora_otel.stage("run child"):
 """
 
 
+@pytest.mark.slow
 def test_a_child_started_while_another_thread_promotes_joins_its_sidecar(tmp_path: Path) -> None:
     """The main thread starts a child while the beat thread is promoting the process (starting the
     sidecar): the child waits for that promotion and joins its sidecar, instead of starting a

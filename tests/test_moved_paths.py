@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 
 def test_the_old_reader_path_imports_with_a_deprecation_warning() -> None:
     """`from lora_otel.export.reader import read_journal, Journal, JournalTail` (the path

@@ -80,6 +80,7 @@ def _live(live: str, sidecar_for_every_process: bool) -> dict:
     return {"LORA_OTEL_LIVE": "0"} if live == "LORA_OTEL_LIVE=0" else {}
 
 
+@pytest.mark.slow
 class TestShortRunsLeaveNothing:
     @pytest.mark.parametrize("live", ["LORA_OTEL_LIVE=0", "default"])
     def test_twenty_python_c_pass_runs(
@@ -180,6 +181,7 @@ class TestShortRunsLeaveNothing:
         assert read_journal(str(journal) + ".moved").exit is not None
 
 
+@pytest.mark.slow
 class TestWhatIsKept:
     @pytest.mark.parametrize(
         "code",
@@ -301,6 +303,7 @@ class TestWhatIsKept:
         assert files_under(work) == ["prog.py"] and files_under(state) == []
 
 
+@pytest.mark.slow
 class TestWhereJournalsGo:
     def test_never_in_the_working_directory(self, work: Path, state: Path) -> None:
         """A failing run (its journal kept) writes into the state directory, not ``./lora-otel/``."""
@@ -410,6 +413,7 @@ def _age(paths: list[Path], seconds: float) -> None:
 
 
 class TestRetention:
+    @pytest.mark.slow
     def test_the_sidecar_prunes_the_oldest_finished_runs(self, tmp_path: Path) -> None:
         """``LORA_OTEL_KEEP=3``, a directory with a run still running (the oldest), five failed runs,
         a run with a forked child, and files that are not a run's: when a job starts, its sidecar
@@ -476,6 +480,7 @@ class TestRetention:
             running.kill()
             running.communicate()
 
+    @pytest.mark.slow
     def test_a_directory_over_its_size_limit(self, tmp_path: Path) -> None:
         """`runs.prune` with a byte limit: the newest runs that fit are kept, older finished ones go;
         the newest run is kept even when it alone is over the limit; runs changed within the last
@@ -506,6 +511,7 @@ class TestRetention:
         assert (keep, mb) == (100, 500_000_000) and len(problems) == 2
 
 
+@pytest.mark.slow
 class TestNewestRun:
     def test_inspect_watch_and_report_with_no_argument(self, work: Path, state: Path) -> None:
         """``lora-otel inspect`` with no argument reads the newest run of the state directory and
@@ -547,6 +553,7 @@ class TestNewestRun:
         )
 
 
+@pytest.mark.slow
 class TestSidecarAndShortChildren:
     def test_a_forked_child_that_exits_at_once_under_a_job(self, work: Path, state: Path) -> None:
         """A job (its sidecar running) forks a worker that exits at once: the worker's journal is

@@ -273,6 +273,7 @@ def import_hang(tmp_path_factory: pytest.TempPathFactory) -> Journal:
     return read_journal(path)
 
 
+@pytest.mark.slow
 class TestImportHang:
     def test_valid_and_secret_free(self, import_hang: Journal) -> None:
         """The document obeys the format; the secret given on the command line and in the
@@ -340,6 +341,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Journal:
     return read_journal(path)
 
 
+@pytest.mark.slow
 class TestKilledMidTraining:
     def test_valid(self, killed: Journal) -> None:
         doc = trace_events([killed], time.time_ns())
@@ -463,6 +465,7 @@ def gloo_job(tmp_path_factory: pytest.TempPathFactory) -> list[Journal]:
     return [read_journal(path) for path in journals(where)]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 class TestTwoRanksOneNeverArrives:
     def test_tracks_in_order(self, gloo_job: list[Journal]) -> None:

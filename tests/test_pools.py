@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import pytest
 from procs import clean_env, lora_otel_cli, wait_for
 from test_local_beat import launch_detached, lora_lines, messages, stop
 
@@ -131,6 +132,7 @@ def _headline_and_wait(text: str, at_least_s: float) -> Optional[tuple[float, fl
     return float(found.group(1)), float(found.group(2)), float(found.group(3))
 
 
+@pytest.mark.slow
 def test_pool_map_with_a_task_that_never_returns(tmp_path: Path) -> None:
     """`multiprocessing.Pool.map` with one task that never returns: the job's own lines say
     STALLED with the worker that holds the task (its pid, where its main thread is, for how long),
@@ -174,6 +176,7 @@ def test_pool_map_with_a_task_that_never_returns(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_pool_worker_sigkilled_mid_task(tmp_path: Path) -> None:
     """A Pool worker SIGKILLed while it runs its task (the OOM killer's way): `Pool.map` waits
     forever; the STALLED line and inspect name that worker, that it was killed, and that the
@@ -201,6 +204,7 @@ def test_pool_worker_sigkilled_mid_task(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_process_pool_executor_hang(tmp_path: Path) -> None:
     """`concurrent.futures.ProcessPoolExecutor.map` with a task that never returns: the STALLED
     line and inspect name the worker running it."""
@@ -222,6 +226,7 @@ def test_process_pool_executor_hang(tmp_path: Path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_a_subprocess_the_parent_waits_on_hangs(tmp_path: Path) -> None:
     """`subprocess.run` of a traced child that never ends: the parent is called stalled, naming the
     child and where its main thread is."""
@@ -251,6 +256,7 @@ def quiet_for(journal: Optional[Journal], seconds: float) -> bool:
     return bool(ended) and time.time_ns() - max(ended) >= seconds * 1e9
 
 
+@pytest.mark.slow
 def test_a_launcher_of_ranks_stays_quiet_and_a_parent_of_workers_does_not(tmp_path: Path) -> None:
     """A torchrun-like launcher (its children have RANK/LOCAL_RANK set: they speak for themselves)
     waiting for them with no stage open is not stalled: no STALLED or quiet-time line from it, and
@@ -290,6 +296,7 @@ subprocess.run(["sleep", "60"], env=env)
 """
 
 
+@pytest.mark.slow
 def test_a_launcher_is_told_by_the_variables_of_a_process_below_it(tmp_path: Path) -> None:
     """`waits_for_ranks`, the one rule, read from /proc of real processes: a child started with
     `RANK` of its own (torchrun's agent) or `ACCELERATE_USE_CPU` (`accelerate launch`'s one

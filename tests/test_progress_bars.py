@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("tqdm")
 
 JOB = """\

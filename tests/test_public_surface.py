@@ -65,6 +65,7 @@ class TestIntegrations:
         mod = importlib.import_module(module)
         assert mod.__all__ == names
 
+    @pytest.mark.slow
     def test_transformers_callback(self) -> None:
         """``from lora_otel.integrations.transformers import LoraOtelCallback`` gives a TrainerCallback
         (and the module's ``__all__`` says so; importing it imports transformers)."""
@@ -79,6 +80,7 @@ class TestIntegrations:
             """
         )
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
     def test_lightning_callback(self, package: str) -> None:
         """``from lora_otel.integrations.lightning import LoraOtelCallback`` gives a Callback of the

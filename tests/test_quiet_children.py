@@ -18,6 +18,8 @@ from procs import PYTHON, clean_env, journals
 
 from lora_otel.journal.reader import read_journal
 
+pytestmark = pytest.mark.slow
+
 LAUNCHER = """\
 import argparse, subprocess, sys
 argparse.ArgumentParser().add_argument("--log")

@@ -249,6 +249,7 @@ class TestProcessState:
         journal.process(alive=False)
         assert process_state(journal.read()) == "gone"
 
+    @pytest.mark.slow
     def test_without_start_ticks_pid_existence_decides(self, journal):
         """With start_ticks null, a live pid counts as running and a dead one as gone."""
         dead = subprocess.run(
@@ -269,6 +270,7 @@ class TestProcessState:
             )
             assert process_state(journal.read()) == state
 
+    @pytest.mark.slow
     def test_comm_with_spaces_and_parentheses(self, tmp_path):
         """The start time is field 22 counted after the *last* ')', so a command named
         ``a) (b c`` is still recognised as the live process it is."""
@@ -340,6 +342,7 @@ def test_fuzz_bytes_never_raise(tmp_path, data):
     process_state(j)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=journal_lines)
 def test_fuzz_records_never_raise(tmp_path, text):

@@ -580,6 +580,7 @@ def test_never_raises(text: str) -> None:
     assert set(redact_env({text: text})) == {text}
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(before=_chunks, after=_chunks, token=_token, pad=st.sampled_from([0, 4000, 4050, 4090]))
 def test_planted_hf_token_never_survives(before: str, after: str, token: str, pad: int) -> None:
@@ -610,6 +611,7 @@ print("\n".join(sorted(set(sys.modules) - before)))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [[], ["-S"]], ids=["site", "no-site"])
 def test_import_loads_nothing(flags: list[str]) -> None:
     """Importing redact.py in a fresh interpreter loads no module besides itself, its

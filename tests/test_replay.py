@@ -210,6 +210,7 @@ class TestReplayCommand:
         assert status == 0 and out.startswith("nothing to replay")
 
 
+@pytest.mark.slow
 @pytest.mark.collector
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_replay_to_real_collector(capsys, journal, monkeypatch, collector, protocol):
@@ -244,6 +245,7 @@ def test_replay_to_real_collector(capsys, journal, monkeypatch, collector, proto
     assert spans["process"].resource["process.pid"] == 4242
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=journal_lines)
 def test_fuzz_translation_encodes(tmp_path, text):

@@ -200,6 +200,7 @@ class TestPage:
         assert re.findall(r'\b(?:src|href)="([^"]*)"', page) == ["data:,"]
         assert "default-src 'none'" in page
 
+    @pytest.mark.slow
     def test_ten_thousand_spans(self, tmp_path):
         """A 10,000-span journal: every span is in the page (drawn by the script as they scroll into
         view), the stalled checkpoint marked, the steps plotted; a few MB at most."""

@@ -31,6 +31,8 @@ from test_report import big_journal
 from collector import free_port
 from lora_otel.journal.reader import process_state, read_journal
 
+pytestmark = pytest.mark.slow
+
 CHROMIUM = "/usr/bin/chromium"
 OFFLINE_FLAGS = [
     # every request that would leave the machine goes to a closed local port, every name fails to resolve

@@ -6,9 +6,12 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from procs import PYTHON, clean_env, only_journal
 
 from lora_otel.journal.reader import read_journal
+
+pytestmark = pytest.mark.slow
 
 
 def run(tmp_path: Path, script: str) -> subprocess.CompletedProcess:

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env, wait_for
 
+pytestmark = pytest.mark.slow
+
 JOB = """\
 import signal, sys, time
 got = []

@@ -13,10 +13,13 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
 from procs import PYTHON, clean_env, journals, wait_for
 from test_sidecar import alive, execd_cmdline, wait_gone
 
 from lora_otel.journal.reader import read_journal
+
+pytestmark = pytest.mark.slow
 
 HF_TOKEN = "hf_abcdefGHIJKLmnopqrSTUVWXyz0123456789"
 PASSWORD = "hunter2"

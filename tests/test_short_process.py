@@ -45,6 +45,7 @@ def roots(tmp_path: Path) -> list:
     return [root for root in found if root is not None]
 
 
+@pytest.mark.slow
 class TestShortProcess:
     def test_python_c_pass_says_nothing_and_starts_no_sidecar(self, tmp_path: Path) -> None:
         """``python -c pass``: nothing on stderr (its ``started`` line waits for a beat it never
@@ -135,6 +136,7 @@ class TestShortProcess:
         assert len(data) <= 65536
 
 
+@pytest.mark.slow
 class TestPromotion:
     def test_a_stage_makes_a_job(self, tmp_path: Path) -> None:
         """A program that opens a stage is a job from then on, however short: the sidecar, the
@@ -276,6 +278,7 @@ print("DONE", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_forks_that_exit_at_once_leave_no_file_those_that_live_are_watched(tmp_path: Path) -> None:
     """Twenty ``os.fork()`` + ``os._exit(0)`` leave no file; a forked worker that lives past its
     first beat has its journal — its root under the stage that forked it — and joins the job's
@@ -302,6 +305,7 @@ def test_forks_that_exit_at_once_leave_no_file_those_that_live_are_watched(tmp_p
 
 
 class TestIdleJournal:
+    @pytest.mark.slow
     def test_an_idle_process_touches_its_journal_instead_of_growing_it(self, tmp_path: Path) -> None:
         """An idle process (its main thread in ``time.sleep``): after the first beats, a beat that
         changes nothing writes no record — the journal's modification time moves instead — and a
@@ -425,6 +429,7 @@ print("tree ok", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_tree_of_short_forks_leaves_nothing(tmp_path: Path) -> None:
     """A tree of forks that each reap their own children and end at once, all exit 0: no journal
     is left (a hostile trial: 15 of them at depth 3 — each kept because a sibling's journal, just

@@ -22,7 +22,7 @@ from test_hangs import kill_and_reap, make_module, start_traced
 from collector import Collector, free_port, rotel_agent_path
 from lora_otel.journal.reader import read_journal
 
-pytestmark = pytest.mark.collector
+pytestmark = [pytest.mark.collector, pytest.mark.slow]
 
 
 def traced(tmp_path: Path, script: str, endpoint: str, **env: str) -> subprocess.Popen:

@@ -63,6 +63,7 @@ def run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_helper_threads_that_block_or_take_the_signal_do_not_stop_the_request(tmp_path: Path) -> None:
     """py-spy off (``LORA_OTEL_PY_SPY=0``): a process that still beats is asked through its beat
     thread, which writes the dump holding the GIL — no signal at all, so neither the sigwait thread
@@ -101,6 +102,7 @@ print("handler calls", len(calls), "stall seen", seen is not None, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_program_that_took_the_signal_is_still_asked_through_its_beat(tmp_path: Path) -> None:
     """The program installs its own handler on the stack signal after lora_otel's: the signal is
     never sent (its handler runs 0 times), yet the stacks are had — the beat thread writes them when
@@ -127,6 +129,7 @@ def test_a_program_that_took_the_signal_is_still_asked_through_its_beat(tmp_path
     ), record["diagnosis"]
 
 
+@pytest.mark.slow
 def test_a_beat_that_does_not_answer_leaves_no_ask_file(tmp_path: Path) -> None:
     """A process whose beat cannot run (frozen) never answers: after a beat and a second of waiting
     the watchdog removes its ask file and gets nothing (then the signal is the fallback); the stacks
@@ -140,6 +143,7 @@ def test_a_beat_that_does_not_answer_leaves_no_ask_file(tmp_path: Path) -> None:
     assert ask_beat(missing) == "" and list(tmp_path.glob("gone*")) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(py_spy_path() is None, reason="py-spy is not installed (the [pyspy] extra)")
 def test_py_spy_reads_the_stacks_and_no_signal_is_sent(tmp_path: Path) -> None:
     """Where py-spy may attach, it reads the stacks from outside: the stall record's evidence says
@@ -163,6 +167,7 @@ def test_py_spy_reads_the_stacks_and_no_signal_is_sent(tmp_path: Path) -> None:
     assert ident not in text, text
 
 
+@pytest.mark.slow
 def test_a_thread_entering_sigwait_is_not_taken_for_a_handler(tmp_path: Path) -> None:
     """A thread that takes signal 44 with ``sigtimedwait`` in a loop enters and leaves the wait all
     the time; entering, it has 44 lifted from its mask a moment before it sleeps. Read in that
@@ -191,6 +196,7 @@ def test_a_thread_entering_sigwait_is_not_taken_for_a_handler(tmp_path: Path) ->
         proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_no_thread_to_run_the_handler(tmp_path: Path) -> None:
     """Every thread blocks the signal, or waits in sigwait: no request, and why."""
     code = textwrap.dedent(
@@ -295,6 +301,7 @@ print("stall seen", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_no_stacks_the_diagnosis_reads_the_beats_sample(tmp_path: Path) -> None:
     """Stacks cannot be had (the program took the stack signal; py-spy off): the diagnosis reads the
     beat's last sample of the main thread instead of saying "Cannot tell from the evidence", and
@@ -353,6 +360,7 @@ print("spurious", bad or None, "stall seen", seen is not None, flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(py_spy_path() is None, reason="py-spy is not installed (the [pyspy] extra)")
 def test_a_running_process_is_never_paused_for_its_stacks(tmp_path: Path) -> None:
     """A stall of a live process (not frozen) is read ``--nonblocking``: nothing paused. A thread in

@@ -43,6 +43,7 @@ class TestLimits:
         assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 class TestDetection:
     def test_sleeping_import_is_an_alive_stall(self, tmp_path: Path) -> None:
         """An import sleeping past a 1 s limit: kind `alive`, on that import span; not before the limit."""
@@ -167,6 +168,7 @@ class TestTrainingLimit:
         every = detect(j, late, alive=True, limits=parse_limits("150"))  # one number for all: given too
         assert every is not None and every.limit_s == 150 and every.limit_why == "", every
 
+    @pytest.mark.slow
     def test_the_jobs_own_line_uses_the_given_limit(self, tmp_path: Path) -> None:
         """A real job stepping every 0.3 s (step rule 6 s), then stuck, with ``training=2``: its own
         STALLED line says ``(limit 2 s)`` — before, ``(limit 6 s)``, whatever was given."""

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from procs import PYTHON, clean_env
 
+pytestmark = pytest.mark.slow
+
 PROBE = r"""
 import sys, importlib.abc, importlib.machinery
 

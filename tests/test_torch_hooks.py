@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from procs import REPO, only_journal, run_traced, span_named
 
+pytestmark = pytest.mark.slow
+
 torch = pytest.importorskip("torch")
 
 ABSENT_REASON = (

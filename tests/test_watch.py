@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import JournalBuilder
 from procs import PYTHON, clean_env, journal_has_open, journals, lora_otel_cli, run_traced, wait_for
 from test_hangs import kill_and_reap, make_module, start_traced
@@ -130,6 +131,7 @@ def running_and_stuck(path: Path, since_s: float = 300, beat_ago_s: float = 0.5)
     return journal
 
 
+@pytest.mark.slow
 def test_real_job_stalls_then_is_killed(tmp_path: Path) -> None:
     """A log panel following a real job sees the import start, the stall, and the kill; status 3."""
     make_module(tmp_path, "slowmod", "import time\ntime.sleep(600)\n")
@@ -159,6 +161,7 @@ def test_real_job_stalls_then_is_killed(tmp_path: Path) -> None:
     assert "import slowmod  OPEN for" in tree
 
 
+@pytest.mark.slow
 def test_new_journals_in_the_directory_are_picked_up(tmp_path: Path) -> None:
     """A job started after watch began is followed too; both pids are shown, each with its end."""
     make_module(tmp_path, "slowmod", "import time\ntime.sleep(600)\n")
@@ -220,6 +223,7 @@ def test_killed_under_lora_otel_run_exits_3(capsys, journal) -> None:
     assert watch(capsys, "--once", str(journal.path))[0] == 3
 
 
+@pytest.mark.slow
 def test_two_journals_in_a_directory(capsys, tmp_path: Path) -> None:
     """A directory of two jobs' journals shows both, one after the other, each with its pid and state."""
     (tmp_path / "job.py").write_text("import json\n")
@@ -234,6 +238,7 @@ def test_two_journals_in_a_directory(capsys, tmp_path: Path) -> None:
     assert out.count("finished normally") == 2
 
 
+@pytest.mark.slow
 def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     """A path that does not exist: exit 2 and one line on stderr, no traceback."""
     r = lora_otel_cli("watch", str(tmp_path / "nope"))
@@ -242,6 +247,7 @@ def test_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
+@pytest.mark.slow
 def test_not_a_journal_and_bad_options(tmp_path: Path) -> None:
     """A text file, a bad --stall-after, a bad --interval: each is one line and exit 2."""
     text = tmp_path / "notes.txt"
@@ -270,6 +276,7 @@ def test_corrupt_journal_is_shown_with_a_problem_count(capsys, journal) -> None:
     assert "note:" not in out
 
 
+@pytest.mark.slow
 def test_stall_and_frozen_in_plain_output(capsys, monkeypatch, tmp_path: Path) -> None:
     """A running job past its import limit, and one whose beat stopped, are each marked STALLED."""
     for name in ("LORA_OTEL_STALL_AFTER", "LORA_OTEL_FROZEN_AFTER"):
@@ -286,6 +293,7 @@ def test_stall_and_frozen_in_plain_output(capsys, monkeypatch, tmp_path: Path) -
     assert re.search(r"\nSTALLED: frozen in import slowmod: no beat for (3\d|[4-9]\d) s \(limit 10 s\) — ", out), out
 
 
+@pytest.mark.slow
 def test_no_colour_codes_when_not_a_terminal(capsys, monkeypatch, tmp_path: Path) -> None:
     """Piped or captured output has no escape codes at all, even with a stall and NO_COLOR unset."""
     stuck = running_and_stuck(tmp_path / "stuck.otel.jsonl")
@@ -296,6 +304,7 @@ def test_no_colour_codes_when_not_a_terminal(capsys, monkeypatch, tmp_path: Path
     assert "STALLED" in r.stdout and "\x1b" not in r.stdout
 
 
+@pytest.mark.slow
 def test_terminal_gets_colour_unless_turned_off(tmp_path: Path) -> None:
     """On a terminal the stalled span is red and bold; --no-color and NO_COLOR turn that off."""
     stuck = running_and_stuck(tmp_path / "stuck.otel.jsonl")
@@ -308,6 +317,7 @@ def test_terminal_gets_colour_unless_turned_off(tmp_path: Path) -> None:
         assert "<- STALLED" in screen and "STALLED: import slowmod open for" in screen and "\x1b" not in screen
 
 
+@pytest.mark.slow
 def test_terminal_redraws_until_the_job_ends(journal) -> None:
     """Without --once a terminal gets whole screens (clear, then the view); watch ends with the job."""
     finished(journal)
@@ -317,6 +327,7 @@ def test_terminal_redraws_until_the_job_ends(journal) -> None:
     assert "[watch]" not in screen
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_quietly_with_130(tmp_path: Path) -> None:
     """Ctrl-C while following a running job: status 130, nothing on stderr."""
     stuck = running_and_stuck(tmp_path / "stuck.otel.jsonl")
@@ -350,6 +361,7 @@ sys.exit(main(["watch", "--interval", "0.1", sys.argv[1]]))
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_lost_to_a_finalizer_still_stops_watch(tmp_path: Path) -> None:
     """A KeyboardInterrupt Python swallows where it is raised (printed as ignored) still ends watch
     with 130 at the loop's next turn: the SIGINT itself is remembered (issue 23: a Ctrl-C that left
@@ -380,6 +392,7 @@ def test_ctrl_c_lost_to_a_finalizer_still_stops_watch(tmp_path: Path) -> None:
         proc.communicate()  # and closes the pipes
 
 
+@pytest.mark.slow
 def test_help_teaches_by_example() -> None:
     """`lora-otel watch --help` has examples and the exit statuses."""
     r = lora_otel_cli("watch", "--help")

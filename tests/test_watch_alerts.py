@@ -81,6 +81,7 @@ def hook() -> Iterator[Hook]:
     server.close()
 
 
+@pytest.mark.slow
 def test_alert_command_gets_the_stall_as_json_once(tmp_path: Path) -> None:
     """One stall of a real job: the command runs exactly once, the stall as JSON on stdin, stage and
     kind in its environment; watch goes on following, and ends with the job (status 3, killed)."""
@@ -116,6 +117,7 @@ def test_alert_command_gets_the_stall_as_json_once(tmp_path: Path) -> None:
     assert lines_of(tmp_path / "env.txt") == ["import slowmod|alive|%d" % job.pid]
 
 
+@pytest.mark.slow
 def test_a_failing_alert_command_is_one_line_and_watch_goes_on(tmp_path: Path) -> None:
     job = stuck_job(tmp_path)
     watcher = Watch("lora-otel", *STALL, "--alert-command", "exit 3", cwd=tmp_path)
@@ -133,6 +135,7 @@ def test_a_failing_alert_command_is_one_line_and_watch_goes_on(tmp_path: Path) -
     assert "process gone without an exit record" in out
 
 
+@pytest.mark.slow
 def test_exit_on_stall_exits_4_after_the_alert(tmp_path: Path) -> None:
     """--exit-on-stall: status 4 while the job still runs, once the (slow) alert command has finished."""
     job = stuck_job(tmp_path)
@@ -152,6 +155,7 @@ def test_exit_on_stall_exits_4_after_the_alert(tmp_path: Path) -> None:
     assert "import slowmod  OPEN for" in out
 
 
+@pytest.mark.slow
 def test_webhook_gets_the_stall_as_json(tmp_path: Path, hook: Hook) -> None:
     job = stuck_job(tmp_path)
     watcher = Watch("lora-otel", *STALL, "--exit-on-stall", "--alert-webhook", hook.url, cwd=tmp_path)
@@ -168,6 +172,7 @@ def test_webhook_gets_the_stall_as_json(tmp_path: Path, hook: Hook) -> None:
     assert alert["stage"] == "import slowmod" and alert["kind"] == "alive" and alert["pid"] == job.pid
 
 
+@pytest.mark.slow
 def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, hook: Hook) -> None:
     """--once on a stalled process: alerts (command and webhook, rank and host from the journal);
     status 4 with --exit-on-stall, 3 without (stalled, as inspect DIR --summary says)."""
@@ -191,6 +196,7 @@ def test_once_alerts_and_exits_4_only_with_exit_on_stall(tmp_path: Path, capfd, 
     assert len(hook.bodies) == 2, "no stall, no alert"
 
 
+@pytest.mark.slow
 def test_a_hanging_alert_command_is_killed(tmp_path: Path, capfd, monkeypatch) -> None:
     monkeypatch.setattr(watch_mod, "ALERT_COMMAND_TIMEOUT_S", 0.5)
     stuck = stuck_here(tmp_path / "a.otel.jsonl")
@@ -201,6 +207,7 @@ def test_a_hanging_alert_command_is_killed(tmp_path: Path, capfd, monkeypatch) -
     assert err.splitlines() == ["lora-otel watch: alert command killed after 0.5 s: sleep 30"]
 
 
+@pytest.mark.slow
 def test_an_unreachable_webhook_is_one_line(tmp_path: Path, capfd) -> None:
     hook = Hook()
     url = hook.url
@@ -225,6 +232,7 @@ def test_bad_alert_options_are_usage_errors(tmp_path: Path, capsys, args, messag
     assert capsys.readouterr().err == "lora-otel watch: %s\n" % message
 
 
+@pytest.mark.slow
 def test_help_lists_the_exit_statuses_and_alerts() -> None:
     r = lora_otel_cli("watch", "--help")
     assert r.returncode == 0

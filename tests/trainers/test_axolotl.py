@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 JOB = HERE / "axo_job.py"
 LIMITS = "between=30,training=8,exit=6,import=600"
 
-pytestmark = [pytest.mark.torch]
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ LIMITS = "between=20,training=8,prepare dataset=8,import=600"
 """Short limits for the stages the hangs are in; ``between`` longer: a loaded machine may take
 seconds between two stages of a healthy start."""
 
-pytestmark = [pytest.mark.torch]
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

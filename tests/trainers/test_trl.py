@@ -30,6 +30,7 @@ pytestmark = [
         any(importlib.util.find_spec(m) is None for m in ("torch", "trl", "peft", "datasets")),
         reason="needs torch, trl, peft and datasets (the [test] extra)",
     ),
+    pytest.mark.slow,
 ]
 LIMITS = "between=15,training=6,prepare dataset=6,import=600"
 """Short limits for the stages the hangs are in; ``between`` longer: a loaded machine may take
