@@ -20,6 +20,7 @@ SIGINT_TESTS = [
 ]
 
 
+@pytest.mark.slow
 def test_sigint_tests_pass_when_the_script_starts_with_sigint_ignored(tmp_path) -> None:
     """Started with SIGINT ignored, the script gives regrtest SIGINT's default action back, so the
     SIGINT tests of test_signal and test_threading pass in its workers. (Before: Python kept SIGINT
