@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -330,3 +331,32 @@ def _forget_redacted_values() -> Iterator[None]:
     forget()
     yield
     forget()
+
+
+# The fast tier (`pytest -m "not slow"`, CONTRIBUTING.md) starts no process: a test that does is
+# marked slow. An audit hook notes every process start; a test without the mark fails on one.
+_PROCESS_STARTS = ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.system", "pty.spawn")
+_started: Optional[list[str]] = None
+
+
+def _note_process_start(event: str, args: tuple[Any, ...]) -> None:
+    if _started is not None and event in _PROCESS_STARTS:
+        _started.append("%s %s" % (event, str(args[0] if args else "")[:80]))
+
+
+sys.addaudithook(_note_process_start)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test not marked ``slow`` that starts a process fails, naming the start: mark it slow."""
+    global _started
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    _started = seen = []
+    try:
+        yield
+    finally:
+        _started = None
+    assert not seen, "a test not marked slow started a process (%s): mark it @pytest.mark.slow" % seen[0]
