@@ -131,7 +131,7 @@ class TestFirstLine:
         journal.beat(19.6, steps=1200, last_step_t=19.6)
         first = inspect(capsys, journal)[1][0]
         assert re.fullmatch(
-            r"still in training for [2-9]\d s \(process running(, no beat for \d+ s)?, 1200 steps,"
+            r"still in training for [2-9]\d(\.\d)? s \(process running(, no beat for \d+ s)?, 1200 steps,"
             r" last step (\d+ ms|\d+(\.\d)? s) ago\)",
             first,
         ), first
