@@ -764,7 +764,7 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
     )
     out.close()
     views: dict = {}
-    said: dict = {}  # each view's `what to do:` text
+    todo: dict = {}  # each view's `what to do:` text
     first: dict = {}
     hung_at: Optional[float] = None
     try:
@@ -792,7 +792,7 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
         page = _cli(case_dir, "report", str(case_dir), "-o", "-")
         views["report"] = _report_text(page)
         for view in VIEWS:
-            said[view] = _advice_text(_report_inline(page) if view == "report" else views[view])
+            todo[view] = _advice_text(_report_inline(page) if view == "report" else views[view])
     finally:
         _end(proc, case_dir)
         cleanup()
@@ -808,10 +808,10 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
                 "view": view,
                 "place": re.search(place, text, re.S) is not None,
                 "cause": re.search(cause, text, re.S) is not None,
-                "advice": None if advice is None else re.search(advice, said.get(view, ""), re.S) is not None,
+                "advice": None if advice is None else re.search(advice, todo.get(view, ""), re.S) is not None,
                 "seconds": seconds.get(view),
                 "text": text,
-                "what_to_do": said.get(view, ""),
+                "what_to_do": todo.get(view, ""),
             }
         )
     if keep:

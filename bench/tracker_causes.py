@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from real_causes import HEAD, TRAINER, Case  # noqa: E402 - the harness beside this module
+from real_causes import HEAD, TRAINER, Case  # the harness beside this module
 
 
 def near(*parts: str, within: int = 400) -> str:
@@ -130,7 +130,9 @@ VLLM_SERVER = Case(
             """),
     },
     place=r"job\.py:@client|vllm_client\.py",
-    cause=near(r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"),
+    cause=near(
+        r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"
+    ),
     advice=r"(?i)(start|launch|run)[^\n]{0,80}(server|vllm|<<port>>)|vllm(-| )serve|<<port>>[^\n]{0,80}listen",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     needs=("trl",),
@@ -152,7 +154,9 @@ STORE_NO_MASTER = Case(
             """),
     },
     place=r"job\.py:@init|rendezvous|TCPStore|init_process_group",
-    cause=near(r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"),
+    cause=near(
+        r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"
+    ),
     advice=r"(?i)(start|launch|run)[^\n]{0,60}rank 0|MASTER_(ADDR|PORT)",
     env={
         "LORA_OTEL_STALL_AFTER": "between=3",
@@ -290,7 +294,10 @@ FIFO_DATA = Case(
     },
     place=r"job\.py:@open",
     cause=near(r"captions\.fifo", r"FIFO|named pipe", r"no (process|one|writer)|nobody|nothing"),
-    advice=r"(?i)(remove|delete|move|skip|exclude)[^\n]{0,80}(captions\.fifo|FIFO|named pipe)|(start|run)[^\n]{0,60}writ",
+    advice=(
+        r"(?i)(remove|delete|move|skip|exclude)[^\n]{0,80}(captions\.fifo|FIFO|named pipe)"
+        r"|(start|run)[^\n]{0,60}writ"
+    ),
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     setup=_fifo,
     about="a caption loader opens every file in data/; one is a FIFO nothing writes",
