@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_causes import HEAD, TRAINER, Case  # the harness beside this module
 
 
-def near(*parts: str, within: int = 400) -> str:
-    """A regex that finds every part, in any order, each within ``within`` characters of the last
-    (the view's text is searched with ``re.S``: across lines)."""
-    gap = r"[\s\S]{0,%d}?" % within
+def near(*parts: str, within: int = 300) -> str:
+    """A regex that finds every part, in any order, on one line, each within ``within`` characters
+    of the last: one sentence must say them together (a pid in a view's process list and a word in
+    another line's sentence do not make a diagnosis)."""
+    gap = r"[^\n]{0,%d}?" % within
     orders = ["(?:%s)" % gap.join("(?:%s)" % p for p in order) for order in itertools.permutations(parts)]
     return "(?i)(?:%s)" % "|".join(orders)
 
@@ -110,7 +111,11 @@ TOKEN_TTY = Case(
             """),
     },
     place=r"run\.py:@login|_login\.py|getpass\.py",
-    cause=near(r"terminal|tty|pts/", r"stdin|standard input|descriptor 0|fd 0|token|getpass|password|typ"),
+    cause=near(
+        r"terminal|tty|pts/",
+        r"stdin|standard input|descriptor 0|fd 0|input|token|password",
+        r"not its|no controlling|nobody|no one|never|background",
+    ),
     advice=r"(?i)HF_TOKEN|--token|(huggingface-cli|hf)( auth)? login|/dev/null|DEVNULL|stdin=",
     env={"LORA_OTEL_STALL_AFTER": "between=3", "HF_HOME": "hf_home"},
     needs=("huggingface_hub",),
@@ -123,21 +128,47 @@ VLLM_SERVER = Case(
     {
         "job.py": TRAINER
         + textwrap.dedent("""\
-            from trl.generation.vllm_client import VLLMClient
+            from vllm_client import VLLMClient
             port = int(open("ctx_port").read())
             mark()
             client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)  # @client
             """),
+        # trl's VLLMClient.check_server (trl/generation/vllm_client.py), without the vllm import it needs
+        "vllm_client.py": textwrap.dedent("""\
+            import logging, time
+            import requests
+            logger = logging.getLogger(__name__)
+
+            class VLLMClient:
+                def __init__(self, host="0.0.0.0", server_port=8000, connection_timeout=0.0):
+                    self.base_url = f"http://{host}:{server_port}"
+                    self.check_server(connection_timeout)
+
+                def check_server(self, total_timeout=0.0, retry_interval=2.0):
+                    url = f"{self.base_url}/health/"
+                    start_time = time.time()
+                    while True:
+                        try:
+                            response = requests.get(url)  # @get
+                        except requests.exceptions.RequestException as exc:
+                            if time.time() - start_time >= total_timeout:
+                                raise ConnectionError(f"The vLLM server can't be reached at {self.base_url}") from exc
+                        else:
+                            if response.status_code == 200:
+                                return
+                        logger.info(f"Server is not up yet. Retrying in {retry_interval} seconds...")
+                        time.sleep(retry_interval)  # @sleep
+            """),
     },
-    place=r"job\.py:@client|vllm_client\.py",
+    place=r"job\.py:@client|vllm_client\.py:(@get|@sleep)",
     cause=near(
         r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"
     ),
     advice=r"(?i)(start|launch|run)[^\n]{0,80}(server|vllm|<<port>>)|vllm(-| )serve|<<port>>[^\n]{0,80}listen",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
-    needs=("trl",),
+    needs=("requests",),
     setup=_free_port,
-    about="TRL's VLLMClient polls /health of a vLLM server that was never started (connection refused)",
+    about="TRL's VLLMClient.check_server polls /health/ of a vLLM server never started (connection refused)",
     source="https://github.com/huggingface/open-r1/issues/568",
 )
 
@@ -184,7 +215,7 @@ STALE_BATON = Case(
         "myext.cpp": "int answer() { return 42; }\n",
     },
     place=r"job\.py:@load|file_baton\.py|cpp_extension\.py",
-    cause=near(r"build/myext/lock", r"no process|nobody|no one|not held|stale|left|since"),
+    cause=near(r"build/myext/lock", r"no process|nobody|no one|not held|stale|left (by|behind)|holds? it"),
     advice=r"(?i)(remove|delete|rm)\b[^\n]{0,80}build/myext/lock",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     needs=("torch",),
@@ -213,7 +244,7 @@ QUEUE_JOIN = Case(
             """),
     },
     place=r"job\.py:@join|job\.py:@put",
-    cause=near(r"\b<<child_pid>>\b", r"pipe|queue"),
+    cause=near(r"\b<<child_pid>>\b", r"pipe|queue", r"full|read|drain|parent|feeder"),
     advice=r"(?i)(get|drain|read|empty)[^\n]{0,80}(before|then)[^\n]{0,40}join|join[^\n]{0,80}after|cancel_join_thread",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="the parent joins a child whose Queue feeder blocks on a full pipe the parent reads only after",
@@ -397,7 +428,11 @@ SERVICE_SILENT = Case(
             """),
     },
     place=r"job\.py:@recv",
-    cause=near(r"\b<<service_pid>>\b", r"socket|127\.0\.0\.1:<<port>>|repl|answer|connection"),
+    cause=near(
+        r"\b<<service_pid>>\b",
+        r"socket|127\.0\.0\.1:<<port>>|connection",
+        r"stuck|not answer|no answer|never (answers|replies)|does not (reply|answer)|waits|blocked|lock",
+    ),
     advice=r"(?i)(restart|kill|stop)[^\n]{0,60}(<<service_pid>>|service)|service\.py:@stuck",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="the trainer waits for a reply from its own logging service process, which is stuck on a lock",
@@ -488,7 +523,11 @@ STDIN_OPEN = Case(
             """),
     },
     place=r"job\.py:@wait|encode\.py:@read",
-    cause=near(r"\b<<encoder_pid>>\b", r"stdin|standard input|pipe"),
+    cause=near(
+        r"\b<<encoder_pid>>\b",
+        r"stdin|standard input|pipe",
+        r"\b<<job_pid>>\b|parent|never clos|not closed|left open|keeps? it open|holds? (it|the write)",
+    ),
     advice=r"(?i)close[^\n]{0,40}(stdin|pipe)|communicate",
     env={"LORA_OTEL_STALL_AFTER": "between=3"},
     about="the job waits for its encoder, which reads stdin to its end; the job never closes that pipe",
