@@ -39,6 +39,11 @@ def near(*parts: str, within: int = 300) -> str:
     return "(?i)(?:%s)" % "|".join(orders)
 
 
+def either(*patterns: str) -> str:
+    """Any of ``patterns`` (each `near`'s, or a ``(?i)`` regex)."""
+    return "(?i)(?:%s)" % "|".join("(?:%s)" % p.removeprefix("(?i)") for p in patterns)
+
+
 def _free_port(case_dir: Path) -> tuple:
     """A local port nobody listens on (bound, read, closed)."""
     s = socket.socket()
@@ -185,8 +190,12 @@ STORE_NO_MASTER = Case(
             """),
     },
     place=r"job\.py:@init|rendezvous|TCPStore|init_process_group",
-    cause=near(
-        r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"
+    # the store's address and that nobody listens there, or that rank 0 (which would listen) never started
+    cause=either(
+        near(
+            r"(127\.0\.0\.1|localhost):<<port>>|port <<port>>", r"nobody|no one|nothing|no process|refused|not listen"
+        ),
+        near(r"rank 0", r"never started|not started|not running|no process|nobody|not listening"),
     ),
     advice=r"(?i)(start|launch|run)[^\n]{0,60}rank 0|MASTER_(ADDR|PORT)",
     env={

@@ -204,6 +204,7 @@ def test_tracker_set_is_new_real_cases_with_their_sources() -> None:
 
 
 def test_near_finds_parts_in_any_order_close_together() -> None:
+    """The cause regexes' parts: in any order, on one line, close together."""
     bench = _bench_module()
     near = _tracker_module(bench).near
     pattern = near(r"pipe", r"\b42\b", within=20)
@@ -211,6 +212,7 @@ def test_near_finds_parts_in_any_order_close_together() -> None:
     assert re.search(pattern, "pid 42 holds the PIPE", re.S)
     assert not re.search(pattern, "a pipe" + " " * 40 + "pid 42", re.S)
     assert not re.search(pattern, "a pipe, pid 421", re.S)
+    assert not re.search(pattern, "a pipe\npid 42", re.S), "one sentence must say them together"
 
 
 @pytest.mark.slow
