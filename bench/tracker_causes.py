@@ -112,7 +112,7 @@ TOKEN_TTY = Case(
         + textwrap.dedent("""\
             from huggingface_hub import interpreter_login
             mark(run_pid=os.getpid(), orchestrator_pid=os.getppid())
-            interpreter_login()  # @login  (getpass: no controlling terminal, so it reads stdin)
+            interpreter_login()  # @login  (its prompt reads stdin: a terminal, not its controlling one)
             """),
     },
     place=r"run\.py:@login|_login\.py|getpass\.py",
@@ -124,7 +124,7 @@ TOKEN_TTY = Case(
     advice=r"(?i)HF_TOKEN|--token|(huggingface-cli|hf)( auth)? login|/dev/null|DEVNULL|stdin=",
     env={"LORA_OTEL_STALL_AFTER": "between=3", "HF_HOME": "hf_home"},
     needs=("huggingface_hub",),
-    about="huggingface_hub.interpreter_login() in a job started headless: getpass reads a terminal nobody types in",
+    about="huggingface_hub.interpreter_login() in a job started headless: its prompt reads a terminal nobody types in",
     source="https://github.com/tenstorrent/tt-inference-server/pull/5032",
 )
 
