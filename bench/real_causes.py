@@ -1,6 +1,6 @@
 """Does every view name the place and the cause of a real hang? (issue 21's figures)
 
-    python bench/real_causes.py [--case NAME] [--json FILE] [--list]
+    python bench/real_causes.py [--set real|trackers] [--case NAME] [--json FILE] [--list]
 
 Each case is a real small program started as a launcher starts a job: ``LORA_OTEL=1``, in its own
 session, stdout and stderr appended to ``log.txt``, given ``--log run.log``, journals in the case's
@@ -18,9 +18,15 @@ the bench reads every view a user has (``--wait`` S: how long past the limit to 
 A view *names the place* when the case's place regex (``job.py:12``, ``pool.py``, a stage) is
 in that text, and *names the cause* when the case's cause regex (the sentence the right diagnosis
 must have) is. ``@tag`` in a regex is the number of the source line marked ``# @tag``; ``<<name>>``
-is the value the job wrote to ``ctx_<name>``. Seconds: from ``hung.at`` to the first ``STALLED``
+is the value the job wrote to ``ctx_<name>``. A case may also give an *advice* regex (what a right
+next step says): a view *gives the advice* when that regex is in its ``what to do:`` text (the rest
+of each line that has ``what to do:``; the report's inline tags are joined first); a case with no
+advice regex gets ``—`` there. Seconds: from ``hung.at`` to the first ``STALLED``
 line's own timestamp, against the limit + 2 s. Cases run one after the other; the torch ones are
 skipped when torch is missing, the filelock one when filelock is.
+
+``--set trackers`` runs the cases of ``bench/tracker_causes.py`` instead: hangs drawn from real
+issue trackers (each case's ``source``), none of them one of the cases here.
 """
 
 from __future__ import annotations
@@ -82,6 +88,8 @@ class Case:
     needs: tuple = ()  # modules the case needs (skipped without them)
     setup: Optional[Callable] = None  # (case dir) -> (ctx values, cleanup)
     about: str = ""
+    advice: Optional[str] = None  # what a right next step says (in a view's `what to do:` text)
+    source: str = ""  # the issue or pull request that reports this cause
 
 
 # --- the programs -----------------------------------------------------------------------------------
@@ -636,6 +644,33 @@ def _report_text(page: str) -> str:
     return "\n".join(w.strip() for w in words.splitlines() if w.strip())
 
 
+INLINE = re.compile(r"(?i)</?(code|b|i|em|strong|span|a|kbd|tt|samp|small|abbr)\b[^>]*>")
+ADVICE = re.compile(r"(?i)what to do:")
+
+
+def _report_inline(page: str) -> str:
+    """The report's words as ``_report_text`` has them, but with inline tags (``<code>`` …) joined
+    into their line, so that a ``what to do:`` sentence stays one line."""
+    return _report_text(INLINE.sub("", page))
+
+
+def _advice_text(text: str) -> str:
+    """What a view says to do: the rest of every line that has ``what to do:`` (the next line
+    when that rest is empty, as where a page puts the label and the sentence apart)."""
+    out: list = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = ADVICE.search(line)
+        if m is None:
+            continue
+        rest = line[m.end() :].strip()
+        if not rest and i + 1 < len(lines):
+            rest = lines[i + 1].strip()
+        if rest:
+            out.append(rest)
+    return "\n".join(out)
+
+
 def _cli(case_dir: Path, *args: str) -> str:
     r = subprocess.run(
         [PY, "-m", "lora_otel", *args],
@@ -729,6 +764,7 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
     )
     out.close()
     views: dict = {}
+    todo: dict = {}  # each view's `what to do:` text
     first: dict = {}
     hung_at: Optional[float] = None
     try:
@@ -753,11 +789,15 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
         views["--log"] = _own_lines(_text(case_dir / "run.log"), case, hung_at)
         views["inspect"] = _summary(_cli(case_dir, "inspect", str(case_dir)))
         views["watch"] = _summary(_cli(case_dir, "watch", str(case_dir), "--once", "--no-color"))
-        views["report"] = _report_text(_cli(case_dir, "report", str(case_dir), "-o", "-"))
+        page = _cli(case_dir, "report", str(case_dir), "-o", "-")
+        views["report"] = _report_text(page)
+        for view in VIEWS:
+            todo[view] = _advice_text(_report_inline(page) if view == "report" else views[view])
     finally:
         _end(proc, case_dir)
         cleanup()
     place, cause = _resolve(case.place, case, ctx), _resolve(case.cause, case, ctx)
+    advice = None if case.advice is None else _resolve(case.advice, case, ctx)
     seconds = {view: _seconds(first.get(view), hung_at) for view in ("stderr", "--log")}
     rows = []
     for view in VIEWS:
@@ -768,8 +808,10 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
                 "view": view,
                 "place": re.search(place, text, re.S) is not None,
                 "cause": re.search(cause, text, re.S) is not None,
+                "advice": None if advice is None else re.search(advice, todo.get(view, ""), re.S) is not None,
                 "seconds": seconds.get(view),
                 "text": text,
+                "what_to_do": todo.get(view, ""),
             }
         )
     if keep:
@@ -781,6 +823,8 @@ def run_case(case: Case, keep: bool = False, wait_s: float = 8.0) -> dict:
         "about": case.about,
         "place_re": place,
         "cause_re": cause,
+        "advice_re": advice,
+        "source": case.source,
         "limit_s": case.limit_s if case.line is not None else None,
         "seconds": seconds["stderr"],
         "hung": hung_at is not None,
@@ -805,14 +849,20 @@ def _missing(case: Case) -> Optional[str]:
     return None
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
+def _yes(flag: Optional[bool]) -> str:
+    return "—" if flag is None else ("yes" if flag else "no")
+
+
+def _count(rows: list, key: str) -> str:
+    """``n/m`` over the rows that have a verdict for ``key`` (advice: the cases with a regex)."""
+    judged = [r for r in rows if r.get(key) is not None]
+    return "%d/%d" % (sum(bool(r[key]) for r in judged), len(judged))
 
 
 def table(results: list) -> str:
     lines = [
-        "| case | view | place | cause | STALLED after (s) | goal: limit + %g s |" % SLACK_S,
-        "|---|---|---|---|---:|---|",
+        "| case | view | place | cause | advice | STALLED after (s) | goal: limit + %g s |" % SLACK_S,
+        "|---|---|---|---|---|---:|---|",
     ]
     for res in results:
         for row in res["rows"]:
@@ -828,11 +878,20 @@ def table(results: list) -> str:
             else:
                 secs, within = "—", ""
             lines.append(
-                "| %s | %s | %s | %s | %s | %s |"
-                % (res["case"], row["view"], _yes(row["place"]), _yes(row["cause"]), secs, within)
+                "| %s | %s | %s | %s | %s | %s | %s |"
+                % (
+                    res["case"],
+                    row["view"],
+                    _yes(row["place"]),
+                    _yes(row["cause"]),
+                    _yes(row.get("advice")),
+                    secs,
+                    within,
+                )
             )
     rows = [row for res in results for row in res["rows"]]
     if rows:
+        advised = [r for r in rows if r.get("advice") is not None]
         lines.append("")
         lines.append(
             "totals: %d rows; place named in %d (%.0f %%), cause named in %d (%.0f %%)"
@@ -843,12 +902,22 @@ def table(results: list) -> str:
                 sum(r["cause"] for r in rows),
                 100.0 * sum(r["cause"] for r in rows) / len(rows),
             )
+            + (
+                "; a right next step in %d of %d (%.0f %%)"
+                % (
+                    sum(r["advice"] for r in advised),
+                    len(advised),
+                    100.0 * sum(r["advice"] for r in advised) / len(advised),
+                )
+                if advised
+                else ""
+            )
         )
         for view in VIEWS:
             sub = [r for r in rows if r["view"] == view]
             lines.append(
-                "  %-8s place %d/%d, cause %d/%d"
-                % (view, sum(r["place"] for r in sub), len(sub), sum(r["cause"] for r in sub), len(sub))
+                "  %-8s place %s, cause %s, advice %s"
+                % (view, _count(sub, "place"), _count(sub, "cause"), _count(sub, "advice"))
             )
         timed = [res for res in results if res["limit_s"] is not None]
         lines.append(
@@ -862,11 +931,29 @@ def table(results: list) -> str:
     return "\n".join(lines)
 
 
+def _cases(name: str) -> list:
+    """The cases of a set: ``real`` (this module's) or ``trackers`` (bench/tracker_causes.py)."""
+    if name == "real":
+        return CASES
+    # tracker_causes imports this module by its name: make it this very module when run as a script
+    sys.modules.setdefault("real_causes", sys.modules[__name__])
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tracker_causes
+
+    return tracker_causes.CASES
+
+
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", metavar="NAME", help="run only this case (repeatable; a prefix will do)")
     ap.add_argument("--json", metavar="FILE", help="also write the results, with each view's text, as JSON")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument(
+        "--set",
+        choices=("real", "trackers"),
+        default="real",
+        help="which cases: this module's (real, the default) or bench/tracker_causes.py's (trackers)",
+    )
     ap.add_argument(
         "--wait",
         type=float,
@@ -877,19 +964,20 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep each case's directory (printed on stderr)")
     ap.add_argument("--verbose", action="store_true", help="print each view's text under the table")
     args = ap.parse_args(argv)
+    cases = _cases(args.set)
     if args.list:
-        for case in CASES:
-            print("%-38s %s" % (case.name, case.about))
+        for case in cases:
+            print("%-38s %s%s" % (case.name, case.about, ("  (%s)" % case.source) if case.source else ""))
         return 0
-    chosen = CASES
+    chosen = cases
     if args.case:
-        chosen = [c for c in CASES if any(c.name.lower().startswith(n.lower()) for n in args.case)]
+        chosen = [c for c in cases if any(c.name.lower().startswith(n.lower()) for n in args.case)]
         if not chosen:
             print("no case named %s (--list shows them)" % ", ".join(args.case), file=sys.stderr)
             return 2
     print(
-        "lora_otel: real causes of hangs, every view — %s, Python %s, %d CPUs, %s\n"
-        % (os.uname().machine, sys.version.split()[0], os.cpu_count() or 0, time.strftime("%Y-%m-%d"))
+        "lora_otel: real causes of hangs (set %s), every view — %s, Python %s, %d CPUs, %s\n"
+        % (args.set, os.uname().machine, sys.version.split()[0], os.cpu_count() or 0, time.strftime("%Y-%m-%d"))
     )
     results = []
     started = time.monotonic()
@@ -908,9 +996,14 @@ def main(argv: Optional[list] = None) -> int:
     print("\n(%.0f s in all)" % (time.monotonic() - started))
     if args.verbose:
         for res in results:
-            print("\n## %s\nplace: %s\ncause: %s" % (res["case"], res["place_re"], res["cause_re"]))
+            print(
+                "\n## %s\nplace: %s\ncause: %s\nadvice: %s"
+                % (res["case"], res["place_re"], res["cause_re"], res["advice_re"])
+            )
             for row in res["rows"]:
                 print("--- %s\n%s" % (row["view"], row["text"]))
+                if row["what_to_do"]:
+                    print("(what to do: %s)" % row["what_to_do"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1, ensure_ascii=False)

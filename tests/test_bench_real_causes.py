@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,111 @@ def test_summary_leaves_out_trees_and_stacks() -> None:
         "child, pid 11: running",
         "pid 12: running",
     ]
+
+
+def _tracker_module(bench):
+    """bench/tracker_causes.py, loaded beside the harness (it imports ``real_causes``)."""
+    spec = importlib.util.spec_from_file_location("tracker_causes", BENCH.parent / "tracker_causes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_advice_is_read_from_what_to_do_lines_only() -> None:
+    """A view gives the advice when the case's regex is in its ``what to do:`` text: the rest of
+    each such line, or the next line when the label stands alone (as a page may set it); the
+    report's inline tags are joined so that its sentence stays one line."""
+    bench = _bench_module()
+    text = "\n".join(
+        [
+            "STALLED: … waits on build/x/lock, which no process holds",
+            "[lora-otel][7][2026-01-01T00:00:00.000Z] what to do: remove build/x/lock (no process holds it)",
+            "what to do:",
+            "set WANDB_MODE=offline",
+        ]
+    )
+    said = bench._advice_text(text)
+    assert said.splitlines() == ["remove build/x/lock (no process holds it)", "set WANDB_MODE=offline"]
+    assert bench._advice_text("STALLED: remove build/x/lock") == "", "only a what-to-do line counts"
+    page = (
+        "<html><body><p>what to do: remove <code>build/x/lock</code> — it is stale</p><h2>Timeline</h2></body></html>"
+    )
+    assert "what to do: remove build/x/lock — it is stale" in bench._report_inline(page)
+
+
+def test_table_has_an_advice_column_and_its_total() -> None:
+    """place/cause/advice per case and view; a case with no advice regex gets — and is left out of
+    the advice total."""
+    bench = _bench_module()
+    rows = [
+        {"view": v, "place": True, "cause": v != "report", "advice": v == "stderr", "seconds": None}
+        for v in bench.VIEWS
+    ]
+    old = [{"view": v, "place": True, "cause": True, "advice": None, "seconds": None} for v in bench.VIEWS]
+    text = bench.table(
+        [
+            {"case": "new", "rows": rows, "limit_s": None, "seconds": None},
+            {"case": "old", "rows": old, "limit_s": None, "seconds": None},
+        ]
+    )
+    assert "| case | view | place | cause | advice |" in text
+    assert "| new | stderr | yes | yes | yes |" in text and "| new | report | yes | no | no |" in text
+    assert "| old | stderr | yes | yes | — |" in text
+    assert "a right next step in 1 of 5 (20 %)" in text, text
+    assert "stderr   place 2/2, cause 2/2, advice 1/1" in text, text
+
+
+def test_tracker_set_is_new_real_cases_with_their_sources() -> None:
+    """At least 15 cases, each naming the issue it comes from, each with place, cause and advice
+    regexes whose marks resolve; none shares a name or program with the first set."""
+    bench = _bench_module()
+    trackers = _tracker_module(bench)
+    assert len(trackers.CASES) >= 15
+    old = {c.name for c in bench.CASES}
+    old_programs = {src for c in bench.CASES for src in c.files.values()}
+    ctx = dict.fromkeys(("port", "ui_pid", "child_pid", "killed_pid", "helper_pid", "service_pid"), "1")
+    ctx.update(encoder_pid="2", dead_pid="3")
+    for case in trackers.CASES:
+        assert case.name not in old, case.name
+        assert not set(case.files.values()) & old_programs, case.name
+        assert case.source.startswith("https://github.com/"), case.name
+        assert case.advice, case.name
+        for pattern in (case.place, case.cause, case.advice):
+            re.compile(bench._resolve(pattern, case, ctx))
+    assert len({c.name for c in trackers.CASES}) == len(trackers.CASES)
+
+
+def test_near_finds_parts_in_any_order_close_together() -> None:
+    """The cause regexes' parts: in any order, on one line, close together."""
+    bench = _bench_module()
+    near = _tracker_module(bench).near
+    pattern = near(r"pipe", r"\b42\b", within=20)
+    assert re.search(pattern, "stdin is a pipe held by pid 42", re.S)
+    assert re.search(pattern, "pid 42 holds the PIPE", re.S)
+    assert not re.search(pattern, "a pipe" + " " * 40 + "pid 42", re.S)
+    assert not re.search(pattern, "a pipe, pid 421", re.S)
+    assert not re.search(pattern, "a pipe\npid 42", re.S), "one sentence must say them together"
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_tracker_case_runs_for_real_with_an_advice_row(tmp_path: Path) -> None:
+    """About 20 s. One case of the trackers set (a caption loader that opens a FIFO nothing
+    writes) run for real through ``--set trackers``: it hangs, every view names the place, and
+    every row has an advice verdict (the case has a regex) in the table's advice column."""
+    pytest.importorskip("torch")
+    out = tmp_path / "results.json"
+    args = [PYTHON, str(BENCH), "--set", "trackers", "--case", "FIFO in the data folder", "--json", str(out)]
+    r = subprocess.run(
+        [*args, "--wait", "40"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=240
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    (res,) = json.loads(out.read_text(encoding="utf-8"))
+    assert res["hung"] and res["source"].startswith("https://github.com/")
+    for row in res["rows"]:
+        assert row["place"], (row["view"], row["text"])
+        assert row["advice"] in (True, False), row["view"]
+    assert "| FIFO in the data folder | stderr | yes |" in r.stdout, r.stdout
+    assert "a right next step in" in r.stdout, r.stdout
+    assert not list(tmp_path.glob("lora-otel*")), "the case runs in a directory of its own"
