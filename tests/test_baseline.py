@@ -588,3 +588,27 @@ def test_deeply_nested_files_are_one_line_errors(tmp_path: Path, capsys) -> None
     assert status == 2 and len(err.splitlines()) == 1 and "nested too deeply" in err, err
     status, _out, err = cli(capsys, "baseline", "diff", str(base), str(deep))
     assert status == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_local_watchdog_stall_leads_with_the_relevant_drift(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The local watchdog diagnoses through the live export's one function (`diagnose_stall`): its
+    stall record leads with the drift from the baseline too."""
+    from lora_otel.export.watchdog import Watch
+
+    base = saved_from_good_runs(tmp_path, capsys)
+    edit(base, lambda doc: doc["environment"]["packages"].update(bitsandbytes="0.43.1"))
+    monkeypatch.setenv("LORA_OTEL_BASELINE", os.path.relpath(base, tmp_path))
+    monkeypatch.chdir("/")
+    journal = JournalBuilder(tmp_path / "local.otel.jsonl", t0=time.time_ns() - 200 * 10**9)
+    journal.process(alive=True)
+    journal.record("attrs", 0.001, span_id=journal.root_id, attrs={**FACTS, "process.working_directory": str(tmp_path)})
+    journal.span("import torch", 0.01, 2.0)
+    journal.start("import bitsandbytes", 2.1)
+    journal.beat(199.5)
+    watch = Watch(
+        str(journal.path), limits=parse_limits("import=60"), frozen_after_s=60, evidence=lambda pid, stacks: {}
+    )
+    record = watch.poll()
+    assert record is not None and record["diagnosis"].startswith(
+        "Drift from the baseline: bitsandbytes 0.43.1 → 0.45.0; import bitsandbytes has taken 19"
+    ), record

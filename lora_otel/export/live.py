@@ -45,11 +45,11 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Status, StatusCode
 
 from lora_otel._version import __version__
-from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline, world_peers
+from lora_otel.analysis.diagnose import world_peers
 from lora_otel.analysis.evidence import PREFIX, StackAsker, StackRequest, gather
-from lora_otel.analysis.stall import Stall, detect, journal_limits
+from lora_otel.analysis.stall import Stall, detect
 from lora_otel.export import otlp
-from lora_otel.export.watchdog import cause_pid
+from lora_otel.export.watchdog import cause_pid, configured_baseline, diagnose_stall
 from lora_otel.export.watchdog import peer_stacks as default_peer_stacks
 from lora_otel.journal.reader import Journal, JournalTail, Span, format_duration, process_state
 
@@ -568,18 +568,17 @@ class Follower:
             chain.append(span)
             span = journal.span(span.parent_id) if span.parent_id else None
         evidence = self._ask(journal, native=stall.kind == "frozen")
-        peers: list[Journal] = []
-        others: dict[str, str] = {}
-        if self.peers is not None:
-            try:  # its workers' journals (a pool); the other ranks' stacks only for a collective
-                peers = list(self.peers())
-                if collective_in(stacks_text(evidence)) is not None:
-                    others = self.peer_stacks(journal, peers)
-            except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
-                evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
-        frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)[1]
-        found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
-        found = with_baseline(found, stall, journal, self._baseline_for(journal), now)
+        found, peers, others = diagnose_stall(
+            journal,
+            stall,
+            evidence,
+            now,
+            self.peers,
+            self.limits,
+            self.frozen_after_s,
+            self._baseline_for(journal),
+            self.peer_stacks,
+        )
         sentence = found.sentence
         if self.watch is not None:
             try:
@@ -641,16 +640,9 @@ class Follower:
         return out
 
     def _baseline_for(self, journal: Journal) -> Any:
-        """The baseline ``LORA_OTEL_BASELINE`` names, read at the first stall (a relative path is the
-        traced process's); None when unset, the `BaselineError` when it cannot be used."""
+        """`configured_baseline`, read at the first stall."""
         if not self._baseline_read:
-            self._baseline_read = True
-            from lora_otel.analysis.baseline import BaselineError, configured
-
-            try:
-                self._baseline = configured(journal)
-            except Exception as e:  # noqa: BLE001 - BaselineError, one line; the diagnosis goes on
-                self._baseline = e if isinstance(e, BaselineError) else BaselineError("%s: %s" % (type(e).__name__, e))
+            self._baseline_read, self._baseline = True, configured_baseline(journal)
         return self._baseline
 
     def _send(self, spans: list[ReadableSpan]) -> None:

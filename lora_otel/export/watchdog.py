@@ -23,8 +23,8 @@ import json
 import os
 import stat
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 from lora_otel.analysis.ends import ChildEnd, child_ends, describe_end, end_of
 from lora_otel.analysis.learned import Learned, learn
@@ -33,6 +33,7 @@ from lora_otel.analysis.stall import Stall, detect, journal_limits
 from lora_otel.journal.reader import Journal, JournalTail, process_state
 
 if TYPE_CHECKING:
+    from lora_otel.analysis.diagnose import Diagnosis
     from lora_otel.analysis.evidence import StackAsker, StackRequest
 
 # Gathering evidence and diagnosing (`lora_otel.analysis.evidence`, `.diagnose` and what they load)
@@ -492,6 +493,61 @@ def death_record(
 # --- following ------------------------------------------------------------------------------------
 
 
+class Diagnosed(NamedTuple):
+    """A stall's diagnosis, and what it drew on beside the stalled journal."""
+
+    found: Diagnosis
+    peers: list[Journal]  # the job's other journals
+    others: dict[str, str]  # the other ranks' Python stacks, by journal path (a collective only)
+
+
+def diagnose_stall(
+    journal: Journal,
+    stall: Stall,
+    evidence: dict[str, Any],
+    now: int,
+    followed: Optional[Callable[[], Iterable[Journal]]] = None,
+    limits: Any = None,
+    frozen_after_s: Optional[float] = None,
+    baseline: Any = None,
+    stacks_of: Optional[Callable[[Journal, Sequence[Journal]], dict[str, str]]] = None,
+) -> Diagnosed:
+    """The one diagnosis of a stall, for the local watchdog and the live export alike: the journals
+    this sidecar follows (``followed``) and the job's journals beside the stalled one (the other
+    ranks' sidecars follow those) as its peers; the other ranks' stacks (``stacks_of``, default
+    `peer_stacks`) when it waits in a collective; the frozen limit the journal recorded
+    (``limits``/``frozen_after_s``: the follower's own, `journal_limits`); the drift from
+    ``baseline`` (`configured_baseline`'s answer; None: none configured). A peer that cannot be
+    read leaves ``peers.error`` in ``evidence``; the diagnosis goes on."""
+    from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline
+    from lora_otel.analysis.evidence import PREFIX
+
+    peers: list[Journal] = []
+    others: dict[str, str] = {}
+    try:
+        peers = [peer for peer in (followed() if followed is not None else []) if peer is not journal]
+        known = {os.path.abspath(peer.path) for peer in peers} | {os.path.abspath(journal.path)}
+        peers += [peer for peer in job_journals(journal) if os.path.abspath(peer.path) not in known]
+        if collective_in(stacks_text(evidence)) is not None:
+            others = (stacks_of or peer_stacks)(journal, peers)
+    except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
+        evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
+    _, frozen_after = journal_limits(journal, limits, frozen_after_s)
+    found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
+    return Diagnosed(with_baseline(found, stall, journal, baseline, now), peers, others)
+
+
+def configured_baseline(journal: Journal) -> Any:
+    """The baseline ``LORA_OTEL_BASELINE`` names (a relative path is the traced process's): a
+    `Baseline`, None when unset, the `BaselineError` when it cannot be used. Never raises."""
+    from lora_otel.analysis.baseline import BaselineError, configured
+
+    try:
+        return configured(journal)
+    except Exception as e:  # noqa: BLE001 - BaselineError, one line; the diagnosis goes on
+        return e if isinstance(e, BaselineError) else BaselineError("%s: %s" % (type(e).__name__, e))
+
+
 PEER_STACKS_S = 3.0
 """At most this long asking the other ranks for their stacks, at one stall."""
 MAX_PEER_STACKS = 32
@@ -579,6 +635,7 @@ class Watch:
         self.slow_told: set[str] = set()
         self._asker: Optional[StackAsker] = None  # made at the first stall (`_ask`)
         self.oom = OomWatch()
+        self._baseline_read, self._baseline = False, None  # `configured_baseline`, read at the first stall
         # waiting for the job's STALLED line (`_say_why`): deadline, since, why line, whole STALLED line,
         # the what-to-do line after either ("" when none)
         self._why: list[tuple[float, int, str, str, str]] = []
@@ -642,25 +699,14 @@ class Watch:
         return self._asker(journal, native=native)
 
     def report(self, journal: Journal, stall: Stall, now: int) -> dict[str, Any]:
-        """Gather, diagnose, append the record, speak for the job where it cannot."""
-        from lora_otel.analysis.diagnose import explain
-        from lora_otel.analysis.evidence import PREFIX
-
+        """Gather, diagnose (`diagnose_stall`, as the live export does), append the record, speak
+        for the job where it cannot."""
         evidence = self._ask(journal, native=stall.kind == "frozen")
-        from lora_otel.analysis.diagnose import collective_in, stacks_text
-
-        peers: list[Journal] = []
-        others: dict[str, str] = {}
-        try:  # what this sidecar follows, and the job's journals beside (the other ranks' sidecars follow those)
-            peers = [peer for peer in (self.peers() if self.peers is not None else []) if peer is not journal]
-            known = {os.path.abspath(peer.path) for peer in peers} | {os.path.abspath(journal.path)}
-            peers += [peer for peer in job_journals(journal) if os.path.abspath(peer.path) not in known]
-            if collective_in(stacks_text(evidence)) is not None:
-                others = peer_stacks(journal, peers)
-        except Exception as e:  # noqa: BLE001 - the diagnosis goes on without them
-            evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
-        _, frozen_after = journal_limits(journal, self.limits, self.frozen_after_s)
-        found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
+        if not self._baseline_read:
+            self._baseline_read, self._baseline = True, configured_baseline(journal)
+        found = diagnose_stall(
+            journal, stall, evidence, now, self.peers, self.limits, self.frozen_after_s, self._baseline
+        ).found
         return self.write(
             journal, stall, found.sentence, evidence, now, cause_pid(found.attrs, journal), found.ages, found.advice
         )
