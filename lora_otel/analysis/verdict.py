@@ -262,6 +262,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
         out[PREFIX + "python.stacks"] = text
         out[PREFIX + "python.stacks.from"] = "the stacks file (last request)"
     out.update(ev.file_lock_facts(pid, out, use_py_spy=False))
+    out.update(ev.poll_facts(pid, out, use_py_spy=False))
     return out
 
 
