@@ -168,6 +168,8 @@ def facts(pid: int, stacks: str, use_py_spy: bool = True, ask: Optional[Callable
     }
     if target.call:
         out[KEY + "call"] = target.call
+    if target.source:
+        out[KEY + "source"] = target.source
     if target.waits_for:
         out[KEY + "waits_for"] = target.waits_for
     every = polling.sleep_seconds(loop)
@@ -192,14 +194,39 @@ def facts(pid: int, stacks: str, use_py_spy: bool = True, ask: Optional[Callable
             out.update(path_state(pid, value))
         elif target.kind == "pid" and isinstance(value, int):
             out.update(pid_state(value))
+            if out.get(KEY + "pid_parent") == pid:
+                out[KEY + "pid_parent_is_poller"] = True
         elif target.kind == "port" and isinstance(value, int):
             out.update(port_state(pid, target.host, value))
         elif target.kind == "url" and target.host:
             host, _, port = target.host.rpartition(":")
             out.update(port_state(pid, host, int(port)))
+        if target.kind != "pid":
+            out.update(frame_pid(loop, value))
     except Exception as e:  # noqa: BLE001 - evidence is best effort; what is known stands
         out[KEY + "error"] = "%s: %s" % (type(e).__name__, e)
     return out
+
+
+_PID_NAME = re.compile(r"(^|[._])(pid|\w+_pid)$")
+
+
+def frame_pid(loop: polling.Loop, polled: polling.Value) -> dict[str, Any]:
+    """A process the loop's frame names (a local ``pid``, ``server_pid``, ``proc.pid``) beside the
+    object it polls — the one expected to make the file or open the port: ``frame_pid``,
+    ``frame_pid_name`` and its state (``frame_pid_state``, ``frame_pid_cmd``)."""
+    for name, value in loop.frame.locals.items():
+        if _PID_NAME.search(name) and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if value == polled:
+                continue
+            state = pid_state(value)
+            return {
+                KEY + "frame_pid": value,
+                KEY + "frame_pid_name": name,
+                KEY + "frame_pid_state": state[KEY + "pid_state"],
+                **({KEY + "frame_pid_cmd": state[KEY + "pid_cmd"]} if KEY + "pid_cmd" in state else {}),
+            }
+    return {}
 
 
 def _target(frames: list[PollFrame]) -> tuple[Optional[polling.Target], Optional[polling.Loop]]:
@@ -361,11 +388,16 @@ def port_state(pid: int, host: str, port: int) -> dict[str, Any]:
         if owner is not None:
             out[KEY + "listener"] = filelocks._who(owner)
         return out
+    ended = []
     for child in _children(pid)[:64]:
+        if pid_state(child).get(KEY + "pid_state") == "zombie":
+            ended.append(filelocks._who(child))
+            continue
         cmd = filelocks.command_line(child) or ""
-        if re.search(r"(^|[\s=:])%d($|\s)" % port, cmd):
+        if KEY + "should_listen" not in out and re.search(r"(^|[\s=:])%d($|\s)" % port, cmd):
             out[KEY + "should_listen"] = filelocks._who(child)
-            break
+    if ended:
+        out[KEY + "ended_children"] = ended[:3]
     return out
 
 

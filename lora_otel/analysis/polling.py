@@ -30,7 +30,6 @@ import ast
 import os
 import re
 import textwrap
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -75,6 +74,7 @@ class Target(NamedTuple):
     value: Value  # its value from the locals; None when not known
     waits_for: str  # "gone" (a path to go away, a pid to exit), "there" (to appear, to answer), ""
     host: str = ""  # a port's or URL's host
+    source: str = ""  # the call as written: os.kill(pid, 0)
 
 
 # --- the loop ------------------------------------------------------------------------------------
@@ -183,6 +183,15 @@ def evaluate(node: ast.AST, local: Locals) -> Value:
             return left + right
         if isinstance(node.op, ast.Div) and isinstance(left, str) and isinstance(right, str) and _is_pathish(node.left):
             return os.path.join(left, right)
+        if isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(left, str):
+            items = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+            values = [evaluate(item, local) for item in items]
+            if any(v is None for v in values) or re.search(r"%[^sdi%]", left):
+                return None  # (only %s and %d: nothing of the program's __format__ runs)
+            try:
+                return left % tuple(values)
+            except (TypeError, ValueError):
+                return None
         return None
     if isinstance(node, ast.Call) and not node.keywords:
         parts = _dotted(node.func).rsplit(".", 2)
@@ -288,7 +297,7 @@ def read_loop(loop: Loop) -> list[Target]:
             continue
         target = _call_target(node, local, parents)
         if target is not None:
-            found.append(target)
+            found.append(target._replace(source=_text(node)[:120]) if target.call else target)
     if not found:
         found = _named_values(tree, local)
     order = {"pid": 0, "port": 1, "url": 2, "path": 3, "flag": 4}
@@ -411,14 +420,21 @@ def _get(evidence: Mapping[str, Any], key: str) -> Any:
     return evidence.get(KEY + key)
 
 
-def _clock(epoch_s: Any, now_ns: Optional[int] = None) -> str:
-    if not isinstance(epoch_s, (int, float)):
+def _list(evidence: Mapping[str, Any], key: str) -> list[str]:
+    """A list fact, as gathered or as a stall record keeps it (joined with ", ")."""
+    value = evidence.get(KEY + key)
+    if isinstance(value, str):
+        return [value] if value else []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
+
+
+def _clock(epoch_s: Any) -> str:
+    """``2026-12-07T11:58:40.000Z`` (UTC, as every lora-otel line), "" when not known."""
+    if not isinstance(epoch_s, (int, float)) or isinstance(epoch_s, bool):
         return ""
-    when = time.strftime("%H:%M:%S", time.localtime(epoch_s))
-    now = (now_ns or time.time_ns()) / 1e9
-    if now - epoch_s > 86400:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s))
-    return when
+    from lora_otel.journal.tree import iso_time
+
+    return iso_time(int(epoch_s * 1e9))
 
 
 def _size(n: Any) -> str:
@@ -433,9 +449,11 @@ def _size(n: Any) -> str:
 
 
 def _where(evidence: Mapping[str, Any]) -> str:
-    call, expr = _get(evidence, "call"), _get(evidence, "expr")
+    call, expr, source = _get(evidence, "call"), _get(evidence, "expr"), _get(evidence, "source")
     parts = []
-    if call:
+    if source:
+        parts.append(str(source))
+    elif call:
         parts.append("%s(%s)" % (call, expr) if expr else str(call))
     elif expr:
         parts.append(str(expr))
@@ -450,6 +468,23 @@ def _where(evidence: Mapping[str, Any]) -> str:
 def _who(evidence: Mapping[str, Any]) -> str:
     thread = _get(evidence, "thread")
     return "The %s" % thread if isinstance(thread, str) and thread else "The main thread"
+
+
+def _frame_pid(evidence: Mapping[str, Any]) -> tuple[str, str]:
+    """("; pid 4711 (server_pid in the loop's frame) has ended", its advice) for a process the loop's
+    frame names beside what it polls; ("", "") when none."""
+    pid, name, state = _get(evidence, "frame_pid"), _get(evidence, "frame_pid_name"), _get(evidence, "frame_pid_state")
+    if not isinstance(pid, int) or not state:
+        return "", ""
+    cmd = _get(evidence, "frame_pid_cmd")
+    who = "pid %d (%s in the loop's frame%s)" % (pid, name, ", %s" % cmd if cmd else "")
+    if state in ("gone", "zombie"):
+        return (
+            "; %s has ended%s" % (who, " (a zombie, not yet reaped)" if state == "zombie" else ""),
+            "Find out why pid %d (%s) ended — its output or log — and start it again: the loop waits for "
+            "what it was to make." % (pid, name),
+        )
+    return "; %s is alive (%s)" % (who, state), ""
 
 
 def lock_like(path: str) -> bool:
@@ -511,9 +546,10 @@ def _path_sentence(
                 if waits == "there"
                 else "",
             )
-        return "%s; it does not exist (its folder %s does)." % (head, parent), ""
+        also, step = _frame_pid(evidence)
+        return "%s; it does not exist (its folder %s does)%s." % (head, parent, also), step if waits == "there" else ""
     facts = []
-    since = _clock(_get(evidence, "mtime"), now_ns)
+    since = _clock(_get(evidence, "mtime"))
     if since:
         facts.append("last changed at %s" % since)
     size = _size(_get(evidence, "size"))
@@ -525,15 +561,16 @@ def _path_sentence(
     kind = _get(evidence, "type")
     what = "a folder" if kind == "dir" else "a FIFO" if kind == "fifo" else "the file"
     state = "%s exists%s" % (what, " (%s)" % ", ".join(facts) if facts else "")
-    openers = _get(evidence, "open_by") or []
+    openers = _list(evidence, "open_by")
     recorded, alive = _get(evidence, "recorded_pid"), _get(evidence, "recorded_alive")
     if openers:
         who_opens = ", ".join(str(o) for o in openers)
+        first = re.match(r"pid (\d+)", openers[0])
         return (
             "%s; %s and is held open by %s." % (head, state, who_opens),
-            "See what %s is doing: it has %s open%s."
-            % (openers[0], path, ", and the loop waits for it to go" if waits == "gone" else "")
-            if waits == "gone"
+            "See what pid %s, which has it open, is doing (py-spy dump --pid %s): the loop goes on only when "
+            "%s is removed." % (first.group(1), first.group(1), path)
+            if waits == "gone" and first
             else "",
         )
     if alive:
@@ -570,12 +607,18 @@ def _pid_sentence(evidence: Mapping[str, Any], who: str, where: str, pid: Any, w
         return "%s; pid %d is gone (no such process)." % (head, pid), ""
     if state == "zombie":
         parent = _get(evidence, "pid_parent")
-        by = "its parent, pid %s" % parent if parent else "its parent"
+        by = (
+            "this process (its parent)"
+            if _get(evidence, "pid_parent_is_poller")
+            else "its parent, pid %s," % parent
+            if parent
+            else "its parent"
+        )
         return (
             "%s; pid %d%s has ended but is a zombie: %s has not reaped it, and os.kill(pid, 0) and "
             "/proc/<pid> still find a zombie." % (head, pid, " (%s)" % cmd if cmd else "", by),
-            "Reap the child before polling it (Popen.wait()/poll() or os.waitpid on pid %d, in %s), or "
-            "check for exit with Popen.poll() instead of os.kill(pid, 0)." % (pid, by),
+            "Reap the child (Popen.poll()/wait() or os.waitpid(%d, os.WNOHANG) in its parent) and test for "
+            "its exit that way: os.kill(pid, 0) succeeds on a zombie." % pid,
         )
     if state:
         told = "pid %d is alive%s (%s)" % (pid, ": %s" % cmd if cmd else "", state)
@@ -613,6 +656,16 @@ def _port_sentence(evidence: Mapping[str, Any], who: str, where: str, value: Any
         )
     should = _get(evidence, "should_listen") or ""
     told = "%s; nothing listens on port %s on this machine" % (head, port)
+    also, step = _frame_pid(evidence)
+    ended = _list(evidence, "ended_children")
+    if also:
+        return "%s%s." % (told, also), step
+    if ended and not should:
+        return (
+            "%s; its child %s has ended (a zombie, not yet reaped)." % (told, ", ".join(str(e) for e in ended)),
+            "Find out why its child %s ended (its output or log): nothing else here listens on port %s."
+            % (ended[0], port),
+        )
     if should:
         return (
             "%s; %s was started with that port and does not listen on it." % (told, should),

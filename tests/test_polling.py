@@ -1,0 +1,278 @@
+"""Issue 37 item 1 (a poll loop): what a sleep loop polls, read from its source and its frame's
+locals (`lora_otel.analysis.polling`), in milliseconds — source given as text, no process."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Optional
+
+import pytest
+
+from lora_otel.analysis import polling
+from lora_otel.analysis.polling import KEY, PollFrame
+
+
+def frames_of(source: str, sleep_func: str, locals_: Optional[dict] = None, caller_locals: Optional[dict] = None):
+    """The frames of a program sleeping in ``sleep_func`` (innermost first) and a getline over
+    ``source``; the sleep frame's line is the first line of the function that calls ``sleep``."""
+    lines = textwrap.dedent(source).splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("def %s(" % sleep_func))
+    line = next(i for i in range(start, len(lines)) if "sleep(" in lines[i]) + 1
+    frames = [PollFrame("job.py", line, sleep_func, locals_ or {})]
+    calls = [i + 1 for i, text in enumerate(lines) if "%s(" % sleep_func in text and "def " not in text]
+    if calls:
+        frames.append(PollFrame("job.py", calls[0], "<module>", caller_locals or {}))
+
+    def getline(file: str, number: int) -> str:
+        return lines[number - 1] if file == "job.py" and 0 < number <= len(lines) else ""
+
+    return frames, getline
+
+
+def read(source: str, func: str, locals_: Optional[dict] = None, caller_locals: Optional[dict] = None):
+    frames, getline = frames_of(source, func, locals_, caller_locals)
+    loop = polling.find_loop(frames, getline)
+    assert loop is not None
+    targets = polling.read_loop(loop)
+    return (targets[0] if targets else None), loop
+
+
+def test_file_baton_attribute_path_waits_for_it_to_go() -> None:
+    target, loop = read(
+        """\
+        import os, time
+        class FileBaton:
+            def wait(self):
+                while os.path.exists(self.lock_file_path):
+                    time.sleep(self.wait_seconds)
+        """,
+        "wait",
+        {"self.lock_file_path": "/c/ext/lock", "self.wait_seconds": 0.1},
+    )
+    assert target is not None
+    assert target[:5] == ("path", "self.lock_file_path", "os.path.exists", "/c/ext/lock", "gone")
+    assert target.source == "os.path.exists(self.lock_file_path)"
+    assert polling.sleep_seconds(loop) == 0.1
+
+
+@pytest.mark.parametrize(
+    ("body", "waits"),
+    [
+        ("while not os.path.exists(p):\n        time.sleep(1)", "there"),
+        ("while True:\n        if os.path.isfile(p):\n            break\n        time.sleep(1)", "there"),
+        ("while True:\n        if not os.path.exists(p):\n            return\n        time.sleep(1)", "gone"),
+        ("while os.path.exists(p) == False:\n        time.sleep(1)", "there"),
+        ("for _ in range(100):\n        if Path(p).exists():\n            break\n        time.sleep(1)", "there"),
+    ],
+)
+def test_which_way_a_path_loop_waits(body: str, waits: str) -> None:
+    source = "import os, time\nfrom pathlib import Path\ndef wait(p):\n    %s\n" % body
+    target, _ = read(source, "wait", {"p": "/data/ready"})
+    assert target is not None
+    assert (target.kind, target.value, target.waits_for) == ("path", "/data/ready", waits)
+
+
+def test_a_path_built_from_locals_is_evaluated_without_calling_the_program() -> None:
+    target, _ = read(
+        """\
+        import os, time
+        def wait(root, name):
+            while not os.path.exists(os.path.join(root, f"{name}.done")):
+                time.sleep(2)
+        """,
+        "wait",
+        {"root": "/out", "name": "step-7"},
+    )
+    assert target is not None and target.value == "/out/step-7.done"
+
+
+def test_a_pid_polled_with_kill_zero_and_a_kill_that_signals_is_not_a_poll() -> None:
+    target, _ = read(
+        """\
+        import os, time
+        def wait(pid):
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.5)
+        """,
+        "wait",
+        {"pid": 4711},
+    )
+    assert target is not None and (target.kind, target.value) == ("pid", 4711)
+    target, _ = read(
+        "import os, time\ndef wait(pid):\n    while True:\n        os.kill(pid, 15)\n        time.sleep(1)\n",
+        "wait",
+        {"pid": 4711},
+    )
+    assert target is None or target.kind != "pid" or target.call != "os.kill"
+
+
+def test_a_proc_path_is_a_pid() -> None:
+    target, _ = read(
+        'import os, time\ndef wait(pid):\n    while os.path.exists("/proc/%d" % pid):\n        time.sleep(1)\n',
+        "wait",
+        {"pid": 4711},
+    )
+    assert target is not None and target.kind == "pid"
+    target, _ = read(
+        'import os, time\ndef wait(pid):\n    while os.path.exists(f"/proc/{pid}"):\n        time.sleep(1)\n',
+        "wait",
+        {"pid": 4711},
+    )
+    assert target is not None and (target.kind, target.value, target.waits_for) == ("pid", 4711, "gone")
+
+
+def test_a_connect_retry_loop_polls_the_port() -> None:
+    target, _ = read(
+        """\
+        import socket, time
+        def wait_server(host, port):
+            while True:
+                try:
+                    socket.create_connection((host, port), timeout=1).close()
+                    return
+                except OSError:
+                    time.sleep(1)
+        """,
+        "wait_server",
+        {"host": "127.0.0.1", "port": 8765},
+    )
+    assert target is not None and (target.kind, target.value, target.host) == ("port", 8765, "127.0.0.1")
+
+
+def test_a_url_and_a_flag() -> None:
+    target, _ = read(
+        """\
+        import time, urllib.request
+        def wait(url):
+            while True:
+                try:
+                    urllib.request.urlopen(url)
+                    break
+                except OSError:
+                    time.sleep(1)
+        """,
+        "wait",
+        {"url": "http://localhost:7860/ready"},
+    )
+    assert target is not None and (target.kind, target.host) == ("url", "localhost:7860")
+    target, _ = read(
+        "import time\nclass W:\n    def wait(self):\n        while not self.done:\n            time.sleep(1)\n",
+        "wait",
+        {"self.done": False},
+    )
+    assert target is not None and (target.kind, target.value) == ("flag", False)
+
+
+def test_a_sleep_in_a_helper_reads_the_callers_loop() -> None:
+    lines = textwrap.dedent(
+        """\
+        import os, time
+        def backoff(n):
+            time.sleep(min(2**n, 30))
+        def main(path):
+            n = 0
+            while not os.path.exists(path):
+                backoff(n)
+                n += 1
+        main("/x/ready")
+        """
+    ).splitlines(keepends=True)
+    frames = [
+        PollFrame("job.py", 3, "backoff", {"n": 3}),
+        PollFrame("job.py", 7, "main", {"path": "/x/ready", "n": 3}),
+        PollFrame("job.py", 9, "<module>", {}),
+    ]
+    loop = polling.find_loop(frames, lambda f, n: lines[n - 1] if 0 < n <= len(lines) else "")
+    assert loop is not None and loop.frame.func == "main"
+    [target] = polling.read_loop(loop)
+    assert (target.kind, target.value, target.waits_for) == ("path", "/x/ready", "there")
+
+
+def test_no_loop_no_reading() -> None:
+    lines = ["import time\n", "def f():\n", "    time.sleep(100)\n", "f()\n"]
+    frames = [PollFrame("job.py", 3, "f", {}), PollFrame("job.py", 4, "<module>", {})]
+    assert polling.find_loop(frames, lambda f, n: lines[n - 1] if 0 < n <= len(lines) else "") is None
+
+
+def test_a_loop_using_a_path_through_a_call_of_its_own_falls_back_on_the_names() -> None:
+    target, _ = read(
+        "import time\ndef wait(path):\n    while not ready(path):\n        time.sleep(1)\n",
+        "wait",
+        {"path": "/data/shard-0.done"},
+    )
+    assert target is not None and (target.kind, target.value, target.call) == ("path", "/data/shard-0.done", "")
+
+
+# --- the sentence and the advice ------------------------------------------------------------------
+
+BASE = {
+    KEY + "kind": "path",
+    KEY + "expr": "self.lock_file_path",
+    KEY + "call": "os.path.exists",
+    KEY + "where": "file_baton.py:42 in wait",
+    KEY + "every_s": 0.1,
+    KEY + "waits_for": "gone",
+    KEY + "value": "/c/ext/lock",
+    KEY + "exists": True,
+    KEY + "type": "file",
+    KEY + "size": 0,
+    KEY + "owner": "ann",
+}
+
+
+def test_a_lock_file_nobody_has_open_is_a_leftover_to_remove() -> None:
+    said, advice = polling.sentence(BASE)
+    assert said.startswith(
+        "The main thread polls for /c/ext/lock to disappear (os.path.exists(self.lock_file_path) at "
+        "file_baton.py:42 in wait, every 0.1 s); the file exists (empty, owner ann) and no process has it open"
+    )
+    assert advice.startswith("Remove /c/ext/lock (no process has it open")
+
+
+def test_no_advice_without_the_evidence_for_it() -> None:
+    held = {**BASE, KEY + "open_by": ["pid 4711 (python build.py)"]}
+    said, advice = polling.sentence(held)
+    assert "held open by pid 4711 (python build.py)" in said and "Remove" not in advice
+    unknown = {**BASE, KEY + "open_by_error": "cannot read /proc"}
+    assert polling.sentence(unknown)[1] == ""
+    not_a_lock = {**BASE, KEY + "value": "/data/pause"}
+    assert polling.sentence(not_a_lock)[1] == ""
+    no_value = {k: v for k, v in BASE.items() if k != KEY + "value"}
+    said, advice = polling.sentence(no_value)
+    assert "which path is not known" in said and advice == ""
+
+
+def test_a_zombie_pid_and_a_port_nobody_listens_on() -> None:
+    zombie = {
+        KEY + "kind": "pid",
+        KEY + "expr": "pid",
+        KEY + "call": "os.kill",
+        KEY + "where": "job.py:6 in wait",
+        KEY + "waits_for": "gone",
+        KEY + "value": 4711,
+        KEY + "pid_state": "zombie",
+        KEY + "pid_parent": 4700,
+    }
+    said, advice = polling.sentence(zombie)
+    assert "pid 4711 has ended but is a zombie: its parent, pid 4700, has not reaped it" in said
+    assert advice.startswith("Reap the child")
+    port = {
+        KEY + "kind": "port",
+        KEY + "expr": "host, port",
+        KEY + "call": "socket.create_connection",
+        KEY + "where": "job.py:5 in wait_server",
+        KEY + "value": 8765,
+        KEY + "address": "127.0.0.1:8765",
+        KEY + "port": 8765,
+        KEY + "listening": False,
+    }
+    said, advice = polling.sentence(port)
+    assert said.endswith("nothing listens on port 8765 on this machine.")
+    assert "port 8765" in advice
+    remote = {**port, KEY + "remote": True, KEY + "address": "10.1.2.3:8765"}
+    del remote[KEY + "listening"]
+    assert polling.sentence(remote)[1] == ""
