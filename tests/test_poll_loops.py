@@ -156,12 +156,15 @@ def record_case(name: str, record: dict, tmp_path: Path, pids: dict[int, int], e
 # --- a lock file nobody holds ------------------------------------------------------------------
 
 
-def test_a_file_baton_waiting_on_a_leftover_lock_says_remove_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("py_spy", ["", "0"], ids=["py-spy", "beat only"])
+def test_a_file_baton_waiting_on_a_leftover_lock_says_remove_it(tmp_path: Path, py_spy: str) -> None:
+    """The path is ``self.lock_file_path``: py-spy's locals show no attribute, the beat's dump does
+    (asked after py-spy, or alone with ``LORA_OTEL_PY_SPY=0``)."""
     (tmp_path / "file_baton.py").write_text(BATON, encoding="utf-8")
     (tmp_path / "build").mkdir()
     lock = tmp_path / "build" / "lock"
     lock.write_bytes(b"")  # the run that created it died before its release()
-    job = launch(tmp_path, JOB_BATON)
+    job = launch(tmp_path, JOB_BATON, **({"LORA_OTEL_PY_SPY": py_spy} if py_spy else {}))
     try:
         stalled, why = job_lines(tmp_path)
         assert "main thread at job.py:11 in <module> → job.py:8 in jit_compile → file_baton.py:20 in wait" in stalled
@@ -175,6 +178,8 @@ def test_a_file_baton_waiting_on_a_leftover_lock_says_remove_it(tmp_path: Path) 
         rule, _, advice = advice_of(record)
         assert rule == "poll loop"
         assert advice == "Remove %s (no process has it open, so no run is using it) and the job goes on." % lock
+        if py_spy:
+            return
         record_case(
             "poll_loop_stale_baton",
             record,
