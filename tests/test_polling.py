@@ -276,3 +276,18 @@ def test_a_zombie_pid_and_a_port_nobody_listens_on() -> None:
     remote = {**port, KEY + "remote": True, KEY + "address": "10.1.2.3:8765"}
     del remote[KEY + "listening"]
     assert polling.sentence(remote)[1] == ""
+
+
+def test_a_lock_on_a_shared_file_system_is_not_called_a_leftover() -> None:
+    said, advice = polling.sentence({**BASE, KEY + "shared_fs": "nfs4 at /mnt/cache"})
+    assert "no process has it open on this machine, but it is on a file system other machines may share" in said
+    assert "leftover" not in said
+    assert advice.startswith("If no job on another machine that mounts /mnt/cache is using /c/ext/lock")
+
+
+def test_shared_fs_reads_the_mount_the_path_is_on(tmp_path) -> None:
+    import os
+
+    from lora_otel.analysis import pollfacts
+
+    assert pollfacts.shared_fs(os.getpid(), str(tmp_path)) == ""  # (a local disk or tmpfs here)

@@ -277,6 +277,9 @@ def path_state(pid: int, path: str) -> dict[str, Any]:
         out[KEY + "owner"] = pwd.getpwuid(st.st_uid).pw_name
     except (KeyError, ImportError):
         out[KEY + "owner"] = str(st.st_uid)
+    shared = shared_fs(pid, path)
+    if shared:
+        out[KEY + "shared_fs"] = shared
     if out[KEY + "type"] != "file":
         return out
     openers = filelocks._openers(((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino), pid)
@@ -290,6 +293,34 @@ def path_state(pid: int, path: str) -> dict[str, Any]:
         if alive:
             out[KEY + "recorded_cmd"] = filelocks.command_line(recorded) or ""
     return out
+
+
+SHARED_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p", "afs")
+"""File systems other machines may have mounted too (and ``fuse.*``: s3fs, gcsfuse, sshfs …)."""
+
+
+def shared_fs(pid: int, path: str) -> str:
+    """``nfs4 at /mnt/shared``: the file system ``path`` is on, in ``pid``'s mount namespace, when
+    other machines may share it (a process there can hold a file no ``/proc`` here shows); ""
+    otherwise."""
+    try:
+        with open("/proc/%d/mountinfo" % pid, encoding="utf-8", errors="replace") as f:
+            rows = f.read(1 << 20).splitlines()
+    except OSError:
+        return ""
+    best, kind = "", ""
+    for row in rows:
+        left, _, right = row.partition(" - ")
+        cols, rest = left.split(), right.split()
+        if len(cols) < 5 or not rest:
+            continue
+        point = cols[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, rest[0]
+    if kind in SHARED_FS or kind.startswith("fuse."):
+        return "%s at %s" % (kind, best)
+    return ""
 
 
 def pid_state(pid: int) -> dict[str, Any]:

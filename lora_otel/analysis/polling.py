@@ -584,6 +584,17 @@ def _path_sentence(
     nobody = "no process has it open"
     if recorded is not None:
         nobody = "the pid written in it, %s, is gone, and no process has it open" % recorded
+    shared = _get(evidence, "shared_fs")
+    if shared:
+        mount = str(shared).split(" at ", 1)[-1]
+        return (
+            "%s; %s and %s on this machine, but it is on a file system other machines may share (%s), "
+            "where a process there can be using it." % (head, state, nobody, shared),
+            "If no job on another machine that mounts %s is using %s (building, downloading), remove it and "
+            "the job goes on." % (mount, path)
+            if waits == "gone" and (lock_like(path) or recorded is not None)
+            else "",
+        )
     if waits == "gone" and (lock_like(path) or recorded is not None):
         return (
             "%s; %s and %s: a leftover from a run that ended without removing it." % (head, state, nobody),
