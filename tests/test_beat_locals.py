@@ -9,6 +9,9 @@ import threading
 
 from lora_otel._boot import preamble
 
+PIDFILE = "/run/train.pid"
+UNUSED_GLOBAL = "/not/named/by/the/code"
+
 
 class Loud(str):
     def __repr__(self) -> str:  # a subclass's repr is the program's code: never called
@@ -36,6 +39,7 @@ class Watched:
         long = "x" * 5000
         password = "s3cret-value-here"
         frame = sys._getframe()
+        _ = PIDFILE
         _ = (port, flag, data, long, password)
         return preamble._simple_locals(frame)
 
@@ -48,6 +52,8 @@ def test_simple_locals_and_self_attributes_only_and_no_program_code() -> None:
     assert "    local self.path = '/data/x.done'\n" in lines
     assert "    local port = 8765\n" in lines and "    local flag = True\n" in lines
     assert "    local data = '/tmp/raw'\n" in lines
+    assert "    local PIDFILE = '/run/train.pid'\n" in lines  # a global the code names
+    assert "UNUSED_GLOBAL" not in text
     assert "hf_abc" not in text and "s3cret" not in text  # secret-named: left out
     assert "self.child" not in text and "self.name" not in text  # not a simple type (a str subclass is not)
     assert max(len(line) for line in lines) < preamble.LOCAL_CHARS + 40

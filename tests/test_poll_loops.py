@@ -225,6 +225,47 @@ def test_a_lock_file_another_process_has_open_names_it_and_gives_no_removal(tmp_
         holder.stdout.close()
 
 
+def test_a_pid_file_of_a_run_that_died_named_by_a_global_is_a_leftover(tmp_path: Path) -> None:
+    """The path is a module global (py-spy shows no global; the beat's dump gives those the code
+    names), and the loop is at module level; the pid written in the file is gone."""
+    dead = subprocess.Popen([PYTHON, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "train.pid").write_text("%d\n" % dead.pid, encoding="utf-8")
+    job = launch(
+        tmp_path,
+        """\
+        import os, time, lora_otel
+        PIDFILE = os.path.abspath("train.pid")
+        with lora_otel.stage("load model"):
+            while os.path.exists(PIDFILE):  # another run is training
+                time.sleep(0.5)
+        """,
+    )
+    try:
+        _, why = job_lines(tmp_path)
+        pidfile = tmp_path / "train.pid"
+        assert (
+            "polls for %s to disappear (os.path.exists(PIDFILE) at job.py:5 in <module>, every 0.5 s)" % pidfile in why
+        ), why
+        assert "the pid written in it, %d, is gone, and no process has it open: a leftover" % dead.pid in why, why
+        record = stall_record(tmp_path, job.pid)
+        rule, _, advice = advice_of(record)
+        assert rule == "poll loop" and advice.startswith("Remove %s " % pidfile)
+        record_case(
+            "poll_loop_pidfile_dead_run",
+            record,
+            tmp_path,
+            {job.pid: 4711, dead.pid: 4690},
+            {
+                "rule": "poll loop",
+                "sentence": ["polls for /work/job/train.pid to disappear", "the pid written in it, 4690, is gone"],
+                "advice": ["Remove /work/job/train.pid"],
+            },
+        )
+    finally:
+        stop(job)
+
+
 # --- a pid ----------------------------------------------------------------------------------------
 
 

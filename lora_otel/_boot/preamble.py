@@ -905,7 +905,8 @@ def _answer_stack_ask() -> None:
 
 
 LOCALS_FRAMES = 3
-"""Innermost frames of each thread whose simple locals the beat's dump adds (`_simple_locals`)."""
+"""Innermost frames of each thread whose simple locals (and the globals their code names) the
+beat's dump adds (`_simple_locals`)."""
 LOCALS_MAX = 16
 """Locals (and ``self``'s attributes) written per frame."""
 LOCAL_CHARS = 300
@@ -915,7 +916,8 @@ LOCAL_CHARS = 300
 def _simple_locals(frame: Any) -> list[str]:
     """``    local path = '/x/y.lock'`` lines: the frame's locals of simple types (str, bytes, int,
     float, bool, a pathlib path) and those attributes of ``self`` (its ``__dict__``, read with
-    ``object.__getattribute__``), so that what a poll loop polls can be read (the sidecar's
+    ``object.__getattribute__``), and the module globals of those types its code names (a
+    ``<module>`` frame: only those), so that what a poll loop polls can be read (the sidecar's
     `lora_otel.analysis.pollfacts`): py-spy shows no attribute. No code of the program runs: exact
     types only (a subclass's ``__repr__`` is the program's), no property, no ``__getattr__``.
     Secret-named values are left out, long ones cut, each value redacted. Fail-open: [] on error."""
@@ -945,7 +947,9 @@ def _simple_locals(frame: Any) -> list[str]:
 
     out: list[str] = []
     try:
-        local = frame.f_locals
+        code = frame.f_code
+        # (a module's code has the module's globals for locals: only the names it uses, below)
+        local = {} if code.co_name == "<module>" else frame.f_locals
         if type(local) is not dict:  # (3.13's proxy: a plain dict of it)
             local = dict(local)
         for name, value in list(local.items())[: LOCALS_MAX * 2]:
@@ -960,6 +964,12 @@ def _simple_locals(frame: Any) -> list[str]:
                     )
                 continue
             out.append(said(name, value))
+        # The module globals the code names (``while os.path.exists(PIDFILE)``), where no local hides them.
+        glob = frame.f_globals
+        if type(glob) is dict:
+            for name in code.co_names[: LOCALS_MAX * 4]:
+                if type(name) is str and name not in local and name in glob:
+                    out.append(said(name, glob[name]))
     except Exception:  # noqa: BLE001 - fail open: the stack without locals
         return []
     return [line for line in out if line][:LOCALS_MAX]
@@ -987,7 +997,7 @@ def _stack_dump() -> str:
             code, line = frame.f_code, frame.f_lineno
             where = (code.co_filename[:500], "???" if line is None else line, code.co_name)
             out.append('  File "%s", line %s in %s\n' % where)
-            if n < LOCALS_FRAMES and code.co_name != "<module>":
+            if n < LOCALS_FRAMES:
                 out.extend(_simple_locals(frame))
             frame, n = frame.f_back, n + 1
         if frame is not None:
