@@ -291,3 +291,8 @@ def test_shared_fs_reads_the_mount_the_path_is_on(tmp_path) -> None:
     from lora_otel.analysis import pollfacts
 
     assert pollfacts.shared_fs(os.getpid(), str(tmp_path)) == ""  # (a local disk or tmpfs here)
+
+
+def test_a_folder_polled_claims_nothing_about_who_has_it_open() -> None:
+    said, advice = polling.sentence({**BASE, KEY + "type": "dir", KEY + "value": "/c/ext/build.lock"})
+    assert said.endswith("a folder exists (owner ann).") and advice == ""

@@ -561,6 +561,8 @@ def _path_sentence(
     kind = _get(evidence, "type")
     what = "a folder" if kind == "dir" else "a FIFO" if kind == "fifo" else "the file"
     state = "%s exists%s" % (what, " (%s)" % ", ".join(facts) if facts else "")
+    if kind not in (None, "file"):  # (who has a folder or a FIFO open is not looked at)
+        return "%s; %s." % (head, state), ""
     openers = _list(evidence, "open_by")
     recorded, alive = _get(evidence, "recorded_pid"), _get(evidence, "recorded_alive")
     if openers:
