@@ -296,3 +296,37 @@ def test_shared_fs_reads_the_mount_the_path_is_on(tmp_path) -> None:
 def test_a_folder_polled_claims_nothing_about_who_has_it_open() -> None:
     said, advice = polling.sentence({**BASE, KEY + "type": "dir", KEY + "value": "/c/ext/build.lock"})
     assert said.endswith("a folder exists (owner ann).") and advice == ""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "for f in files:\n        os.stat(f)\n        shutil.copy(f, dst)\n        time.sleep(0.1)",
+        "while True:\n        print(open(log).read())\n        time.sleep(5)",
+        "for path in paths:\n        upload(path)\n        time.sleep(1)",
+    ],
+)
+def test_a_loop_doing_work_with_a_path_is_not_a_poll(body: str) -> None:
+    source = "import os, shutil, time\ndef wait(files, dst, log, paths):\n    %s\n" % body
+    frames, getline = frames_of(source, "wait", {"f": "/data/a.jpg", "log": "/x/log", "path": "/data/b.jpg"})
+    loop = polling.find_loop(frames, getline)
+    assert loop is not None and polling.read_loop(loop) == []
+
+
+def test_an_assigned_outcome_the_test_reads_is_a_poll() -> None:
+    target, _ = read(
+        """\
+        import socket, time
+        def wait(port):
+            while True:
+                s = socket.socket()
+                err = s.connect_ex(("localhost", port))
+                s.close()
+                if err == 0:
+                    break
+                time.sleep(1)
+        """,
+        "wait",
+        {"port": 29500},
+    )
+    assert target is not None and (target.kind, target.value, target.host) == ("port", 29500, "localhost")

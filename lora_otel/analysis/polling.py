@@ -284,6 +284,8 @@ def read_loop(loop: Loop) -> list[Target]:
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
+    top = tree.body[0] if isinstance(tree, ast.Module) and tree.body else tree
+    tests = _deciding_tests(top)
     found: list[Target] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.While) and not isinstance(node.test, ast.Call):
@@ -295,14 +297,54 @@ def read_loop(loop: Loop) -> list[Target]:
                     found.append(Target("flag", _text(test), "", value, waits))
         if not isinstance(node, ast.Call):
             continue
+        if not _deciding(node, parents, tests):
+            continue  # a call whose outcome does not end the loop: work done in it, not a look
         target = _call_target(node, local, parents)
         if target is not None:
             found.append(target._replace(source=_text(node)[:120]) if target.call else target)
     if not found:
-        found = _named_values(tree, local)
+        found = _named_values(tests, local)
     order = {"pid": 0, "port": 1, "url": 2, "path": 3, "flag": 4}
     found.sort(key=lambda t: (t.value is None, order.get(t.kind, 9)))
     return found
+
+
+def _leaves(node: ast.AST) -> bool:
+    """A ``break`` or ``return`` in ``node``: its branch ends the loop."""
+    return any(isinstance(n, (ast.Break, ast.Return)) for n in ast.walk(node))
+
+
+def _deciding_tests(loop: ast.AST) -> list[ast.AST]:
+    """The tests that end the loop: a ``while``'s own, and those of the ``if``s that ``break`` or
+    ``return``."""
+    tests: list[ast.AST] = [loop.test] if isinstance(loop, ast.While) else []
+    for node in ast.walk(loop):
+        if isinstance(node, ast.If) and (any(_leaves(s) for s in node.body) or any(_leaves(s) for s in node.orelse)):
+            tests.append(node.test)
+    return tests
+
+
+def _deciding(call: ast.AST, parents: Mapping[ast.AST, ast.AST], tests: list[ast.AST]) -> bool:
+    """Whether the call's outcome decides whether the loop ends: it is in a test that ends it (or
+    assigns a name such a test reads), or in a ``try``/``with`` that ends it unless the call raises
+    (``try: create_connection(...); return``, ``try: os.kill(pid, 0) except ProcessLookupError: break``)."""
+    ids = {id(t) for t in tests}
+    read = {n.id for t in tests for n in ast.walk(t) if isinstance(n, ast.Name)}
+    node = call
+    while node in parents:
+        parent = parents[node]
+        if id(node) in ids:
+            return True
+        if isinstance(parent, ast.Try) and any(node is b for b in parent.body) and _leaves(parent):
+            return True
+        if isinstance(parent, ast.withitem) and _leaves(parents.get(parent, parent)):
+            return True
+        if isinstance(parent, ast.Assign) and any(
+            isinstance(n, ast.Name) and n.id in read for t in parent.targets for n in ast.walk(t)
+        ):
+            return True
+        node = parent
+    return False
 
 
 def _call_target(node: ast.Call, local: Locals, parents: Mapping[ast.AST, ast.AST]) -> Optional[Target]:
@@ -367,12 +409,12 @@ def _in_try(node: ast.AST, parents: Mapping[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def _named_values(tree: ast.AST, local: Locals) -> list[Target]:
-    """The fallback: names the loop uses whose values look like what is polled (an absolute path,
-    a URL; an int named ``pid`` or ``port``)."""
+def _named_values(tests: list[ast.AST], local: Locals) -> list[Target]:
+    """The fallback: names the loop's ending tests use whose values look like what is polled (an
+    absolute path, a URL; an int named ``pid`` or ``port``): ``while not ready(path)``."""
     found: list[Target] = []
     seen: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (n for t in tests for n in ast.walk(t)):
         if not isinstance(node, (ast.Name, ast.Attribute)):
             continue
         name = _dotted(node)
