@@ -452,3 +452,49 @@ def test_a_port_something_listens_on_is_said_without_advice(tmp_path: Path) -> N
     finally:
         stop(job)
         server.close()
+
+
+def test_a_health_check_of_a_server_child_that_crashed_names_the_child(tmp_path: Path) -> None:
+    """vLLM's and many UIs' shape: start the server, poll its health URL; the server died at start
+    (never reaped: a zombie child), and nothing listens on the port."""
+    port = free_port()
+    job = launch(
+        tmp_path,
+        """\
+        import subprocess, sys, time, urllib.request, lora_otel
+        def wait_for_server(url):
+            while True:
+                try:
+                    if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                        return
+                except OSError:
+                    pass
+                time.sleep(0.2)
+        with lora_otel.stage("load model"):
+            server = subprocess.Popen([sys.executable, "-c", "raise SystemExit('out of memory')", "--port", "%d"])
+            wait_for_server("http://127.0.0.1:%d")
+        """
+        % (port, port),
+    )
+    try:
+        _, why = job_lines(tmp_path)
+        assert "The main thread polls http://127.0.0.1:%d/health in a sleep loop (" % port in why, why
+        assert "nothing listens on port %d on this machine; its child pid " % port in why, why
+        assert why.endswith(" has ended (a zombie, not yet reaped)."), why
+        record = stall_record(tmp_path, job.pid)
+        rule, _, advice = advice_of(record)
+        assert rule == "poll loop" and advice.startswith("Find out why its child pid "), advice
+        child = int(re.search(r"its child pid (\d+)", why).group(1))
+        record_case(
+            "poll_loop_health_url_server_died",
+            record,
+            tmp_path,
+            {job.pid: 4711, child: 4712, port: 8011},
+            {
+                "rule": "poll loop",
+                "sentence": ["polls http://127.0.0.1:8011/health", "its child pid 4712", "has ended"],
+                "advice": ["Find out why its child pid 4712"],
+            },
+        )
+    finally:
+        stop(job)
