@@ -330,3 +330,25 @@ def test_an_assigned_outcome_the_test_reads_is_a_poll() -> None:
         {"port": 29500},
     )
     assert target is not None and (target.kind, target.value, target.host) == ("port", 29500, "localhost")
+
+
+def test_the_last_dump_is_the_beats_after_py_spys(tmp_path, monkeypatch) -> None:
+    """py-spy's dump (native thread ids) then the beat's (Python's idents, with locals): inspect
+    reads the last one only."""
+    import os
+
+    from lora_otel.analysis import verdict
+
+    text = (
+        "Current thread 0x0000000000001585 (most recent call first):\n"
+        '  File "/x/file_baton.py", line 50 in wait\n\n'
+        "Current thread 0x00007fb23d883b80 (most recent call first):\n"
+        '  File "/x/file_baton.py", line 50 in wait\n'
+        "    local self.lock_file_path = '/x/lock'\n"
+        '  File "/x/job.py", line 6 in <module>\n'
+    )
+    path = tmp_path / "s.txt"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(verdict, "_open_stacks", lambda journal: (str(path), os.open(path, os.O_RDONLY)))
+    dump = verdict.last_dump(None)
+    assert dump.startswith("Current thread 0x00007fb23d883b80") and dump.count("Current thread") == 1
