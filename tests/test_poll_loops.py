@@ -328,7 +328,7 @@ def test_a_loop_polling_a_child_that_ended_unreaped_says_zombie_and_reap(tmp_pat
     try:
         _, why = job_lines(tmp_path)
         assert "The main thread polls pid " in why and "(os.kill(pid, 0) at job.py:8 in wait_for_exit" in why, why
-        assert "has ended but is a zombie: this process (its parent) has not reaped it" in why, why
+        assert "has ended, but this process (its parent) has not collected its exit status (reaped it)" in why, why
         record = stall_record(tmp_path, job.pid)
         rule, _, advice = advice_of(record)
         assert rule == "poll loop" and advice.startswith("Reap the child"), advice
@@ -338,7 +338,7 @@ def test_a_loop_polling_a_child_that_ended_unreaped_says_zombie_and_reap(tmp_pat
             record,
             tmp_path,
             {job.pid: 4711, child: 4712},
-            {"rule": "poll loop", "sentence": ["polls pid 4712", "is a zombie"], "advice": ["Reap the child"]},
+            {"rule": "poll loop", "sentence": ["polls pid 4712", "stays a zombie"], "advice": ["Reap the child"]},
         )
     finally:
         stop(job)
@@ -480,7 +480,7 @@ def test_a_health_check_of_a_server_child_that_crashed_names_the_child(tmp_path:
         _, why = job_lines(tmp_path)
         assert "The main thread polls http://127.0.0.1:%d/health in a sleep loop (" % port in why, why
         assert "nothing listens on port %d on this machine; its child pid " % port in why, why
-        assert why.endswith(" has ended (a zombie, not yet reaped)."), why
+        assert why.endswith(" has ended (its exit status not yet collected)."), why
         record = stall_record(tmp_path, job.pid)
         rule, _, advice = advice_of(record)
         assert rule == "poll loop" and advice.startswith("Find out why its child pid "), advice

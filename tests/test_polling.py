@@ -258,7 +258,7 @@ def test_a_zombie_pid_and_a_port_nobody_listens_on() -> None:
         KEY + "pid_parent": 4700,
     }
     said, advice = polling.sentence(zombie)
-    assert "pid 4711 has ended but is a zombie: its parent, pid 4700, has not reaped it" in said
+    assert "pid 4711 has ended, but its parent, pid 4700, has not collected its exit status (reaped it)" in said
     assert advice.startswith("Reap the child")
     port = {
         KEY + "kind": "port",

@@ -522,7 +522,7 @@ def _frame_pid(evidence: Mapping[str, Any]) -> tuple[str, str]:
     who = "pid %d (%s in the loop's frame%s)" % (pid, name, ", %s" % cmd if cmd else "")
     if state in ("gone", "zombie"):
         return (
-            "; %s has ended%s" % (who, " (a zombie, not yet reaped)" if state == "zombie" else ""),
+            "; %s has ended%s" % (who, " (its exit status not yet collected)" if state == "zombie" else ""),
             "Find out why pid %d (%s) ended — its output or log — and start it again: the loop waits for "
             "what it was to make." % (pid, name),
         )
@@ -670,8 +670,8 @@ def _pid_sentence(evidence: Mapping[str, Any], who: str, where: str, pid: Any, w
             else "its parent"
         )
         return (
-            "%s; pid %d%s has ended but is a zombie: %s has not reaped it, and os.kill(pid, 0) and "
-            "/proc/<pid> still find a zombie." % (head, pid, " (%s)" % cmd if cmd else "", by),
+            "%s; pid %d%s has ended, but %s has not collected its exit status (reaped it), so it stays a "
+            "zombie, which os.kill(pid, 0) and /proc/<pid> still find." % (head, pid, " (%s)" % cmd if cmd else "", by),
             "Reap the child (Popen.poll()/wait() or os.waitpid(%d, os.WNOHANG) in its parent) and test for "
             "its exit that way: os.kill(pid, 0) succeeds on a zombie." % pid,
         )
@@ -717,7 +717,8 @@ def _port_sentence(evidence: Mapping[str, Any], who: str, where: str, value: Any
         return "%s%s." % (told, also), step
     if ended and not should:
         return (
-            "%s; its child %s has ended (a zombie, not yet reaped)." % (told, ", ".join(str(e) for e in ended)),
+            "%s; its child %s has ended (its exit status not yet collected)."
+            % (told, ", ".join(str(e) for e in ended)),
             "Find out why its child %s ended (its output or log): nothing else here listens on port %s."
             % (ended[0], port),
         )
