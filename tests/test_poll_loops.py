@@ -266,6 +266,36 @@ def test_a_pid_file_of_a_run_that_died_named_by_a_global_is_a_leftover(tmp_path:
         stop(job)
 
 
+def test_a_loop_paced_by_a_timed_event_wait_is_read_as_a_poll(tmp_path: Path) -> None:
+    """``while os.path.exists(lock): stop.wait(0.2)``: the main thread waits on a lock (futex), not in
+    a sleep; the loop is still a poll, and the thread locks rule does not claim it."""
+    (tmp_path / "run.lock").write_bytes(b"")
+    job = launch(
+        tmp_path,
+        """\
+        import os, threading, lora_otel
+        stop = threading.Event()
+        def wait_turn(lock_path):
+            while os.path.exists(lock_path):
+                if stop.wait(0.2):
+                    return
+        with lora_otel.stage("load model"):
+            wait_turn(os.path.abspath("run.lock"))
+        """,
+    )
+    try:
+        _, why = job_lines(tmp_path)
+        want = "polls for %s to disappear (os.path.exists(lock_path) at job.py:5 in wait_turn, every 0.2 s)" % (
+            tmp_path / "run.lock"
+        )
+        assert want in why, why
+        assert why.endswith("no process has it open: a leftover from a run that ended without removing it."), why
+        rule, _, advice = advice_of(stall_record(tmp_path, job.pid))
+        assert rule == "poll loop" and advice.startswith("Remove %s " % (tmp_path / "run.lock"))
+    finally:
+        stop(job)
+
+
 # --- a pid ----------------------------------------------------------------------------------------
 
 

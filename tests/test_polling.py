@@ -352,3 +352,32 @@ def test_the_last_dump_is_the_beats_after_py_spys(tmp_path, monkeypatch) -> None
     monkeypatch.setattr(verdict, "_open_stacks", lambda journal: (str(path), os.open(path, os.O_RDONLY)))
     dump = verdict.last_dump(None)
     assert dump.startswith("Current thread 0x00007fb23d883b80") and dump.count("Current thread") == 1
+
+
+def test_pauses() -> None:
+    assert polling.pauses("        time.sleep(self.wait_seconds)\n") == "sleep"
+    assert polling.pauses("        if stop.wait(0.5):\n") == "wait"
+    assert polling.pauses("        signaled = self._cond.wait(timeout)\n") == "wait"
+    assert polling.pauses("        done.wait()\n") == ""  # (no timeout: a wait, not a pace)
+    assert polling.pauses("        x = compute()\n") == ""
+
+
+def test_a_flag_paced_by_a_timed_wait_is_left_to_the_thread_locks_rule() -> None:
+    from lora_otel.analysis.diagnose import explain
+    from lora_otel.analysis.evidence import PREFIX
+    from lora_otel.analysis.stall import Stall
+    from lora_otel.journal.records import Span
+
+    stall = Stall("alive", Span("load model", "a" * 16, None, "b" * 32, 1), 30.0, 2.0, "")
+    base = {
+        PREFIX + "process.state": "S (sleeping)",
+        PREFIX + "process.wait_channel": "futex_wait_queue",
+        KEY + "paced_by": "wait",
+        KEY + "where": "job.py:5 in wait_ready",
+    }
+    path = {**base, KEY + "kind": "path", KEY + "value": "/x/ready", KEY + "exists": False, KEY + "waits_for": "there"}
+    assert explain(stall, path).attrs["lora_otel.diagnosis.rule"] == "poll loop"
+    flag = {**base, KEY + "kind": "flag", KEY + "expr": "self.done", KEY + "value": False}
+    assert explain(stall, flag).attrs["lora_otel.diagnosis.rule"] != "poll loop"
+    frozen = Stall("frozen", stall.span, 30.0, 2.0, "")
+    assert explain(frozen, path).attrs["lora_otel.diagnosis.rule"] != "poll loop"

@@ -477,8 +477,14 @@ def _asleep(f: Facts) -> bool:
 
 def _poll_loop(f: Facts) -> Optional[Diagnosis]:
     """A sleep in a loop whose polled object the evidence names (`lora_otel.analysis.polling`):
-    what it is, its state, and the step that state supports."""
-    if not _asleep(f):
+    what it is, its state, and the step that state supports. A loop paced by a timed wait
+    (``while not os.path.exists(p): stop.wait(1)``) too, but for a flag, which the thread locks
+    rule reads better (who could set it)."""
+    paced = f.evidence.get(polling.KEY + "paced_by")
+    if paced == "wait":
+        if f.stall.kind == "frozen" or not f.state.startswith("S") or f.evidence.get(polling.KEY + "kind") == "flag":
+            return None
+    elif not _asleep(f):
         return None
     found = polling.sentence(f.evidence, f.now_ns)
     if found is None:
@@ -648,6 +654,15 @@ RULES: tuple[Rule, ...] = (
         _exit_joins,
     ),
     Rule(
+        "poll loop",
+        "the main thread asleep (as for sleeping), or in a timed wait (event.wait(1)); the while/for around "
+        "the sleep in its source and its frames' locals (py-spy -ll, the beat's dump); the polled path's stat "
+        "and openers (/proc/*/fd), a pid's /proc/<pid>/stat, a port's LISTEN socket (/proc/<pid>/net/tcp)",
+        "The main thread polls for /data/.cache/x/lock to disappear (os.path.exists(self.lock_file_path) at "
+        "file_baton.py:42 in wait, every 0.1 s); the file exists (...) and no process has it open: a leftover ...",
+        _poll_loop,
+    ),
+    Rule(
         "thread locks",
         "the source line of each thread's innermost frame (with lock:, lock.acquire() and the with blocks around it",
         "Deadlock: the main thread waits in lock_b.acquire at job.py:20 in <module> holding lock_a ...",
@@ -680,15 +695,6 @@ RULES: tuple[Rule, ...] = (
         "Waiting in torch.distributed's rendezvous (init_process_group, at train.py:12 in <module>): rank 0 of "
         "world size 2 waits for the other ranks to reach the store ...",
         _rendezvous,
-    ),
-    Rule(
-        "poll loop",
-        "the main thread asleep (as for sleeping); the while/for around the sleep in its source and its frames' "
-        "locals (py-spy -ll, the beat's dump); the polled path's stat and openers (/proc/*/fd), a pid's "
-        "/proc/<pid>/stat, a port's LISTEN socket (/proc/<pid>/net/tcp)",
-        "The main thread polls for /data/.cache/x/lock to disappear (os.path.exists(self.lock_file_path) at "
-        "file_baton.py:42 in wait, every 0.1 s); the file exists (...) and no process has it open: a leftover ...",
-        _poll_loop,
     ),
     Rule(
         "sleeping",

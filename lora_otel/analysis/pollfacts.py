@@ -161,7 +161,9 @@ def facts(pid: int, stacks: str, use_py_spy: bool = True, ask: Optional[Callable
                 target, loop, why = again, again_loop, ""
     if target is None or loop is None:
         return {}
+    paces = (polling.pauses(_getline(fr.file, fr.line)) for fr in frames[: polling.CALLERS_MAX])
     out: dict[str, Any] = {
+        KEY + "paced_by": next((p for p in paces if p), ""),  # sleep, or a timed wait
         KEY + "kind": target.kind,
         KEY + "expr": target.expr[:200],
         KEY + "where": "%s:%d in %s" % (os.path.basename(loop.frame.file), loop.frame.line, loop.frame.func),

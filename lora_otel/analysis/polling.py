@@ -87,11 +87,23 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
+_TIMED_WAIT = re.compile(r"\.wait\(\s*(?!\))")
+
+
+def pauses(line: str) -> str:
+    """``sleep`` when the source line calls a sleep, ``wait`` when it calls a ``.wait(...)`` with an
+    argument (``event.wait(1)``, a timed wait that a poll loop paces itself with; threading's own
+    ``self._cond.wait(timeout)``), "" otherwise."""
+    if "sleep" in line:
+        return "sleep"
+    return "wait" if _TIMED_WAIT.search(line) else ""
+
+
 def find_loop(frames: Sequence[PollFrame], getline: Callable[[str, int], str]) -> Optional[Loop]:
     """The loop around the sleep: in the innermost frame whose line calls ``sleep`` (of the first
     `CALLERS_MAX`), else in one of its callers; None when no frame sleeps in a loop."""
     start = next(
-        (i for i, fr in enumerate(frames[:CALLERS_MAX]) if "sleep" in getline(fr.file, fr.line)),
+        (i for i, fr in enumerate(frames[:CALLERS_MAX]) if pauses(getline(fr.file, fr.line))),
         None,
     )
     if start is None:
@@ -445,10 +457,10 @@ def _url_host(url: Value) -> str:
 
 
 def sleep_seconds(loop: Loop) -> Optional[float]:
-    """The seconds the loop's ``sleep(...)`` waits, when its argument is known."""
+    """The seconds the loop's ``sleep(...)`` (or timed ``.wait(...)``) waits, when its argument is known."""
     tree = _parse(loop.source)
     for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "sleep" and node.args:
+        if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] in ("sleep", "wait") and node.args:
             value = evaluate(node.args[0], loop.frame.locals)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
                 return float(value)
