@@ -381,3 +381,28 @@ def test_a_flag_paced_by_a_timed_wait_is_left_to_the_thread_locks_rule() -> None
     assert explain(stall, flag).attrs["lora_otel.diagnosis.rule"] != "poll loop"
     frozen = Stall("frozen", stall.span, 30.0, 2.0, "")
     assert explain(frozen, path).attrs["lora_otel.diagnosis.rule"] != "poll loop"
+
+
+def test_a_librarys_loop_that_polls_nothing_gives_way_to_the_programs() -> None:
+    queue_py = [
+        "def get(self, block=True, timeout=None):\n",
+        "    while not self._qsize():\n",
+        "        remaining = endtime - time()\n",
+        "        self.not_empty.wait(remaining)\n",
+    ]
+    job = [
+        "import os, queue\n",
+        "def wait(q, flag):\n",
+        "    while not os.path.exists(flag):\n",
+        "        try:\n",
+        "            return q.get(timeout=1)\n",
+        "        except queue.Empty:\n",
+        "            pass\n",
+    ]
+    files = {"queue.py": queue_py, "job.py": job}
+    frames = [PollFrame("queue.py", 4, "get", {"remaining": 0.5}), PollFrame("job.py", 5, "wait", {"flag": "/x/stop"})]
+    loops = polling.find_loops(frames, lambda f, n: files[f][n - 1] if 0 < n <= len(files[f]) else "")
+    assert [loop.frame.func for loop in loops] == ["get", "wait"]
+    assert polling.read_loop(loops[0]) == []
+    [target] = polling.read_loop(loops[1])
+    assert (target.kind, target.value, target.waits_for) == ("path", "/x/stop", "there")

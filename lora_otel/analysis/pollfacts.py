@@ -232,9 +232,13 @@ def frame_pid(loop: polling.Loop, polled: polling.Value) -> dict[str, Any]:
 
 
 def _target(frames: list[PollFrame]) -> tuple[Optional[polling.Target], Optional[polling.Loop]]:
-    loop = polling.find_loop(frames, _getline)
-    targets = polling.read_loop(loop) if loop is not None else []
-    return (targets[0] if targets else None), loop
+    """What the first loop around the sleep that polls something polls, and that loop."""
+    loops = polling.find_loops(frames, _getline)
+    for loop in loops:
+        targets = polling.read_loop(loop)
+        if targets:
+            return targets[0], loop
+    return None, (loops[0] if loops else None)
 
 
 # --- the state of what is polled -----------------------------------------------------------------

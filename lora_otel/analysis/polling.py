@@ -100,19 +100,24 @@ def pauses(line: str) -> str:
 
 
 def find_loop(frames: Sequence[PollFrame], getline: Callable[[str, int], str]) -> Optional[Loop]:
-    """The loop around the sleep: in the innermost frame whose line calls ``sleep`` (of the first
-    `CALLERS_MAX`), else in one of its callers; None when no frame sleeps in a loop."""
+    """The loop around the sleep: in the innermost frame whose line calls ``sleep`` (or a timed
+    ``.wait``: `pauses`; of the first `CALLERS_MAX`), else in one of its callers; None when no
+    frame sleeps in a loop."""
+    loops = find_loops(frames, getline)
+    return loops[0] if loops else None
+
+
+def find_loops(frames: Sequence[PollFrame], getline: Callable[[str, int], str]) -> list[Loop]:
+    """Every loop around the sleep, innermost first (a library's ``queue.get`` loop, then the
+    program's own loop around that call): the first that polls something is the one."""
     start = next(
         (i for i, fr in enumerate(frames[:CALLERS_MAX]) if pauses(getline(fr.file, fr.line))),
         None,
     )
     if start is None:
-        return None
-    for frame in frames[start : start + CALLERS_MAX]:
-        loop = _loop_at(frame, getline)
-        if loop is not None:
-            return loop
-    return None
+        return []
+    found = (_loop_at(frame, getline) for frame in frames[start : start + CALLERS_MAX])
+    return [loop for loop in found if loop is not None]
 
 
 def _loop_at(frame: PollFrame, getline: Callable[[str, int], str]) -> Optional[Loop]:
