@@ -904,6 +904,77 @@ def _answer_stack_ask() -> None:
             pass
 
 
+LOCALS_FRAMES = 3
+"""Innermost frames of each thread whose simple locals (and the globals their code names) the
+beat's dump adds (`_simple_locals`)."""
+LOCALS_MAX = 16
+"""Locals (and ``self``'s attributes) written per frame."""
+LOCAL_CHARS = 300
+"""Characters of a local's value written."""
+
+
+def _simple_locals(frame: Any) -> list[str]:
+    """``    local path = '/x/y.lock'`` lines: the frame's locals of simple types (str, bytes, int,
+    float, bool, a pathlib path) and those attributes of ``self`` (its ``__dict__``, read with
+    ``object.__getattribute__``), and the module globals of those types its code names (a
+    ``<module>`` frame: only those), so that what a poll loop polls can be read (the sidecar's
+    `lora_otel.analysis.pollfacts`): py-spy shows no attribute. No code of the program runs: exact
+    types only (a subclass's ``__repr__`` is the program's), no property, no ``__getattr__``.
+    Secret-named values are left out, long ones cut, each value redacted. Fail-open: [] on error."""
+    from lora_otel._boot.redact import is_secret_name, redact_value
+
+    paths = sys.modules.get("pathlib")
+    path_types = tuple(
+        t
+        for t in (getattr(paths, n, None) for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"))
+        if isinstance(t, type)
+    )
+    simple = (str, bytes, int, float, bool)
+
+    def said(name: str, value: object) -> str:
+        kind = type(value)
+        if kind in path_types:
+            value = object.__getattribute__(value, "__fspath__")()  # (pathlib's own method, not a subclass's)
+            kind = str
+        if kind not in simple or not isinstance(name, str) or is_secret_name(name):
+            return ""
+        if isinstance(value, bytes):
+            value = value[:LOCAL_CHARS].decode("utf-8", "replace")
+        if kind in (str, bytes):
+            text = redact_value(str(value)[:LOCAL_CHARS])
+            return "    local %s = %r\n" % (name, text)
+        return "    local %s = %r\n" % (name, value)
+
+    out: list[str] = []
+    try:
+        code = frame.f_code
+        # (a module's code has the module's globals for locals: only the names it uses, below)
+        local = {} if code.co_name == "<module>" else frame.f_locals
+        if type(local) is not dict:  # (3.13's proxy: a plain dict of it)
+            local = dict(local)
+        for name, value in list(local.items())[: LOCALS_MAX * 2]:
+            if name == "self":
+                try:
+                    attrs = object.__getattribute__(value, "__dict__")
+                except (AttributeError, TypeError):
+                    continue
+                if type(attrs) is dict:
+                    out.extend(
+                        said("self.%s" % k, v) for k, v in list(attrs.items())[:LOCALS_MAX] if isinstance(k, str)
+                    )
+                continue
+            out.append(said(name, value))
+        # The module globals the code names (``while os.path.exists(PIDFILE)``), where no local hides them.
+        glob = frame.f_globals
+        if type(glob) is dict:
+            for name in code.co_names[: LOCALS_MAX * 4]:
+                if type(name) is str and name not in local and name in glob:
+                    out.append(said(name, glob[name]))
+    except Exception:  # noqa: BLE001 - fail open: the stack without locals
+        return []
+    return [line for line in out if line][:LOCALS_MAX]
+
+
 def _stack_dump() -> str:
     """Every thread's Python stack but the calling one's (the beat), innermost first, as
     faulthandler writes it: ``Current thread 0x… (most recent call first):`` for the main thread,
@@ -926,6 +997,8 @@ def _stack_dump() -> str:
             code, line = frame.f_code, frame.f_lineno
             where = (code.co_filename[:500], "???" if line is None else line, code.co_name)
             out.append('  File "%s", line %s in %s\n' % where)
+            if n < LOCALS_FRAMES:
+                out.extend(_simple_locals(frame))
             frame, n = frame.f_back, n + 1
         if frame is not None:
             out.append("  ...\n")

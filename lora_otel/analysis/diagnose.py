@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks, hubcache, pipes
+from lora_otel.analysis import ages, filelocks, hubcache, pipes, polling
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -596,16 +596,46 @@ _SELECT_WCHAN = ("do_select", "core_sys_select", "poll_schedule_timeout")
 """Kernel wait channels of ``select()``, where ``time.sleep`` waits on Python 3.9 and 3.10."""
 
 
-def _sleeping(f: Facts) -> Optional[Diagnosis]:
+def _asleep(f: Facts) -> bool:
+    """The main thread is in ``time.sleep``: its wait channel, or the beat's sample ending there."""
     if f.stall.kind == "frozen":
-        return None
+        return False
     sampled = f.journal.main_frames if f.journal is not None else None
     last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None
     in_sleep = last is not None and last[2] == "time.sleep"
     # (Python 3.9 and 3.10 sleep in select(): a select wait channel, with the beat's sample in
     # time.sleep, is a sleep.)
-    if not (f.wchan.startswith(_SLEEP_WCHAN) or (in_sleep and (not f.wchan or f.wchan.startswith(_SELECT_WCHAN)))):
+    return f.wchan.startswith(_SLEEP_WCHAN) or (in_sleep and (not f.wchan or f.wchan.startswith(_SELECT_WCHAN)))
+
+
+def _poll_loop(f: Facts) -> Optional[Diagnosis]:
+    """A sleep in a loop whose polled object the evidence names (`lora_otel.analysis.polling`):
+    what it is, its state, and the step that state supports. A loop paced by a timed wait
+    (``while not os.path.exists(p): stop.wait(1)``) too, but for a flag, which the thread locks
+    rule reads better (who could set it)."""
+    paced = f.evidence.get(polling.KEY + "paced_by")
+    if paced == "wait":
+        if f.stall.kind == "frozen" or not f.state.startswith("S") or f.evidence.get(polling.KEY + "kind") == "flag":
+            return None
+    elif not _asleep(f):
         return None
+    found = polling.sentence(f.evidence, f.now_ns)
+    if found is None:
+        return None
+    attrs: dict[str, Any] = {}
+    for key in ("kind", "value"):
+        value = f.evidence.get(polling.KEY + key)
+        if isinstance(value, (str, int, float)):
+            attrs["lora_otel.poll." + key] = value
+    return Diagnosis(found[0], attrs, advice=found[1])
+
+
+def _sleeping(f: Facts) -> Optional[Diagnosis]:
+    if not _asleep(f):
+        return None
+    sampled = f.journal.main_frames if f.journal is not None else None
+    last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None
+    in_sleep = last is not None and last[2] == "time.sleep"
     where = f.innermost
     if not where and sampled and in_sleep and len(sampled) >= 2 and isinstance(sampled[-2], list):
         file, line, func = [*sampled[-2], "", "", ""][:3]
@@ -764,6 +794,16 @@ RULES: tuple[Rule, ...] = (
         "non-daemon thread: uploader); thread upload() is at job.py:5 in upload. ...",
         _exit_joins,
         "Make thread uploader a daemon thread (threading.Thread(..., daemon=True)), or end its loop and join it ...",
+    ),
+    Rule(
+        "poll loop",
+        "the main thread asleep (as for sleeping), or in a timed wait (event.wait(1)); the while/for around "
+        "the sleep in its source and its frames' locals (py-spy -ll, the beat's dump); the polled path's stat "
+        "and openers (/proc/*/fd), a pid's /proc/<pid>/stat, a port's LISTEN socket (/proc/<pid>/net/tcp)",
+        "The main thread polls for /data/.cache/x/lock to disappear (os.path.exists(self.lock_file_path) at "
+        "file_baton.py:42 in wait, every 0.1 s); the file exists (...) and no process has it open: a leftover ...",
+        _poll_loop,
+        "Remove /data/.cache/ext/lock (no process has it open, so no run is using it) and the job goes on.",
     ),
     Rule(
         "thread locks",

@@ -30,7 +30,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -742,6 +742,7 @@ def python_stacks(
     file when it resumes.
     """
     out: dict[str, Any] = {}
+    asked = request if request is not None and request.ask and not native else None
     if py_spy:
         out.update(py_spy_dump(pid, native))
         text = as_faulthandler(str(out.get(PREFIX + "py_spy.dump") or ""))
@@ -801,6 +802,9 @@ def python_stacks(
     out.update(file_lock_facts(pid, out))
     # -- a hub download of a model already cached (analysis/hubcache.py) --
     out.update(hub_facts(pid, out))
+    # -- a poll loop: what it polls and that object's state (analysis/pollfacts.py) --
+    beat = asked if out.get(PREFIX + "python.stacks.from") != FROM_BEAT else None
+    out.update(poll_facts(pid, out, ask=(lambda: ask_beat(beat)) if beat is not None else None))
     return out
 
 
@@ -1258,3 +1262,23 @@ def file_lock_facts(pid: int, found: dict[str, Any], use_py_spy: bool = True) ->
         return filelocks.facts(pid, stacks, use_py_spy)
     except Exception as e:  # noqa: BLE001 - evidence is best effort; the other facts stand
         return {filelocks.KEY + "error": "%s: %s" % (type(e).__name__, e)}
+
+
+# --- poll loops (lora_otel.analysis.pollfacts) ----------------------------------------------------
+
+
+def poll_facts(
+    pid: int, found: dict[str, Any], use_py_spy: bool = True, ask: Optional[Callable[[], str]] = None
+) -> dict[str, Any]:
+    """The poll loop the main thread sleeps in and the state of what it polls (`pollfacts.facts`:
+    ``poll.*``), told by the stacks already in ``found``; {} when it sleeps in no loop, or when a
+    file lock was found (that rule says it). ``ask``: asks the beat thread for a dump (with the
+    frames' simple locals and ``self``'s attributes), when py-spy's locals do not name the object."""
+    if found.get(filelocks.KEY + "path") or found.get(filelocks.KEY + "holders"):
+        return {}
+    from lora_otel.analysis import pollfacts, polling
+
+    try:
+        return pollfacts.facts(pid, str(found.get(PREFIX + "python.stacks") or ""), use_py_spy, ask)
+    except Exception as e:  # noqa: BLE001 - evidence is best effort; the other facts stand
+        return {polling.KEY + "error": "%s: %s" % (type(e).__name__, e)}

@@ -281,6 +281,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
         out[PREFIX + "python.stacks.from"] = "the stacks file (last request)"
     out.update(ev.file_lock_facts(pid, out, use_py_spy=False))
     out.update(ev.hub_facts(pid, out))
+    out.update(ev.poll_facts(pid, out, use_py_spy=False))
     return out
 
 
@@ -368,12 +369,17 @@ def last_dump(journal: Journal, since_ns: Optional[int] = None, limit: int = 256
         return ""
     lines = text.splitlines()
     start, seen = 0, set[str]()
-    for i, line in enumerate(lines):  # a dump names each thread once: a thread seen again starts the next one
+    # A dump names each thread once, and one of them the current thread: a thread seen again, or a
+    # second current thread (py-spy's dump names threads by native id, the beat's by Python's), starts the next one.
+    for i, line in enumerate(lines):
         m = _HEADER.match(line)
         if m:
-            if m.group(2) in seen:
+            current = m.group(1) == "Current thread"
+            if m.group(2) in seen or (current and "current" in seen):
                 start, seen = i, set()
             seen.add(m.group(2))
+            if current:
+                seen.add("current")
     return "\n".join(lines[start:]).strip("\n")
 
 
@@ -391,7 +397,9 @@ def stacks_lines(journal: Journal, verdict: Optional[Verdict], max_lines: int = 
     for line in text.splitlines():
         if _HEADER.match(line):
             blocks.append([line])
-        elif blocks and line.strip():
+        elif (
+            blocks and line.strip() and not line.startswith("    local ")
+        ):  # (the beat's locals: for the poll loop rule)
             blocks[-1].append(line)
     blocks = [b for b in blocks if not any("lora_otel/_boot/" in line for line in b[1:2])]  # the beat
     focus = _focus_words(verdict)
