@@ -118,7 +118,9 @@ def _read(path: str) -> str:
 
 
 def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
+    """A 32-bit C ``int`` argument (a descriptor, a pid), as ``/proc/<pid>/syscall`` shows its register."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _wchan(pid: int, tid: Optional[int] = None) -> str:

@@ -432,6 +432,8 @@ def descriptor_wait(
     wait = main_wait(evidence)
     if wait is None or not _tells(wait):
         return None
+    if job is None and isinstance(wait.get("pid"), int):
+        job = wait["pid"]
     op = wait.get("op")
     if op == "child":
         head = "The main thread waits for %s" % (

@@ -1,0 +1,361 @@
+"""What a blocked job waits on — a descriptor, a path, a child — and its other end, along the chain
+of waits (issue 37, item 1: the first and fourth bullets; item 2: the advice).
+
+The slow tests run real programs that really hang, traced (``LORA_OTEL=1``), inside a stage with a
+2 s limit, and read the watchdog's why line in the job's ``--log``:
+
+- a job in ``input()`` whose stdin is a pipe from a launcher that waits for it and never writes;
+- a job opening a FIFO nobody opens for writing, and one reading a FIFO whose writer sleeps;
+- a job reading a socket whose local peer (a server) itself waits on a pipe it holds both ends of;
+- a job in ``subprocess.run`` of a child that reads its standard input, a pipe nobody writes.
+
+Each also gathers the evidence itself (`evidence.gather`, no signal) and, with
+``LORA_OTEL_RECORD_EVIDENCE=1``, records it (paths made generic) as ``tests/data/evidence/<case>.json``;
+the fast tests run `explain` over those recordings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import PYTHON, REPO, clean_env, wait_for
+
+from lora_otel.analysis.diagnose import explain
+from lora_otel.analysis.evidence import PREFIX, gather
+from lora_otel.analysis.stall import Stall
+from lora_otel.analysis.waits import KEY
+from lora_otel.journal.reader import Journal, read_journal
+from lora_otel.journal.records import Span
+
+DATA = Path(__file__).resolve().parent / "data" / "evidence"
+STAGE = "ask"
+LIMIT = "%s=2" % STAGE
+
+
+def text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def start(tmp_path: Path, files: dict[str, str], argv: list[str], **popen: Any) -> subprocess.Popen:
+    for name, source in files.items():
+        (tmp_path / name).write_text(source, encoding="utf-8")
+    with open(tmp_path / ("%s.txt" % argv[0].split(".")[0]), "wb") as out:
+        popen.setdefault("stdout", out)
+        popen.setdefault("stderr", subprocess.STDOUT)
+        return subprocess.Popen(
+            [PYTHON, *argv],
+            cwd=tmp_path,
+            env=clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER=LIMIT),
+            start_new_session=True,
+            **popen,
+        )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait(timeout=30)
+    if proc.stdin is not None:
+        proc.stdin.close()
+
+
+def why_line(tmp_path: Path, needle: str) -> str:
+    """The watchdog's line with the diagnosis in the job's --log."""
+    return wait_for(
+        lambda: [
+            x
+            for x in text(tmp_path / "run.log").splitlines()
+            if ("STALLED:" in x or "is stalled: " in x) and needle in x
+        ],
+        timeout=90,
+        what="the watchdog's line with %r in run.log (has: %s)" % (needle, text(tmp_path / "run.log")[-2000:]),
+    )[0]
+
+
+def a_stall() -> Stall:
+    return Stall("alive", Span(STAGE, "a" * 16, None, "b" * 32, 1), 30.0, 2.0, "")
+
+
+KEEP = ("process.state", "process.wait_channel", "python.stacks", "py_spy.dump")
+
+
+def record(case: str, tmp_path: Path, evidence: dict[str, Any], journal: Journal, expect: dict[str, Any]) -> None:
+    """With ``LORA_OTEL_RECORD_EVIDENCE=1``: the evidence the rule reads, as ``tests/data/evidence/<case>.json``,
+    the test's directory and the interpreter's path made generic."""
+    if os.environ.get("LORA_OTEL_RECORD_EVIDENCE") != "1":
+        return
+    kept = {k: v for k, v in evidence.items() if k.startswith(KEY) or k[len(PREFIX) :] in KEEP}
+    raw = json.dumps(
+        {
+            "case": case,
+            "stage": STAGE,
+            "journal": {"pid": journal.pid, "main_frames": journal.main_frames},
+            "evidence": kept,
+            "expect": expect,
+        },
+        indent=1,
+        ensure_ascii=False,
+    )
+    for mine, generic in (
+        (str(tmp_path), "/work/job"),
+        (os.path.dirname(PYTHON), "/usr/bin"),
+        (str(REPO), "/opt/venv/lib/python3/site-packages"),
+        (sys.base_prefix, "/usr"),
+    ):
+        raw = raw.replace(mine, generic)
+    DATA.mkdir(parents=True, exist_ok=True)
+    (DATA / ("%s.json" % case)).write_text(raw + "\n", encoding="utf-8")
+
+
+def check_now(case: str, tmp_path: Path, pid: int, expect: dict[str, Any]) -> None:
+    """Gather the evidence now (no signal), diagnose it, check it against ``expect``, record it."""
+    [path] = [p for p in (tmp_path / "lora-otel").rglob("*.otel.jsonl") if read_journal(p).pid == pid] or [
+        tmp_path / "run.log.otel.jsonl"
+    ]
+    journal = read_journal(path)
+    evidence = gather(pid, None)
+    found = explain(a_stall(), evidence, journal)
+    assert_expected(found, expect, evidence)
+    record(case, tmp_path, evidence, journal, expect)
+
+
+def assert_expected(found: Any, expect: dict[str, Any], evidence: Any = None) -> None:
+    shown = "%s\n(advice: %s)\n%s" % (found.sentence, found.advice, json.dumps(evidence, default=str)[:3000])
+    assert found.attrs["lora_otel.diagnosis.rule"] == expect["rule"], shown
+    for fragment in expect.get("sentence", []):
+        assert re.search(fragment, found.sentence), (fragment, shown)
+    for fragment in expect.get("advice", []):
+        assert re.search(fragment, found.advice), (fragment, shown)
+    if expect.get("no_advice"):
+        assert found.advice == "", shown
+
+
+# --- a prompt on stdin, a pipe from a launcher that waits for the job ------------------------------
+
+PROMPT_JOB = """\
+import lora_otel
+with lora_otel.stage("ask"):
+    answer = input("overwrite the output directory? [y/N] ")
+"""
+
+UI = """\
+import subprocess, sys
+p = subprocess.Popen([sys.executable, "job.py", "--log", "run.log"], stdin=subprocess.PIPE)
+open("job.pid", "w").write(str(p.pid))
+p.wait()  # never writes to the job's stdin
+"""
+
+PROMPT = {
+    "rule": "descriptor wait",
+    "sentence": [
+        r"^The main thread waits to read its standard input \(fd 0, a pipe\) at job\.py:3 in <module>",
+        r"its write end is held by pid \d+ \(`python\S* ui\.py`\), which waits for its child this job "
+        r"\(pid \d+\) to exit — each waits for the other\.$",
+    ],
+    "advice": [r"asks for input on its standard input", r"/dev/null", r"skips the prompt"],
+}
+
+
+@pytest.mark.slow
+def test_a_prompt_on_stdin_from_a_launcher_that_never_writes(tmp_path: Path) -> None:
+    launcher = start(tmp_path, {"job.py": PROMPT_JOB, "ui.py": UI}, ["ui.py"])
+    try:
+        line = why_line(tmp_path, "waits to read its standard input")
+        job = int(text(tmp_path / "job.pid"))
+        assert line.startswith("[lora-otel][%d][" % job), line
+        assert "pid %d (`" % launcher.pid in line and "ui.py`), which waits for its child this job" in line, line
+        [stall] = read_journal(tmp_path / "run.log.otel.jsonl").stalls
+        assert stall["diagnosis"] in line
+        check_now("stdin_prompt_pipe_from_launcher", tmp_path, job, PROMPT)
+    finally:
+        stop(launcher)
+
+
+# --- a FIFO nobody opens for writing; a FIFO whose writer sleeps ----------------------------------
+
+FIFO_JOB = """\
+import os, lora_otel
+os.mkfifo("in.fifo")
+open("job.pid", "w").write(str(os.getpid()))
+with lora_otel.stage("ask"):
+    with open("in.fifo") as f:
+        data = f.read()
+"""
+
+FIFO_OPEN = {
+    "rule": "descriptor wait",
+    "sentence": [
+        r"^The main thread waits to open the FIFO /\S+/in\.fifo at job\.py:5 in <module>( → \w+)? "
+        r"\(a FIFO's open waits",
+        r"no other process has it open\.$",
+    ],
+    "advice": [r"^Start the program that opens /\S+/in\.fifo from the other side"],
+}
+
+
+@pytest.mark.slow
+def test_a_fifo_nobody_opens_for_writing(tmp_path: Path) -> None:
+    job = start(tmp_path, {"job.py": FIFO_JOB}, ["job.py", "--log", "run.log"])
+    try:
+        line = why_line(tmp_path, "waits to open the FIFO")
+        assert str(tmp_path / "in.fifo") in line, line
+        check_now("fifo_open_no_writer", tmp_path, job.pid, FIFO_OPEN)
+    finally:
+        stop(job)
+
+
+WRITER = """\
+import os, time
+fd = os.open("in.fifo", os.O_WRONLY)  # opens the FIFO, then never writes
+open("writer.pid", "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+FIFO_READ = {
+    "rule": "descriptor wait",
+    "sentence": [
+        r"^The main thread waits to read descriptor \d+ \(the FIFO /\S+/in\.fifo\) at job\.py:6 in <module>",
+        r"its write end is held by pid \d+ \(`python\S* writer\.py`\), which sleeps",
+    ],
+    "advice": [r"^Look at pid \d+ \(`python\S* writer\.py`\), at the end of the chain"],
+}
+
+
+@pytest.mark.slow
+def test_a_fifo_whose_writer_sleeps(tmp_path: Path) -> None:
+    job = start(tmp_path, {"job.py": FIFO_JOB, "writer.py": WRITER}, ["job.py", "--log", "run.log"])
+    writer = None
+    try:
+        wait_for(lambda: (tmp_path / "in.fifo").exists(), what="the FIFO")
+        writer = start(tmp_path, {}, ["writer.py"], stdout=subprocess.DEVNULL)
+        line = why_line(tmp_path, "waits to read descriptor")
+        assert "writer.py`), which sleeps" in line, line
+        check_now("fifo_read_writer_sleeps", tmp_path, job.pid, FIFO_READ)
+    finally:
+        stop(job)
+        if writer is not None:
+            stop(writer)
+
+
+# --- a socket whose local peer itself waits -----------------------------------------------------
+
+SERVER = """\
+import os, socket, sys
+kind = sys.argv[1]
+if kind == "tcp":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+    addr = str(s.getsockname()[1])
+else:
+    s = socket.socket(socket.AF_UNIX); s.bind("srv.sock"); s.listen()
+    addr = "srv.sock"
+with open("addr.tmp", "w") as f:
+    f.write(addr)
+os.rename("addr.tmp", "addr")
+c, _ = s.accept()
+r, w = os.pipe()  # waits for the pipe it holds both ends of: a reply never comes
+os.read(r, 1)
+"""
+
+CLIENT = """\
+import os, socket, sys, lora_otel
+kind, addr = sys.argv[1], open("addr").read()
+with lora_otel.stage("ask"):
+    c = socket.create_connection(("127.0.0.1", int(addr))) if kind == "tcp" else socket.socket(socket.AF_UNIX)
+    if kind != "tcp":
+        c.connect(addr)
+    reply = c.recv(10)
+"""
+
+
+def socket_expect(kind: str) -> dict[str, Any]:
+    what = r"a TCP connection 127\.0\.0\.1:\d+ → 127\.0\.0\.1:\d+" if kind == "tcp" else r"a Unix socket \S*srv\.sock"
+    return {
+        "rule": "descriptor wait",
+        "sentence": [
+            r"^The main thread waits to read descriptor \d+ \(%s\) at job\.py:7 in <module>" % what,
+            r"the other end is held by pid \d+ \(`python\S* server\.py %s`\), which waits to read descriptor \d+ "
+            r"\(a pipe\); the write end of that pipe is held by the same process itself" % kind,
+        ],
+        "advice": [r"^The process pid \d+ \(`python\S* server\.py %s`\) holds the write end of the pipe" % kind],
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_a_socket_whose_local_peer_waits_on_a_pipe(tmp_path: Path, kind: str) -> None:
+    server = start(tmp_path, {"server.py": SERVER, "job.py": CLIENT}, ["server.py", kind], stdout=subprocess.DEVNULL)
+    job = None
+    try:
+        wait_for(lambda: (tmp_path / "addr").exists(), what="the server's address")
+        job = start(tmp_path, {}, ["job.py", kind, "--log", "run.log"])
+        line = why_line(tmp_path, "the other end is held by pid %d" % server.pid)
+        assert "server.py %s`), which waits to read descriptor" % kind in line, line
+        check_now("socket_%s_peer_waits" % kind, tmp_path, job.pid, socket_expect(kind))
+    finally:
+        if job is not None:
+            stop(job)
+        stop(server)
+
+
+# --- subprocess.run of a child that reads its stdin -----------------------------------------------
+
+PARENT = """\
+import os, subprocess, sys, lora_otel
+open("job.pid", "w").write(str(os.getpid()))
+with lora_otel.stage("ask"):
+    subprocess.run([sys.executable, "child.py"])
+"""
+
+CHILD = """\
+import sys
+line = sys.stdin.readline()
+"""
+
+CHILD_STDIN = {
+    "rule": "descriptor wait",
+    "sentence": [
+        r"^The main thread waits for its child process to exit at subprocess\.py:\d+ in \w+",
+        r": pid \d+ \(`python\S* child\.py`\) waits to read its standard input \(fd 0, a pipe\); the write end of that "
+        r"pipe is held by pid \d+",
+    ],
+    "advice": [r"^The child pid \d+ \(`python\S* child\.py`\) waits to read its standard input", r"DEVNULL"],
+}
+
+
+@pytest.mark.slow
+def test_a_parent_waiting_for_a_child_that_reads_its_stdin(tmp_path: Path) -> None:
+    parent = start(
+        tmp_path, {"job.py": PARENT, "child.py": CHILD}, ["job.py", "--log", "run.log"], stdin=subprocess.PIPE
+    )
+    try:
+        line = why_line(tmp_path, "waits for its child process to exit")
+        assert "child.py`) waits to read its standard input (fd 0, a pipe)" in line, line
+        assert "pid %d (`" % os.getpid() in line, "the chain ends at the test, which holds the pipe: %s" % line
+        check_now("child_reads_stdin", tmp_path, parent.pid, CHILD_STDIN)
+    finally:
+        stop(parent)
+
+
+# --- the rule over recorded evidence (milliseconds) ---------------------------------------------
+
+
+def recorded() -> list[Path]:
+    return sorted(p for p in DATA.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("stage") == STAGE)
+
+
+@pytest.mark.parametrize("path", recorded(), ids=lambda p: p.stem)
+def test_recorded_case(path: Path) -> None:
+    case = json.loads(path.read_text(encoding="utf-8"))
+    journal = Journal(path="recorded", pid=case["journal"]["pid"], main_frames=case["journal"]["main_frames"])
+    found = explain(a_stall(), case["evidence"], journal)
+    assert_expected(found, case["expect"], case["evidence"])
