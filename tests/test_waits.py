@@ -44,7 +44,9 @@ def text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
 
 
-def start(tmp_path: Path, files: dict[str, str], argv: list[str], **popen: Any) -> subprocess.Popen:
+def start(
+    tmp_path: Path, files: dict[str, str], argv: list[str], traced: bool = True, **popen: Any
+) -> subprocess.Popen:
     for name, source in files.items():
         (tmp_path / name).write_text(source, encoding="utf-8")
     with open(tmp_path / ("%s.txt" % argv[0].split(".")[0]), "wb") as out:
@@ -53,7 +55,7 @@ def start(tmp_path: Path, files: dict[str, str], argv: list[str], **popen: Any) 
         return subprocess.Popen(
             [PYTHON, *argv],
             cwd=tmp_path,
-            env=clean_env(LORA_OTEL="1", LORA_OTEL_STALL_AFTER=LIMIT),
+            env=clean_env(LORA_OTEL="1" if traced else "0", LORA_OTEL_STALL_AFTER=LIMIT),
             start_new_session=True,
             **popen,
         )
@@ -119,10 +121,9 @@ def record(case: str, tmp_path: Path, evidence: dict[str, Any], journal: Journal
 
 def check_now(case: str, tmp_path: Path, pid: int, expect: dict[str, Any]) -> None:
     """Gather the evidence now (no signal), diagnose it, check it against ``expect``, record it."""
-    [path] = [p for p in (tmp_path / "lora-otel").rglob("*.otel.jsonl") if read_journal(p).pid == pid] or [
-        tmp_path / "run.log.otel.jsonl"
-    ]
+    path = tmp_path / "run.log.otel.jsonl"
     journal = read_journal(path)
+    assert journal.pid == pid, (journal.pid, pid)
     evidence = gather(pid, None)
     found = explain(a_stall(), evidence, journal)
     assert_expected(found, expect, evidence)
@@ -359,3 +360,75 @@ def test_recorded_case(path: Path) -> None:
     journal = Journal(path="recorded", pid=case["journal"]["pid"], main_frames=case["journal"]["main_frames"])
     found = explain(a_stall(), case["evidence"], journal)
     assert_expected(found, case["expect"], case["evidence"])
+
+
+# --- a file on a FUSE mount whose server never answers --------------------------------------------
+
+HANGFS = '''\
+"""Runs the job in a private mount namespace (nothing of it is seen outside), with a FUSE mount at
+./data/mnt whose server -- this process, holding /dev/fuse open -- never answers a request."""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+    sys.exit(77)
+if libc.mount(b"none", b"/", None, (1 << 14) | (1 << 18), None) != 0:  # MS_REC | MS_PRIVATE
+    sys.exit(77)
+mnt = os.path.abspath("data/mnt")  # not in the job's own directory: see the note below
+os.makedirs(mnt, exist_ok=True)
+try:
+    fd = os.open("/dev/fuse", os.O_RDWR)
+except OSError:
+    sys.exit(77)
+opts = "fd=%d,rootmode=40000,user_id=%d,group_id=%d" % (fd, os.getuid(), os.getgid())
+if libc.mount(b"hangfs", mnt.encode(), b"fuse.hangfs", 0, opts.encode()) != 0:
+    sys.exit(77)
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    os.execve(sys.executable, [sys.executable, *sys.argv[1:]], dict(os.environ, LORA_OTEL="1"))
+with open("job.pid", "w") as f:
+    f.write(str(pid))
+os.waitpid(pid, 0)
+'''
+
+FUSE_JOB = """\
+import lora_otel
+with lora_otel.stage("ask"):
+    with open("data/mnt/shards/000.bin", "rb") as f:
+        data = f.read()
+"""
+
+FUSE = {
+    "rule": "descriptor wait",
+    "sentence": [
+        r"^The main thread waits to open /\S+/mnt/shards/000\.bin on the fuse\.hangfs mount /\S+/mnt \(hangfs\) "
+        r"at job\.py:3 in <module>",
+        r"for the file system's server to answer \(state D, wait channel \w+\)",
+        r"served by the only program holding /dev/fuse open, pid \d+ \(`python\S* hangfs\.py job\.py",
+    ],
+    "advice": [r"^Check the fuse\.hangfs mount /\S+/mnt from a shell \(`ls /\S+/mnt`\)", r"umount -l"],
+}
+
+
+# The mount is one level below the job's directory: with the dead mount *in* the directory of the job's
+# journal, the sidecar itself hangs as it starts, in an lstat (newfstatat) of the mount point (read from
+# its /proc/<pid>/syscall and /proc/<pid>/mem), so nothing is diagnosed — a limit of the sidecar, reported.
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse here")
+def test_a_file_on_a_fuse_mount_that_never_answers(tmp_path: Path) -> None:
+    """The main thread in state D opening a file on a FUSE mount: not "disk I/O" but the mount, its
+    server (the one process holding /dev/fuse), and to check the mount."""
+    server = start(
+        tmp_path, {"hangfs.py": HANGFS, "job.py": FUSE_JOB}, ["hangfs.py", "job.py", "--log", "run.log"], traced=False
+    )
+    try:
+        wait_for(lambda: (tmp_path / "job.pid").exists() or server.poll() is not None, what="the FUSE mount")
+        if server.poll() == 77:
+            pytest.skip("cannot mount FUSE in a private mount namespace here (no CAP_SYS_ADMIN or /dev/fuse)")
+        line = why_line(tmp_path, "on the fuse.hangfs mount")
+        assert "disk I/O" not in line, line
+        check_now("fuse_mount_never_answers", tmp_path, int(text(tmp_path / "job.pid")), FUSE)
+    finally:
+        stop(server)

@@ -599,6 +599,12 @@ def other_end(
         kids = _children(pid) if not isinstance(child, int) or child <= 0 else [child]
         return [_process_wait(k, "child", depth, seen, rows_of) for k in kids[:MAX_OTHERS]]
     kind = what.get("kind")
+    if str(what.get("fstype") or "").startswith("fuse"):
+        # A FUSE file system's server is the program holding /dev/fuse open: named when it is the only one.
+        served = list(dict.fromkeys(p for p, _, _ in holders(["/dev/fuse"]).get("/dev/fuse", [])))
+        if len(served) == 1:
+            return [_process_wait(served[0], "server", depth, seen, rows_of)]
+        return None
     if wait.get("op") == "open" and wait.get("path") and str(wait.get("wchan")).startswith(FIFO_OPEN_WCHAN):
         held = holders([wait["path"]], _ancestors(pid)).get(wait["path"], [])
         pids = list(dict.fromkeys(p for p, _, _ in held if p != pid))

@@ -41,7 +41,13 @@ FIFO_OPEN_WCHAN = ("wait_for_partner", "fifo_open")
 """Kernel wait channels of an ``open`` of a FIFO waiting for its other side to be opened."""
 _STD = {0: "its standard input", 1: "its standard output", 2: "its standard error"}
 _VERB = {"read": "waits to read", "write": "waits to write to", "open": "waits to open"}
-_ROLE = {"writer": "its write end", "reader": "its read end", "peer": "the other end", "holder": "it"}
+_ROLE = {
+    "writer": "its write end",
+    "reader": "its read end",
+    "peer": "the other end",
+    "holder": "it",
+    "server": "the file system is served by the only program holding /dev/fuse open,",
+}
 MAX_HOPS = 4
 
 # What a process that is in none of the waits above waits in, by its kernel wait channel.
@@ -256,6 +262,8 @@ def _chain(wait: Mapping[str, Any], job: Optional[int]) -> tuple[str, list[Mappi
         who = "%s%s" % (_who(hop, job), _more(here))
         if role == "child":
             parts.append("its child %s %s" % (who, _doing(hop, job)))
+        elif role == "server":
+            parts.append("%s %s, which %s" % (_ROLE[role], who, _doing(hop, job)))
         elif here is wait:
             parts.append("%s is held by %s, which %s" % (_ROLE.get(role, "the other end"), who, _doing(hop, job)))
         else:
@@ -445,6 +453,10 @@ def descriptor_wait(
         head += " at %s" % where
     if op == "open" and str(wait.get("wchan") or "").startswith(FIFO_OPEN_WCHAN):
         head += " (a FIFO's open waits until another process opens its other end)"
+    if network_mount(wait) is not None:
+        seen = ["state D"] if str(wait.get("state") or "").startswith("D") else []
+        seen += ["wait channel %s" % wait["wchan"]] if wait.get("wchan") not in (None, "", "-") else []
+        head += ", for the file system's server to answer%s" % (" (%s)" % ", ".join(seen) if seen else "")
     chain, hops = _chain(wait, job)
     if op == "child" and hops:
         chain = chain.replace("; its child ", ": ", 1) if chain.startswith("; its child ") else chain
