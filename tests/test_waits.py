@@ -432,3 +432,72 @@ def test_a_file_on_a_fuse_mount_that_never_answers(tmp_path: Path) -> None:
         check_now("fuse_mount_never_answers", tmp_path, int(text(tmp_path / "job.pid")), FUSE)
     finally:
         stop(server)
+
+
+# --- the terminal: a prompt in the foreground, a read from the background -------------------------
+
+TERM = '''\
+"""Starts the job with a new terminal (a pty) as its standard input, in the background of that
+terminal ("bg") or in its foreground ("fg"), as a shell does."""
+import os, signal, sys, fcntl, termios
+where = sys.argv[1]
+master, slave = os.openpty()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    job = os.fork()
+    if job == 0:
+        os.setpgid(0, 0)
+        os.dup2(slave, 0)
+        os.execve(sys.executable, [sys.executable, *sys.argv[2:]], dict(os.environ, LORA_OTEL="1"))
+    os.setpgid(job, job)
+    if where == "fg":
+        os.tcsetpgrp(slave, job)
+    with open("job.pid", "w") as f:
+        f.write(str(job))
+    os.waitpid(job, 0)
+    os._exit(0)
+os.waitpid(pid, 0)
+'''
+
+TERMINAL = {
+    "fg": {
+        "rule": "descriptor wait",
+        "sentence": [
+            r"^The main thread waits to read its standard input \(fd 0, the terminal /dev/pts/\d+\) "
+            r"at job\.py:3 in <module>",
+        ],
+        "advice": [r"^It waits for an answer typed in its terminal"],
+    },
+    "bg": {
+        "rule": "stopped",
+        "sentence": [
+            r"^The process is stopped, in a read of its standard input, the terminal /dev/pts/\d+ from the "
+            r"background \(its process group \d+ is not the terminal's foreground group \d+\)",
+            r"\(SIGTTIN\)",
+        ],
+        "advice": [r"^It reads its terminal from the background: bring it to the foreground \(`fg`\)"],
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["fg", "bg"])
+def test_a_terminal_read_in_the_foreground_and_from_the_background(tmp_path: Path, where: str) -> None:
+    """A prompt on the job's terminal: in the foreground it waits for an answer typed there; from the
+    background the terminal stops it (SIGTTIN) — which the "stopped" rule used to call SIGSTOP or a
+    debugger."""
+    files = {"term.py": TERM, "job.py": PROMPT_JOB}
+    term = start(tmp_path, files, ["term.py", where, "job.py", "--log", "run.log"], traced=False)
+    try:
+        line = why_line(tmp_path, "the terminal /dev/pts/")
+        assert ("from the background" in line) == (where == "bg"), line
+        check_now("terminal_%s" % where, tmp_path, int(text(tmp_path / "job.pid")), TERMINAL[where])
+    finally:
+        try:
+            os.kill(int(text(tmp_path / "job.pid") or 0) or -1, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+        stop(term)

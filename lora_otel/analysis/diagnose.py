@@ -31,7 +31,7 @@ from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
 from lora_otel.analysis.pools import pool_wait
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
-from lora_otel.analysis.waits import descriptor_wait, main_wait, network_mount
+from lora_otel.analysis.waits import background_read, descriptor_wait, main_wait, network_mount
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
 from lora_otel.journal.tree import deepest_open_span, iso_time
 
@@ -256,6 +256,9 @@ def _zombie(f: Facts) -> Optional[Diagnosis]:
 
 def _stopped(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("T"):
+        background = background_read(f.evidence)
+        if background is not None:
+            return Diagnosis(background.sentence, advice=background.advice)
         return Diagnosis("The process is stopped (SIGSTOP or a debugger), not running at all.")
     return None
 

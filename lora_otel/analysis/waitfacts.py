@@ -679,4 +679,30 @@ def _wait_facts(pid: int, depth: int) -> dict[str, Any]:
             wait["other"] = others
     if found:
         out[KEY + "threads"] = found[:8]
+        out.update(summary(found[0]))
+    return out
+
+
+def summary(wait: dict[str, Any]) -> dict[str, Any]:
+    """The first wait, flat, for the stall record (which keeps scalar facts only): ``wait.call``
+    (``read fd 0 pipe:[34094]``), ``wait.chain_pids`` (``4711, 4712``: the processes along its chain)."""
+    what = wait.get("what") or {}
+    call = "%s %s" % (wait.get("syscall"), "fd %s" % wait["fd"] if "fd" in wait else wait.get("path") or "")
+    if what.get("target"):
+        call += " " + str(what["target"])
+    if what.get("mount") and what.get("fstype"):
+        call += " (%s %s)" % (what["fstype"], what["mount"])
+    pids: list[str] = []
+    here = wait
+    while len(pids) < MAX_DEPTH + 1:
+        others = [o for o in here.get("other") or () if isinstance(o, dict) and "pid" in o]
+        if not others:
+            break
+        pids.append(str(others[0]["pid"]))
+        if others[0].get("loop"):
+            break
+        here = others[0]
+    out: dict[str, Any] = {KEY + "call": call.strip()[:300]}
+    if pids:
+        out[KEY + "chain_pids"] = ", ".join(pids)
     return out

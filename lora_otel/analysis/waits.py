@@ -427,6 +427,36 @@ def _tells_end(wait: Mapping[str, Any]) -> bool:
     return any(h.get("op") in ("read", "write", "open") and _tells(h) for h in _hops(wait, None) if not h.get("loop"))
 
 
+def background_read(evidence: Mapping[str, Any]) -> Optional[Wait]:
+    """``The process is stopped: its main thread read its terminal … from the background …`` for a
+    stopped process whose main thread is in a read of a terminal whose foreground group is not its
+    own; None otherwise."""
+    wait = main_wait(evidence)
+    what = (wait.get("what") or {}) if wait is not None else {}
+    if (
+        wait is None
+        or wait.get("op") != "read"
+        or what.get("kind") != "terminal"
+        or what.get("foreground") is not False
+    ):
+        return None
+    return Wait(
+        "The process is stopped, in a read of %s from the background (its process group %s is not the "
+        "terminal's foreground group %s): a terminal stops a process that reads it from the background "
+        "(SIGTTIN) until it is brought to the foreground."
+        % (
+            "its standard input, the terminal %s" % what.get("target")
+            if wait.get("fd") == 0
+            else "the terminal %s" % what.get("target"),
+            what.get("pgrp"),
+            what.get("tpgid"),
+        ),
+        _advice(wait, [], None, False)
+        or "Bring it to the foreground (`fg`), or give it input that is not the terminal.",
+        None,
+    )
+
+
 def descriptor_wait(
     evidence: Mapping[str, Any], where: str = "", job: Optional[int] = None, calls: Sequence[str] = ()
 ) -> Optional[Wait]:
