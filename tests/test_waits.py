@@ -80,7 +80,7 @@ def why_line(tmp_path: Path, needle: str) -> str:
             if ("STALLED:" in x or "is stalled: " in x) and needle in x
         ],
         timeout=90,
-        what="the watchdog's line with %r in run.log (has: %s)" % (needle, text(tmp_path / "run.log")[-2000:]),
+        what="the watchdog's line with %r in run.log" % needle,
     )[0]
 
 
@@ -314,7 +314,7 @@ PARENT = """\
 import os, subprocess, sys, lora_otel
 open("job.pid", "w").write(str(os.getpid()))
 with lora_otel.stage("ask"):
-    subprocess.run([sys.executable, "child.py"])
+    subprocess.run([sys.executable, "child.py"], capture_output=sys.argv[1] == "capture")
 """
 
 CHILD = """\
@@ -333,16 +333,33 @@ CHILD_STDIN = {
 }
 
 
+CHILD_CAPTURED = {
+    "rule": "descriptor wait",
+    "sentence": [
+        r"^The main thread waits for descriptor \d+ \(a pipe\) or descriptor \d+ \(a pipe\) to be readable at "
+        r"selectors\.py:\d+ in \w+",
+        r"; the other end is held by pid \d+ \(`python\S* child\.py`\), which waits to read its standard input "
+        r"\(fd 0, a pipe\); the write end of that pipe is held by pid \d+",
+    ],
+    "advice": [r"^The process pid \d+ \(`python\S* child\.py`\) waits to read its standard input", r"DEVNULL"],
+}
+
+
 @pytest.mark.slow
-def test_a_parent_waiting_for_a_child_that_reads_its_stdin(tmp_path: Path) -> None:
-    parent = start(
-        tmp_path, {"job.py": PARENT, "child.py": CHILD}, ["job.py", "--log", "run.log"], stdin=subprocess.PIPE
-    )
+@pytest.mark.parametrize("how", ["wait", "capture"])
+def test_a_parent_waiting_for_a_child_that_reads_its_stdin(tmp_path: Path, how: str) -> None:
+    """``subprocess.run`` waits for the child (wait4), or with ``capture_output`` polls its output pipes
+    (poll): either way the chain goes to the child, which reads its standard input (the parent's, a
+    pipe the test holds and never writes)."""
+    files = {"job.py": PARENT, "child.py": CHILD}
+    parent = start(tmp_path, files, ["job.py", how, "--log", "run.log"], stdin=subprocess.PIPE)
     try:
-        line = why_line(tmp_path, "waits for its child process to exit")
-        assert "child.py`) waits to read its standard input (fd 0, a pipe)" in line, line
+        line = why_line(tmp_path, "waits to read its standard input (fd 0, a pipe)")
+        assert "child.py`)" in line, line
+        assert ("waits for its child process to exit" in line) == (how == "wait"), line
         assert "pid %d (`" % os.getpid() in line, "the chain ends at the test, which holds the pipe: %s" % line
-        check_now("child_reads_stdin", tmp_path, parent.pid, CHILD_STDIN)
+        case = "child_reads_stdin" if how == "wait" else "child_reads_stdin_output_captured"
+        check_now(case, tmp_path, parent.pid, CHILD_STDIN if how == "wait" else CHILD_CAPTURED)
     finally:
         stop(parent)
 

@@ -45,25 +45,25 @@ _CALLS_X86_64 = {
     0: ("read", "read", "fd0"),
     1: ("write", "write", "fd0"),
     2: ("open", "open", "path0"),
-    7: ("poll", "poll", ""),
+    7: ("poll", "poll", "pollfds"),
     17: ("pread64", "read", "fd0"),
     18: ("pwrite64", "write", "fd0"),
     19: ("readv", "read", "fd0"),
     20: ("writev", "write", "fd0"),
-    23: ("select", "poll", ""),
+    23: ("select", "poll", "select"),
     40: ("sendfile", "write", "fd0"),
     44: ("sendto", "write", "fd0"),
     45: ("recvfrom", "read", "fd0"),
     46: ("sendmsg", "write", "fd0"),
     47: ("recvmsg", "read", "fd0"),
     61: ("wait4", "child", "pid0"),
-    232: ("epoll_wait", "poll", ""),
+    232: ("epoll_wait", "poll", "epoll"),
     247: ("waitid", "child", "waitid"),
     257: ("openat", "open", "path1"),
-    270: ("pselect6", "poll", ""),
-    271: ("ppoll", "poll", ""),
+    270: ("pselect6", "poll", "select"),
+    271: ("ppoll", "poll", "pollfds"),
     275: ("splice", "read", "fd0"),
-    281: ("epoll_pwait", "poll", ""),
+    281: ("epoll_pwait", "poll", "epoll"),
     295: ("preadv", "read", "fd0"),
     296: ("pwritev", "write", "fd0"),
     299: ("recvmmsg", "read", "fd0"),
@@ -71,10 +71,10 @@ _CALLS_X86_64 = {
     327: ("preadv2", "read", "fd0"),
     328: ("pwritev2", "write", "fd0"),
     437: ("openat2", "open", "path1"),
-    441: ("epoll_pwait2", "poll", ""),
+    441: ("epoll_pwait2", "poll", "epoll"),
 }
 _CALLS_GENERIC = {  # aarch64, riscv64 (the generic table)
-    22: ("epoll_pwait", "poll", ""),
+    22: ("epoll_pwait", "poll", "epoll"),
     56: ("openat", "open", "path1"),
     63: ("read", "read", "fd0"),
     64: ("write", "write", "fd0"),
@@ -85,8 +85,8 @@ _CALLS_GENERIC = {  # aarch64, riscv64 (the generic table)
     69: ("preadv", "read", "fd0"),
     70: ("pwritev", "write", "fd0"),
     71: ("sendfile", "write", "fd0"),
-    72: ("pselect6", "poll", ""),
-    73: ("ppoll", "poll", ""),
+    72: ("pselect6", "poll", "select"),
+    73: ("ppoll", "poll", "pollfds"),
     76: ("splice", "read", "fd0"),
     95: ("waitid", "child", "waitid"),
     206: ("sendto", "write", "fd0"),
@@ -99,7 +99,7 @@ _CALLS_GENERIC = {  # aarch64, riscv64 (the generic table)
     286: ("preadv2", "read", "fd0"),
     287: ("pwritev2", "write", "fd0"),
     437: ("openat2", "open", "path1"),
-    441: ("epoll_pwait2", "poll", ""),
+    441: ("epoll_pwait2", "poll", "epoll"),
 }
 _MACHINE = platform.machine()
 CALLS: dict[int, tuple[str, str, str]] = (
@@ -550,7 +550,58 @@ def thread_wait(pid: int, tid: int, rows: Optional[list[dict[str, Any]]] = None)
         wait["child"] = _signed(args[0])
     elif arg == "waitid":
         wait["child"] = _signed(args[1]) if args[0] == 1 else -1  # P_PID: that pid; P_ALL, P_PGID: any
+    elif arg in ("pollfds", "select", "epoll"):
+        try:
+            polled = _polled(pid, arg, args)
+        except (OSError, ValueError, OverflowError, struct.error) as e:
+            wait["polled_error"] = "%s: %s" % (type(e).__name__, getattr(e, "strerror", None) or e)
+        else:
+            wait["polled"] = [
+                {"fd": fd, "op": op, "what": describe_fd(pid, fd, rows)} for fd, op in polled[:MAX_POLLED]
+            ]
+            if len(polled) > MAX_POLLED:
+                wait["polled_more"] = len(polled) - MAX_POLLED
     return wait
+
+
+MAX_POLLED = 8
+"""Descriptors of one poll described (more are counted)."""
+
+
+def _polled(pid: int, how: str, args: list[int]) -> list[tuple[int, str]]:
+    """The descriptors a thread in poll/select/epoll waits on, and for what (``read``/``write``):
+    the ``pollfd`` array or the ``fd_set`` bitmaps in its memory (``/proc/<pid>/mem``), or the epoll
+    descriptor's registered ones (its ``fdinfo``)."""
+    out: list[tuple[int, str]] = []
+    if how == "pollfds":
+        nfds = min(args[1], 256)
+        raw = _mem_bytes(pid, args[0], 8 * nfds)
+        for i in range(len(raw) // 8):
+            fd, events, _ = struct.unpack_from("=ihh", raw, 8 * i)
+            if fd >= 0:
+                out.append((fd, "write" if events & 4 and not events & 3 else "read"))
+    elif how == "select":
+        nfds = min(_signed(args[0]), 4096)
+        for pointer, op in ((args[1], "read"), (args[2], "write")):
+            if not pointer or nfds <= 0:
+                continue
+            raw = _mem_bytes(pid, pointer, (nfds + 7) // 8)
+            out += [(fd, op) for fd in range(nfds) if raw[fd // 8] >> (fd % 8) & 1]
+    else:
+        for line in _read("/proc/%d/fdinfo/%d" % (pid, _signed(args[0]))).splitlines():
+            fields = line.split()
+            if fields[:1] == ["tfd:"] and len(fields) >= 4 and fields[2] == "events:":
+                events = int(fields[3], 16)
+                out.append((int(fields[1]), "write" if events & 4 and not events & 3 else "read"))
+    return out
+
+
+def _mem_bytes(pid: int, address: int, size: int) -> bytes:
+    fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, size, address)
+    finally:
+        os.close(fd)
 
 
 def _process_wait(
@@ -594,6 +645,15 @@ def other_end(
     end, a socket's local peer, the child waited for; None when it has no other end to look for."""
     pid, what = wait["pid"], wait.get("what") or {}
     rows_of = rows_of if rows_of is not None else {}
+    if wait.get("op") == "poll":
+        if not wait.get("polled"):
+            return None
+        found: list[dict[str, Any]] = []
+        for entry in wait["polled"]:
+            sub = {"pid": pid, "op": entry["op"], "fd": entry["fd"], "what": entry["what"]}
+            entry["other"] = other_end(sub, depth, seen, rows_of)
+            found += [o for o in entry["other"] or () if o.get("pid") not in {f.get("pid") for f in found}]
+        return found[:MAX_OTHERS]
     if wait.get("op") == "child":
         child = wait.get("child", -1)
         kids = _children(pid) if not isinstance(child, int) or child <= 0 else [child]

@@ -40,7 +40,7 @@ program: a read or an open there waits for that server to answer, forever on a `
 FIFO_OPEN_WCHAN = ("wait_for_partner", "fifo_open")
 """Kernel wait channels of an ``open`` of a FIFO waiting for its other side to be opened."""
 _STD = {0: "its standard input", 1: "its standard output", 2: "its standard error"}
-_VERB = {"read": "waits to read", "write": "waits to write to", "open": "waits to open"}
+_VERB = {"read": "waits to read", "write": "waits to write to", "open": "waits to open", "poll": "waits for"}
 _ROLE = {
     "writer": "its write end",
     "reader": "its read end",
@@ -105,8 +105,23 @@ def _who(proc: Mapping[str, Any], job: Optional[int]) -> str:
     return "pid %s%s" % (proc.get("pid"), " (`%s`)" % cmd if cmd else "")
 
 
+def _polled(wait: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [e for e in wait.get("polled") or () if isinstance(e, Mapping)]
+
+
 def _object(wait: Mapping[str, Any]) -> str:
-    """``its standard input (fd 0, a pipe)``, ``descriptor 5 (the FIFO /tmp/in.fifo)``, ``/mnt/x/a.bin``."""
+    """``its standard input (fd 0, a pipe)``, ``descriptor 5 (the FIFO /tmp/in.fifo)``, ``/mnt/x/a.bin``;
+    for a poll, ``descriptor 5 (a pipe) or descriptor 7 (a pipe) to be readable``."""
+    if wait.get("op") == "poll":
+        entries = _polled(wait)
+        ops = {str(e.get("op")) for e in entries}
+        told = " or ".join(_object({**e, "polled": None}) for e in entries[:4])
+        more = int(wait.get("polled_more") or 0) + max(0, len(entries) - 4)
+        return "%s%s to be %s" % (
+            told or "descriptors",
+            " (and %d more)" % more if more else "",
+            "readable" if ops == {"read"} else "writable" if ops == {"write"} else "ready",
+        )
     if wait.get("op") == "open":
         path = str(wait.get("path") or "")
         what = wait.get("what") or {}
@@ -188,7 +203,7 @@ def _doing(proc: Mapping[str, Any], job: Optional[int]) -> str:
             return "waits for its child pid %d to exit" % child
         return "waits for a child process to exit"
     if op == "poll":
-        return "polls descriptors (%s)" % proc.get("syscall")
+        return "waits for %s (%s)" % (_object(proc), proc.get("syscall")) if _polled(proc) else "polls descriptors"
     return "%s %s" % (_VERB.get(str(op), "waits on"), _object(proc))
 
 
@@ -264,6 +279,8 @@ def _chain(wait: Mapping[str, Any], job: Optional[int]) -> tuple[str, list[Mappi
             parts.append("its child %s %s" % (who, _doing(hop, job)))
         elif role == "server":
             parts.append("%s %s, which %s" % (_ROLE[role], who, _doing(hop, job)))
+        elif here is wait and wait.get("op") == "poll":
+            parts.append("the other end is held by %s, which %s" % (who, _doing(hop, job)))
         elif here is wait:
             parts.append("%s is held by %s, which %s" % (_ROLE.get(role, "the other end"), who, _doing(hop, job)))
         else:
@@ -367,13 +384,20 @@ def _advice(wait: Mapping[str, Any], hops: list[Mapping[str, Any]], job: Optiona
                 "It reads its standard input until %s writes to it or closes it: have that process close "
                 "its end, or start the job with its standard input from /dev/null." % _who(hops[0], job)
             )
-    child = next((h for h in hops if h.get("op") == "read" and h.get("fd") == 0 and not h.get("loop")), None)
-    if child is not None and child.get("role") == "child" and (child.get("what") or {}).get("kind") in ("pipe", "fifo"):
-        writer = next((o for o in child.get("other") or () if isinstance(o, Mapping) and "pid" in o), None)
+    reader = next(
+        (h for h in hops if h.get("op") == "read" and h.get("fd") == 0 and not h.get("loop") and h.get("pid") != job),
+        None,
+    )
+    if reader is not None and (reader.get("what") or {}).get("kind") in ("pipe", "fifo"):
+        writer = next((o for o in reader.get("other") or () if isinstance(o, Mapping) and "pid" in o), None)
         return (
-            "The child %s waits to read its standard input%s: give it the input it reads, or start it with its "
+            "The %s %s waits to read its standard input%s: give it the input it reads, or start it with its "
             "standard input from /dev/null (`stdin=subprocess.DEVNULL`) so that the read ends at once."
-            % (_who(child, job), ", which %s holds and does not write to" % _who(writer, job) if writer else "")
+            % (
+                "child" if reader.get("role") == "child" else "process",
+                _who(reader, job),
+                ", which %s holds and does not write to" % _who(writer, job) if writer else "",
+            )
         )
     if op == "read" and kind in ("pipe", "fifo") and wait.get("other") == []:
         return ""
@@ -409,6 +433,18 @@ def _tells(wait: Mapping[str, Any]) -> bool:
         return True
     if op == "child":
         return _tells_end(wait)
+    if op == "poll":
+        entries = _polled(wait)
+        if not entries or wait.get("polled_more"):
+            return False
+        for entry in entries:
+            kind = (entry.get("what") or {}).get("kind")
+            others = [o for o in entry.get("other") or () if isinstance(o, Mapping)]
+            if kind not in ("pipe", "fifo", "terminal", "socket") or (kind == "socket" and not others):
+                return False  # a remote socket (the network), an eventfd, a timer: not told here
+            if any(o.get("pid") == wait.get("pid") for o in others):
+                return False  # its own wake-up pipe or socket pair (an event loop)
+        return any(entry.get("other") for entry in entries)
     if op == "open":
         return bool(wait.get("path")) and (
             str(wait.get("wchan") or "").startswith(FIFO_OPEN_WCHAN) or wait.get("other") is not None
