@@ -339,14 +339,11 @@ def _pids() -> list[int]:
         return []
 
 
-def holders(
-    targets: Iterable[str], first: Sequence[int] = (), budget_s: float = SCAN_S
-) -> dict[str, list[tuple[int, int, str]]]:
-    """The processes (that this user can see) holding a descriptor whose link is one of ``targets``
-    (``pipe:[34094]``, ``socket:[5512]``, a FIFO's path), by target: ``(pid, fd, access)``, ``access``
-    ``r``, ``w`` or ``rw`` (``fdinfo`` flags). ``first``: pids to look at before the rest of /proc."""
-    wanted = set(targets)
-    found: dict[str, list[tuple[int, int, str]]] = {t: [] for t in wanted}
+def fd_index(first: Sequence[int] = (), budget_s: float = SCAN_S) -> dict[str, list[tuple[int, int, str]]]:
+    """Every descriptor of the processes this user can see, by its link (``pipe:[34094]``,
+    ``socket:[5512]``, a path): ``(pid, fd, access)``, ``access`` ``r``, ``w`` or ``rw`` (``fdinfo``
+    flags). One pass over ``/proc/*/fd`` of at most ``budget_s``, ``first``: pids to look at first."""
+    index: dict[str, list[tuple[int, int, str]]] = {}
     deadline = time.monotonic() + budget_s
     for pid in dict.fromkeys([*first, *_pids()]):
         if time.monotonic() > deadline:
@@ -360,16 +357,26 @@ def holders(
                 target = os.readlink("/proc/%d/fd/%s" % (pid, name))
             except OSError:
                 continue
-            if target not in wanted:
+            if not target.startswith(("pipe:[", "socket:[", "/")):
                 continue
             try:
                 flags = _fdinfo(pid, int(name)).get("flags", os.O_RDWR)
             except (OSError, ValueError):
                 flags = os.O_RDWR
             access = {os.O_RDONLY: "r", os.O_WRONLY: "w"}.get(flags & os.O_ACCMODE, "rw")
-            if (pid, int(name), access) not in found[target]:
-                found[target].append((pid, int(name), access))
-    return found
+            index.setdefault(target, []).append((pid, int(name), access))
+    return index
+
+
+def holders(
+    targets: Iterable[str], first: Sequence[int] = (), ctx: Optional[dict[str, Any]] = None
+) -> dict[str, list[tuple[int, int, str]]]:
+    """The processes holding a descriptor whose link is one of ``targets``, by target (`fd_index`,
+    made once per ``ctx``: one gathering's pass over ``/proc``)."""
+    ctx = ctx if ctx is not None else {}
+    if "index" not in ctx:
+        ctx["index"] = fd_index(first)
+    return {t: list(ctx["index"].get(t, [])) for t in targets}
 
 
 # --- sockets' other ends ----------------------------------------------------------------------------
@@ -604,9 +611,7 @@ def _mem_bytes(pid: int, address: int, size: int) -> bytes:
         os.close(fd)
 
 
-def _process_wait(
-    pid: int, role: str, depth: int, seen: set[int], rows_of: dict[int, list[dict[str, Any]]]
-) -> dict[str, Any]:
+def _process_wait(pid: int, role: str, depth: int, seen: set[int], ctx: dict[str, Any]) -> dict[str, Any]:
     """``pid``'s wait as seen from the process before it on the chain (``role``: what it is to that
     one), its main thread's, then its other end, to ``depth`` more processes; ``seen``: the pids
     already described (a loop ends at the one met again)."""
@@ -632,49 +637,49 @@ def _process_wait(
         return out
     out.update({k: v for k, v in wait.items() if k not in ("pid",)})
     if depth > 0:
-        others = other_end(wait, depth - 1, seen, rows_of)
+        others = other_end(wait, depth - 1, seen, ctx)
         if others is not None:
             out["other"] = others
     return out
 
 
 def other_end(
-    wait: dict[str, Any], depth: int, seen: set[int], rows_of: Optional[dict[int, list[dict[str, Any]]]] = None
+    wait: dict[str, Any], depth: int, seen: set[int], ctx: Optional[dict[str, Any]] = None
 ) -> Optional[list[dict[str, Any]]]:
     """The waits of the processes at the other end of ``wait``: the holders of a pipe's or FIFO's other
     end, a socket's local peer, the child waited for; None when it has no other end to look for."""
     pid, what = wait["pid"], wait.get("what") or {}
-    rows_of = rows_of if rows_of is not None else {}
+    ctx = ctx if ctx is not None else {}
     if wait.get("op") == "poll":
         if not wait.get("polled"):
             return None
         found: list[dict[str, Any]] = []
         for entry in wait["polled"]:
             sub = {"pid": pid, "op": entry["op"], "fd": entry["fd"], "what": entry["what"]}
-            entry["other"] = other_end(sub, depth, seen, rows_of)
+            entry["other"] = other_end(sub, depth, seen, ctx)
             found += [o for o in entry["other"] or () if o.get("pid") not in {f.get("pid") for f in found}]
         return found[:MAX_OTHERS]
     if wait.get("op") == "child":
         child = wait.get("child", -1)
         kids = _children(pid) if not isinstance(child, int) or child <= 0 else [child]
-        return [_process_wait(k, "child", depth, seen, rows_of) for k in kids[:MAX_OTHERS]]
+        return [_process_wait(k, "child", depth, seen, ctx) for k in kids[:MAX_OTHERS]]
     kind = what.get("kind")
     if str(what.get("fstype") or "").startswith("fuse"):
         # A FUSE file system's server is the program holding /dev/fuse open: named when it is the only one.
-        served = list(dict.fromkeys(p for p, _, _ in holders(["/dev/fuse"]).get("/dev/fuse", [])))
+        served = list(dict.fromkeys(p for p, _, _ in holders(["/dev/fuse"], (), ctx).get("/dev/fuse", [])))
         if len(served) == 1:
-            return [_process_wait(served[0], "server", depth, seen, rows_of)]
+            return [_process_wait(served[0], "server", depth, seen, ctx)]
         return None
     if wait.get("op") == "open" and wait.get("path") and str(wait.get("wchan")).startswith(FIFO_OPEN_WCHAN):
-        held = holders([wait["path"]], _ancestors(pid)).get(wait["path"], [])
+        held = holders([wait["path"]], _ancestors(pid), ctx).get(wait["path"], [])
         pids = list(dict.fromkeys(p for p, _, _ in held if p != pid))
-        return [_process_wait(p, "holder", depth, seen, rows_of) for p in pids[:MAX_OTHERS]]
+        return [_process_wait(p, "holder", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
     if kind in ("pipe", "fifo") and wait.get("op") in ("read", "write"):
         want = "w" if wait["op"] == "read" else "r"
-        held = holders([what["target"]], _ancestors(pid)).get(what["target"], [])
+        held = holders([what["target"]], _ancestors(pid), ctx).get(what["target"], [])
         ends = [(p, fd) for p, fd, access in held if want in access and not (p == pid and fd == wait.get("fd"))]
         pids = list(dict.fromkeys(p for p, _ in ends))
-        out = [_process_wait(p, "writer" if want == "w" else "reader", depth, seen, rows_of) for p in pids[:MAX_OTHERS]]
+        out = [_process_wait(p, "writer" if want == "w" else "reader", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
         if len(pids) > MAX_OTHERS:
             out.append({"more": len(pids) - MAX_OTHERS})
         return out
@@ -686,9 +691,9 @@ def other_end(
         peer = what.get("peer_target")
         if not peer:
             return None
-        held = holders([peer], _ancestors(pid)).get(peer, [])
+        held = holders([peer], _ancestors(pid), ctx).get(peer, [])
         pids = list(dict.fromkeys(p for p, _, _ in held))
-        return [_process_wait(p, "peer", depth, seen, rows_of) for p in pids[:MAX_OTHERS]]
+        return [_process_wait(p, "peer", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
     return None
 
 
@@ -728,13 +733,14 @@ def _wait_facts(pid: int, depth: int) -> dict[str, Any]:
         out[KEY + "error"] = "cannot read the threads' system calls: %s" % errors[0]
         return out
     seen = {pid}
+    ctx: dict[str, Any] = {}
     for wait in found[:8]:
         wait["cmdline"] = cmdline(pid)
         try:
             wait["state"] = _stat(pid)[0]
         except (OSError, IndexError):
             pass
-        others = other_end(wait, depth - 1, set(seen), {pid: rows} if rows is not None else {})
+        others = other_end(wait, depth - 1, set(seen), ctx)
         if others is not None:
             wait["other"] = others
     if found:
