@@ -226,9 +226,9 @@ FIFO_READ = {
     "rule": "descriptor wait",
     "sentence": [
         r"^The main thread waits to read descriptor \d+ \(the FIFO /\S+/in\.fifo\) at job\.py:6 in <module>",
-        r"its write end is held by pid \d+ \(`python\S* writer\.py`\), which sleeps",
+        r"its write end is held by pid \d+ \(`python\S* writer\.py --hf_token \[REDACTED\]`\), which sleeps",
     ],
-    "advice": [r"^Look at pid \d+ \(`python\S* writer\.py`\), at the end of the chain"],
+    "advice": [r"^Look at pid \d+ \(`python\S* writer\.py --hf_token \[REDACTED\]`\), at the end of the chain"],
 }
 
 
@@ -238,9 +238,11 @@ def test_a_fifo_whose_writer_sleeps(tmp_path: Path) -> None:
     writer = None
     try:
         wait_for(lambda: (tmp_path / "in.fifo").exists(), what="the FIFO")
-        writer = start(tmp_path, {}, ["writer.py"], stdout=subprocess.DEVNULL)
+        secret = "hf_" + "Q" * 30
+        writer = start(tmp_path, {}, ["writer.py", "--hf_token", secret], stdout=subprocess.DEVNULL)
         line = why_line(tmp_path, "waits to read descriptor")
-        assert "writer.py`), which sleeps" in line, line
+        assert "writer.py --hf_token [REDACTED]`), which sleeps" in line, line
+        assert secret not in text(tmp_path / "run.log"), "another program's secret argument is redacted"
         check_now("fifo_read_writer_sleeps", tmp_path, job.pid, FIFO_READ)
     finally:
         stop(job)
@@ -518,3 +520,110 @@ def test_a_terminal_read_in_the_foreground_and_from_the_background(tmp_path: Pat
         except (OSError, ValueError):
             pass
         stop(term)
+
+
+# --- what the rule leaves to the others (hand-written evidence) -----------------------------------
+
+
+def hand_written(wait: dict[str, Any], state: str = "S (sleeping)", wchan: str = "") -> dict[str, Any]:
+    return {
+        PREFIX + "process.state": state,
+        PREFIX + "process.wait_channel": wchan or str(wait.get("wchan") or ""),
+        KEY + "threads": [{"pid": 4712, "tid": 4712, "main": True, "cmdline": "python job.py", "state": "S", **wait}],
+    }
+
+
+def rule_for(evidence: dict[str, Any]) -> str:
+    return explain(a_stall(), evidence).attrs["lora_otel.diagnosis.rule"]
+
+
+def test_a_socket_with_no_local_peer_is_the_network_rule() -> None:
+    """A read on a TCP connection to another host: no process here at its other end, the network tells it."""
+    wait = {
+        "syscall": "recvfrom",
+        "op": "read",
+        "fd": 5,
+        "wchan": "wait_woken",
+        "what": {
+            "kind": "socket",
+            "target": "socket:[1]",
+            "proto": "tcp",
+            "local": "10.0.0.2:40000",
+            "remote": "10.0.0.5:443",
+            "tcp_state": "ESTABLISHED",
+        },
+    }
+    evidence = hand_written(wait)
+    evidence[PREFIX + "net.tcp_connections"] = ["10.0.0.2:40000 -> 10.0.0.5:443 ESTABLISHED"]
+    assert rule_for(evidence) == "network"
+
+
+def test_an_event_loop_polling_its_own_wakeup_pipe_is_not_told() -> None:
+    """asyncio's selector polls its own socket pair (and the network): the other end is the job itself."""
+    job = {"pid": 4712, "role": "peer", "cmdline": "python job.py", "state": "S", "wchan": "ep_poll", "loop": True}
+    wait = {
+        "syscall": "epoll_wait",
+        "op": "poll",
+        "wchan": "ep_poll",
+        "polled": [{"fd": 4, "op": "read", "what": {"kind": "socket", "proto": "unix"}, "other": [job]}],
+    }
+    assert rule_for(hand_written(wait)) != "descriptor wait"
+
+
+def test_a_child_that_only_sleeps_is_the_worker_pool_rule() -> None:
+    """waitpid on a child that sleeps: nothing this reading tells better; the pool rule (or a later one) speaks."""
+    child = {"pid": 4713, "role": "child", "cmdline": "python step.py", "state": "S", "wchan": "hrtimer_nanosleep"}
+    wait = {"syscall": "wait4", "op": "child", "child": 4713, "wchan": "do_wait", "other": [child]}
+    assert rule_for(hand_written(wait)) != "descriptor wait"
+
+
+def test_a_local_file_read_is_not_told() -> None:
+    """A read of a regular file on a local disk: not a wait on another party."""
+    wait = {
+        "syscall": "read",
+        "op": "read",
+        "fd": 3,
+        "wchan": "-",
+        "what": {"kind": "file", "target": "/data/a.bin", "mount": "/", "fstype": "ext4"},
+    }
+    assert rule_for(hand_written(wait, "D (disk sleep)", "folio_wait_bit")) == "disk I/O"
+
+
+def test_an_nfs_file_names_the_mount_and_never_the_disk() -> None:
+    wait = {
+        "syscall": "read",
+        "op": "read",
+        "fd": 3,
+        "wchan": "rpc_wait_bit_killable",
+        "state": "D",
+        "what": {
+            "kind": "file",
+            "target": "/mnt/data/a.bin",
+            "mount": "/mnt/data",
+            "fstype": "nfs4",
+            "source": "srv:/export",
+        },
+    }
+    found = explain(a_stall(), hand_written(wait, "D (disk sleep)"))
+    assert found.attrs["lora_otel.diagnosis.rule"] == "descriptor wait", found.sentence
+    assert found.sentence.startswith(
+        "The main thread waits to read descriptor 3 (the file /mnt/data/a.bin on the nfs4 mount /mnt/data "
+        "(srv:/export))"
+    ), found.sentence
+    assert "`ls /mnt/data`" in found.advice and "srv:/export" in found.advice, found.advice
+
+
+def test_a_pipe_with_no_visible_writer_gives_no_advice() -> None:
+    """The read end's writer is another user's or in another PID namespace: said, and no step guessed."""
+    wait = {
+        "syscall": "read",
+        "op": "read",
+        "fd": 7,
+        "wchan": "anon_pipe_read",
+        "what": {"kind": "pipe", "target": "pipe:[9]", "queued_bytes": 0},
+        "other": [],
+    }
+    found = explain(a_stall(), hand_written(wait))
+    assert found.attrs["lora_otel.diagnosis.rule"] == "descriptor wait"
+    assert "no process this user can see holds its write end" in found.sentence, found.sentence
+    assert found.advice == ""
