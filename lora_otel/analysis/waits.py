@@ -13,6 +13,7 @@ whose wait is not read: the worker pool).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -65,6 +66,11 @@ _WCHAN_WORDS = (
     ("inet_csk_accept", "waits for a connection (accept)"),
     ("unix_stream", "waits on a Unix socket"),
     ("sk_wait", "waits on a socket"),
+    ("anon_pipe_read", "waits in a pipe read"),
+    ("pipe_read", "waits in a pipe read"),
+    ("anon_pipe_write", "waits in a pipe write"),
+    ("pipe_write", "waits in a pipe write"),
+    ("wait_woken", "waits for data (a terminal or socket read)"),
 )
 
 
@@ -285,15 +291,7 @@ def _chain(wait: Mapping[str, Any], job: Optional[int]) -> tuple[str, list[Mappi
             parts.append("%s is held by %s, which %s" % (_ROLE.get(role, "the other end"), who, _doing(hop, job)))
         else:
             end = _ROLE.get(role, "the other end")
-            end = (
-                "the %s of that %s" % (end[4:], _noun(here))
-                if end.startswith("its ")
-                else "%s of that %s"
-                % (
-                    end,
-                    _noun(here),
-                )
-            )
+            end = "the %s of that %s" % (end[4:], _noun(here))  # its write end -> the write end of that pipe
             parts.append("%s is held by %s, which %s" % (end, who, _doing(hop, job)))
         if hop.get("loop"):
             break
@@ -317,13 +315,13 @@ def _self_held(hops: list[Mapping[str, Any]], wait: Mapping[str, Any]) -> Option
     return None
 
 
+_PROMPT = re.compile(r"\b(?:input|getpass|prompt|confirm|ask)\s*\(")
+
+
 def _prompt(calls: Sequence[str]) -> bool:
-    """Whether the main thread's innermost calls show a read of a prompt (``input``, ``getpass``, a
-    ``readline`` on stdin)."""
-    text = " ".join(calls)
-    return any(
-        word in text for word in ("input", "getpass", "stdin.read", "sys.stdin", "readline", "click.prompt", "ask(")
-    )
+    """Whether the main thread's innermost calls show a prompt: the C function the beat saw it in
+    (``input``), or its source line calling ``input(``, ``getpass(``, ``click.prompt(``, ``Confirm.ask(``."""
+    return any(call in ("input", "getpass") or _PROMPT.search(call) is not None for call in calls)
 
 
 def _end_of(wait: Mapping[str, Any], hops: list[Mapping[str, Any]], job: Optional[int]) -> Optional[Mapping[str, Any]]:
