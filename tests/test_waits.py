@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import PYTHON, REPO, clean_env, wait_for
+from procs import PYTHON, REPO, clean_env, lora_otel_cli, wait_for
 
+from lora_otel.analysis import verdict
 from lora_otel.analysis.diagnose import explain
 from lora_otel.analysis.evidence import PREFIX, gather
 from lora_otel.analysis.stall import Stall
@@ -175,8 +176,17 @@ def test_a_prompt_on_stdin_from_a_launcher_that_never_writes(tmp_path: Path) -> 
         job = int(text(tmp_path / "job.pid"))
         assert line.startswith("[lora-otel][%d][" % job), line
         assert "pid %d (`" % launcher.pid in line and "ui.py`), which waits for its child this job" in line, line
-        [stall] = read_journal(tmp_path / "run.log.otel.jsonl").stalls
+        journal = read_journal(tmp_path / "run.log.otel.jsonl")
+        [stall] = journal.stalls
         assert stall["diagnosis"] in line
+        assert stall["evidence"]["wait.call"].startswith("read fd 0 pipe:["), stall["evidence"]
+        assert stall["evidence"]["wait.chain_pids"] == "%d, %d" % (launcher.pid, job), stall["evidence"]
+        shown = lora_otel_cli("inspect", str(tmp_path / "run.log.otel.jsonl"), cwd=tmp_path)
+        assert stall["diagnosis"] in shown.stdout, shown.stdout
+        quiet = verdict.quiet_evidence(journal)  # what inspect reads of a live stall with no record: no signal
+        assert explain(a_stall(), quiet, journal).sentence.startswith(
+            "The main thread waits to read its standard input (fd 0, a pipe)"
+        ), quiet
         check_now("stdin_prompt_pipe_from_launcher", tmp_path, job, PROMPT)
     finally:
         stop(launcher)
