@@ -321,12 +321,17 @@ def _dataloader(f: Facts) -> Optional[Diagnosis]:
     return _said(dataloader_wait(f.stacks, f.evidence, f.stall))
 
 
+_OTHER_RULES_IPC = ("torch/distributed/", "multiprocessing/", "multiprocess/", "concurrent/futures/")
+
+
 def _descriptor_wait(f: Facts) -> Optional[Diagnosis]:
     """The main thread blocked in a read, write or open on a descriptor or path, or waiting for a
     child, and what is at the other end along the chain of waits (`lora_otel.analysis.waits`)."""
     main = _main_thread(f.stacks) or []
-    if any(_in(fr.file.replace("\\", "/"), "torch/distributed/") for fr in main):
-        return None  # a rank's store or collective socket: the collective and rendezvous rules tell it
+    if any(_in(fr.file.replace("\\", "/"), module) for fr in main for module in _OTHER_RULES_IPC):
+        # a rank's store or collective socket, a multiprocessing queue or pool's pipe: the collective,
+        # rendezvous and worker pool rules tell these from the workers' and ranks' own journals
+        return None
     where, calls = f.innermost, []
     sampled = f.journal.main_frames if f.journal is not None else None
     last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None

@@ -678,7 +678,7 @@ def other_end(
         want = "w" if wait["op"] == "read" else "r"
         held = holders([what["target"]], _ancestors(pid), ctx).get(what["target"], [])
         ends = [(p, fd) for p, fd, access in held if want in access and not (p == pid and fd == wait.get("fd"))]
-        pids = list(dict.fromkeys(p for p, _ in ends))
+        pids = sorted(dict.fromkeys(p for p, _ in ends), key=lambda p: p == pid)  # others first, then itself
         out = [_process_wait(p, "writer" if want == "w" else "reader", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
         if len(pids) > MAX_OTHERS:
             out.append({"more": len(pids) - MAX_OTHERS})
@@ -740,9 +740,14 @@ def _wait_facts(pid: int, depth: int) -> dict[str, Any]:
             wait["state"] = _stat(pid)[0]
         except (OSError, IndexError):
             pass
-        others = other_end(wait, depth - 1, set(seen), ctx)
+    # The other end and the chain behind it: for the main thread's wait (the one the rules read), else
+    # the first thread's; the others' waits are recorded as they are (a chain each would cost seconds
+    # on a process with many threads in polls).
+    first = next((w for w in found if w["main"]), found[0] if found else None)
+    if first is not None:
+        others = other_end(first, depth - 1, set(seen), ctx)
         if others is not None:
-            wait["other"] = others
+            first["other"] = others
     if found:
         out[KEY + "threads"] = found[:8]
         out.update(summary(found[0]))

@@ -266,7 +266,7 @@ def _chain(wait: Mapping[str, Any], job: Optional[int]) -> tuple[str, list[Mappi
     here = wait
     for hop in hops:
         role = str(hop.get("role") or "")
-        if hop.get("pid") == here.get("pid") and role in ("writer", "reader"):
+        if hop.get("pid") == here.get("pid") and role in ("writer", "reader") and _only(here):
             parts.append(
                 "%s%s is held by %s itself: it cannot see an end of the %s while it holds that end"
                 % (
@@ -305,11 +305,17 @@ def _chain(wait: Mapping[str, Any], job: Optional[int]) -> tuple[str, list[Mappi
     return "; " + "; ".join(parts), hops
 
 
+def _only(here: Mapping[str, Any]) -> bool:
+    """Whether one process (and no other) holds the other end of ``here``'s descriptor."""
+    others = [o for o in here.get("other") or () if isinstance(o, Mapping)]
+    return len(others) == 1 and "pid" in others[0]
+
+
 def _self_held(hops: list[Mapping[str, Any]], wait: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
     """The process on the chain that waits to read (write) a pipe whose other end it holds itself."""
     here = wait
     for hop in hops:
-        if hop.get("pid") == here.get("pid") and hop.get("role") in ("writer", "reader"):
+        if hop.get("pid") == here.get("pid") and hop.get("role") in ("writer", "reader") and _only(here):
             return here
         here = hop
     return None
