@@ -337,7 +337,7 @@ line = sys.stdin.readline()
 CHILD_STDIN = {
     "rule": "descriptor wait",
     "sentence": [
-        r"^The main thread waits for its child process to exit at subprocess\.py:\d+ in \w+",
+        r"^The main thread waits for its child process to exit at job\.py:4 in <module> → subprocess\.py:\d+ in \w+",
         r": pid \d+ \(`python\S* child\.py`\) waits to read its standard input \(fd 0, a pipe\); the write end of that "
         r"pipe is held by pid \d+",
     ],
@@ -349,7 +349,7 @@ CHILD_CAPTURED = {
     "rule": "descriptor wait",
     "sentence": [
         r"^The main thread waits for descriptor \d+ \(a pipe\) or descriptor \d+ \(a pipe\) to be readable at "
-        r"selectors\.py:\d+ in \w+",
+        r"job\.py:4 in <module> → selectors\.py:\d+ in \w+",
         r"; the other end is held by pid \d+ \(`python\S* child\.py`\), which waits to read its standard input "
         r"\(fd 0, a pipe\); the write end of that pipe is held by pid \d+",
     ],

@@ -333,6 +333,9 @@ def _descriptor_wait(f: Facts) -> Optional[Diagnosis]:
         # rendezvous and worker pool rules tell these from the workers' and ranks' own journals
         return None
     where, calls = f.innermost, []
+    caller = _program_call(f.stacks)  # the program's own call, before the library frame it waits in
+    if caller and caller != where and where:
+        where = "%s → %s" % (caller, where)
     sampled = f.journal.main_frames if f.journal is not None else None
     last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None
     if last is not None and not last[0] and last[2]:  # a C function the beat saw it call (input, os.read)
