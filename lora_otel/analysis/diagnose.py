@@ -31,6 +31,7 @@ from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
 from lora_otel.analysis.pools import pool_wait
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
+from lora_otel.analysis.waits import background_read, descriptor_wait, main_wait, network_mount
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
 from lora_otel.journal.tree import deepest_open_span, iso_time
 
@@ -287,6 +288,9 @@ def _zombie(f: Facts) -> Optional[Diagnosis]:
 
 def _stopped(f: Facts) -> Optional[Diagnosis]:
     if f.state.startswith("T"):
+        background = background_read(f.evidence)
+        if background is not None:
+            return Diagnosis(background.sentence, advice=background.advice)
         pid = f.journal.pid if f.journal is not None else None
         return Diagnosis(
             "The process is stopped (SIGSTOP or a debugger), not running at all.",
@@ -323,6 +327,9 @@ def _full_pipe(f: Facts) -> Optional[Diagnosis]:
 
 
 def _disk(f: Facts) -> Optional[Diagnosis]:
+    waiting = main_wait(f.evidence)
+    if waiting is not None and network_mount(waiting) is not None:
+        return None  # a file on a network or FUSE mount: the "descriptor wait" rule names the mount
     if f.state.startswith("D"):
         wchan = f.wchan or "unknown"
         return Diagnosis("The process is in uninterruptible disk I/O (kernel wait channel %s)." % wchan)
@@ -400,6 +407,39 @@ def _busy_workers(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
         for k in workers
         if _in_work(k) or k.get("state") in ("R", "D") or not str(k.get("wchan", "")).startswith(_IDLE_WORKER_WCHAN)
     ]
+
+
+_OTHER_RULES_IPC = ("torch/distributed/", "multiprocessing/", "multiprocess/", "concurrent/futures/")
+
+
+def _descriptor_wait(f: Facts) -> Optional[Diagnosis]:
+    """The main thread blocked in a read, write or open on a descriptor or path, or waiting for a
+    child, and what is at the other end along the chain of waits (`lora_otel.analysis.waits`)."""
+    main = _main_thread(f.stacks) or []
+    if any(_in(fr.file.replace("\\", "/"), module) for fr in main for module in _OTHER_RULES_IPC):
+        # a rank's store or collective socket, a multiprocessing queue or pool's pipe: the collective,
+        # rendezvous and worker pool rules tell these from the workers' and ranks' own journals
+        return None
+    where, calls = f.innermost, []
+    caller = _program_call(f.stacks)  # the program's own call, before the library frame it waits in
+    if caller and caller != where and where:
+        where = "%s → %s" % (caller, where)
+    sampled = f.journal.main_frames if f.journal is not None else None
+    last = sampled[-1] if sampled and isinstance(sampled[-1], list) and len(sampled[-1]) == 3 else None
+    if last is not None and not last[0] and last[2]:  # a C function the beat saw it call (input, os.read)
+        calls.append(str(last[2]))
+        if where:
+            where += " → %s" % last[2]
+    first = next((fr for fr in main if fr.python), None)
+    if first is not None:
+        calls.append(_source(first))
+    found = descriptor_wait(f.evidence, where, f.journal.pid if f.journal is not None else None, calls)
+    if found is None:
+        return None
+    attrs: dict[str, Any] = {}
+    if found.end_pid is not None:
+        attrs["lora_otel.diagnosis.wait_end_pid"] = found.end_pid
+    return Diagnosis(found.sentence, attrs, advice=found.advice)
 
 
 def _worker_pool(f: Facts) -> Optional[Diagnosis]:
@@ -777,6 +817,17 @@ RULES: tuple[Rule, ...] = (
         "The main thread waits for a DataLoader batch (at job.py:18 in <module>) for 4 s; worker pid ...",
         _dataloader,
         "See where worker pid 4711 is (py-spy dump --pid 4711); ... run with num_workers=0 ...",
+    ),
+    Rule(
+        "descriptor wait",
+        "the main thread's system call (/proc/<pid>/task/<tid>/syscall: read, write, open, wait4) and its "
+        "descriptor (/proc/<pid>/fd, fdinfo, mountinfo) or path; the processes at its other end (/proc/*/fd, "
+        "/proc/net/tcp, sock_diag) and their own waits, along the chain",
+        "The main thread waits to read its standard input (fd 0, a pipe) at job.py:7 in <module> → input (read); "
+        "its write end is held by pid 4711 (`python ui.py`), which waits for its child this job (pid 4712) ...",
+        _descriptor_wait,
+        "The program asks for input on its standard input (...): answer it, or pass the program's option that "
+        "skips the prompt; started from a UI or a script, its standard input must be /dev/null ...",
     ),
     Rule(
         "worker pool",

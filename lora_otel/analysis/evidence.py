@@ -20,6 +20,8 @@ with the reason under ``lora_otel.evidence.<what>.error``.
   (`lora_otel.analysis.filelocks`: ``/proc/locks``, its fds, py-spy's view of its locals);
 - ``pipe_facts(pid)``: whether its stdout/stderr is a pipe, how full it is, which processes hold
   its read end and what they wait in, and which of its threads wait to write to a pipe;
+- ``waitfacts.wait_facts(pid)``: the descriptor, path or child each thread waits on in a system
+  call, what it is and what is at its other end, along the chain of waits (`lora_otel.analysis.waits`);
 - ``gpu_facts(pid)``: GPU utilisation and the process's GPU memory through NVML (``nvidia-ml-py``)
   when available.
 """
@@ -35,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from lora_otel._boot.seam import memory_cgroup, redact
-from lora_otel.analysis import filelocks
+from lora_otel.analysis import filelocks, waitfacts
 from lora_otel.analysis.filelocks import py_spy_path
 from lora_otel.analysis.pools import idle_frames_only
 from lora_otel.journal.reader import Journal, exec_phrase, image_changed, process_state
@@ -1057,6 +1059,8 @@ def gather(pid: int, request: Optional[StackRequest], native: bool = False) -> d
     out.update(children_facts(pid, read_frames=True))
     # -- pipes: a stdout/stderr pipe nobody reads (analysis/pipes.py) --
     out.update(pipe_facts(pid))
+    # -- what each thread waits on (a descriptor, a path, a child) and its other end (analysis/waits.py) --
+    out.update(waitfacts.wait_facts(pid))
     # The stacks last: py-spy takes its own time (a second on a torch process, more under memory
     # pressure, where it competes for the same cgroup), which must not shift the samples above;
     # the signal is sent only when py-spy could not read them.

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lora_otel.analysis import evidence as ev
+from lora_otel.analysis import waitfacts
 from lora_otel.analysis.ages import aged
 from lora_otel.analysis.diagnose import advice_line, explain
 from lora_otel.analysis.evidence import PREFIX
@@ -259,8 +260,9 @@ def sample_s() -> float:
 def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: float = 0.5) -> dict[str, Any]:
     """What `evidence.gather` would give, read without sending the process anything: /proc facts
     (sampled over ``sample_s``), its TCP connections and bytes read meanwhile, memory pressure, its
-    children (DataLoader workers), its stdout/stderr pipes and who holds their read ends, and the
-    last dump in its stacks file when it is newer than ``span``'s start."""
+    children (DataLoader workers), its stdout/stderr pipes and who holds their read ends, what its
+    threads wait on and the chain of waits behind (`waitfacts`), and the last dump in its stacks
+    file when it is newer than ``span``'s start."""
     pid = journal.pid
     if pid is None:
         return {}
@@ -275,6 +277,7 @@ def quiet_evidence(journal: Journal, span: Optional[Span] = None, sample_s: floa
         out[PREFIX + "io.sampled_s"] = round(elapsed, 2)
     out.update(ev.children_facts(pid, _journals_by_pid(journal)))
     out.update(ev.pipe_facts(pid))
+    out.update(waitfacts.wait_facts(pid))  # what its threads wait on, and the other end (reads /proc only)
     text = last_dump(journal, since_ns=span.start_ns if span is not None else None)
     if text:
         out[PREFIX + "python.stacks"] = text
