@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks
+from lora_otel.analysis import ages, filelocks, native
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
+from lora_otel.analysis.pools import ADVICE as POOL_ADVICE
 from lora_otel.analysis.pools import pool_wait
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.journal.reader import Journal, exec_phrase, format_duration, process_state
@@ -311,7 +312,18 @@ def _in_collective(f: Facts) -> Optional[Diagnosis]:
 
 
 def _dataloader(f: Facts) -> Optional[Diagnosis]:
-    return _said(dataloader_wait(f.stacks, f.evidence, f.stall))
+    by_pid = {j.pid: j for j in f.peers if j.pid is not None}
+    sentence = dataloader_wait(f.stacks, f.evidence, f.stall, by_pid)
+    if sentence is None:
+        return None
+    for row in f.evidence.get(PREFIX + "process.children") or ():  # a worker stuck in a pool lost in its fork
+        if not isinstance(row, dict):
+            continue
+        pid = row.get("pid")
+        found = native.worker_native(row, by_pid.get(pid) if isinstance(pid, int) else None, dataloader=True)
+        if found is not None and found.advice:
+            return Diagnosis(sentence, dict(found.attrs), advice=found.advice)
+    return Diagnosis(sentence)
 
 
 def _worker_pool(f: Facts) -> Optional[Diagnosis]:
@@ -319,7 +331,10 @@ def _worker_pool(f: Facts) -> Optional[Diagnosis]:
     frames = [(frame.file, frame.line, frame.func) for frame in main if frame.python]
     children = f.evidence.get(PREFIX + "process.children") or ()
     found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns)
-    return None if found is None else Diagnosis(*found)
+    if found is None:
+        return None
+    sentence, attrs = found
+    return Diagnosis(sentence, attrs, advice=str(attrs.pop(POOL_ADVICE, "")))
 
 
 EXIT_STAGE = "exit"
@@ -1108,9 +1123,13 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
 _IDLE_WORKER_WCHAN = ("poll", "select", "pipe_read", "futex", "ep_poll", "unix_stream", "wait_woken")
 
 
-def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
+def dataloader_wait(
+    stacks: str, evidence: Mapping[str, Any], stall: Stall, journals: Optional[Mapping[int, Journal]] = None
+) -> Optional[str]:
     """The main thread waits for a DataLoader batch: which worker (pid) has not delivered and where
-    it is (its journal's main-thread frames or stage, else its kernel wait channel); None otherwise."""
+    it is (its journal's main-thread frames or stage, else its kernel wait channel, and which native
+    library it waits in: `native.worker_native`, with its journal among ``journals`` by pid); None
+    otherwise."""
     main = _main_thread(stacks)
     if main is None or not any(_in(f.file.replace("\\", "/"), "torch/utils/data/") for f in main[:12]):
         return None
@@ -1182,8 +1201,11 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
             from lora_otel.journal.reader import where_text
 
             inner = [[_package_path(str(f[0])), *f[1:]] for f in frames[-4:] if isinstance(f, list) and len(f) == 3]
-            return text + "; its main thread is at %s (read from outside)" % where_text(inner)
-        return text + ("; its journal: %s" % where if where else "")
+            text += "; its main thread is at %s (read from outside)" % where_text(inner)
+        else:
+            text += "; its journal: %s" % where if where else ""
+        found = native.worker_native(k, (journals or {}).get(k.get("pid")), dataloader=True)  # type: ignore[arg-type]
+        return text + ("; %s" % found.phrase if found is not None else "")
 
     return "%s for %s; %s." % (
         head,

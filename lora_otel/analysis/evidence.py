@@ -293,7 +293,83 @@ def children_facts(
             frames = main_frames_from_outside(kid_pid)
             if frames:
                 row["frames"] = frames
+        natives = 0
+        for row in rows:
+            kid_pid = row["pid"]
+            if not isinstance(kid_pid, int) or natives >= MAX_CHILD_NATIVE:
+                continue
+            if native_wait_likely(row, (journals or {}).get(kid_pid)):
+                natives += 1
+                row.update(native_facts(kid_pid))
     return {PREFIX + "process.children": rows} if rows else {}
+
+
+MAX_CHILD_NATIVE = 2
+"""At most this many children read with ``py-spy dump --native`` at one stall (about a second each
+on a process that loaded torch: its symbols)."""
+MAX_NATIVE_FRAMES = 40
+
+
+def native_wait_likely(row: dict[str, Any], journal: Optional[Journal] = None) -> bool:
+    """Whether a child's ``process.children`` row looks like a worker waiting in native code, worth a
+    look at its native frames: asleep on a futex (a lock or condition: a library's, or Python's
+    own) with its main thread in the program's code, not in the pool's wait for its next task
+    (its journal's beat sample or the frames read from outside)."""
+    if row.get("state") != "S" or not str(row.get("wchan", "")).startswith("futex"):
+        return False
+    frames = row.get("frames")
+    if isinstance(frames, list) and frames:
+        return not idle_frames_only(frames)
+    if journal is None:
+        pid = row.get("pid")
+        journal = _open_journal_of(pid) if isinstance(pid, int) else None
+    sample = getattr(journal, "main_frames", None) if journal is not None else None
+    return bool(sample) and not idle_frames_only(sample or [])
+
+
+def native_facts(pid: int) -> dict[str, Any]:
+    """What tells which native library process ``pid``'s main thread waits in (`lora_otel.analysis.native`):
+    its thread count (``threads``), the shared objects of `native.LIBRARIES` it has mapped
+    (``libraries``, from ``/proc/<pid>/maps``), and its main thread's frames read by ``py-spy dump
+    --native`` (``native``: ``[symbol, place]`` innermost first) — or why not (``native_error``):
+    no py-spy, or a thread in a call that the pause would interrupt (`stop_would_interrupt`)."""
+    from lora_otel.analysis import native
+
+    out: dict[str, Any] = {}
+    try:
+        out["threads"] = len(os.listdir("/proc/%d/task" % pid))
+    except OSError:
+        pass
+    try:
+        out["libraries"] = native.known_objects(_read("/proc/%d/maps" % pid))
+    except OSError:
+        pass
+    spy = py_spy_path()
+    if spy is None:
+        out["native_error"] = "py-spy is not installed"
+        return out
+    if _stopped(pid):
+        out["native_error"] = "the process is stopped"
+        return out
+    disturbed = stop_would_interrupt(pid)
+    if disturbed:
+        out["native_error"] = "%s, which pausing the process would interrupt" % disturbed
+        return out
+    try:
+        r = subprocess.run(
+            [spy, "dump", "--native", "--full-filenames", "--pid", str(pid)], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out["native_error"] = str(e)
+        return out
+    if r.returncode != 0:
+        lines = [line.strip() for line in r.stderr.splitlines() if line.strip()]
+        out["native_error"] = (lines[-1] if lines else "exit %d" % r.returncode)[:200]
+        return out
+    frames = native.main_thread_frames(r.stdout)
+    if frames:
+        out["native"] = [list(f) for f in frames[:MAX_NATIVE_FRAMES]]
+    return out
 
 
 def _open_journal_of(pid: int) -> Optional[Journal]:

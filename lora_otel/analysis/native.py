@@ -1,0 +1,397 @@
+"""Which native library a thread waits in, and a thread pool that a forked child does not have.
+
+A worker that "holds a task" while its Python frame calls into C (``torch.matmul``, a numpy BLAS
+call, an OpenCV resize) is waiting somewhere in a native library. Its native frames (py-spy
+``dump --native``, gathered by `lora_otel.analysis.evidence.native_facts`) say which: each frame's
+symbol or shared object is looked up in one table, `LIBRARIES` (``libgomp`` → OpenMP, ``mkl_`` →
+MKL, ``libopenblas`` → OpenBLAS, ``libnccl`` → NCCL, ``libcuda`` → the CUDA driver …); the C
+library's own frames (``pthread_cond_wait``, ``__lll_lock_wait``, ``sem_wait``) say only what kind
+of wait it is (a condition, a lock), so the library named is the first one outside them, and the
+one that called it is named too (MKL's sgemm calling OpenMP).
+
+Without native frames, ``/proc/<pid>/maps`` says which of those libraries the process has loaded,
+and the wait channel (``futex_…``) that it waits on a lock or condition — not which library holds
+it: the sentence says so, and gives no advice.
+
+A forked child (its journal's root ``lora_otel.activation`` is ``fork``) inherits the memory of
+its parent's thread pools but none of their threads. A pool library (`Library.pool`) that the
+parent had started — its journal records the threads the parent had besides the forking one
+(``process.fork.parent_threads``) — waits in the child for threads that do not exist, for ever
+(the libgomp-after-fork hang, GCC bug 52303). The advice: start the workers with the ``spawn`` or
+``forkserver`` start method, or keep that library to one thread in the parent before it forks.
+
+Pure functions of recorded evidence; standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+NativeFrame = tuple[str, str]
+"""``(symbol, where)`` of one frame as py-spy prints it: ``("gomp_team_barrier_wait_end",
+"libgomp.so.1")``, ``("0x7faac541e073", "libgomp.so.1")`` (no symbol), ``("task", "job.py:12")``
+(a Python frame)."""
+
+
+@dataclass(frozen=True)
+class Library:
+    """One native library a thread can wait in: ``name`` in plain words, ``objects`` (shared-object
+    name prefixes), ``symbols`` (symbol prefixes: statically linked copies, such as MKL inside
+    ``libtorch_cpu.so``, are known by these), and ``pool`` (its worker threads, in words) when it
+    keeps a thread pool that a forked child does not have; ``threads_setting`` limits that pool."""
+
+    name: str
+    objects: tuple[str, ...] = ()
+    symbols: tuple[str, ...] = ()
+    pool: str = ""
+    threads_setting: str = ""
+
+
+LIBRARIES: tuple[Library, ...] = (
+    Library(
+        "OpenMP",
+        ("libgomp",),
+        ("gomp_", "GOMP_", "omp_"),
+        "OpenMP's thread pool",
+        "OMP_NUM_THREADS=1",
+    ),
+    Library(
+        "OpenMP",
+        ("libiomp5", "libiomp"),
+        ("__kmp", "__kmpc_", "kmp_"),
+        "OpenMP's thread pool",
+        "OMP_NUM_THREADS=1",
+    ),
+    Library("OpenMP", ("libomp.so", "libomp-"), (), "OpenMP's thread pool", "OMP_NUM_THREADS=1"),
+    Library("MKL", ("libmkl",), ("mkl_", "MKL_"), "MKL's threads", "MKL_NUM_THREADS=1"),
+    Library(
+        "OpenBLAS",
+        ("libopenblas", "libscipy_openblas"),
+        ("blas_thread_", "exec_blas", "openblas_", "scipy_openblas", "blas_memory_alloc"),
+        "OpenBLAS's thread pool",
+        "OPENBLAS_NUM_THREADS=1",
+    ),
+    Library("oneDNN", ("libdnnl",), ("dnnl::", "dnnl_")),
+    Library("TBB", ("libtbb",), ("tbb::",), "TBB's thread pool"),
+    Library("NCCL", ("libnccl",), ("nccl",)),
+    Library("gloo", ("libgloo",), ("gloo::",)),
+    Library("the CUDA driver", ("libcuda.so", "libcuda-")),
+    Library("the CUDA runtime", ("libcudart",)),
+    Library("cuBLAS", ("libcublas",)),
+    Library("cuDNN", ("libcudnn",)),
+    Library("the memory allocator (jemalloc)", ("libjemalloc",), ("je_", "jemalloc")),
+    Library("the memory allocator (tcmalloc)", ("libtcmalloc",), ("tcmalloc::", "tc_")),
+    Library("the dynamic loader (dlopen)", ("ld-linux", "ld64.so", "ld.so"), ("_dl_", "dlopen")),
+    Library("torch", ("libtorch", "libc10"), ("at::", "c10::", "torch::")),
+)
+"""The libraries named in a sentence, most specific first: a frame's symbol is looked up before its
+shared object (MKL and OpenMP frames live in ``libtorch_cpu.so`` in torch's wheels)."""
+
+_WAITS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("pthread_cond_", "__pthread_cond_", "___pthread_cond_"), "a condition"),
+    (("pthread_mutex_lock", "__pthread_mutex_lock", "___pthread_mutex_lock", "__lll_lock_wait"), "a lock"),
+    (("pthread_rwlock_", "__pthread_rwlock_"), "a lock"),
+    (("pthread_barrier_wait",), "a barrier"),
+    (("sem_wait", "sem_timedwait", "sem_clockwait", "do_futex_wait", "__new_sem_wait"), "a semaphore"),
+    (("pthread_join", "__pthread_clockjoin", "__pthread_join"), "a thread to end"),
+    (("poll", "__poll", "ppoll", "select", "__select", "epoll_wait", "__GI___poll"), "a descriptor"),
+    (("read", "__libc_read", "recv", "__libc_recv", "recvmsg", "accept"), "a descriptor"),
+    (("nanosleep", "__nanosleep", "clock_nanosleep", "__clock_nanosleep", "usleep", "sleep"), "a sleep"),
+    (("futex", "__futex", "syscall"), "a futex (a lock or condition)"),
+)
+"""What a C library frame says about the wait itself (its kind, never its owner)."""
+_LIBC = ("libc.so", "libc-", "libpthread", "[vdso]", "linux-vdso", "libc.musl", "ld-musl")
+_INTERPRETER = ("libpython", "python3", "python")
+_PY_SOURCE = re.compile(r":\d+$")
+_NATIVE_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp|rs|S|s):\d+$")
+_FRAME = re.compile(r"^\s+(.*) \(([^()]*)\)\s*$")
+_HEADER = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)(?::\s*"([^"]*)")?')
+
+
+def is_python(where: str) -> bool:
+    """A Python frame's place (``job.py:12``); a native one is ``libgomp.so.1`` or ``callproc.c:943``."""
+    return _PY_SOURCE.search(where) is not None and _NATIVE_SOURCE.search(where) is None
+
+
+def _object(where: str) -> str:
+    return where.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _symbolized(symbol: str) -> bool:
+    return bool(symbol) and not symbol.startswith("0x")
+
+
+def library_of(symbol: str, where: str) -> Optional[Library]:
+    """The `LIBRARIES` entry of one native frame, by its symbol first, then its shared object."""
+    if _symbolized(symbol):
+        for library in LIBRARIES:
+            if library.symbols and symbol.startswith(library.symbols):
+                return library
+    obj = _object(where)
+    for library in LIBRARIES:
+        if library.objects and obj.startswith(library.objects):
+            return library
+    return None
+
+
+def _wait_kind(symbol: str) -> str:
+    name = symbol.lstrip("_") if _symbolized(symbol) else ""
+    for prefixes, kind in _WAITS:
+        if any(name.startswith(p.lstrip("_")) for p in prefixes):
+            return kind
+    return ""
+
+
+def parse_dump(dump: str) -> list[tuple[str, str, list[NativeFrame]]]:
+    """``(thread id, name, frames innermost first)`` of each thread in a ``py-spy dump --native``
+    text. A C++ symbol may hold parentheses: the place is the last parenthesised group."""
+    threads: list[tuple[str, str, list[NativeFrame]]] = []
+    for line in dump.splitlines():
+        head = _HEADER.match(line)
+        if head:
+            threads.append((head.group(1), head.group(3) or "", []))
+            continue
+        if not threads or not line.startswith((" ", "\t")):
+            continue
+        text = line.strip()
+        if not text.endswith(")") or " (" not in text:
+            continue
+        symbol, _, where = text[:-1].rpartition(" (")
+        threads[-1][2].append((symbol.strip(), where.strip()))
+    return threads
+
+
+def main_thread_frames(dump: str) -> list[NativeFrame]:
+    """The main thread's frames (innermost first) in a ``py-spy dump --native`` text; [] if none."""
+    threads = parse_dump(dump)
+    named = [frames for _, name, frames in threads if name == "MainThread"]
+    return named[0] if named else (threads[0][2] if threads else [])
+
+
+@dataclass(frozen=True)
+class NativeWait:
+    """Where a thread waits in native code: ``library`` (None: none of `LIBRARIES`), its frame
+    (``symbol``, ``obj``), the kind of wait its C library frames show (``wait``: "a condition"),
+    the library that called it (``caller``, ``caller_symbol``), and the Python frame that called
+    into native code (``python``: ``job.py:12 in task``)."""
+
+    library: Optional[Library]
+    obj: str
+    symbol: str
+    wait: str
+    caller: Optional[Library]
+    caller_symbol: str
+    python: str
+
+    def phrase(self) -> str:
+        """``it waits in OpenMP (libgomp.so.1, called by MKL's mkl_blas_sgemm_omp_driver_v1), called from
+        job.py:12 in task``."""
+        where = self.library.name if self.library is not None else "native code"
+        inside = [_plain_symbol(self.symbol) if _symbolized(self.symbol) else "", self.obj]
+        if self.caller is not None and self.caller is not self.library:
+            inside.append(
+                "called by %s%s"
+                % (self.caller.name, "'s %s" % _plain_symbol(self.caller_symbol) if self.caller_symbol else "")
+            )
+        details = ", ".join(d for d in inside if d)
+        text = "it waits in %s%s" % (where, " (%s)" % details if details else "")
+        if self.wait:
+            text += " on %s" % self.wait
+        if self.python:
+            text += ", called from %s" % self.python
+        return text
+
+
+def _plain_symbol(symbol: str) -> str:
+    """A C++ symbol without its template and argument lists: ``at::native::cpublas::gemm``."""
+    depth, out = 0, []
+    for ch in symbol:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    text = "".join(out).strip()
+    return text if len(text) <= 60 else text[:59] + "\u2026"
+
+
+def _python_place(symbol: str, where: str) -> str:
+    file, _, line = where.rpartition(":")
+    return "%s:%s in %s" % (_object(file), line, symbol.rsplit(".", 1)[-1])
+
+
+def native_wait(frames: Sequence[NativeFrame]) -> Optional[NativeWait]:
+    """Where a thread with these frames (innermost first) waits in native code, or None when its
+    innermost frame is a Python one (no native frames read) or none of its native frames, short of
+    the interpreter's own, tells anything."""
+    if not frames or is_python(frames[0][1]):
+        return None
+    wait = ""
+    found: Optional[tuple[Library, str, str]] = None
+    unknown: Optional[tuple[str, str]] = None
+    caller: Optional[tuple[Library, str]] = None
+    python = ""
+    for symbol, where in frames:
+        if is_python(where):
+            python = _python_place(symbol, where)
+            break
+        obj = _object(where)
+        if found is None and unknown is None and obj.startswith(_LIBC):
+            wait = wait or _wait_kind(symbol)
+            continue
+        if obj.startswith(_INTERPRETER):
+            break  # the interpreter itself (its own lock, the eval loop): no library past it
+        library = library_of(symbol, where)
+        if found is None and unknown is None:
+            if library is not None:
+                found = (library, symbol, obj)
+            else:
+                unknown = (symbol, obj)
+            continue
+        if caller is None and library is not None and (found is None or library is not found[0]):
+            caller = (library, symbol if _symbolized(symbol) else "")
+    if found is not None:
+        library, symbol, obj = found
+        return NativeWait(
+            library, obj, symbol, wait, caller[0] if caller else None, caller[1] if caller else "", python
+        )
+    if unknown is not None:
+        symbol, obj = unknown
+        # a shared object none of the table knows (a C extension): named by its file, with its caller
+        return NativeWait(None, obj, symbol, wait, caller[0] if caller else None, caller[1] if caller else "", python)
+    return None  # only the C library's wait, called by the interpreter (a Python lock, time.sleep)
+
+
+def loaded(maps_objects: Iterable[str]) -> list[Library]:
+    """The `LIBRARIES` among shared objects a process has mapped (``/proc/<pid>/maps``' file names),
+    in the table's order."""
+    names = [_object(str(o)) for o in maps_objects]
+    return [lib for lib in LIBRARIES if lib.objects and any(n.startswith(lib.objects) for n in names)]
+
+
+def known_objects(maps_text: str) -> list[str]:
+    """The file names of ``/proc/<pid>/maps`` that one of `LIBRARIES` is known by, once each, in order."""
+    seen: list[str] = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        name = _object(parts[5].strip())
+        if name not in seen and any(lib.objects and name.startswith(lib.objects) for lib in LIBRARIES):
+            seen.append(name)
+    return seen
+
+
+def fork_of(journal: Any) -> Optional[int]:
+    """How many threads the parent of a forked child had besides the forking one and lora_otel's
+    beat when it forked (``process.fork.parent_threads`` on the child's root span), or None when
+    the child was not forked (or its journal does not say)."""
+    root = getattr(journal, "root", None)
+    attrs = getattr(root, "attrs", None) or {}
+    if attrs.get("lora_otel.activation") != "fork":
+        return None
+    count = attrs.get("process.fork.parent_threads")
+    return count if isinstance(count, int) and not isinstance(count, bool) else -1
+
+
+@dataclass(frozen=True)
+class WorkerNative:
+    """What a worker's native evidence says: the phrase for its sentence, the advice it supports
+    ("" when none), and attributes for the stall (``lora_otel.native.*``)."""
+
+    phrase: str
+    advice: str
+    attrs: dict[str, Any]
+
+
+def _advice(library: Library, caller: Optional[Library], torch_used: bool, dataloader: bool) -> str:
+    context = (
+        "DataLoader(..., multiprocessing_context='spawn')"
+        if dataloader
+        else "multiprocessing.set_start_method('spawn') before the pool starts (or 'forkserver')"
+    )
+    settings = [library.threads_setting] if library.threads_setting else []
+    if caller is not None and caller.threads_setting and caller.threads_setting not in settings:
+        settings.append(caller.threads_setting)
+    limit = "%s in its environment" % " or ".join(settings) if settings else ""
+    if torch_used:
+        limit = ("%s, or torch.set_num_threads(1)" % limit) if limit else "torch.set_num_threads(1)"
+    text = "Start the workers with the spawn start method — %s — so that each worker starts %s threads of its own" % (
+        context,
+        library.name,
+    )
+    if limit:
+        text += "; or keep the parent to one thread before it forks: %s" % limit
+    return text + "."
+
+
+def worker_native(
+    row: Optional[Mapping[str, Any]], journal: Any = None, dataloader: bool = False
+) -> Optional[WorkerNative]:
+    """The native reading of one worker (``process.children`` row: ``native`` frames, ``threads``,
+    ``libraries``; its journal for the fork), or None when the row holds no native evidence."""
+    if not row:
+        return None
+    native = row.get("native")
+    frames = (
+        [(str(f[0]), str(f[1])) for f in native if isinstance(f, (list, tuple)) and len(f) == 2]
+        if isinstance(native, list)
+        else []
+    )
+    wait = native_wait(frames) if frames else None
+    forked = fork_of(journal) if journal is not None else None
+    libraries = loaded(row.get("libraries") or ())
+    attrs: dict[str, Any] = {}
+    if wait is None:
+        pools = [lib for lib in libraries if lib.pool]
+        wchan = str(row.get("wchan") or "")
+        if not pools or not wchan.startswith("futex") or forked is None:
+            return None
+        attrs["lora_otel.native.loaded"] = [lib.name for lib in pools]
+        names = " and ".join(dict.fromkeys(lib.name for lib in pools))
+        phrase = (
+            "it waits on a lock or condition in native code (wait channel %s); it was forked%s and has loaded %s, "
+            "whose thread pool a forked child does not have — %s"
+            % (
+                wchan,
+                _parent_threads(forked),
+                names,
+                "py-spy's native frames would tell whether it waits there"
+                if row.get("native_error") is None
+                else "which library it waits in is unknown (%s)" % row.get("native_error"),
+            )
+        )
+        return WorkerNative(phrase, "", attrs)
+    library = wait.library
+    if library is not None:
+        attrs["lora_otel.native.library"] = library.name
+    if wait.obj:
+        attrs["lora_otel.native.object"] = wait.obj
+    if wait.caller is not None:
+        attrs["lora_otel.native.caller"] = wait.caller.name
+    phrase = wait.phrase()
+    pool_lib = library if library is not None and library.pool else None
+    threads = row.get("threads")
+    alone = isinstance(threads, int) and threads <= 2  # its main thread (and lora_otel's beat): no pool threads
+    if pool_lib is not None and forked is not None and forked != 0 and alone:
+        attrs["lora_otel.native.fork_unsafe"] = True
+        phrase += (
+            " — %s, which its parent started before it forked this worker%s and a forked child does not have: "
+            "the pool's threads it waits for do not exist here, so the wait never ends"
+            % (pool_lib.pool, _parent_threads(forked))
+        )
+        torch_used = any(lib.name == "torch" for lib in libraries) or any(
+            getattr(library_of(s, w), "name", "") == "torch" for s, w in frames
+        )
+        return WorkerNative(phrase, _advice(pool_lib, wait.caller, torch_used, dataloader), attrs)
+    return WorkerNative(phrase, "", attrs)
+
+
+def _parent_threads(count: int) -> str:
+    if count is None or count < 0:
+        return ""
+    return " (the parent had %d other thread%s then)" % (count, "" if count == 1 else "s")
