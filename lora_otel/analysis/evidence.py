@@ -308,6 +308,7 @@ MAX_CHILD_NATIVE = 2
 """At most this many children read with ``py-spy dump --native`` at one stall (about a second each
 on a process that loaded torch: its symbols)."""
 MAX_NATIVE_FRAMES = 40
+MAX_NATIVE_THREADS = 256
 
 
 def native_wait_likely(row: dict[str, Any], journal: Optional[Journal] = None) -> bool:
@@ -329,21 +330,29 @@ def native_wait_likely(row: dict[str, Any], journal: Optional[Journal] = None) -
 
 def native_facts(pid: int) -> dict[str, Any]:
     """What tells which native library process ``pid``'s main thread waits in (`lora_otel.analysis.native`):
-    its thread count (``threads``), the shared objects of `native.LIBRARIES` it has mapped
-    (``libraries``, from ``/proc/<pid>/maps``), and its main thread's frames read by ``py-spy dump
-    --native`` (``native``: ``[symbol, place]`` innermost first) — or why not (``native_error``):
-    no py-spy, or a thread in a call that the pause would interrupt (`stop_would_interrupt`)."""
+    the shared objects of `native.LIBRARIES` it has mapped (``libraries``, from ``/proc/<pid>/maps``),
+    the object each of its threads' system call is made from (``syscalls``: ``[tid, object]``, the
+    main thread first; ``/proc/<pid>/task/<tid>/syscall``'s program counter: nothing paused), and
+    its main thread's frames read by ``py-spy dump --native`` (``native``: ``[symbol, place]``
+    innermost first) — or why not (``native_error``): no py-spy, or a thread in a call that the
+    pause would interrupt (`stop_would_interrupt`)."""
     from lora_otel.analysis import native
 
     out: dict[str, Any] = {}
     try:
-        out["threads"] = len(os.listdir("/proc/%d/task" % pid))
+        maps = _read("/proc/%d/maps" % pid)
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=lambda t: (t != str(pid), t))
     except OSError:
-        pass
-    try:
-        out["libraries"] = native.known_objects(_read("/proc/%d/maps" % pid))
-    except OSError:
-        pass
+        return out
+    out["libraries"] = native.known_objects(maps)
+    ranges = native.executable_ranges(maps)
+    calls = []
+    for tid in tids[:MAX_NATIVE_THREADS]:
+        try:
+            calls.append([int(tid), native.syscall_object(_read("/proc/%d/task/%s/syscall" % (pid, tid)), ranges)])
+        except (OSError, ValueError):
+            continue
+    out["syscalls"] = calls
     spy = py_spy_path()
     if spy is None:
         out["native_error"] = "py-spy is not installed"

@@ -102,9 +102,10 @@ _WAITS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("nanosleep", "__nanosleep", "clock_nanosleep", "__clock_nanosleep", "usleep", "sleep"), "a sleep"),
     (("futex", "__futex", "syscall"), "a futex (a lock or condition)"),
 )
+_FUTEX = _WAITS[-1][1]
 """What a C library frame says about the wait itself (its kind, never its owner)."""
 _LIBC = ("libc.so", "libc-", "libpthread", "[vdso]", "linux-vdso", "libc.musl", "ld-musl")
-_INTERPRETER = ("libpython", "python3", "python")
+_INTERPRETER = ("libpython", "python3", "python", "libffi", "_ctypes")
 _PY_SOURCE = re.compile(r":\d+$")
 _NATIVE_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp|rs|S|s):\d+$")
 _FRAME = re.compile(r"^\s+(.*) \(([^()]*)\)\s*$")
@@ -235,16 +236,24 @@ def native_wait(frames: Sequence[NativeFrame]) -> Optional[NativeWait]:
     unknown: Optional[tuple[str, str]] = None
     caller: Optional[tuple[Library, str]] = None
     python = ""
+    interpreter = False
     for symbol, where in frames:
         if is_python(where):
             python = _python_place(symbol, where)
             break
         obj = _object(where)
         if found is None and unknown is None and obj.startswith(_LIBC):
-            wait = wait or _wait_kind(symbol)
+            kind = _wait_kind(symbol)
+            if kind and (not wait or wait == _FUTEX):  # pthread_cond_wait says more than the futex under it
+                wait = kind
             continue
         if obj.startswith(_INTERPRETER):
-            break  # the interpreter itself (its own lock, the eval loop): no library past it
+            if found is None and unknown is None:
+                return None  # the C library's wait, called by the interpreter (a Python lock, time.sleep)
+            interpreter = True  # (the eval loop, ctypes' call: no library past it, only the Python caller)
+            continue
+        if interpreter:
+            continue
         library = library_of(symbol, where)
         if found is None and unknown is None:
             if library is not None:
@@ -284,6 +293,39 @@ def known_objects(maps_text: str) -> list[str]:
         if name not in seen and any(lib.objects and name.startswith(lib.objects) for lib in LIBRARIES):
             seen.append(name)
     return seen
+
+
+def executable_ranges(maps_text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, file name)`` of each executable mapping of a file in ``/proc/<pid>/maps``."""
+    out: list[tuple[int, int, str]] = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        lo, _, hi = parts[0].partition("-")
+        try:
+            out.append((int(lo, 16), int(hi, 16), _object(parts[5].strip())))
+        except ValueError:
+            continue
+    return out
+
+
+def syscall_object(syscall_text: str, ranges: Sequence[tuple[int, int, str]]) -> str:
+    """The shared object whose code made the system call a thread waits in: the program counter,
+    the last field of ``/proc/<pid>/task/<tid>/syscall`` (``202 0x… … 0x7ffc… 0x7f17…``), looked
+    up in ``ranges`` (`executable_ranges`). ``running`` for a thread in no system call; "" when not
+    known. A library that makes its own ``futex`` call (libgomp) is found so without a pause; one
+    that waits through the C library's ``pthread_cond_wait`` shows as ``libc.so.6``."""
+    fields = syscall_text.split()
+    if fields[:1] == ["running"]:
+        return "running"
+    if len(fields) < 3:
+        return ""
+    try:
+        pc = int(fields[-1], 16)
+    except ValueError:
+        return ""
+    return next((name for lo, hi, name in ranges if lo <= pc < hi), "")
 
 
 def fork_of(journal: Any) -> Optional[int]:
@@ -329,11 +371,17 @@ def _advice(library: Library, caller: Optional[Library], torch_used: bool, datal
     return text + "."
 
 
+def _same(library: Library, obj: str) -> bool:
+    return bool(obj) and library_of("", obj) is library
+
+
 def worker_native(
     row: Optional[Mapping[str, Any]], journal: Any = None, dataloader: bool = False
 ) -> Optional[WorkerNative]:
-    """The native reading of one worker (``process.children`` row: ``native`` frames, ``threads``,
-    ``libraries``; its journal for the fork), or None when the row holds no native evidence."""
+    """The native reading of one worker (its ``process.children`` row: ``native`` frames,
+    ``syscalls`` — the shared object each thread's system call is made from, its main thread
+    first — and ``libraries``; its journal for the fork), or None when the row holds no native
+    evidence that names a library."""
     if not row:
         return None
     native = row.get("native")
@@ -343,29 +391,15 @@ def worker_native(
         else []
     )
     wait = native_wait(frames) if frames else None
-    forked = fork_of(journal) if journal is not None else None
-    libraries = loaded(row.get("libraries") or ())
+    calls = [c for c in row.get("syscalls") or () if isinstance(c, (list, tuple)) and len(c) == 2]
+    main_call = str(calls[0][1]) if calls and calls[0][0] == row.get("pid") else ""
+    if wait is None and main_call and library_of("", main_call) is not None:
+        # no native frames: the object its main thread's system call is made from
+        wait = NativeWait(library_of("", main_call), main_call, "", "", None, "", "")
     attrs: dict[str, Any] = {}
     if wait is None:
-        pools = [lib for lib in libraries if lib.pool]
-        wchan = str(row.get("wchan") or "")
-        if not pools or not wchan.startswith("futex") or forked is None:
-            return None
-        attrs["lora_otel.native.loaded"] = [lib.name for lib in pools]
-        names = " and ".join(dict.fromkeys(lib.name for lib in pools))
-        phrase = (
-            "it waits on a lock or condition in native code (wait channel %s); it was forked%s and has loaded %s, "
-            "whose thread pool a forked child does not have — %s"
-            % (
-                wchan,
-                _parent_threads(forked),
-                names,
-                "py-spy's native frames would tell whether it waits there"
-                if row.get("native_error") is None
-                else "which library it waits in is unknown (%s)" % row.get("native_error"),
-            )
-        )
-        return WorkerNative(phrase, "", attrs)
+        return None
+    forked = fork_of(journal) if journal is not None else None
     library = wait.library
     if library is not None:
         attrs["lora_otel.native.library"] = library.name
@@ -374,16 +408,29 @@ def worker_native(
     if wait.caller is not None:
         attrs["lora_otel.native.caller"] = wait.caller.name
     phrase = wait.phrase()
+    if not frames:
+        phrase += " (its system call is made from there; %s)" % (
+            "no native frames: %s" % row.get("native_error") if row.get("native_error") else "no native frames"
+        )
     pool_lib = library if library is not None and library.pool else None
-    threads = row.get("threads")
-    alone = isinstance(threads, int) and threads <= 2  # its main thread (and lora_otel's beat): no pool threads
+    # The pool's threads are not in the child: none of its other threads waits in that library.
+    others = [str(c[1]) for c in calls[1:]]
+    alone = bool(calls) and main_call != "" and pool_lib is not None and not any(_same(pool_lib, o) for o in others)
     if pool_lib is not None and forked is not None and forked != 0 and alone:
         attrs["lora_otel.native.fork_unsafe"] = True
         phrase += (
-            " — %s, which its parent started before it forked this worker%s and a forked child does not have: "
-            "the pool's threads it waits for do not exist here, so the wait never ends"
-            % (pool_lib.pool, _parent_threads(forked))
+            " — %s, which its parent started before it forked this worker%s and a forked child does not have "
+            "(none of its %d other thread%s is %s's): the pool's threads it waits for do not exist here, so the "
+            "wait never ends"
+            % (
+                pool_lib.pool,
+                _parent_threads(forked),
+                len(others),
+                "" if len(others) == 1 else "s",
+                pool_lib.name,
+            )
         )
+        libraries = loaded(row.get("libraries") or ())
         torch_used = any(lib.name == "torch" for lib in libraries) or any(
             getattr(library_of(s, w), "name", "") == "torch" for s, w in frames
         )
