@@ -625,7 +625,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "worker pool",
         "the main thread waits in a pool (multiprocessing, concurrent.futures, subprocess); its workers' journals, "
-        "child exit events and /proc/<pid>/task/*/children",
+        "child exit events and /proc/<pid>/task/*/children; a worker's native frames (py-spy --native), its threads' "
+        "system calls against its maps, and a forked one's process.fork.parent_threads",
         "The main thread waits for its multiprocessing.Pool (map, called at job.py:9 in <module>) for 25 s; worker "
         "pid 4711 holds a task: its main thread has been at job.py:5 in task → time.sleep for 24 s ...",
         _worker_pool,
