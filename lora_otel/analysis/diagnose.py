@@ -508,14 +508,22 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
     busy = cpu > 50
     dump = str(f.evidence.get(PREFIX + "py_spy.dump") or "")
     held = gil_held(dump)
+    own = _own_native(f)
+    lib = own if own is not None and "lora_otel.native.library" in own.attrs else None
+    if lib is not None:  # which library it is in: "…; the main thread waits in NCCL (libnccl.so.2) …"
+        where += "; %s%s" % (lib.phrase[0].lower(), lib.phrase[1:])
     if held is not None:
         if busy:
             return Diagnosis(
-                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s (%s)." % (cpu, where, held)
+                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s (%s)." % (cpu, where, held),
+                dict(lib.attrs) if lib else {},
+                advice=lib.advice if lib else "",
             )
         return Diagnosis(
             "Holding the GIL in native code while blocked (wait channel %s)%s (%s)."
-            % (f.wchan or "unknown", where, held)
+            % (f.wchan or "unknown", where, held),
+            dict(lib.attrs) if lib else {},
+            advice=lib.advice if lib else "",
         )
     # The stall itself says "no beat for N s" (frozen): the sentence says what else is known.
     doing = (
@@ -530,7 +538,38 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
         unknown = "whether it holds the GIL is unknown without native stacks (%s)" % (
             "py-spy: %s" % error if error else "py-spy, `pip install lora-otel[pyspy]`"
         )
-    return Diagnosis("%s%s; %s." % (doing, where, unknown))
+    return Diagnosis(
+        "%s%s; %s." % (doing, where, unknown), dict(lib.attrs) if lib else {}, advice=lib.advice if lib else ""
+    )
+
+
+def _own_native(f: Facts) -> Optional[native.WorkerNative]:
+    """The stalled process's own wait in native code (`native.worker_native` as `native.PROCESS`):
+    its main thread's native frames (py-spy ``--native``, read for a frozen process or one whose
+    main thread waits in a known library's own call) and its threads' system calls."""
+    calls = f.evidence.get(PREFIX + "native.syscalls") or []
+    dump = str(f.evidence.get(PREFIX + "py_spy.dump") or "")
+    frames = native.main_thread_frames(dump) if has_native_stacks(dump) else []
+    pid = f.journal.pid if f.journal is not None else None
+    if pid is None and calls and isinstance(calls[0], (list, tuple)) and calls[0]:
+        pid = calls[0][0]
+    row = {
+        "pid": pid,
+        "native": [list(fr) for fr in frames],
+        "syscalls": calls,
+        "libraries": f.evidence.get(PREFIX + "native.libraries") or [],
+        "native_error": f.evidence.get(PREFIX + "py_spy.native_error") or f.evidence.get(PREFIX + "py_spy.error"),
+    }
+    return native.worker_native(row, f.journal, who=native.PROCESS)
+
+
+def _native_wait(f: Facts) -> Optional[Diagnosis]:
+    if f.stall.kind == "frozen":
+        return None  # (`_frozen` says whether it holds the GIL, and names the library)
+    found = _own_native(f)
+    if found is None or "lora_otel.native.library" not in found.attrs:
+        return None
+    return Diagnosis(found.phrase + ".", dict(found.attrs), advice=found.advice)
 
 
 def _sample_age(f: Facts) -> str:
@@ -672,6 +711,14 @@ RULES: tuple[Rule, ...] = (
         "Waiting in torch.distributed's rendezvous (init_process_group, at train.py:12 in <module>): rank 0 of "
         "world size 2 waits for the other ranks to reach the store ...",
         _rendezvous,
+    ),
+    Rule(
+        "native wait",
+        "the main thread's system call made from a known library's code (/proc/<pid>/task/<tid>/syscall against "
+        "its maps), or its native frames (py-spy --native); a forked process's process.fork.parent_threads",
+        "The main thread waits in NCCL (ncclCommInitRank, libnccl.so.2) on a condition, called from train.py:12 "
+        "in <module>.",
+        _native_wait,
     ),
     Rule(
         "sleeping",

@@ -328,14 +328,11 @@ def native_wait_likely(row: dict[str, Any], journal: Optional[Journal] = None) -
     return bool(sample) and not idle_frames_only(sample or [])
 
 
-def native_facts(pid: int) -> dict[str, Any]:
-    """What tells which native library process ``pid``'s main thread waits in (`lora_otel.analysis.native`):
-    the shared objects of `native.LIBRARIES` it has mapped (``libraries``, from ``/proc/<pid>/maps``),
-    the object each of its threads' system call is made from (``syscalls``: ``[tid, object]``, the
-    main thread first; ``/proc/<pid>/task/<tid>/syscall``'s program counter: nothing paused), and
-    its main thread's frames read by ``py-spy dump --native`` (``native``: ``[symbol, place]``
-    innermost first) — or why not (``native_error``): no py-spy, or a thread in a call that the
-    pause would interrupt (`stop_would_interrupt`)."""
+def thread_syscalls(pid: int) -> dict[str, Any]:
+    """The shared objects of `native.LIBRARIES` process ``pid`` has mapped (``libraries``, from
+    ``/proc/<pid>/maps``) and the object each of its threads' system call is made from (``syscalls``:
+    ``[tid, object]``, the main thread first; the program counter of ``/proc/<pid>/task/<tid>/syscall``
+    looked up in the maps: nothing paused, nothing signalled); {} when they cannot be read."""
     from lora_otel.analysis import native
 
     out: dict[str, Any] = {}
@@ -353,6 +350,22 @@ def native_facts(pid: int) -> dict[str, Any]:
         except (OSError, ValueError):
             continue
     out["syscalls"] = calls
+    return out
+
+
+def native_facts(pid: int) -> dict[str, Any]:
+    """What tells which native library process ``pid``'s main thread waits in (`lora_otel.analysis.native`):
+    the shared objects of `native.LIBRARIES` it has mapped (``libraries``, from ``/proc/<pid>/maps``),
+    the object each of its threads' system call is made from (``syscalls``: ``[tid, object]``, the
+    main thread first; ``/proc/<pid>/task/<tid>/syscall``'s program counter: nothing paused), and
+    its main thread's frames read by ``py-spy dump --native`` (``native``: ``[symbol, place]``
+    innermost first) — or why not (``native_error``): no py-spy, or a thread in a call that the
+    pause would interrupt (`stop_would_interrupt`)."""
+    from lora_otel.analysis import native
+
+    out = thread_syscalls(pid)
+    if not out:
+        return out
     spy = py_spy_path()
     if spy is None:
         out["native_error"] = "py-spy is not installed"
@@ -809,7 +822,12 @@ def ask_beat(request: StackRequest, wait_s: Optional[float] = None) -> str:
 
 
 def python_stacks(
-    pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True, native: bool = False
+    pid: int,
+    request: Optional[StackRequest],
+    wait_s: float = 1.5,
+    py_spy: bool = True,
+    native: bool = False,
+    pause: bool = False,
 ) -> dict[str, Any]:
     """The process's Python stacks: read from outside by py-spy where it can attach (``py_spy``
     True), else asked of its beat thread, else with the request's signal and read from what its
@@ -825,10 +843,14 @@ def python_stacks(
     ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
     continues, so it is not waited for: the signal stays pending and the dump lands in the stacks
     file when it resumes.
+
+    ``pause``: a process that is not frozen whose native frames are worth a pause all the same (its
+    main thread waits in a known library's own call: `thread_syscalls`); it is otherwise read as
+    any process that is not frozen.
     """
     out: dict[str, Any] = {}
     if py_spy:
-        out.update(py_spy_dump(pid, native))
+        out.update(py_spy_dump(pid, native or pause))
         text = as_faulthandler(str(out.get(PREFIX + "py_spy.dump") or ""))
         if text:
             out[PREFIX + "python.stacks"] = text[-16000:]
@@ -1136,11 +1158,23 @@ def gather(pid: int, request: Optional[StackRequest], native: bool = False) -> d
     out.update(children_facts(pid, read_frames=True))
     # -- pipes: a stdout/stderr pipe nobody reads (analysis/pipes.py) --
     out.update(pipe_facts(pid))
+    # -- the library its main thread's system call is made from (analysis/native.py) --
+    calls = thread_syscalls(pid)
+    for key, value in calls.items():
+        out[PREFIX + "native." + key] = value
     # The stacks last: py-spy takes its own time (a second on a torch process, more under memory
     # pressure, where it competes for the same cgroup), which must not shift the samples above;
-    # the signal is sent only when py-spy could not read them.
-    out.update(python_stacks(pid, request, native=native))
+    # the signal is sent only when py-spy could not read them. Native frames are read (a pause)
+    # for a frozen process, and for one whose main thread waits in a known library's own call.
+    out.update(python_stacks(pid, request, native=native, pause=not native and _waits_in_library(pid, calls)))
     return out
+
+
+def _waits_in_library(pid: int, calls: dict[str, Any]) -> bool:
+    from lora_otel.analysis import native
+
+    rows = calls.get("syscalls") or []
+    return bool(rows) and rows[0][0] == pid and native.library_of("", str(rows[0][1])) is not None
 
 
 # --- pipes ------------------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ class NativeWait:
     caller_symbol: str
     python: str
 
-    def phrase(self) -> str:
+    def phrase(self, subject: str = "it") -> str:
         """``it waits in OpenMP (libgomp.so.1, called by MKL's mkl_blas_sgemm_omp_driver_v1), called from
         job.py:12 in task``."""
         where = self.library.name if self.library is not None else "native code"
@@ -198,7 +198,7 @@ class NativeWait:
                 % (self.caller.name, "'s %s" % _plain_symbol(self.caller_symbol) if self.caller_symbol else "")
             )
         details = ", ".join(d for d in inside if d)
-        text = "it waits in %s%s" % (where, " (%s)" % details if details else "")
+        text = "%s waits in %s%s" % (subject, where, " (%s)" % details if details else "")
         if self.wait:
             text += " on %s" % self.wait
         if self.python:
@@ -350,25 +350,39 @@ class WorkerNative:
     attrs: dict[str, Any]
 
 
-def _advice(library: Library, caller: Optional[Library], torch_used: bool, dataloader: bool) -> str:
-    context = (
-        "DataLoader(..., multiprocessing_context='spawn')"
-        if dataloader
-        else "multiprocessing.set_start_method('spawn') before the pool starts (or 'forkserver')"
-    )
+def _advice(library: Library, caller: Optional[Library], torch_used: bool, who: str) -> str:
+    """What to do about a pool lost in a fork: the spawn start method, or one thread in the parent."""
     settings = [library.threads_setting] if library.threads_setting else []
     if caller is not None and caller.threads_setting and caller.threads_setting not in settings:
         settings.append(caller.threads_setting)
     limit = "%s in its environment" % " or ".join(settings) if settings else ""
     if torch_used:
         limit = ("%s, or torch.set_num_threads(1)" % limit) if limit else "torch.set_num_threads(1)"
-    text = "Start the workers with the spawn start method — %s — so that each worker starts %s threads of its own" % (
-        context,
-        library.name,
-    )
+    if who == PROCESS:
+        text = (
+            "Start this process with the spawn start method — multiprocessing.set_start_method('spawn') in the "
+            "program that starts it (or 'forkserver') — so that it starts %s threads of its own" % library.name
+        )
+    else:
+        how = (
+            "DataLoader(..., multiprocessing_context='spawn')"
+            if who == DATALOADER
+            else "multiprocessing.set_start_method('spawn') before they start (or 'forkserver')"
+        )
+        text = (
+            "Start the workers with the spawn start method — %s — so that each worker starts %s threads of its own"
+            % (
+                how,
+                library.name,
+            )
+        )
     if limit:
         text += "; or keep the parent to one thread before it forks: %s" % limit
     return text + "."
+
+
+WORKER, DATALOADER, PROCESS = "worker", "DataLoader worker", "process"
+"""Whose wait `worker_native` reads: a pool's worker, a DataLoader's, or the stalled process itself."""
 
 
 def _same(library: Library, obj: str) -> bool:
@@ -376,14 +390,16 @@ def _same(library: Library, obj: str) -> bool:
 
 
 def worker_native(
-    row: Optional[Mapping[str, Any]], journal: Any = None, dataloader: bool = False
+    row: Optional[Mapping[str, Any]], journal: Any = None, dataloader: bool = False, who: str = WORKER
 ) -> Optional[WorkerNative]:
     """The native reading of one worker (its ``process.children`` row: ``native`` frames,
     ``syscalls`` — the shared object each thread's system call is made from, its main thread
     first — and ``libraries``; its journal for the fork), or None when the row holds no native
-    evidence that names a library."""
+    evidence that names a library. ``who``: `WORKER`, `DATALOADER` (``dataloader`` True) or
+    `PROCESS` (the stalled process itself: "The main thread waits in …")."""
     if not row:
         return None
+    who = DATALOADER if dataloader else who
     native = row.get("native")
     frames = (
         [(str(f[0]), str(f[1])) for f in native if isinstance(f, (list, tuple)) and len(f) == 2]
@@ -407,7 +423,7 @@ def worker_native(
         attrs["lora_otel.native.object"] = wait.obj
     if wait.caller is not None:
         attrs["lora_otel.native.caller"] = wait.caller.name
-    phrase = wait.phrase()
+    phrase = wait.phrase("The main thread" if who == PROCESS else "it")
     if not frames:
         phrase += " (its system call is made from there; %s)" % (
             "no native frames: %s" % row.get("native_error") if row.get("native_error") else "no native frames"
@@ -419,11 +435,12 @@ def worker_native(
     if pool_lib is not None and forked is not None and forked != 0 and alone:
         attrs["lora_otel.native.fork_unsafe"] = True
         phrase += (
-            " — %s, which its parent started before it forked this worker%s and a forked child does not have "
+            " — %s, which its parent started before it forked this %s%s and a forked child does not have "
             "(none of its %d other thread%s is %s's): the pool's threads it waits for do not exist here, so the "
             "wait never ends"
             % (
                 pool_lib.pool,
+                "process" if who == PROCESS else "worker",
                 _parent_threads(forked),
                 len(others),
                 "" if len(others) == 1 else "s",
@@ -434,7 +451,7 @@ def worker_native(
         torch_used = any(lib.name == "torch" for lib in libraries) or any(
             getattr(library_of(s, w), "name", "") == "torch" for s, w in frames
         )
-        return WorkerNative(phrase, _advice(pool_lib, wait.caller, torch_used, dataloader), attrs)
+        return WorkerNative(phrase, _advice(pool_lib, wait.caller, torch_used, who), attrs)
     return WorkerNative(phrase, "", attrs)
 
 
