@@ -78,6 +78,8 @@ def dump(*frames: str, name: str = "MainThread") -> str:
         ("_dl_open", "ld-linux-x86-64.so.2", "the dynamic loader (dlopen)"),
         ("tbb::detail::r1::market::wait", "libtbb.so.12", "TBB"),
         ("at::native::cpublas::gemm", "libtorch_cpu.so", "torch"),
+        ("cv::parallel_for_", "cv2.abi3.so", "OpenCV"),
+        ("0x7f00", "libopencv_core.so.4.5", "OpenCV"),
     ],
 )
 def test_a_native_frame_is_named_by_its_library(symbol: str, where: str, library: str) -> None:
@@ -237,6 +239,16 @@ def test_no_fork_story_without_its_evidence(journal: Optional[_Journal], extra: 
     found = native.worker_native(row(**extra), journal)
     assert found is not None and found.phrase.startswith("it waits in OpenMP (libgomp.so.1")
     assert "forked" not in found.phrase and found.advice == ""
+
+
+def test_a_setting_that_is_a_call() -> None:
+    """OpenCV's pool is kept to one thread by a call, not a variable."""
+    frames = [["0x7f00", "libc.so.6"], ["cv::ParallelJob::execute", "cv2.abi3.so"], ["load", "/job/data.py:7"]]
+    found = native.worker_native(
+        row(native=frames, syscalls=[[4711, "libc.so.6"], [4712, "libc.so.6"]]), FORKED, dataloader=True
+    )
+    assert found is not None and found.phrase.startswith("it waits in OpenCV (cv::ParallelJob::execute, cv2.abi3.so)")
+    assert found.advice.endswith("or keep the parent to one thread before it forks: cv2.setNumThreads(0).")
 
 
 def test_without_native_frames_the_object_of_its_system_call() -> None:

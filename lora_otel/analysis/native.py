@@ -41,7 +41,8 @@ class Library:
     """One native library a thread can wait in: ``name`` in plain words, ``objects`` (shared-object
     name prefixes), ``symbols`` (symbol prefixes: statically linked copies, such as MKL inside
     ``libtorch_cpu.so``, are known by these), and ``pool`` (its worker threads, in words) when it
-    keeps a thread pool that a forked child does not have; ``threads_setting`` limits that pool."""
+    keeps a thread pool that a forked child does not have; ``threads_setting`` limits that pool to
+    one thread: an environment variable (``OMP_NUM_THREADS=1``) or a call (``cv2.setNumThreads(0)``)."""
 
     name: str
     objects: tuple[str, ...] = ()
@@ -75,6 +76,7 @@ LIBRARIES: tuple[Library, ...] = (
         "OPENBLAS_NUM_THREADS=1",
     ),
     Library("oneDNN", ("libdnnl",), ("dnnl::", "dnnl_")),
+    Library("OpenCV", ("libopencv", "cv2."), ("cv::",), "OpenCV's thread pool", "cv2.setNumThreads(0)"),
     Library("TBB", ("libtbb",), ("tbb::",), "TBB's thread pool"),
     Library("NCCL", ("libnccl",), ("nccl",)),
     Library("gloo", ("libgloo",), ("gloo::",)),
@@ -355,7 +357,9 @@ def _advice(library: Library, caller: Optional[Library], torch_used: bool, who: 
     settings = [library.threads_setting] if library.threads_setting else []
     if caller is not None and caller.threads_setting and caller.threads_setting not in settings:
         settings.append(caller.threads_setting)
-    limit = "%s in its environment" % " or ".join(settings) if settings else ""
+    variables = [v for v in settings if not v.endswith(")")]  # OMP_NUM_THREADS=1; a call: cv2.setNumThreads(0)
+    calls = [c for c in settings if c.endswith(")")]
+    limit = ", or ".join((["%s in its environment" % " or ".join(variables)] if variables else []) + calls)
     if torch_used:
         limit = ("%s, or torch.set_num_threads(1)" % limit) if limit else "torch.set_num_threads(1)"
     if who == PROCESS:
@@ -381,6 +385,7 @@ def _advice(library: Library, caller: Optional[Library], torch_used: bool, who: 
     return text + "."
 
 
+_TORCH_POOLS = ("OpenMP", "MKL")
 WORKER, DATALOADER, PROCESS = "worker", "DataLoader worker", "process"
 """Whose wait `worker_native` reads: a pool's worker, a DataLoader's, or the stalled process itself."""
 
@@ -448,8 +453,10 @@ def worker_native(
             )
         )
         libraries = loaded(row.get("libraries") or ())
-        torch_used = any(lib.name == "torch" for lib in libraries) or any(
-            getattr(library_of(s, w), "name", "") == "torch" for s, w in frames
+        # torch.set_num_threads sets OpenMP's and MKL's thread counts (its intra-op pool): not another library's
+        torch_used = pool_lib.name in _TORCH_POOLS and (
+            any(lib.name == "torch" for lib in libraries)
+            or any(getattr(library_of(s, w), "name", "") == "torch" for s, w in frames)
         )
         return WorkerNative(phrase, _advice(pool_lib, wait.caller, torch_used, who), attrs)
     return WorkerNative(phrase, "", attrs)
