@@ -532,3 +532,34 @@ def test_the_main_thread_waits_in_openmp(tmp_path: Path) -> None:
 
 def _has_py_spy() -> bool:
     return shutil.which("py-spy") is not None or (Path(os.sys.executable).parent / "py-spy").exists()
+
+
+DATALOADER_MAIN = """Current thread 0x0000000000000001 (most recent call first):
+  File "/python/lib/python3.11/threading.py", line 331 in wait
+  File "/python/lib/python3.11/multiprocessing/queues.py", line 113 in get
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1133 in _try_get_data
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1295 in _get_data
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1329 in _next_data
+  File "/job/train.py", line 18 in <module>
+"""
+
+
+def test_a_dataloader_worker_is_read_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded worker's evidence under a DataLoader's wait: the DataLoader rule names the
+    library and the fork, and its advice is the DataLoader's own start-method switch."""
+    case = json.loads(CASE.read_text())
+    journals = _journals(case, tmp_path)
+    running = {j.path: "running" for j in journals if j.exit is None and j.exec is None}
+    for module in (pools, diagnose):
+        real = module.process_state
+        monkeypatch.setattr(module, "process_state", lambda j, real=real: running.get(j.path) or real(j))
+    evidence = dict(case["evidence"])
+    evidence[PREFIX + "python.stacks"] = DATALOADER_MAIN
+    job = journals[0]
+    assert job.root is not None
+    stall = Stall("alive", job.root, 30.0, 4.0, "")
+    found = explain(stall, evidence, job, journals, now_ns=case["now_ns"])
+    assert found.attrs["lora_otel.diagnosis.rule"] == "DataLoader"
+    assert "The main thread waits for a DataLoader batch (at train.py:18 in <module>)" in found.sentence
+    assert "it waits in OpenMP (libgomp" in found.sentence and "a forked child does not have" in found.sentence
+    assert "DataLoader(..., multiprocessing_context='spawn')" in found.advice
