@@ -563,3 +563,35 @@ def test_a_dataloader_worker_is_read_the_same_way(tmp_path: Path, monkeypatch: p
     assert "The main thread waits for a DataLoader batch (at train.py:18 in <module>)" in found.sentence
     assert "it waits in OpenMP (libgomp" in found.sentence and "a forked child does not have" in found.sentence
     assert "DataLoader(..., multiprocessing_context='spawn')" in found.advice
+
+
+def test_an_untraced_worker_in_a_library_holds_a_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker with no journal (not traced), asleep on a futex — which alone reads as waiting for
+    work — whose main thread's system call is made from libgomp: it holds a task, in OpenMP; not
+    known to be forked, so no advice."""
+    case = json.loads(CASE.read_text())
+    journals = _journals(case, tmp_path)
+    job = journals[0]
+    monkeypatch.setattr(pools, "process_state", lambda j: "running")
+    monkeypatch.setattr(diagnose, "process_state", lambda j: "running")
+    evidence = dict(case["evidence"])
+    evidence[PREFIX + "process.children"] = [
+        {
+            "pid": 999999,
+            "state": "S",
+            "wchan": "futex_do_wait",
+            "cpu_percent": 0,
+            "cmdline": "python job.py",
+            "libraries": ["libgomp.so.1"],
+            "syscalls": [[999999, "libgomp.so.1"], [1000000, "libc.so.6"]],
+        }
+    ]
+    assert native.in_library(evidence[PREFIX + "process.children"][0])
+    assert job.root is not None
+    found = explain(Stall("between", job.root, 30.0, 4.0, ""), evidence, job, [job], now_ns=case["now_ns"])
+    assert found.attrs["lora_otel.diagnosis.rule"] == "worker pool"
+    assert (
+        "worker pid 999999 (python job.py) holds a task: sleeping in futex_do_wait, 0 % CPU; it waits in OpenMP "
+        "(libgomp.so.1) (its system call is made from there; no native frames)." in found.sentence
+    ), found.sentence
+    assert found.advice == ""

@@ -294,19 +294,23 @@ def children_facts(
             if frames:
                 row["frames"] = frames
         natives = 0
-        for row in rows:
+        for row in rows[:MAX_CHILD_SYSCALLS]:
             kid_pid = row["pid"]
-            if not isinstance(kid_pid, int) or natives >= MAX_CHILD_NATIVE:
+            if not isinstance(kid_pid, int):
                 continue
-            if native_wait_likely(row, (journals or {}).get(kid_pid)):
+            if natives < MAX_CHILD_NATIVE and native_wait_likely(row, (journals or {}).get(kid_pid)):
                 natives += 1
                 row.update(native_facts(kid_pid))
+            elif row.get("state") == "S" and str(row.get("wchan", "")).startswith("futex"):
+                row.update(thread_syscalls(kid_pid))  # (nothing paused: which library its futex wait is in)
     return {PREFIX + "process.children": rows} if rows else {}
 
 
 MAX_CHILD_NATIVE = 2
 """At most this many children read with ``py-spy dump --native`` at one stall (about a second each
 on a process that loaded torch: its symbols)."""
+MAX_CHILD_SYSCALLS = 8
+"""At most this many children's threads' system calls read at one stall (a few milliseconds each)."""
 MAX_NATIVE_FRAMES = 40
 MAX_NATIVE_THREADS = 256
 

@@ -330,6 +330,16 @@ def syscall_object(syscall_text: str, ranges: Sequence[tuple[int, int, str]]) ->
     return next((name for lo, hi, name in ranges if lo <= pc < hi), "")
 
 
+def in_library(row: Optional[Mapping[str, Any]]) -> bool:
+    """Whether a ``process.children`` row's main thread waits in one of `LIBRARIES` by its system
+    call (``syscalls``: its first entry is the main thread's) — a worker in a task, never one in its
+    pool's wait for work (Python's own waits are the C library's)."""
+    calls = row.get("syscalls") if row else None
+    if not isinstance(calls, list) or not calls or not isinstance(calls[0], (list, tuple)) or len(calls[0]) != 2:
+        return False
+    return row is not None and calls[0][0] == row.get("pid") and library_of("", str(calls[0][1])) is not None
+
+
 def fork_of(journal: Any) -> Optional[int]:
     """How many threads the parent of a forked child had besides the forking one and lora_otel's
     beat when it forked (``process.fork.parent_threads`` on the child's root span), or None when

@@ -383,6 +383,7 @@ def pool_wait(
             and w.row is not None
             and (w.row.get("state") in ("R", "D") or not str(w.row.get("wchan", "")).startswith(_IDLE_WCHAN))
         )
+        or native.in_library(w.row)  # its main thread waits in a known library: not in the pool's wait for work
     ]
     parts: list[str] = []
     if lost:
