@@ -146,6 +146,33 @@ def test_an_extension_no_table_knows_is_named_by_its_file() -> None:
     )
 
 
+def test_frames_read_with_debug_information() -> None:
+    """Where the C library and CPython were built with debug information, py-spy shows their frames'
+    source files (``…/nptl/pthread_cond_wait.c:503``, ``…/Modules/_ctypes/callproc.c:943``): they
+    are still the C library's wait and the interpreter's call, not a library of their own."""
+    frames = native.main_thread_frames(
+        dump(
+            "__futex_abstimed_wait_common (/build/glibc-x/nptl/futex-internal.c:57)",
+            "___pthread_cond_wait (/build/glibc-x/nptl/pthread_cond_wait.c:618)",
+            "0x7f00 (/opt/conda/lib/libopenblas.so.0)",
+            "ffi_call (/usr/lib/x86_64-linux-gnu/libffi.so.8.1.2)",
+            "_call_function_pointer (/tmp/python-build/Python-3.11.7/Modules/_ctypes/callproc.c:943)",
+            "<module> (/job/job.py:16)",
+        )
+    )
+    wait = native.native_wait(frames)
+    assert wait is not None
+    assert wait.phrase() == "it waits in OpenBLAS (libopenblas.so.0) on a condition, called from job.py:16 in <module>"
+    python_lock = native.main_thread_frames(
+        dump(
+            "do_futex_wait (/build/glibc-x/nptl/sem_waitcommon.c:111)",
+            "PyThread_acquire_lock_timed (/tmp/python-build/Python-3.11.7/Python/thread_pthread.h:483)",
+            "run (/job/job.py:4)",
+        )
+    )
+    assert native.native_wait(python_lock) is None
+
+
 @pytest.mark.parametrize(
     "frames",
     [

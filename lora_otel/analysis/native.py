@@ -104,13 +104,17 @@ _WAITS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("nanosleep", "__nanosleep", "clock_nanosleep", "__clock_nanosleep", "usleep", "sleep"), "a sleep"),
     (("futex", "__futex", "syscall"), "a futex (a lock or condition)"),
 )
-_FUTEX = _WAITS[-1][1]
 """What a C library frame says about the wait itself (its kind, never its owner)."""
+_FUTEX = _WAITS[-1][1]
 _LIBC = ("libc.so", "libc-", "libpthread", "[vdso]", "linux-vdso", "libc.musl", "ld-musl")
+_LIBC_SOURCES = ("/nptl/", "/sysdeps/", "/glibc", "/misc/", "/io/")
+"""Where a C library frame read with its debug information is (``…/nptl/pthread_cond_wait.c:503``)."""
 _INTERPRETER = ("libpython", "python3", "python", "libffi", "_ctypes")
+_INTERPRETER_SOURCES = ("/Modules/", "/Python/", "/Objects/", "/Include/")
+"""Where a frame of CPython read with its debug information is (``…/Modules/_ctypes/callproc.c:943``)."""
+_INTERPRETER_SYMBOLS = ("Py", "_Py", "ffi_call", "_call_function_pointer", "_ctypes_", "take_gil", "drop_gil")
 _PY_SOURCE = re.compile(r":\d+$")
 _NATIVE_SOURCE = re.compile(r"\.(?:c|cc|cpp|cxx|h|hpp|rs|S|s):\d+$")
-_FRAME = re.compile(r"^\s+(.*) \(([^()]*)\)\s*$")
 _HEADER = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)(?::\s*"([^"]*)")?')
 
 
@@ -121,6 +125,23 @@ def is_python(where: str) -> bool:
 
 def _object(where: str) -> str:
     return where.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _is_libc(where: str) -> bool:
+    path = where.replace("\\", "/")
+    return _object(path).startswith(_LIBC) or (
+        _NATIVE_SOURCE.search(path) is not None and any(d in path for d in _LIBC_SOURCES)
+    )
+
+
+def _is_interpreter(symbol: str, where: str) -> bool:
+    """A frame of CPython itself or of ctypes' call (libffi): the eval loop, a Python lock, a call."""
+    path = where.replace("\\", "/")
+    if _object(path).startswith(_INTERPRETER):
+        return True
+    if _NATIVE_SOURCE.search(path) is not None and any(d in path for d in _INTERPRETER_SOURCES):
+        return True
+    return _symbolized(symbol) and symbol.startswith(_INTERPRETER_SYMBOLS) and library_of(symbol, "") is None
 
 
 def _symbolized(symbol: str) -> bool:
@@ -244,12 +265,12 @@ def native_wait(frames: Sequence[NativeFrame]) -> Optional[NativeWait]:
             python = _python_place(symbol, where)
             break
         obj = _object(where)
-        if found is None and unknown is None and obj.startswith(_LIBC):
+        if found is None and unknown is None and _is_libc(where):
             kind = _wait_kind(symbol)
             if kind and (not wait or wait == _FUTEX):  # pthread_cond_wait says more than the futex under it
                 wait = kind
             continue
-        if obj.startswith(_INTERPRETER):
+        if _is_interpreter(symbol, where):
             if found is None and unknown is None:
                 return None  # the C library's wait, called by the interpreter (a Python lock, time.sleep)
             interpreter = True  # (the eval loop, ctypes' call: no library past it, only the Python caller)
