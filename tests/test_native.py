@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from procs import lora_otel_cli, wait_for
+from procs import journals, lora_otel_cli, run_traced, wait_for
 from test_local_beat import launch_detached, messages, stop
 
 from lora_otel.analysis import diagnose, native, pools
@@ -622,3 +622,35 @@ def test_an_untraced_worker_in_a_library_holds_a_task(tmp_path: Path, monkeypatc
         "(libgomp.so.1) (its system call is made from there; no native frames)." in found.sentence
     ), found.sentence
     assert found.advice == ""
+
+
+FORKS_PY = """import os, sys, threading
+release = threading.Event()
+threads = [threading.Thread(target=release.wait) for _ in range(int(sys.argv[1]))]
+for t in threads:
+    t.start()
+pid = os.fork()
+if pid == 0:
+    import time
+    time.sleep(1)  # (lives to its first beat: its journal is made)
+    print("child", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+release.set()
+"""
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_forked_childs_root_says_how_many_threads_its_parent_had(tmp_path: Path, threads: int) -> None:
+    """``process.fork.parent_threads``: the parent's threads at the fork besides the forking one and
+    lora_otel's beat — the program's own."""
+    (tmp_path / "forks.py").write_text(FORKS_PY)
+    r = run_traced(["forks.py", str(threads)], tmp_path, LORA_OTEL_BEAT_S="0.2")
+    assert r.returncode == 0 and "child" in r.stdout, r.stderr[-2000:]
+    children = [
+        j
+        for j in map(read_journal, journals(tmp_path))
+        if j.root is not None and j.root.attrs.get("lora_otel.activation") == "fork"
+    ]
+    assert len(children) == 1
+    assert children[0].root is not None and children[0].root.attrs["process.fork.parent_threads"] == threads
