@@ -318,7 +318,9 @@ def _journals(case: dict[str, Any], tmp: Path) -> list[Journal]:
     return out
 
 
-@pytest.mark.parametrize("name", ["pool_worker_openmp_after_fork", "main_thread_openmp_team_wait"])
+@pytest.mark.parametrize(
+    "name", ["pool_worker_openmp_after_fork", "main_thread_openmp_team_wait", "main_thread_openmp_team_spin"]
+)
 def test_the_recorded_cases(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     case = json.loads((EVIDENCE / ("%s.json" % name)).read_text())
     journals = _journals(case, tmp_path)
@@ -508,19 +510,22 @@ callback = BODY(body)
 gomp.GOMP_parallel(callback, None, 2, 0)  # the main thread waits at the team's end for it
 """
 TEAM_CASE = EVIDENCE / "main_thread_openmp_team_wait.json"
+SPIN_CASE = EVIDENCE / "main_thread_openmp_team_spin.json"
 
 
 @pytest.mark.slow
-def test_the_main_thread_waits_in_openmp(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["PASSIVE", "ACTIVE"])
+def test_the_main_thread_waits_in_openmp(tmp_path: Path, policy: str) -> None:
     """A job whose main thread waits in an OpenMP parallel region for a team thread that never
     finishes (libgomp's ``GOMP_parallel`` through ctypes, its body sleeping in one thread): not
-    frozen (the wait releases the GIL), no Python wait of its own on the stack. Its threads' system
-    calls show the main one made from libgomp, so its native frames are read: the why line names
-    OpenMP, and no advice (it was not forked)."""
+    frozen (the wait releases the GIL), no Python wait of its own on the stack. ``PASSIVE``: it
+    sleeps on a futex, and its threads' system calls show the main one's made from libgomp;
+    ``ACTIVE``: it spins, and py-spy shows it running without the GIL. Either way its native frames
+    are read: the why line names OpenMP, and no advice (it was not forked)."""
     if not _has_py_spy():
         pytest.skip("py-spy is not installed: no native frames")
     (tmp_path / "job.py").write_text(TEAM_PY)
-    proc = launch_detached(tmp_path, "job.py", LORA_OTEL_STALL_AFTER="between=4")
+    proc = launch_detached(tmp_path, "job.py", LORA_OTEL_STALL_AFTER="between=4", OMP_WAIT_POLICY=policy)
     log = tmp_path / "log.txt"
     try:
         [line] = wait_for(
@@ -529,8 +534,9 @@ def test_the_main_thread_waits_in_openmp(tmp_path: Path) -> None:
             what="the why line naming OpenMP",
         )
         assert re.fullmatch(
-            r"why the job is stalled: The main thread waits in OpenMP \([^)]*libgomp[^)]*\.so[^)]*\), called from "
-            r"job\.py:16 in <module>\.",
+            r"why the job is stalled: The main thread %s in OpenMP \([^)]*libgomp[^)]*\.so[^)]*\), called from "
+            r"job\.py:16 in <module>%s\."
+            % (("waits", "") if policy == "PASSIVE" else ("runs", r" \(busy on the CPU: \d+ %\)")),
             line,
         ), line
         job = _top(tmp_path)
@@ -548,10 +554,18 @@ def test_the_main_thread_waits_in_openmp(tmp_path: Path) -> None:
                 evidence,
                 open_s,
                 now,
-                TEAM_CASE,
-                "a main thread in an OpenMP parallel region (libgomp's GOMP_parallel through ctypes) waiting at the "
-                "team's end for a thread that sleeps: not frozen, not forked",
-                {"rule": "native wait", "sentence": ["The main thread waits in OpenMP (", "libgomp"], "advice": []},
+                TEAM_CASE if policy == "PASSIVE" else SPIN_CASE,
+                "a main thread in an OpenMP parallel region (libgomp's GOMP_parallel through ctypes, "
+                "OMP_WAIT_POLICY=%s) waiting at the team's end for a thread that sleeps: not frozen, not forked"
+                % policy,
+                {
+                    "rule": "native wait",
+                    "sentence": [
+                        "The main thread %s in OpenMP (" % ("waits" if policy == "PASSIVE" else "runs"),
+                        "libgomp",
+                    ],
+                    "advice": [],
+                },
             )
     finally:
         stop(proc)

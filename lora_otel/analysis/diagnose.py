@@ -559,6 +559,7 @@ def _own_native(f: Facts) -> Optional[native.WorkerNative]:
         "syscalls": calls,
         "libraries": f.evidence.get(PREFIX + "native.libraries") or [],
         "native_error": f.evidence.get(PREFIX + "py_spy.native_error") or f.evidence.get(PREFIX + "py_spy.error"),
+        "state": f.state[:1],
     }
     return native.worker_native(row, f.journal, who=native.PROCESS)
 
@@ -569,7 +570,9 @@ def _native_wait(f: Facts) -> Optional[Diagnosis]:
     found = _own_native(f)
     if found is None or "lora_otel.native.library" not in found.attrs:
         return None
-    return Diagnosis(found.phrase + ".", dict(found.attrs), advice=found.advice)
+    cpu = f.evidence.get(PREFIX + "process.cpu_percent")
+    busy = " (busy on the CPU: %.0f %%)" % cpu if f.state.startswith("R") and isinstance(cpu, (int, float)) else ""
+    return Diagnosis(found.phrase + busy + ".", dict(found.attrs), advice=found.advice)
 
 
 def _sample_age(f: Facts) -> str:

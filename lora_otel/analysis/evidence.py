@@ -1170,8 +1170,26 @@ def gather(pid: int, request: Optional[StackRequest], native: bool = False) -> d
     # pressure, where it competes for the same cgroup), which must not shift the samples above;
     # the signal is sent only when py-spy could not read them. Native frames are read (a pause)
     # for a frozen process, and for one whose main thread waits in a known library's own call.
-    out.update(python_stacks(pid, request, native=native, pause=not native and _waits_in_library(pid, calls)))
+    pause = not native and _waits_in_library(pid, calls)
+    out.update(python_stacks(pid, request, native=native, pause=pause))
+    if not native and not pause and _runs_native(str(out.get(PREFIX + "py_spy.dump") or "")):
+        # its main thread runs without the GIL, so not Python's code: which library it runs in
+        native_dump = py_spy_dump(pid, True)
+        if native_dump.get(PREFIX + "py_spy.dump"):
+            out.pop(PREFIX + "py_spy.native_error", None)  # (the first read's: not paused)
+            out.update(native_dump)
     return out
+
+
+def _runs_native(dump: str) -> bool:
+    """Whether py-spy's dump shows the main thread running (``active``) without the GIL: in native
+    code that released it (a spin in OpenMP's or the CUDA driver's wait, a C loop)."""
+    for line in dump.splitlines():
+        head = _SPY_THREAD.match(line)
+        if head and head.group(1) == "MainThread":
+            status = line[line.find("(") + 1 : line.find(")")]
+            return status == "active"
+    return False
 
 
 def _waits_in_library(pid: int, calls: dict[str, Any]) -> bool:

@@ -210,7 +210,7 @@ class NativeWait:
     caller_symbol: str
     python: str
 
-    def phrase(self, subject: str = "it") -> str:
+    def phrase(self, subject: str = "it", verb: str = "waits") -> str:
         """``it waits in OpenMP (libgomp.so.1, called by MKL's mkl_blas_sgemm_omp_driver_v1), called from
         job.py:12 in task``."""
         where = self.library.name if self.library is not None else "native code"
@@ -221,7 +221,7 @@ class NativeWait:
                 % (self.caller.name, "'s %s" % _plain_symbol(self.caller_symbol) if self.caller_symbol else "")
             )
         details = ", ".join(d for d in inside if d)
-        text = "%s waits in %s%s" % (subject, where, " (%s)" % details if details else "")
+        text = "%s %s in %s%s" % (subject, verb, where, " (%s)" % details if details else "")
         if self.wait:
             text += " on %s" % self.wait
         if self.python:
@@ -459,7 +459,10 @@ def worker_native(
         attrs["lora_otel.native.object"] = wait.obj
     if wait.caller is not None:
         attrs["lora_otel.native.caller"] = wait.caller.name
-    phrase = wait.phrase("The main thread" if who == PROCESS else "it")
+    running = str(row.get("state") or "").startswith("R")  # (running native code: a spin, a loop)
+    phrase = wait.phrase("The main thread" if who == PROCESS else "it", "runs" if running else "waits")
+    if running and wait.wait:
+        phrase = phrase.replace(" on %s" % wait.wait, "", 1)  # (a frame's wait it has left)
     if not frames:
         phrase += " (its system call is made from there; %s)" % (
             "no native frames: %s" % row.get("native_error") if row.get("native_error") else "no native frames"
