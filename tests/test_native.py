@@ -163,6 +163,21 @@ def test_frames_read_with_debug_information() -> None:
     wait = native.native_wait(frames)
     assert wait is not None
     assert wait.phrase() == "it waits in OpenBLAS (libopenblas.so.0) on a condition, called from job.py:16 in <module>"
+    # libgomp's own frames with their sources (a gdb backtrace in h2oai/h2o4gpu#830, as py-spy prints it)
+    gomp = native.main_thread_frames(
+        dump(
+            "futex_wait (/work/.build/src/gcc/libgomp/config/linux/x86/futex.h:44)",
+            "do_wait (/work/.build/src/gcc/libgomp/config/linux/wait.h:67)",
+            "gomp_team_barrier_wait_end (/work/.build/src/gcc/libgomp/config/linux/bar.c:112)",
+            "LGBM_BoosterUpdateOneIter (/opt/conda/lib/python3.7/site-packages/lightgbm/lib_lightgbm.so)",
+            "update (/job/train.py:40)",
+        )
+    )
+    wait = native.native_wait(gomp)
+    assert wait is not None and wait.library is not None and wait.library.name == "OpenMP"
+    assert wait.phrase() == (
+        "it waits in OpenMP (gomp_team_barrier_wait_end, bar.c:112), called from train.py:40 in update"
+    )
     python_lock = native.main_thread_frames(
         dump(
             "do_futex_wait (/build/glibc-x/nptl/sem_waitcommon.c:111)",

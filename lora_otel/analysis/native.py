@@ -49,6 +49,9 @@ class Library:
     symbols: tuple[str, ...] = ()
     pool: str = ""
     threads_setting: str = ""
+    sources: tuple[str, ...] = ()
+    """Directories of its source tree, for a frame read with debug information
+    (``…/libgomp/config/linux/wait.h:67``)."""
 
 
 LIBRARIES: tuple[Library, ...] = (
@@ -58,6 +61,7 @@ LIBRARIES: tuple[Library, ...] = (
         ("gomp_", "GOMP_", "omp_"),
         "OpenMP's thread pool",
         "OMP_NUM_THREADS=1",
+        ("/libgomp/",),
     ),
     Library(
         "OpenMP",
@@ -66,7 +70,7 @@ LIBRARIES: tuple[Library, ...] = (
         "OpenMP's thread pool",
         "OMP_NUM_THREADS=1",
     ),
-    Library("OpenMP", ("libomp.so", "libomp-"), (), "OpenMP's thread pool", "OMP_NUM_THREADS=1"),
+    Library("OpenMP", ("libomp.so", "libomp-"), (), "OpenMP's thread pool", "OMP_NUM_THREADS=1", ("/openmp/runtime/",)),
     Library("MKL", ("libmkl",), ("mkl_", "MKL_"), "MKL's threads", "MKL_NUM_THREADS=1"),
     Library(
         "OpenBLAS",
@@ -74,20 +78,23 @@ LIBRARIES: tuple[Library, ...] = (
         ("blas_thread_", "exec_blas", "openblas_", "scipy_openblas", "blas_memory_alloc"),
         "OpenBLAS's thread pool",
         "OPENBLAS_NUM_THREADS=1",
+        ("/OpenBLAS/", "/openblas/"),
     ),
     Library("oneDNN", ("libdnnl",), ("dnnl::", "dnnl_")),
     Library("OpenCV", ("libopencv", "cv2."), ("cv::",), "OpenCV's thread pool", "cv2.setNumThreads(0)"),
     Library("TBB", ("libtbb",), ("tbb::",), "TBB's thread pool"),
-    Library("NCCL", ("libnccl",), ("nccl",)),
+    Library("NCCL", ("libnccl",), ("nccl",), sources=("/nccl/",)),
     Library("gloo", ("libgloo",), ("gloo::",)),
     Library("the CUDA driver", ("libcuda.so", "libcuda-")),
     Library("the CUDA runtime", ("libcudart",)),
     Library("cuBLAS", ("libcublas",)),
     Library("cuDNN", ("libcudnn",)),
-    Library("the memory allocator (jemalloc)", ("libjemalloc",), ("je_", "jemalloc")),
+    Library("the memory allocator (jemalloc)", ("libjemalloc",), ("je_", "jemalloc"), sources=("/jemalloc/",)),
     Library("the memory allocator (tcmalloc)", ("libtcmalloc",), ("tcmalloc::", "tc_")),
     Library("the dynamic loader (dlopen)", ("ld-linux", "ld64.so", "ld.so"), ("_dl_", "dlopen")),
-    Library("torch", ("libtorch", "libc10"), ("at::", "c10::", "torch::")),
+    Library(
+        "torch", ("libtorch", "libc10"), ("at::", "c10::", "torch::"), sources=("/aten/src/", "/c10/", "/torch/csrc/")
+    ),
 )
 """The libraries named in a sentence, most specific first: a frame's symbol is looked up before its
 shared object (MKL and OpenMP frames live in ``libtorch_cpu.so`` in torch's wheels)."""
@@ -158,6 +165,11 @@ def library_of(symbol: str, where: str) -> Optional[Library]:
     for library in LIBRARIES:
         if library.objects and obj.startswith(library.objects):
             return library
+    if _NATIVE_SOURCE.search(where):  # read with debug information: its source file's directory
+        path = where.replace("\\", "/")
+        for library in LIBRARIES:
+            if library.sources and any(d in path for d in library.sources):
+                return library
     return None
 
 
@@ -284,6 +296,9 @@ def native_wait(frames: Sequence[NativeFrame]) -> Optional[NativeWait]:
             else:
                 unknown = (symbol, obj)
             continue
+        if found is not None and caller is None and library is found[0] and _better(found[1], symbol, library):
+            found = (library, symbol, obj)  # (gomp_team_barrier_wait_end says more than its futex_wait)
+            continue
         if caller is None and library is not None and (found is None or library is not found[0]):
             caller = (library, symbol if _symbolized(symbol) else "")
     if found is not None:
@@ -296,6 +311,13 @@ def native_wait(frames: Sequence[NativeFrame]) -> Optional[NativeWait]:
         # a shared object none of the table knows (a C extension): named by its file, with its caller
         return NativeWait(None, obj, symbol, wait, caller[0] if caller else None, caller[1] if caller else "", python)
     return None  # only the C library's wait, called by the interpreter (a Python lock, time.sleep)
+
+
+def _better(named: str, symbol: str, library: Library) -> bool:
+    """Whether ``symbol``, a frame further out in the same library, names its wait better than
+    ``named``: one of the library's own symbols where ``named`` is none (an address, a helper)."""
+    own = bool(library.symbols) and _symbolized(symbol) and symbol.startswith(library.symbols)
+    return own and not (_symbolized(named) and named.startswith(library.symbols))
 
 
 def loaded(maps_objects: Iterable[str]) -> list[Library]:
