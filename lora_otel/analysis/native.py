@@ -1,24 +1,28 @@
 """Which native library a thread waits in, and a thread pool that a forked child does not have.
 
 A worker that "holds a task" while its Python frame calls into C (``torch.matmul``, a numpy BLAS
-call, an OpenCV resize) is waiting somewhere in a native library. Its native frames (py-spy
-``dump --native``, gathered by `lora_otel.analysis.evidence.native_facts`) say which: each frame's
-symbol or shared object is looked up in one table, `LIBRARIES` (``libgomp`` → OpenMP, ``mkl_`` →
-MKL, ``libopenblas`` → OpenBLAS, ``libnccl`` → NCCL, ``libcuda`` → the CUDA driver …); the C
-library's own frames (``pthread_cond_wait``, ``__lll_lock_wait``, ``sem_wait``) say only what kind
-of wait it is (a condition, a lock), so the library named is the first one outside them, and the
-one that called it is named too (MKL's sgemm calling OpenMP).
+call, an OpenCV resize), or a main thread blocked in such a call, waits somewhere in a native
+library. Its native frames (py-spy ``dump --native``: `lora_otel.analysis.evidence.native_facts`
+for a worker, `evidence.gather` for the stalled process) say which: each frame's symbol, shared
+object or (with debug information) source directory is looked up in one table, `LIBRARIES`
+(``libgomp`` → OpenMP, ``mkl_`` → MKL, ``libopenblas`` → OpenBLAS, ``libnccl`` → NCCL,
+``libcuda`` → the CUDA driver …); the C library's own frames (``pthread_cond_wait``,
+``__lll_lock_wait``, ``sem_wait``) say only what kind of wait it is (a condition, a lock), so the
+library named is the first one outside them, with the one that called it (MKL's sgemm calling
+OpenMP); a wait the interpreter itself made (a Python lock, ``time.sleep``) names none.
 
-Without native frames, ``/proc/<pid>/maps`` says which of those libraries the process has loaded,
-and the wait channel (``futex_…``) that it waits on a lock or condition — not which library holds
-it: the sentence says so, and gives no advice.
+Without native frames, each thread's system call (``/proc/<pid>/task/<tid>/syscall``: its program
+counter, looked up in ``/proc/<pid>/maps``; nothing paused) says which object made it: a library
+that waits with its own ``futex`` call (libgomp) is named so; one that waits through the C
+library's ``pthread_cond_wait`` is not, and nothing is said.
 
 A forked child (its journal's root ``lora_otel.activation`` is ``fork``) inherits the memory of
 its parent's thread pools but none of their threads. A pool library (`Library.pool`) that the
-parent had started — its journal records the threads the parent had besides the forking one
-(``process.fork.parent_threads``) — waits in the child for threads that do not exist, for ever
-(the libgomp-after-fork hang, GCC bug 52303). The advice: start the workers with the ``spawn`` or
-``forkserver`` start method, or keep that library to one thread in the parent before it forks.
+parent had started — the child's journal records the threads the parent had besides the forking
+one (``process.fork.parent_threads``) — and that none of the child's own threads is in (their
+system calls), waits in the child for threads that do not exist, for ever (the libgomp-after-fork
+hang, GCC bug 52303). The advice: start the workers with the ``spawn`` or ``forkserver`` start
+method, or keep that library to one thread in the parent before it forks.
 
 Pure functions of recorded evidence; standard library only.
 """
