@@ -2347,7 +2347,7 @@ def _subprocess_exec_target() -> tuple[str | bytes, object] | None:
 
 
 def _before_fork() -> None:
-    global _fork_parent_span
+    global _fork_parent_span, _fork_other_threads
     _fork_parent_span = core.current_span_id() if core.active else None
     if core.active and _loaded_for_children != core.pid and _thread.get_ident() == core.main_ident:
         # (from another thread: the child loads them itself, `_load_in_child`; not here, where the
@@ -2357,6 +2357,17 @@ def _before_fork() -> None:
     if _PAUSE_AT_FORK and core.active:
         with _FORK_HOOK:
             _pause_beat()
+    if core.active:
+        # (one read of /proc/self/stat, ~10 µs: the forking thread and a running beat are not counted)
+        threads = _os_threads()
+        _fork_other_threads = threads - 1 - (_beat_stop is not None) if threads else -1
+
+
+_fork_other_threads = -1
+"""The threads this process had at its last fork besides the forking one and the beat (-1: not
+known): a forked child's root span records it (``process.fork.parent_threads``) — the threads of a
+pool the parent had started (OpenMP's, a BLAS library's) are not in the child, which still waits
+for them if it uses that pool (`lora_otel.analysis.native`)."""
 
 
 _loaded_for_children = 0
@@ -2446,7 +2457,10 @@ _child_of: tuple[str, int] = ("", 0)
 
 def _child_root() -> dict[str, Any]:
     """A forked child's root span start record, made when its journal is created (`core.defer_journal`)."""
-    return _root_record(_child_of[1], _child_of[0], _start_ticks(), "fork", sys.argv)
+    rec = _root_record(_child_of[1], _child_of[0], _start_ticks(), "fork", sys.argv)
+    if _fork_other_threads >= 0:
+        rec["attrs"]["process.fork.parent_threads"] = _fork_other_threads
+    return rec
 
 
 def _after_fork_child() -> None:

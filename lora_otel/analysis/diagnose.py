@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks, hubcache, pipes, polling
+from lora_otel.analysis import ages, filelocks, hubcache, native, pipes, polling
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
+from lora_otel.analysis.pools import ADVICE as POOL_ADVICE
 from lora_otel.analysis.pools import pool_wait
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
 from lora_otel.analysis.waits import background_read, descriptor_wait, main_wait, network_mount
@@ -374,9 +375,17 @@ def _in_collective(f: Facts) -> Optional[Diagnosis]:
 
 
 def _dataloader(f: Facts) -> Optional[Diagnosis]:
-    found = dataloader_wait(f.stacks, f.evidence, f.stall)
+    by_pid = {j.pid: j for j in f.peers if j.pid is not None}
+    found = dataloader_wait(f.stacks, f.evidence, f.stall, by_pid)
     if found is None:
         return None
+    for row in f.evidence.get(PREFIX + "process.children") or ():  # a worker stuck in a pool lost in its fork
+        if not isinstance(row, dict):
+            continue
+        pid = row.get("pid")
+        lost = native.worker_native(row, by_pid.get(pid) if isinstance(pid, int) else None, dataloader=True)
+        if lost is not None and lost.advice:
+            return Diagnosis(found, dict(lost.attrs), advice=lost.advice)
     stuck = _busy_workers(f.evidence) if found.startswith("The main thread waits for a DataLoader batch") else []
     pids = [str(k.get("pid")) for k in stuck[:MAX_NAMED]]
     return Diagnosis(
@@ -447,7 +456,10 @@ def _worker_pool(f: Facts) -> Optional[Diagnosis]:
     frames = [(frame.file, frame.line, frame.func) for frame in main if frame.python]
     children = f.evidence.get(PREFIX + "process.children") or ()
     found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns)
-    return None if found is None else Diagnosis(*found)
+    if found is None:
+        return None
+    sentence, attrs = found
+    return Diagnosis(sentence, attrs, advice=str(attrs.pop(POOL_ADVICE, "")))
 
 
 EXIT_STAGE = "exit"
@@ -696,14 +708,22 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
     busy = cpu > 50
     dump = str(f.evidence.get(PREFIX + "py_spy.dump") or "")
     held = gil_held(dump)
+    own = _own_native(f)
+    lib = own if own is not None and "lora_otel.native.library" in own.attrs else None
+    if lib is not None:  # which library it is in: "…; the main thread waits in NCCL (libnccl.so.2) …"
+        where += "; %s%s" % (lib.phrase[0].lower(), lib.phrase[1:])
     if held is not None:
         if busy:
             return Diagnosis(
-                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s (%s)." % (cpu, where, held)
+                "Holding the GIL in native code and busy on the CPU (%.0f %%)%s (%s)." % (cpu, where, held),
+                dict(lib.attrs) if lib else {},
+                advice=lib.advice if lib else "",
             )
         return Diagnosis(
             "Holding the GIL in native code while blocked (wait channel %s)%s (%s)."
-            % (f.wchan or "unknown", where, held)
+            % (f.wchan or "unknown", where, held),
+            dict(lib.attrs) if lib else {},
+            advice=lib.advice if lib else "",
         )
     # The stall itself says "no beat for N s" (frozen): the sentence says what else is known.
     doing = (
@@ -718,7 +738,41 @@ def _frozen(f: Facts) -> Optional[Diagnosis]:
         unknown = "whether it holds the GIL is unknown without native stacks (%s)" % (
             "py-spy: %s" % error if error else "py-spy, `pip install lora-otel[pyspy]`"
         )
-    return Diagnosis("%s%s; %s." % (doing, where, unknown))
+    return Diagnosis(
+        "%s%s; %s." % (doing, where, unknown), dict(lib.attrs) if lib else {}, advice=lib.advice if lib else ""
+    )
+
+
+def _own_native(f: Facts) -> Optional[native.WorkerNative]:
+    """The stalled process's own wait in native code (`native.worker_native` as `native.PROCESS`):
+    its main thread's native frames (py-spy ``--native``, read for a frozen process or one whose
+    main thread waits in a known library's own call) and its threads' system calls."""
+    calls = f.evidence.get(PREFIX + "native.syscalls") or []
+    dump = str(f.evidence.get(PREFIX + "py_spy.dump") or "")
+    frames = native.main_thread_frames(dump) if has_native_stacks(dump) else []
+    pid = f.journal.pid if f.journal is not None else None
+    if pid is None and calls and isinstance(calls[0], (list, tuple)) and calls[0]:
+        pid = calls[0][0]
+    row = {
+        "pid": pid,
+        "native": [list(fr) for fr in frames],
+        "syscalls": calls,
+        "libraries": f.evidence.get(PREFIX + "native.libraries") or [],
+        "native_error": f.evidence.get(PREFIX + "py_spy.native_error") or f.evidence.get(PREFIX + "py_spy.error"),
+        "state": f.state[:1],
+    }
+    return native.worker_native(row, f.journal, who=native.PROCESS)
+
+
+def _native_wait(f: Facts) -> Optional[Diagnosis]:
+    if f.stall.kind == "frozen":
+        return None  # (`_frozen` says whether it holds the GIL, and names the library)
+    found = _own_native(f)
+    if found is None or "lora_otel.native.library" not in found.attrs:
+        return None
+    cpu = f.evidence.get(PREFIX + "process.cpu_percent")
+    busy = " (busy on the CPU: %.0f %%)" % cpu if f.state.startswith("R") and isinstance(cpu, (int, float)) else ""
+    return Diagnosis(found.phrase + busy + ".", dict(found.attrs), advice=found.advice)
 
 
 def _sample_age(f: Facts) -> str:
@@ -832,10 +886,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "worker pool",
         "the main thread waits in a pool (multiprocessing, concurrent.futures, subprocess); its workers' journals, "
-        "child exit events and /proc/<pid>/task/*/children",
+        "child exit events and /proc/<pid>/task/*/children; a worker's native frames (py-spy --native), its threads' "
+        "system calls against its maps, and a forked one's process.fork.parent_threads",
         "The main thread waits for its multiprocessing.Pool (map, called at job.py:9 in <module>) for 25 s; worker "
         "pid 4711 holds a task: its main thread has been at job.py:5 in task → time.sleep for 24 s ...",
         _worker_pool,
+        "Start the workers with the spawn start method (multiprocessing.set_start_method('spawn')) ..., or keep "
+        "the parent to one thread before it forks: OMP_NUM_THREADS=1 ...",
     ),
     Rule(
         "exit joins",
@@ -892,6 +949,16 @@ RULES: tuple[Rule, ...] = (
         "world size 2 waits for the other ranks to reach the store ...",
         _rendezvous,
         "Start rank 1 of world size 2 with MASTER_ADDR and MASTER_PORT that reach 10.0.0.1:29500 ...",
+    ),
+    Rule(
+        "native wait",
+        "the main thread's system call made from a known library's code (/proc/<pid>/task/<tid>/syscall against "
+        "its maps), or its native frames (py-spy --native); a forked process's process.fork.parent_threads",
+        "The main thread waits in NCCL (ncclCommInitRank, libnccl.so.2) on a condition, called from train.py:12 "
+        "in <module>.",
+        _native_wait,
+        "Start the workers with the spawn start method (multiprocessing.set_start_method('spawn')) ..., or keep "
+        "the parent to one thread before it forks: OMP_NUM_THREADS=1 ...",
     ),
     Rule(
         "sleeping",
@@ -1385,9 +1452,13 @@ def memory_pressure(evidence: Mapping[str, Any]) -> Optional[str]:
 _IDLE_WORKER_WCHAN = ("poll", "select", "pipe_read", "futex", "ep_poll", "unix_stream", "wait_woken")
 
 
-def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> Optional[str]:
+def dataloader_wait(
+    stacks: str, evidence: Mapping[str, Any], stall: Stall, journals: Optional[Mapping[int, Journal]] = None
+) -> Optional[str]:
     """The main thread waits for a DataLoader batch: which worker (pid) has not delivered and where
-    it is (its journal's main-thread frames or stage, else its kernel wait channel); None otherwise."""
+    it is (its journal's main-thread frames or stage, else its kernel wait channel, and which native
+    library it waits in: `native.worker_native`, with its journal among ``journals`` by pid); None
+    otherwise."""
     main = _main_thread(stacks)
     if main is None or not any(_in(f.file.replace("\\", "/"), "torch/utils/data/") for f in main[:12]):
         return None
@@ -1459,8 +1530,11 @@ def dataloader_wait(stacks: str, evidence: Mapping[str, Any], stall: Stall) -> O
             from lora_otel.journal.reader import where_text
 
             inner = [[_package_path(str(f[0])), *f[1:]] for f in frames[-4:] if isinstance(f, list) and len(f) == 3]
-            return text + "; its main thread is at %s (read from outside)" % where_text(inner)
-        return text + ("; its journal: %s" % where if where else "")
+            text += "; its main thread is at %s (read from outside)" % where_text(inner)
+        else:
+            text += "; its journal: %s" % where if where else ""
+        found = native.worker_native(k, (journals or {}).get(k.get("pid")), dataloader=True)  # type: ignore[arg-type]
+        return text + ("; %s" % found.phrase if found is not None else "")
 
     return "%s for %s; %s." % (
         head,

@@ -295,7 +295,109 @@ def children_facts(
             frames = main_frames_from_outside(kid_pid)
             if frames:
                 row["frames"] = frames
+        natives = 0
+        for row in rows[:MAX_CHILD_SYSCALLS]:
+            kid_pid = row["pid"]
+            if not isinstance(kid_pid, int):
+                continue
+            if natives < MAX_CHILD_NATIVE and native_wait_likely(row, (journals or {}).get(kid_pid)):
+                natives += 1
+                row.update(native_facts(kid_pid))
+            elif row.get("state") == "S" and str(row.get("wchan", "")).startswith("futex"):
+                row.update(thread_syscalls(kid_pid))  # (nothing paused: which library its futex wait is in)
     return {PREFIX + "process.children": rows} if rows else {}
+
+
+MAX_CHILD_NATIVE = 2
+"""At most this many children read with ``py-spy dump --native`` at one stall (about a second each
+on a process that loaded torch: its symbols)."""
+MAX_CHILD_SYSCALLS = 8
+"""At most this many children's threads' system calls read at one stall (a few milliseconds each)."""
+MAX_NATIVE_FRAMES = 40
+MAX_NATIVE_THREADS = 256
+
+
+def native_wait_likely(row: dict[str, Any], journal: Optional[Journal] = None) -> bool:
+    """Whether a child's ``process.children`` row looks like a worker waiting in native code, worth a
+    look at its native frames: asleep on a futex (a lock or condition: a library's, or Python's
+    own) with its main thread in the program's code, not in the pool's wait for its next task
+    (its journal's beat sample or the frames read from outside)."""
+    if row.get("state") != "S" or not str(row.get("wchan", "")).startswith("futex"):
+        return False
+    frames = row.get("frames")
+    if isinstance(frames, list) and frames:
+        return not idle_frames_only(frames)
+    if journal is None:
+        pid = row.get("pid")
+        journal = _open_journal_of(pid) if isinstance(pid, int) else None
+    sample = getattr(journal, "main_frames", None) if journal is not None else None
+    return bool(sample) and not idle_frames_only(sample or [])
+
+
+def thread_syscalls(pid: int) -> dict[str, Any]:
+    """The shared objects of `native.LIBRARIES` process ``pid`` has mapped (``libraries``, from
+    ``/proc/<pid>/maps``) and the object each of its threads' system call is made from (``syscalls``:
+    ``[tid, object]``, the main thread first; the program counter of ``/proc/<pid>/task/<tid>/syscall``
+    looked up in the maps: nothing paused, nothing signalled); {} when they cannot be read."""
+    from lora_otel.analysis import native
+
+    out: dict[str, Any] = {}
+    try:
+        maps = _read("/proc/%d/maps" % pid)
+        tids = sorted(os.listdir("/proc/%d/task" % pid), key=lambda t: (t != str(pid), t))
+    except OSError:
+        return out
+    out["libraries"] = native.known_objects(maps)
+    ranges = native.executable_ranges(maps)
+    calls = []
+    for tid in tids[:MAX_NATIVE_THREADS]:
+        try:
+            calls.append([int(tid), native.syscall_object(_read("/proc/%d/task/%s/syscall" % (pid, tid)), ranges)])
+        except (OSError, ValueError):
+            continue
+    out["syscalls"] = calls
+    return out
+
+
+def native_facts(pid: int) -> dict[str, Any]:
+    """What tells which native library process ``pid``'s main thread waits in (`lora_otel.analysis.native`):
+    the shared objects of `native.LIBRARIES` it has mapped (``libraries``, from ``/proc/<pid>/maps``),
+    the object each of its threads' system call is made from (``syscalls``: ``[tid, object]``, the
+    main thread first; ``/proc/<pid>/task/<tid>/syscall``'s program counter: nothing paused), and
+    its main thread's frames read by ``py-spy dump --native`` (``native``: ``[symbol, place]``
+    innermost first) — or why not (``native_error``): no py-spy, or a thread in a call that the
+    pause would interrupt (`stop_would_interrupt`)."""
+    from lora_otel.analysis import native
+
+    out = thread_syscalls(pid)
+    if not out:
+        return out
+    spy = py_spy_path()
+    if spy is None:
+        out["native_error"] = "py-spy is not installed"
+        return out
+    if _stopped(pid):
+        out["native_error"] = "the process is stopped"
+        return out
+    disturbed = stop_would_interrupt(pid)
+    if disturbed:
+        out["native_error"] = "%s, which pausing the process would interrupt" % disturbed
+        return out
+    try:
+        r = subprocess.run(
+            [spy, "dump", "--native", "--full-filenames", "--pid", str(pid)], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out["native_error"] = str(e)
+        return out
+    if r.returncode != 0:
+        lines = [line.strip() for line in r.stderr.splitlines() if line.strip()]
+        out["native_error"] = (lines[-1] if lines else "exit %d" % r.returncode)[:200]
+        return out
+    frames = native.main_thread_frames(r.stdout)
+    if frames:
+        out["native"] = [list(f) for f in frames[:MAX_NATIVE_FRAMES]]
+    return out
 
 
 def _open_journal_of(pid: int) -> Optional[Journal]:
@@ -726,7 +828,12 @@ def ask_beat(request: StackRequest, wait_s: Optional[float] = None) -> str:
 
 
 def python_stacks(
-    pid: int, request: Optional[StackRequest], wait_s: float = 1.5, py_spy: bool = True, native: bool = False
+    pid: int,
+    request: Optional[StackRequest],
+    wait_s: float = 1.5,
+    py_spy: bool = True,
+    native: bool = False,
+    pause: bool = False,
 ) -> dict[str, Any]:
     """The process's Python stacks: read from outside by py-spy where it can attach (``py_spy``
     True), else asked of its beat thread, else with the request's signal and read from what its
@@ -742,11 +849,15 @@ def python_stacks(
     ``python.stacks.error``). A stopped process (SIGSTOP, a debugger) cannot answer until it
     continues, so it is not waited for: the signal stays pending and the dump lands in the stacks
     file when it resumes.
+
+    ``pause``: a process that is not frozen whose native frames are worth a pause all the same (its
+    main thread waits in a known library's own call: `thread_syscalls`); it is otherwise read as
+    any process that is not frozen.
     """
     out: dict[str, Any] = {}
     asked = request if request is not None and request.ask and not native else None
     if py_spy:
-        out.update(py_spy_dump(pid, native))
+        out.update(py_spy_dump(pid, native or pause))
         text = as_faulthandler(str(out.get(PREFIX + "py_spy.dump") or ""))
         if text:
             out[PREFIX + "python.stacks"] = text[-16000:]
@@ -1061,11 +1172,41 @@ def gather(pid: int, request: Optional[StackRequest], native: bool = False) -> d
     out.update(pipe_facts(pid))
     # -- what each thread waits on (a descriptor, a path, a child) and its other end (analysis/waits.py) --
     out.update(waitfacts.wait_facts(pid))
+    # -- the library its main thread's system call is made from (analysis/native.py) --
+    calls = thread_syscalls(pid)
+    for key, value in calls.items():
+        out[PREFIX + "native." + key] = value
     # The stacks last: py-spy takes its own time (a second on a torch process, more under memory
     # pressure, where it competes for the same cgroup), which must not shift the samples above;
-    # the signal is sent only when py-spy could not read them.
-    out.update(python_stacks(pid, request, native=native))
+    # the signal is sent only when py-spy could not read them. Native frames are read (a pause)
+    # for a frozen process, and for one whose main thread waits in a known library's own call.
+    pause = not native and _waits_in_library(pid, calls)
+    out.update(python_stacks(pid, request, native=native, pause=pause))
+    if not native and not pause and _runs_native(str(out.get(PREFIX + "py_spy.dump") or "")):
+        # its main thread runs without the GIL, so not Python's code: which library it runs in
+        native_dump = py_spy_dump(pid, True)
+        if native_dump.get(PREFIX + "py_spy.dump"):
+            out.pop(PREFIX + "py_spy.native_error", None)  # (the first read's: not paused)
+            out.update(native_dump)
     return out
+
+
+def _runs_native(dump: str) -> bool:
+    """Whether py-spy's dump shows the main thread running (``active``) without the GIL: in native
+    code that released it (a spin in OpenMP's or the CUDA driver's wait, a C loop)."""
+    for line in dump.splitlines():
+        head = _SPY_THREAD.match(line)
+        if head and head.group(1) == "MainThread":
+            status = line[line.find("(") + 1 : line.find(")")]
+            return status == "active"
+    return False
+
+
+def _waits_in_library(pid: int, calls: dict[str, Any]) -> bool:
+    from lora_otel.analysis import native
+
+    rows = calls.get("syscalls") or []
+    return bool(rows) and rows[0][0] == pid and native.library_of("", str(rows[0][1])) is not None
 
 
 # --- pipes ------------------------------------------------------------------------------------------

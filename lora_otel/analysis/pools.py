@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lora_otel.analysis import ages
+from lora_otel.analysis import ages, native
 from lora_otel.journal.reader import Journal, process_state, where_text
 from lora_otel.journal.tree import iso_time
 
@@ -80,6 +80,8 @@ CHILD_EXIT = "child exit"
 """The root span event of a process that reaped a child (issue 21's contract: ``child.pid``,
 ``child.exit_code`` or ``child.signal``, ``child.core_dumped``)."""
 MAX_WORKERS_NAMED = 3
+ADVICE = "lora_otel.diagnosis.advice"
+"""The attribute `pool_wait` passes the advice in (`lora_otel.analysis.native`: a worker's pool lost in its fork)."""
 
 
 @dataclass(frozen=True)
@@ -381,6 +383,7 @@ def pool_wait(
             and w.row is not None
             and (w.row.get("state") in ("R", "D") or not str(w.row.get("wchan", "")).startswith(_IDLE_WCHAN))
         )
+        or native.in_library(w.row)  # its main thread waits in a known library: not in the pool's wait for work
     ]
     parts: list[str] = []
     if lost:
@@ -420,6 +423,13 @@ def pool_wait(
             "it waits for has not ended" if subprocess else "holds a task",
         )
         details = [d for d in (where, state if not where else "") if d]
+        found = native.worker_native(worker.row, worker.journal)
+        if found is not None:  # which native library it waits in, and a pool lost in its fork
+            details.append(found.phrase)
+            for key, value in found.attrs.items():
+                attrs.setdefault(key, value)
+            if found.advice and ADVICE not in attrs:
+                attrs[ADVICE] = found.advice
         parts.append(text + (": " + "; ".join(details) if details else ""))
     idle = [w for w in running if w not in busy]
     if not parts:
