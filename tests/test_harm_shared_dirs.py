@@ -1040,3 +1040,76 @@ def test_live_export_without_an_endpoint_goes_only_to_an_own_listener(tmp_path: 
     else:
         assert "got /v1/traces" in out["received"], out
         assert "live export off" not in out["stderr"] + out["log"]
+
+
+# Run inside a new network namespace: the receiver (argv[1]'s command, or none), then
+# `lora-otel replay JOURNAL` with the environment given, then what the receiver got.
+REPLAY_DRIVER = r"""
+import json, subprocess, sys
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+receiver_cmd, python, journal, env = json.loads(sys.argv[1])
+receiver = None
+if receiver_cmd:
+    receiver = subprocess.Popen(receiver_cmd, stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline() == "up\n"
+r = subprocess.run([python, "-m", "lora_otel", "replay", journal], env=env, capture_output=True, text=True, timeout=300)
+out = ""
+if receiver is not None:
+    receiver.kill()
+    out = receiver.communicate()[0]
+print(json.dumps({"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "received": out}))
+"""
+
+
+@pytest.mark.skipif(not _can_unshare_net(), reason="needs root, unshare and ip (a network namespace)")
+@pytest.mark.parametrize(
+    ("listener", "endpoint"), [("attacker", ""), ("nobody", ""), ("own", ""), ("attacker", "http://localhost:4318")]
+)
+def test_replay_without_an_endpoint_sends_only_to_an_own_listener(
+    tmp_path: Path, attacker, listener: str, endpoint: str
+) -> None:
+    """``lora-otel replay JOURNAL`` with no OTLP endpoint set would send to the default
+    ``localhost:4318``. When another user listens there (it bound the port first), or nobody does
+    (anyone could bind it), replay sends nothing and exits 2 with one line saying why and how to
+    name an endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT=…``); a listener of the user's own gets the
+    spans as before, and so does any listener an endpoint names explicitly (the user's choice).
+    Before, the attacker's listener received every span. In a network namespace of the test's own."""
+    r = subprocess.run(
+        [PYTHON, "-c", "import lora_otel\nwith lora_otel.stage('secret stage'):\n    pass\n"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(tmp_path), LORA_OTEL_KEEP_SHORT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [journal] = journals(tmp_path)
+    receiver_cmd: list[str] = []
+    if listener == "attacker":
+        ids = ["--reuid=%d" % attacker.pw_uid, "--regid=%d" % attacker.pw_gid, "--clear-groups"]
+        receiver_cmd = ["setpriv", *ids, attacker_python(attacker), "-c", RECEIVER]
+    elif listener == "own":
+        receiver_cmd = [PYTHON, "-c", RECEIVER]
+    env = clean_env(OTEL_EXPORTER_OTLP_TIMEOUT="5", **({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint} if endpoint else {}))
+    r = subprocess.run(
+        ["unshare", "--net", PYTHON, "-c", REPLAY_DRIVER, json.dumps([receiver_cmd, PYTHON, str(journal), env])],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=clean_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    if listener == "own" or endpoint:
+        assert out["rc"] == 0, out
+        assert "got /v1/traces" in out["received"] and "replayed 3 spans" in out["stdout"], out
+        return
+    assert out["rc"] == 2 and out["received"] == "" and out["stdout"] == "", out
+    why = (
+        "localhost:4318 is listened on by uid %d, not this user nor root" % attacker.pw_uid
+        if listener == "attacker"
+        else "nothing listens on localhost:4318 (another user could take the port)"
+    )
+    assert out["stderr"] == (
+        "lora-otel replay: not sent: no OTLP endpoint is set and %s; name your collector: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:4318 lora-otel replay %s\n" % (why, journal)
+    ), out["stderr"]

@@ -49,7 +49,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     http/protobuf by default; gRPC when OTEL_EXPORTER_OTLP_PROTOCOL=grpc. Spans still open in the
     journal go out once as incomplete (status ERROR, lora_otel.incomplete=true), ending at the
-    journal's last evidence.
+    journal's last evidence. With no endpoint set, the default localhost:4318 is used only when
+    its listener is this user's or root's (another user could have bound the port); else one line
+    on stderr says how to name one (OTEL_EXPORTER_OTLP_ENDPOINT=...), exit 2.
     """
     from lora_otel.export.replay import run_replay
 
