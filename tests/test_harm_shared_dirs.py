@@ -1113,3 +1113,109 @@ def test_replay_without_an_endpoint_sends_only_to_an_own_listener(
         "lora-otel replay: not sent: no OTLP endpoint is set and %s; name your collector: "
         "OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:4318 lora-otel replay %s\n" % (why, journal)
     ), out["stderr"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", *args], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_inspect_and_report_of_a_shared_dir_leave_other_users_files_alone(
+    tmp_path: Path, shared: Path, attacker
+) -> None:
+    """In the shared ``LORA_OTEL_DIR`` of a finished job, the attacker puts an empty journal, 2,000
+    junk files, a symlink to a journal of the victim's elsewhere (a stage of its own in it) and a
+    FIFO, all named ``*.otel.jsonl``. ``lora-otel inspect DIR`` (text, ``--summary``, ``--json``)
+    and ``lora-otel report DIR`` show only the victim's job, say the others are ignored in one line
+    on stderr, and exit as without them; a file named on the command line is still read (the
+    attacker's junk: "not a journal"; the FIFO: "not a regular file", at once). Before, every junk
+    file came out as a "not read" line (a process each in the report), and the symlinked journal's
+    private stage was shown as a job of the directory."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [own] = journals(shared)
+    elsewhere = tmp_path / "private"
+    elsewhere.mkdir()
+    r = subprocess.run(
+        [PYTHON, "-c", "import lora_otel\nwith lora_otel.stage('private stage'):\n    pass\n"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(elsewhere), LORA_OTEL_KEEP_SHORT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [private] = journals(elsewhere)
+    as_attacker(attacker, PLANT_FOR_WATCH, str(shared), str(private))
+    ignored = (
+        "%s: ignored 2003 files named *.otel.jsonl that are not this user's (another user's, a symlink, a FIFO)\n"
+        % shared
+    )
+    for args in ([], ["--summary"], ["--json"]):
+        r = _cli("inspect", str(shared), *args)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        assert r.stderr == "lora-otel inspect: " + ignored, r.stderr[-3000:]
+        for name in ("j-0000", "a-empty", "link.otel", "fifo.otel", "private stage"):
+            assert name not in r.stdout, (name, r.stdout[-3000:])
+        assert len(r.stdout.splitlines()) < (60 if args else 10), r.stdout[-3000:]
+        if args == ["--json"]:
+            doc = json.loads(r.stdout)
+            assert [p["pid"] for job in doc["jobs"] for p in job["processes"]] == [read_journal(own).pid]
+            assert doc["unreadable"] == []
+    out = tmp_path / "job.html"
+    r = _cli("report", str(shared), "-o", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.startswith("lora-otel report: " + ignored), r.stderr
+    assert "(1 process, " in r.stderr, r.stderr
+    page = out.read_text()
+    assert "private stage" not in page and "j-0000" not in page and "a-empty" not in page
+    r = _cli("inspect", str(shared / "j-0000.otel.jsonl"))  # named: read, whoever owns it
+    assert r.returncode == 2 and "j-0000.otel.jsonl: not a journal" in r.stderr, r.stderr
+    r = _cli("inspect", str(shared / "fifo.otel.jsonl"))
+    assert r.returncode == 2 and r.stderr.endswith("fifo.otel.jsonl: not a regular file\n"), r.stderr
+    r = _cli("inspect", str(own))  # its job's journals beside it: none of the attacker's files
+    assert r.returncode == 0 and "private stage" not in r.stdout, r.stdout + r.stderr
+
+
+PEAK = """\
+import resource, runpy, sys
+sys.argv[0] = "lora-otel"
+try:
+    runpy.run_module("lora_otel", run_name="__main__")
+finally:
+    print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+"""
+
+
+def test_a_hundred_thousand_planted_files_keep_inspect_and_report_small(tmp_path: Path, shared: Path, attacker) -> None:
+    """The attacker fills the shared ``LORA_OTEL_DIR`` of a finished job with 100,000 empty
+    ``*.otel.jsonl`` files. ``inspect DIR --summary`` prints one line (the job) and ``report DIR``
+    writes a page of one process, each with one line on stderr counting the rest, peaking under
+    60 MB. Before, inspect printed 100,001 lines (6.7 MB) and report wrote a 7 MB page of 100,001
+    "processes", peaking at 65 MB and 166 MB."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    as_attacker(attacker, PLANT_MANY, str(shared))
+    out = tmp_path / "job.html"
+    for args in (["inspect", str(shared), "--summary"], ["report", str(shared), "-o", str(out)]):
+        r = subprocess.run([PYTHON, "-c", PEAK, *args], env=clean_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        lines = r.stderr.splitlines()
+        assert "ignored 100000 files named *.otel.jsonl" in lines[0], r.stderr[-3000:]
+        assert int(lines[-1].split()[1]) < 60 * 1024, r.stderr[-3000:]
+        if args[0] == "inspect":
+            assert len(r.stdout.splitlines()) == 1 and "finished" in r.stdout, r.stdout[-3000:]
+        else:
+            assert "(1 process, " in r.stderr and out.stat().st_size < 200_000, r.stderr[-3000:]
