@@ -745,9 +745,10 @@ with open(os.path.join(sys.argv[1], "zz-big.otel.jsonl"), "wb") as f:
 def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path, shared: Path, attacker) -> None:
     """The attacker puts a 1 TiB sparse file (zeros, no newline, no disk used) under a journal's
     name in the shared ``LORA_OTEL_DIR``. ``inspect``, ``report`` and ``watch --once`` of that
-    directory, run by root, still show the victim's job, name the planted file as not read, and end
-    within the limit. Before, ``inspect`` and ``report`` died with MemoryError reading it whole
-    and ``watch`` grew its memory without end, copying the never-ending line."""
+    directory, run by root, still show the victim's job, leave the planted file alone (counted in
+    one line; named on the command line it is read up to `reader.MAX_LINE`), and end within the
+    limit. Before, ``inspect`` and ``report`` died with MemoryError reading it whole and ``watch``
+    grew its memory without end, copying the never-ending line."""
     r = subprocess.run(
         [PYTHON, "-c", "pass"],
         env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
@@ -763,9 +764,11 @@ def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path
             [PYTHON, "-m", "lora_otel", *args], env=clean_env(), capture_output=True, text=True, timeout=120
         )
         assert r.returncode == 0, r.stderr[-2000:]
+        assert "ignored 1 file named *.otel.jsonl that is not this user's" in r.stderr, r.stderr
         if args[0] == "inspect":
-            assert "zz-big.otel.jsonl: not a journal (a line longer than" in r.stdout + r.stderr
             assert "exited" in r.stdout
+    r = _cli("inspect", str(shared / "zz-big.otel.jsonl"))  # named: read, up to the limit
+    assert r.returncode == 2 and "zz-big.otel.jsonl: not a journal (a line longer than" in r.stderr, r.stderr
     r = subprocess.run(
         [PYTHON, "-m", "lora_otel", "watch", str(shared), "--once"],
         env=clean_env(),
@@ -1184,12 +1187,13 @@ def test_inspect_and_report_of_a_shared_dir_leave_other_users_files_alone(
 
 
 PEAK = """\
-import resource, runpy, sys
+import runpy, sys
 sys.argv[0] = "lora-otel"
 try:
     runpy.run_module("lora_otel", run_name="__main__")
-finally:
-    print("peak", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+finally:  # (VmHWM: this process's own peak; ru_maxrss keeps the forking parent's across exec)
+    with open("/proc/self/status") as f:
+        print("peak", next(line.split()[1] for line in f if line.startswith("VmHWM:")), file=sys.stderr)
 """
 
 
@@ -1219,3 +1223,35 @@ def test_a_hundred_thousand_planted_files_keep_inspect_and_report_small(tmp_path
             assert len(r.stdout.splitlines()) == 1 and "finished" in r.stdout, r.stdout[-3000:]
         else:
             assert "(1 process, " in r.stderr and out.stat().st_size < 200_000, r.stderr[-3000:]
+
+
+PLANT_NEWER_RUN = """
+import json, os, sys
+path = os.path.join(sys.argv[1], "run.log.20991231T000000Z-1.otel.jsonl")
+with open(path, "w") as f:
+    f.write(json.dumps({"v": 1, "k": "start", "ts": 4102444800 * 10**9, "trace_id": "1" * 32,
+                        "span_id": "2" * 16, "parent_id": None, "name": "process", "pid": 1}) + "\\n")
+"""
+
+
+def test_a_planted_newer_run_is_not_taken_for_a_logs_journal(tmp_path: Path, shared: Path, attacker) -> None:
+    """A job's ``--log`` is ``shared/run.log``, its journal ``run.log.otel.jsonl`` beside it. The
+    attacker adds ``run.log.20991231T000000Z-1.otel.jsonl`` (a re-run's name, a start in 2099).
+    ``lora-otel inspect shared/run.log`` still reads the job's own journal. Before, the attacker's
+    file was taken for the newest run and shown."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [own] = journals(tmp_path)
+    log = shared / "run.log"
+    log.write_text("the job's own log\n")
+    shutil.copy(own, shared / "run.log.otel.jsonl")
+    as_attacker(attacker, PLANT_NEWER_RUN, str(shared))
+    r = _cli("inspect", str(log))
+    assert r.stderr.startswith("lora-otel inspect: reading %s.otel.jsonl\n" % log), r.stderr
+    assert r.returncode == 0 and "finished normally" in r.stdout, r.stdout + r.stderr
