@@ -747,9 +747,10 @@ with open(os.path.join(sys.argv[1], "zz-big.otel.jsonl"), "wb") as f:
 def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path, shared: Path, attacker) -> None:
     """The attacker puts a 1 TiB sparse file (zeros, no newline, no disk used) under a journal's
     name in the shared ``LORA_OTEL_DIR``. ``inspect``, ``report`` and ``watch --once`` of that
-    directory, run by root, still show the victim's job, name the planted file as not read, and end
-    within the limit. Before, ``inspect`` and ``report`` died with MemoryError reading it whole
-    and ``watch`` grew its memory without end, copying the never-ending line."""
+    directory, run by root, still show the victim's job, leave the planted file alone (counted in
+    one line; named on the command line it is read up to `reader.MAX_LINE`), and end within the
+    limit. Before, ``inspect`` and ``report`` died with MemoryError reading it whole and ``watch``
+    grew its memory without end, copying the never-ending line."""
     r = subprocess.run(
         [PYTHON, "-c", "pass"],
         env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
@@ -765,9 +766,11 @@ def test_a_sparse_terabyte_named_like_a_journal_is_not_read_whole(tmp_path: Path
             [PYTHON, "-m", "lora_otel", *args], env=clean_env(), capture_output=True, text=True, timeout=120
         )
         assert r.returncode == 0, r.stderr[-2000:]
+        assert "ignored 1 file named *.otel.jsonl that is not this user's" in r.stderr, r.stderr
         if args[0] == "inspect":
-            assert "zz-big.otel.jsonl: not a journal (a line longer than" in r.stdout + r.stderr
             assert "exited" in r.stdout
+    r = _cli("inspect", str(shared / "zz-big.otel.jsonl"))  # named: read, up to the limit
+    assert r.returncode == 2 and "zz-big.otel.jsonl: not a journal (a line longer than" in r.stderr, r.stderr
     r = subprocess.run(
         [PYTHON, "-m", "lora_otel", "watch", str(shared), "--once"],
         env=clean_env(),
@@ -1042,3 +1045,215 @@ def test_live_export_without_an_endpoint_goes_only_to_an_own_listener(tmp_path: 
     else:
         assert "got /v1/traces" in out["received"], out
         assert "live export off" not in out["stderr"] + out["log"]
+
+
+# Run inside a new network namespace: the receiver (argv[1]'s command, or none), then
+# `lora-otel replay JOURNAL` with the environment given, then what the receiver got.
+REPLAY_DRIVER = r"""
+import json, subprocess, sys
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+receiver_cmd, python, journal, env = json.loads(sys.argv[1])
+receiver = None
+if receiver_cmd:
+    receiver = subprocess.Popen(receiver_cmd, stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline() == "up\n"
+r = subprocess.run([python, "-m", "lora_otel", "replay", journal], env=env, capture_output=True, text=True, timeout=300)
+out = ""
+if receiver is not None:
+    receiver.kill()
+    out = receiver.communicate()[0]
+print(json.dumps({"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "received": out}))
+"""
+
+
+@pytest.mark.skipif(not _can_unshare_net(), reason="needs root, unshare and ip (a network namespace)")
+@pytest.mark.parametrize(
+    ("listener", "endpoint"), [("attacker", ""), ("nobody", ""), ("own", ""), ("attacker", "http://localhost:4318")]
+)
+def test_replay_without_an_endpoint_sends_only_to_an_own_listener(
+    tmp_path: Path, attacker, listener: str, endpoint: str
+) -> None:
+    """``lora-otel replay JOURNAL`` with no OTLP endpoint set would send to the default
+    ``localhost:4318``. When another user listens there (it bound the port first), or nobody does
+    (anyone could bind it), replay sends nothing and exits 2 with one line saying why and how to
+    name an endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT=…``); a listener of the user's own gets the
+    spans as before, and so does any listener an endpoint names explicitly (the user's choice).
+    Before, the attacker's listener received every span. In a network namespace of the test's own."""
+    r = subprocess.run(
+        [PYTHON, "-c", "import lora_otel\nwith lora_otel.stage('secret stage'):\n    pass\n"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(tmp_path), LORA_OTEL_KEEP_SHORT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [journal] = journals(tmp_path)
+    receiver_cmd: list[str] = []
+    if listener == "attacker":
+        ids = ["--reuid=%d" % attacker.pw_uid, "--regid=%d" % attacker.pw_gid, "--clear-groups"]
+        receiver_cmd = ["setpriv", *ids, attacker_python(attacker), "-c", RECEIVER]
+    elif listener == "own":
+        receiver_cmd = [PYTHON, "-c", RECEIVER]
+    env = clean_env(OTEL_EXPORTER_OTLP_TIMEOUT="5", **({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint} if endpoint else {}))
+    r = subprocess.run(
+        ["unshare", "--net", PYTHON, "-c", REPLAY_DRIVER, json.dumps([receiver_cmd, PYTHON, str(journal), env])],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=clean_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    if listener == "own" or endpoint:
+        assert out["rc"] == 0, out
+        assert "got /v1/traces" in out["received"] and "replayed 3 spans" in out["stdout"], out
+        return
+    assert out["rc"] == 2 and out["received"] == "" and out["stdout"] == "", out
+    why = (
+        "localhost:4318 is listened on by uid %d, not this user nor root" % attacker.pw_uid
+        if listener == "attacker"
+        else "nothing listens on localhost:4318 (another user could take the port)"
+    )
+    assert out["stderr"] == (
+        "lora-otel replay: not sent: no OTLP endpoint is set and %s; name your collector: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:4318 lora-otel replay %s\n" % (why, journal)
+    ), out["stderr"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "lora_otel", *args], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_inspect_and_report_of_a_shared_dir_leave_other_users_files_alone(
+    tmp_path: Path, shared: Path, attacker
+) -> None:
+    """In the shared ``LORA_OTEL_DIR`` of a finished job, the attacker puts an empty journal, 2,000
+    junk files, a symlink to a journal of the victim's elsewhere (a stage of its own in it) and a
+    FIFO, all named ``*.otel.jsonl``. ``lora-otel inspect DIR`` (text, ``--summary``, ``--json``)
+    and ``lora-otel report DIR`` show only the victim's job, say the others are ignored in one line
+    on stderr, and exit as without them; a file named on the command line is still read (the
+    attacker's junk: "not a journal"; the FIFO: "not a regular file", at once). Before, every junk
+    file came out as a "not read" line (a process each in the report), and the symlinked journal's
+    private stage was shown as a job of the directory."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [own] = journals(shared)
+    elsewhere = tmp_path / "private"
+    elsewhere.mkdir()
+    r = subprocess.run(
+        [PYTHON, "-c", "import lora_otel\nwith lora_otel.stage('private stage'):\n    pass\n"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(elsewhere), LORA_OTEL_KEEP_SHORT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [private] = journals(elsewhere)
+    as_attacker(attacker, PLANT_FOR_WATCH, str(shared), str(private))
+    ignored = (
+        "%s: ignored 2003 files named *.otel.jsonl that are not this user's (another user's, a symlink, a FIFO)\n"
+        % shared
+    )
+    for args in ([], ["--summary"], ["--json"]):
+        r = _cli("inspect", str(shared), *args)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        assert r.stderr == "lora-otel inspect: " + ignored, r.stderr[-3000:]
+        for name in ("j-0000", "a-empty", "link.otel", "fifo.otel", "private stage"):
+            assert name not in r.stdout, (name, r.stdout[-3000:])
+        assert len(r.stdout.splitlines()) < (60 if args else 10), r.stdout[-3000:]
+        if args == ["--json"]:
+            doc = json.loads(r.stdout)
+            assert [p["pid"] for job in doc["jobs"] for p in job["processes"]] == [read_journal(own).pid]
+            assert doc["unreadable"] == []
+    out = tmp_path / "job.html"
+    r = _cli("report", str(shared), "-o", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.startswith("lora-otel report: " + ignored), r.stderr
+    assert "(1 process, " in r.stderr, r.stderr
+    page = out.read_text()
+    assert "private stage" not in page and "j-0000" not in page and "a-empty" not in page
+    r = _cli("inspect", str(shared / "j-0000.otel.jsonl"))  # named: read, whoever owns it
+    assert r.returncode == 2 and "j-0000.otel.jsonl: not a journal" in r.stderr, r.stderr
+    r = _cli("inspect", str(shared / "fifo.otel.jsonl"))
+    assert r.returncode == 2 and r.stderr.endswith("fifo.otel.jsonl: not a regular file\n"), r.stderr
+    r = _cli("inspect", str(own))  # its job's journals beside it: none of the attacker's files
+    assert r.returncode == 0 and "private stage" not in r.stdout, r.stdout + r.stderr
+
+
+PEAK = """\
+import runpy, sys
+sys.argv[0] = "lora-otel"
+try:
+    runpy.run_module("lora_otel", run_name="__main__")
+finally:  # (VmHWM: this process's own peak; ru_maxrss keeps the forking parent's across exec)
+    with open("/proc/self/status") as f:
+        print("peak", next(line.split()[1] for line in f if line.startswith("VmHWM:")), file=sys.stderr)
+"""
+
+
+def test_a_hundred_thousand_planted_files_keep_inspect_and_report_small(tmp_path: Path, shared: Path, attacker) -> None:
+    """The attacker fills the shared ``LORA_OTEL_DIR`` of a finished job with 100,000 empty
+    ``*.otel.jsonl`` files. ``inspect DIR --summary`` prints one line (the job) and ``report DIR``
+    writes a page of one process, each with one line on stderr counting the rest, peaking under
+    60 MB. Before, inspect printed 100,001 lines (6.7 MB) and report wrote a 7 MB page of 100,001
+    "processes", peaking at 65 MB and 166 MB."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    as_attacker(attacker, PLANT_MANY, str(shared))
+    out = tmp_path / "job.html"
+    for args in (["inspect", str(shared), "--summary"], ["report", str(shared), "-o", str(out)]):
+        r = subprocess.run([PYTHON, "-c", PEAK, *args], env=clean_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        lines = r.stderr.splitlines()
+        assert "ignored 100000 files named *.otel.jsonl" in lines[0], r.stderr[-3000:]
+        assert int(lines[-1].split()[1]) < 60 * 1024, r.stderr[-3000:]
+        if args[0] == "inspect":
+            assert len(r.stdout.splitlines()) == 1 and "finished" in r.stdout, r.stdout[-3000:]
+        else:
+            assert "(1 process, " in r.stderr and out.stat().st_size < 200_000, r.stderr[-3000:]
+
+
+PLANT_NEWER_RUN = """
+import json, os, sys
+path = os.path.join(sys.argv[1], "run.log.20991231T000000Z-1.otel.jsonl")
+with open(path, "w") as f:
+    f.write(json.dumps({"v": 1, "k": "start", "ts": 4102444800 * 10**9, "trace_id": "1" * 32,
+                        "span_id": "2" * 16, "parent_id": None, "name": "process", "pid": 1}) + "\\n")
+"""
+
+
+def test_a_planted_newer_run_is_not_taken_for_a_logs_journal(tmp_path: Path, shared: Path, attacker) -> None:
+    """A job's ``--log`` is ``shared/run.log``, its journal ``run.log.otel.jsonl`` beside it. The
+    attacker adds ``run.log.20991231T000000Z-1.otel.jsonl`` (a re-run's name, a start in 2099).
+    ``lora-otel inspect shared/run.log`` still reads the job's own journal. Before, the attacker's
+    file was taken for the newest run and shown."""
+    r = subprocess.run(
+        [PYTHON, "-c", "pass"],
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_LIVE="0", LORA_OTEL_DIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    [own] = journals(tmp_path)
+    log = shared / "run.log"
+    log.write_text("the job's own log\n")
+    shutil.copy(own, shared / "run.log.otel.jsonl")
+    as_attacker(attacker, PLANT_NEWER_RUN, str(shared))
+    r = _cli("inspect", str(log))
+    assert r.stderr.startswith("lora-otel inspect: reading %s.otel.jsonl\n" % log), r.stderr
+    assert r.returncode == 0 and "finished normally" in r.stdout, r.stdout + r.stderr

@@ -50,7 +50,7 @@ from lora_otel.journal.reader import (
     JournalError,
     ProcessState,
     format_duration,
-    journal_paths,
+    listed_journals,
     process_state,
     read_journal,
 )
@@ -869,13 +869,17 @@ def read_dir(
     now_ns: int,
     limits: Optional[dict[str, float]] = None,
     frozen_after_s: Optional[float] = FROZEN_AFTER_S,
+    paths: Optional[list[str]] = None,
 ) -> tuple[list[Job], list[Unreadable]]:
-    """Every journal in ``directory`` read in full, grouped into jobs; the files that gave no process."""
+    """Every journal in ``directory`` read in full, grouped into jobs; the files that gave no process.
+    Only this user's regular files are read (`listed_journals`); ``paths``: that listing, made
+    already (``inspect DIR`` counts what it left out)."""
     procs: list[Proc] = []
     unreadable: list[Unreadable] = []
-    for path in journal_paths(directory):
+    owner = os.geteuid()
+    for path in listed_journals(directory, owner)[0] if paths is None else paths:
         try:
-            journal = read_journal(path)
+            journal = read_journal(path, owner)
         except JournalError as e:
             unreadable.append(Unreadable(path, str(e)))
             continue

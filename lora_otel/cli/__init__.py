@@ -32,7 +32,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     documented in docs/journal.md. No JOURNAL: the newest run in ``$LORA_OTEL_DIR``, else in
     ``~/.local/state/lora-otel/`` (a line on stderr names it).
 
-    DIR: every *.otel.jsonl journal in it (not recursive), grouped into jobs (journals sharing a
+    DIR: every *.otel.jsonl journal of this user's in it (not recursive; another user's file, a
+    symlink or a FIFO there is left alone, counted in one line on stderr), grouped into jobs (journals sharing a
     trace id: a launcher and its ranks or workers). Per job a heading with its outcome, one line
     per process (ranks in order, a launcher first), the process to look at called out ("rank 1
     (pid 4243) is the one stuck: in import bitsandbytes for 312 s", or the one that failed first,
@@ -49,7 +50,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     http/protobuf by default; gRPC when OTEL_EXPORTER_OTLP_PROTOCOL=grpc. Spans still open in the
     journal go out once as incomplete (status ERROR, lora_otel.incomplete=true), ending at the
-    journal's last evidence.
+    journal's last evidence. With no endpoint set, the default localhost:4318 is used only when
+    its listener is this user's or root's (another user could have bound the port); else one line
+    on stderr says how to name one (OTEL_EXPORTER_OTLP_ENDPOINT=...), exit 2.
     """
     from lora_otel.export.replay import run_replay
 

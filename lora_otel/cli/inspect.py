@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any, Optional
 from lora_otel.cli import baseline as baseline_view
 from lora_otel.cli import jobs as jobs_view
 from lora_otel.cli.jobs import write as _write
-from lora_otel.journal.reader import Journal, JournalError, journal_paths, process_state, read_journal
+from lora_otel.journal.reader import (
+    Journal,
+    JournalError,
+    left_out_line,
+    listed_journals,
+    process_state,
+    read_journal,
+)
 from lora_otel.journal.tree import View, _display
 
 if TYPE_CHECKING:
@@ -145,9 +152,16 @@ def run_inspect_dir(args: argparse.Namespace) -> int:
     limits, frozen_after = limits_given, None
     now_ns = time.time_ns()
     if os.path.isdir(path):
-        if not journal_paths(path):
-            return usage(f"{path}: no journals (*.otel.jsonl) in this directory")
-        jobs, unreadable = jobs_mod.read_dir(path, now_ns, limits, frozen_after)
+        try:
+            paths, left_out = listed_journals(path)
+        except OSError as e:
+            return usage(f"{path}: cannot list: {e.strerror or e}")
+        if left_out:  # (stderr: the --json and --summary output stays what a script parses)
+            print(f"lora-otel inspect: {_display(path)}: {left_out_line(left_out)}", file=sys.stderr)
+        if not paths:
+            whose = " of this user's" if left_out else ""
+            return usage(f"{_display(path)}: no journals (*.otel.jsonl){whose} in this directory")
+        jobs, unreadable = jobs_mod.read_dir(path, now_ns, limits, frozen_after, paths)
     else:
         try:
             journal = read_journal(path)
@@ -252,12 +266,28 @@ def newest_run_or_none(command: str) -> Optional[str]:
 def resolve_path(path: str) -> str:
     """``runs/demo.log`` (a ``--log`` file, not a journal) → the journal of its newest run:
     ``runs/demo.log.otel.jsonl`` or a re-run's ``runs/demo.log.<UTC>-<pid>-<hex>.otel.jsonl``,
-    whichever started last. Anything else is returned as it is."""
+    whichever started last: only regular files of the log's owner (this user's when there is no
+    log file): a file another user put there under such a name, in a shared directory, is never
+    taken for the job's. Anything else is returned as it is."""
+    import stat
+
     from lora_otel._boot.seam import JOURNAL_SUFFIX
 
     if path.endswith(JOURNAL_SUFFIX) or os.path.isdir(path):
         return path
-    runs = [p for p in [path + JOURNAL_SUFFIX] if os.path.isfile(p)]
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        owner = os.geteuid()
+
+    def ours(p: str) -> bool:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_uid == owner
+
+    runs = [p for p in [path + JOURNAL_SUFFIX] if ours(p)]
     import glob
     import re
 
@@ -267,7 +297,7 @@ def resolve_path(path: str) -> str:
     runs += [
         p
         for p in glob.glob(glob.escape(path) + ".*" + JOURNAL_SUFFIX)
-        if rerun.fullmatch(os.path.basename(p)) and os.path.isfile(p)
+        if rerun.fullmatch(os.path.basename(p)) and ours(p)
     ]
     if not runs:
         return path

@@ -19,7 +19,8 @@ import tempfile
 import time
 from typing import Optional
 
-from lora_otel.journal.reader import Journal, JournalError, journal_paths, read_journal
+from lora_otel.journal.reader import Journal, JournalError, left_out_line, listed_journals, read_journal
+from lora_otel.journal.tree import _display
 
 DEFAULT_OUTPUT = {"html": "lora-otel-report.html", "perfetto": "lora-otel-trace.json"}
 
@@ -65,13 +66,20 @@ def read_input(path: str) -> list[Journal]:
 
     path = resolve_path(path)
     if os.path.isdir(path):
-        paths = journal_paths(path)
+        try:
+            paths, left_out = listed_journals(path)  # only this user's regular files, as inspect DIR
+        except OSError as e:
+            raise JournalError(f"{path}: cannot list: {e.strerror or e}") from None
+        if left_out:
+            print(f"lora-otel report: {_display(path)}: {left_out_line(left_out)}", file=sys.stderr)
         if not paths:
-            raise JournalError(f"{path}: no journals (*.otel.jsonl) in this directory")
+            whose = " of this user's" if left_out else ""
+            raise JournalError(f"{_display(path)}: no journals (*.otel.jsonl){whose} in this directory")
         journals = []
+        owner = os.geteuid()
         for one in paths:
             try:
-                journals.append(read_journal(one))
+                journals.append(read_journal(one, owner))
             except JournalError as e:  # listed as not read, as inspect DIR does
                 journals.append(Journal(one, problems=[str(e)]))
         return journals

@@ -3,6 +3,12 @@
 The spans go straight to ``exporter.export`` in batches of `BATCH` (no BatchSpanProcessor: nothing
 should wait in a queue), so a long job stays under collectors' request size limits. Success prints
 one line; any failure prints one line on stderr and exits non-zero, never a traceback.
+
+With no endpoint set (no ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``) the spans would go to the
+OpenTelemetry default, ``localhost:4318``, which any local user can bind first: replay then sends
+only to a listener of this user's or root's, as the sidecar's live export does
+(`lora_otel.export.loopback.stranger`), else refuses in one line (exit 2) that says how to name an
+endpoint. An endpoint named explicitly, ``localhost`` included, is used as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import shlex
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +37,8 @@ def run_replay(args: argparse.Namespace) -> int:
 
     Returns:
         0 when the spans were accepted (or there were none), 1 when the export failed, 2 when the
-        journal cannot be read or the exporter settings are unusable.
+        journal cannot be read, the exporter settings are unusable, or no endpoint is set and the
+        default port is not provably this user's (`loopback.stranger`).
     """
     try:
         journal = read_journal(args.journal)
@@ -44,6 +53,16 @@ def run_replay(args: argparse.Namespace) -> int:
     if not translation.spans:
         print(f"nothing to replay: no spans in {journal.path}")
         return 0
+    from lora_otel.export import loopback
+
+    why = loopback.stranger(os.environ)
+    if why is not None:
+        return _fail(
+            f"not sent: no OTLP endpoint is set and {why}; name your collector: "
+            f"OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:{loopback.defaulted(os.environ, 'TRACES')} "
+            f"lora-otel replay {_arg(args.journal)}",
+            2,
+        )
     total = len(translation.spans)
     with _sdk_log_captured() as sdk_errors:
         try:
@@ -94,6 +113,13 @@ def _export_all(exporter: Any, spans: list[ReadableSpan]) -> tuple[int, int, int
         else:
             return sent, refused, len(batch) + sum(len(b) for b in pending)
     return sent, refused, 0
+
+
+def _arg(path: str) -> str:
+    """``path`` as one shell word (a leading ``-`` made a path, not an option), control characters escaped."""
+    from lora_otel.journal.tree import _display
+
+    return _display(shlex.quote(os.path.join(".", path) if path.startswith("-") else path))
 
 
 def _fail(message: str, status: int) -> int:

@@ -50,6 +50,8 @@ __all__ = [
     "format_duration",
     "image_changed",
     "journal_paths",
+    "left_out_line",
+    "listed_journals",
     "pid_runs",
     "process_state",
     "read_journal",
@@ -71,11 +73,14 @@ class JournalError(Exception):
     """The journal cannot be read at all (missing, a directory, no permission). One-line message."""
 
 
-def read_journal(path: str | os.PathLike[str]) -> Journal:
+def read_journal(path: str | os.PathLike[str], owner: Optional[int] = None) -> Journal:
     """Read the journal at ``path``.
 
     Args:
         path: a journal file (``*.otel.jsonl``).
+        owner: for a name found by listing a directory (`listed_journals`): read it only when it is
+            a regular file of this uid, never through a symlink (``O_NOFOLLOW``; the check is made
+            on the opened file, so a name swapped since the listing is refused too).
 
     Returns:
         The journal; every line that could not be used is described in ``problems``.
@@ -87,11 +92,14 @@ def read_journal(path: str | os.PathLike[str]) -> Journal:
     try:
         # O_NONBLOCK: a FIFO named like a journal must not block the open; then only a regular
         # file is read (a FIFO, /dev/zero or a device would hang or fill memory).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        nofollow = getattr(os, "O_NOFOLLOW", 0) if owner is not None else 0
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | nofollow)
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise JournalError(f"{path}: not a regular file")
+            if owner is not None and st.st_uid != owner:
+                raise JournalError(f"{path}: not a file of uid {owner}'s")
             data, overlong = _read_bounded(f)
     except OSError as e:
         raise _read_error(path, e) from None
@@ -397,15 +405,61 @@ def journal_paths(directory: str) -> list[str]:
     return sorted(path for path in glob.glob(pattern) if os.path.isfile(path))
 
 
+def listed_journals(directory: str, owner: Optional[int] = None) -> tuple[list[str], int]:
+    """``(paths, left_out)``: the ``*.otel.jsonl`` names directly in ``directory`` (not recursive)
+    that are regular files of ``owner`` (default: this user), sorted, and how many other names of
+    that form there are (another user's files, symlinks, FIFOs, directories), never opened.
+
+    In a directory others can write to (a shared ``LORA_OTEL_DIR``, ``/tmp``) anyone can put a file
+    under a journal's name: thousands of empty ones (each a "process gone", a line each), a symlink
+    to a file only this user may read (root's ``inspect`` showed ``/etc/shadow``'s first line as
+    "not JSON"), a FIFO. ``inspect DIR``, ``report DIR`` and ``watch DIR`` read only what this
+    listing keeps, with ``read_journal(path, owner)``; a journal named on the command line is read
+    whoever owns it. One `lstat` per name, streamed (`os.scandir`): 100,000 names cost no
+    list of them all. Raises OSError when the directory cannot be listed."""
+    owner = os.geteuid() if owner is None else owner
+    kept: list[str] = []
+    left_out = 0
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not entry.name.endswith(JOURNAL_SUFFIX):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone since the listing
+            if stat.S_ISREG(st.st_mode) and st.st_uid == owner:
+                kept.append(entry.path)
+            else:
+                left_out += 1
+    return sorted(kept), left_out
+
+
+def left_out_line(left_out: int) -> str:
+    """The one line for `listed_journals`'s ``left_out``: ``ignored 3 files named *.otel.jsonl that
+    are not this user's (another user's, a symlink, a FIFO)``."""
+    files = f"{left_out} file{'s' if left_out != 1 else ''} named *{JOURNAL_SUFFIX}"
+    return (
+        f"ignored {files} that {'are' if left_out != 1 else 'is'} not this user's (another user's, a symlink, a FIFO)"
+    )
+
+
 def sibling_journals(journal: Journal) -> list[Journal]:
-    """The readable journals beside ``journal`` (its directory), itself left out."""
+    """The readable journals beside ``journal`` (its directory), itself left out: only regular files
+    of the same owner as ``journal`` (`listed_journals`), so a file another user put beside it in a
+    shared directory is never read as one of its job's."""
     own = os.path.abspath(journal.path)
+    try:
+        owner = os.stat(own).st_uid
+        paths, _ = listed_journals(os.path.dirname(own), owner)
+    except OSError:
+        return []
     out = []
-    for path in journal_paths(os.path.dirname(own)):
+    for path in paths:
         if os.path.abspath(path) == own:
             continue
         try:
-            out.append(read_journal(path))
+            out.append(read_journal(path, owner))
         except JournalError:
             continue
     return out
