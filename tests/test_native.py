@@ -415,7 +415,8 @@ def test_a_pool_worker_forked_after_openmp_ran(tmp_path: Path) -> None:
         def stalled() -> list[str]:
             if proc.poll() is not None:
                 pytest.skip("the forked worker's matmul returned: this torch build does not hang after fork here")
-            return [m for m in messages(log, "STALLED") if "worker pid" in m] if log.exists() else []
+            lines = messages(log, "STALLED") + messages(log, "why ") if log.exists() else []
+            return [m for m in lines if "worker pid" in m]
 
         [line] = wait_for(stalled, timeout=180, what="the STALLED line naming the worker")
         assert re.search(

@@ -112,7 +112,10 @@ def in_task(tmp: Path, sleeping: bool = False) -> Optional[Journal]:
 
 
 def stalled_with(log: Path, words: str) -> list[str]:
-    return [line for line in messages(log, "STALLED") if words in line] if log.exists() else []
+    """The job's STALLED line, or the why line after it, that has ``words`` (the watchdog names a
+    cause in another process in the why line)."""
+    lines = messages(log, "STALLED") + messages(log, "why ")
+    return [line for line in lines if words in line] if log.exists() else []
 
 
 def inspect_text(tmp: Path) -> str:

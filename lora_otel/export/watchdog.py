@@ -448,12 +448,13 @@ CAUSE_PID = "lora_otel.diagnosis.in_pid"
 
 def speaks_for_job(stall: Stall, cause_pid: Optional[int] = None, evidence: Optional[dict[str, Any]] = None) -> bool:
     """Whether the watchdog writes the STALLED line: the job cannot (frozen), does not know the
-    limit (learned), or cannot see the cause (``cause_pid``: the diagnosis names another process,
-    the worker of its pool that holds the task, which the job's own STALLED line cannot name), or
-    cannot know why (it is blocked writing to a full pipe and its stderr is one, so its own lines may
-    not get through either: `pipes.full_pipe`, `pipes.stderr_blocked`). Other stalls the job says itself (its
-    own beat), and the watchdog follows them with the cause (`why_line`)."""
-    if stall.kind == "frozen" or isinstance(stall.learned, Learned) or cause_pid is not None:
+    limit (learned), or cannot know why (it is blocked writing to a full pipe and its stderr is one,
+    so its own lines may not get through either: `pipes.full_pipe`, `pipes.stderr_blocked`). Other
+    stalls the job says itself (its own beat), and the watchdog follows them with the cause
+    (`why_line`) and what to do — a cause in another process (``cause_pid``: the worker of its pool
+    that holds the task) too: one STALLED line in the panel, in one shape, then why."""
+    del cause_pid  # (named by the why line)
+    if stall.kind == "frozen" or isinstance(stall.learned, Learned):
         return True
     from lora_otel.analysis.pipes import full_pipe, stderr_blocked
 
