@@ -157,3 +157,41 @@ def check(found: Diagnosis, expect: Optional[dict[str, Any]], where: str = "") -
 def literal(text: str) -> str:
     """``text`` as a pattern that matches it (spaces kept readable)."""
     return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
+
+
+def add(recorded: Path, name: str, source: str, expect: dict[str, Any]) -> Path:
+    """Add the recording at ``recorded`` (the recorder's file) as tests/data/evidence/<name>.json,
+    with the test that recorded it and what is true about it."""
+    case = json.loads(recorded.read_text(encoding="utf-8"))
+    case["case"], case["source"], case["expect"] = name, source, expect
+    path = DATA / ("%s.json" % name)
+    path.write_text(json.dumps(case, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":  # PYTHONPATH=. python tests/evidence_cases.py RECORDED NAME --source ... --rule ...
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Add a recorded case, with what is true about it.")
+    parser.add_argument("recorded", type=Path)
+    parser.add_argument("name")
+    parser.add_argument("--source", required=True, help="the test that recorded it, e.g. tests/test_full_pipe.py")
+    parser.add_argument("--rule", required=True)
+    parser.add_argument("--sentence", action="append", required=True, help="a regex the sentence must match")
+    parser.add_argument("--advice", action="append", default=[], help="a regex the advice must match")
+    parser.add_argument("--no-advice", action="store_true", help="the evidence supports no step")
+    args = parser.parse_args()
+    if bool(args.advice) == args.no_advice:
+        parser.error("give --advice patterns or --no-advice")
+    print(
+        add(
+            args.recorded,
+            args.name,
+            args.source,
+            {
+                "rule": args.rule,
+                "sentence": args.sentence,
+                "advice": "" if args.no_advice else args.advice,
+            },
+        )
+    )

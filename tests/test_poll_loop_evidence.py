@@ -27,7 +27,13 @@ def test_there_are_recorded_cases() -> None:
     assert len(CASES) >= 4
 
 
-# The rule over each case as recorded: tests/test_rules_over_evidence.py.
+# The rule over each case as recorded: tests/test_rules_over_evidence.py; here, the same words.
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_the_same_words_as_the_real_run(path: Path) -> None:
+    case = load(path)
+    assert run(case, case["evidence"]).sentence == case["diagnosis"]["sentence"]
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])

@@ -31,9 +31,6 @@ def test_the_rules_say_what_is_true_of_the_case(path: Path) -> None:
     found = cases.run(case)
     took = time.perf_counter() - started
     cases.check(found, case.get("expect"), path.name)
-    recorded = (case.get("diagnosis") or {}).get("sentence")
-    if recorded:
-        assert found.sentence == recorded  # the same words as the real run's
     assert took < 1.0, "%.3f s: a recorded case is explained in milliseconds" % took
 
 
