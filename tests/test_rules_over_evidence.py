@@ -18,7 +18,7 @@ PATHS = cases.paths()
 
 def test_there_are_recorded_cases_of_many_rules() -> None:
     rules = {cases.load(p)["expect"]["rule"] for p in PATHS if cases.load(p).get("expect")}
-    assert len(PATHS) >= 20 and len(rules) >= 6, sorted(rules)
+    assert len(PATHS) >= 30 and len(rules) >= 10, sorted(rules)
     named = {rule.name for rule in RULES}
     assert rules <= named | {"none"}, rules - named
 

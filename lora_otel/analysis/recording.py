@@ -131,12 +131,19 @@ def record(
 
 
 def _generic_paths(journal: Optional[Journal]) -> list[tuple[str, str]]:
-    """(real, generic) prefixes, longest first: the journal's directory (its parent when it is a
-    ``lora-otel`` folder) as ``/job``, the interpreter's prefixes, the home directory."""
+    """(real, generic) prefixes, longest first: the traced process's working directory as ``/job``,
+    the journal's directory as ``/journals`` (its parent as ``/job`` when it is a ``lora-otel``
+    folder and the working directory is not known), the interpreter's prefixes, the home directory."""
     pairs: list[tuple[str, str]] = []
     if journal is not None and journal.path:
+        cwd = journal.root.attrs.get("process.working_directory") if journal.root is not None else None
         here = os.path.dirname(os.path.abspath(journal.path))
-        pairs.append((os.path.dirname(here) if os.path.basename(here) == "lora-otel" else here, "/job"))
+        if isinstance(cwd, str) and cwd.startswith("/"):
+            pairs.append((cwd.rstrip("/") or "/", "/job"))
+            if not here.startswith(cwd.rstrip("/") + "/"):
+                pairs.append((here, "/journals"))
+        else:
+            pairs.append((os.path.dirname(here) if os.path.basename(here) == "lora-otel" else here, "/job"))
     pairs += [(sys.prefix, "/venv"), (sys.base_prefix, "/python"), (os.path.expanduser("~"), "/home/user")]
     pairs = [(real, generic) for real, generic in pairs if len(real) > 1]
     return sorted(pairs, key=lambda p: -len(p[0]))
