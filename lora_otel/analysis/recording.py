@@ -133,7 +133,8 @@ def record(
 def _generic_paths(journal: Optional[Journal]) -> list[tuple[str, str]]:
     """(real, generic) prefixes, longest first: the traced process's working directory as ``/job``,
     the journal's directory as ``/journals`` (its parent as ``/job`` when it is a ``lora-otel``
-    folder and the working directory is not known), the interpreter's prefixes, the home directory."""
+    folder and the working directory is not known), the interpreter's prefixes, the home directory,
+    the directory lora_otel is installed in (``/site-packages``)."""
     pairs: list[tuple[str, str]] = []
     if journal is not None and journal.path:
         cwd = journal.root.attrs.get("process.working_directory") if journal.root is not None else None
@@ -144,7 +145,9 @@ def _generic_paths(journal: Optional[Journal]) -> list[tuple[str, str]]:
                 pairs.append((here, "/journals"))
         else:
             pairs.append((os.path.dirname(here) if os.path.basename(here) == "lora-otel" else here, "/job"))
+    own = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where lora_otel is
     pairs += [(sys.prefix, "/venv"), (sys.base_prefix, "/python"), (os.path.expanduser("~"), "/home/user")]
+    pairs.append((own, "/site-packages"))
     pairs = [(real, generic) for real, generic in pairs if len(real) > 1]
     return sorted(pairs, key=lambda p: -len(p[0]))
 
