@@ -63,6 +63,17 @@ def record_dir() -> Optional[Path]:
     return out
 
 
+def record_explained(stall: Stall, evidence: dict[str, Any], journal: Optional[Journal], source: str) -> None:
+    """For a test that gathers and diagnoses by itself (not through the sidecar): with
+    ``LORA_OTEL_RECORD_EVIDENCE=<dir>``, record the case as the sidecar would (`recording.record`)."""
+    out = record_dir()
+    if out is not None:
+        from lora_otel.analysis import recording
+
+        found = explain(stall, evidence, journal)
+        recording.record(stall, evidence, journal, found, source=source, env={recording.ENV: str(out)})
+
+
 def paths() -> list[Path]:
     return sorted(DATA.glob("*.json"))
 
@@ -96,8 +107,11 @@ def journals_of(case: dict[str, Any]) -> tuple[Optional[Journal], list[Journal]]
 
 def stall_of(case: dict[str, Any], job: Optional[Journal]) -> Stall:
     s = case["stall"]
+    named = [sp for sp in (job.spans if job is not None else []) if sp.name == s.get("stage") and sp.end_ns is None]
     if job is not None and job.root is not None and (s["kind"] == "between" or s.get("stage") == job.root.name):
         span = job.root
+    elif named:
+        span = named[-1]  # the journal's own span (its parent, its attributes)
     else:
         span = Span(s.get("stage") or "process", "a" * 16, None, "b" * 32, 1, attrs=dict(s.get("attrs") or {}))
     return Stall(s["kind"], span, s["open_for_s"], s["limit_s"], s.get("reason") or "", after=s.get("after"))
