@@ -27,7 +27,8 @@ process's journal there; those about the defaults themselves pass ``LORA_OTEL_DI
 
 def clean_env(**extra: str) -> dict:
     """The test process's environment without lora_otel or tracing variables (but a recording
-    directory ``LORA_OTEL_RECORD_EVIDENCE``), plus `TEST_DEFAULTS`, plus ``extra``. For the names in `TEST_DEFAULTS`, an empty string in ``extra`` means unset."""
+    directory ``LORA_OTEL_RECORD_EVIDENCE``), plus `TEST_DEFAULTS`, plus ``extra``. For the names in
+    `TEST_DEFAULTS`, an empty string in ``extra`` means unset."""
     env = {
         k: v
         for k, v in os.environ.items()
