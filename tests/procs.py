@@ -26,14 +26,18 @@ process's journal there; those about the defaults themselves pass ``LORA_OTEL_DI
 
 
 def clean_env(**extra: str) -> dict:
-    """The test process's environment without lora_otel or tracing variables, plus `TEST_DEFAULTS`,
-    plus ``extra``. For the names in `TEST_DEFAULTS`, an empty string in ``extra`` means unset."""
+    """The test process's environment without lora_otel or tracing variables (but a recording
+    directory ``LORA_OTEL_RECORD_EVIDENCE``), plus `TEST_DEFAULTS`, plus ``extra``. For the names in
+    `TEST_DEFAULTS`, an empty string in ``extra`` means unset."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("LORA_OTEL", "OTEL_", "PYTEST_")) and k != "TRACEPARENT"
     }
     env.update(TEST_DEFAULTS)
+    if os.environ.get("LORA_OTEL_RECORD_EVIDENCE", "") not in ("", "0", "1"):
+        # Recording (tests/evidence_cases.py): the job's sidecar records each diagnosis there too.
+        env["LORA_OTEL_RECORD_EVIDENCE"] = os.path.abspath(os.environ["LORA_OTEL_RECORD_EVIDENCE"])
     env.update(extra)
     for name in TEST_DEFAULTS:
         if env[name] == "":

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import JournalBuilder
 
 from lora_otel.analysis import hubcache
@@ -38,27 +37,7 @@ def rule_of(found: Diagnosis) -> str:
     return str(found.attrs["lora_otel.diagnosis.rule"])
 
 
-# --- recorded cases ---------------------------------------------------------------------------
-
-
-def recorded() -> list[Path]:
-    return sorted(p for p in CASES.glob("*.json") if "advice" in json.loads(p.read_text(encoding="utf-8")))
-
-
-@pytest.mark.parametrize("case", recorded(), ids=lambda p: p.stem)
-def test_recorded_case_gives_its_advice(case: Path) -> None:
-    """A case recorded from a real run (test_advice_real.py): its evidence, explained again, gives
-    the same rule, the sentence's and the advice's words (paths made generic)."""
-    data = json.loads(case.read_text(encoding="utf-8"))
-    stall = a_stall(data.get("stage", "load model"), data.get("kind", "alive"))
-    journal = a_journal(data.get("pid", 4712), **data.get("root_attrs", {}))
-    found = explain(stall, {PREFIX + k: v for k, v in data["evidence"].items()}, journal)
-    assert rule_of(found) == data["rule"], found.sentence
-    for words in data.get("sentence", []):
-        assert words in found.sentence, (words, found.sentence)
-    for words in data["advice"]:
-        assert words in found.advice, (words, found.advice)
-    assert found.attrs.get("lora_otel.diagnosis.advice") == (found.advice or None)
+# The recorded cases (test_advice_real.py) are explained in tests/test_rules_over_evidence.py.
 
 
 # --- each rule --------------------------------------------------------------------------------

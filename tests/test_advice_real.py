@@ -7,7 +7,7 @@ what the user sees: the ``what to do:`` line right after the why line on the job
 ``--log``, naming the launcher (its pid and command) as the program that must read the pipe; the
 same advice in ``inspect``, ``watch --once``, the report's HTML, the stall record, and the OTLP
 span, event and log record (``lora_otel.diagnosis.advice``). The evidence is recorded (redacted,
-generic) under tests/data/evidence/ for the pure test in test_advice.py.
+generic) under tests/data/evidence/ for tests/test_rules_over_evidence.py.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import evidence_cases as cases
 import pytest
 from procs import PYTHON, clean_env, lora_otel_cli, wait_for
 
@@ -323,9 +324,10 @@ def test_rendezvous_advice_names_the_rank_to_start_and_the_address(tmp_path: Pat
 
 
 def _record(record: dict, job: int, launcher: int) -> None:
-    """The evidence of this run, generic (pids and paths as in the pure test's journal), for
-    test_advice.py's recorded cases; written only when LORA_OTEL_RECORD_EVIDENCE=1."""
-    if os.environ.get("LORA_OTEL_RECORD_EVIDENCE") != "1":
+    """The evidence of this run, generic (pids and paths made generic), as ``<dir>/full_pipe_launcher_waits.json``
+    (tests/evidence_cases.py's format); written only with LORA_OTEL_RECORD_EVIDENCE=<dir>."""
+    out = cases.record_dir()
+    if out is None:
         return
     evidence = {k: v for k, v in record["evidence"].items() if k.startswith(("pipe.", "process.state", "process.wait"))}
     raw = json.dumps(evidence).replace(str(launcher), "4711").replace(str(job), "4712").replace(PYTHON, "python")
@@ -334,22 +336,25 @@ def _record(record: dict, job: int, launcher: int) -> None:
         {"pid": 4711, "fd": 3, "cmdline": "python launcher.py", "state": "S", "wchan": "do_wait", "reading": False}
     ]
     evidence["pipe.writing_threads"] = ["4712 anon_pipe_write"]
-    RECORDED.write_text(
-        json.dumps(
-            {
-                "stage": "write report",
-                "pid": 4712,
-                "root_attrs": {"process.parent_pid": 4711},
-                "evidence": evidence,
-                "rule": "full pipe",
-                "sentence": ["Blocked writing to its stdout, a pipe nobody reads", "held by pid 4711"],
-                "advice": [
-                    "The program that started this job (pid 4711 python launcher.py) must read the job's stdout",
-                    "or start the job with stdout to a file.",
-                ],
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
-    )
+    case = {
+        "case": RECORDED.stem,
+        "source": "tests/test_advice_real.py (real run, pids and paths made generic)",
+        "stall": {"kind": "alive", "stage": "write report", "open_for_s": 30.0, "limit_s": 5.0},
+        "now_ns": None,
+        "journal": {"pid": 4712, "main_frames": None, "root_attrs": {"process.parent_pid": 4711}},
+        "evidence": {"lora_otel.evidence." + k: v for k, v in evidence.items()},
+        "expect": {
+            "rule": "full pipe",
+            "sentence": [
+                cases.literal("Blocked writing to its stdout, a pipe nobody reads"),
+                cases.literal("held by pid 4711"),
+            ],
+            "advice": [
+                cases.literal(
+                    "The program that started this job (pid 4711 python launcher.py) must read the job's stdout"
+                ),
+                cases.literal("or start the job with stdout to a file."),
+            ],
+        },
+    }
+    (out / RECORDED.name).write_text(json.dumps(case, indent=1) + "\n", encoding="utf-8")

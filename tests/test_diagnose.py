@@ -7,6 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import evidence_cases as cases
 import pytest
 from procs import journal_has_open, journals, wait_for
 from test_hangs import kill_and_reap, start_traced
@@ -53,7 +54,9 @@ def test_hub_download_that_never_answers(tmp_path: Path) -> None:
         [path] = journals(tmp_path / "lora-otel")
         stall = detect(read_journal(path), time.time_ns(), alive=True, limits=parse_limits("import=1"))
         assert stall is not None and stall.span.name == "import huggingface_hub"
-        sentence = diagnose(stall, evidence_for(tmp_path, proc.pid))
+        evidence = evidence_for(tmp_path, proc.pid)
+        sentence = diagnose(stall, evidence)
+        cases.record_explained(stall, evidence, read_journal(path), "tests/test_diagnose.py")
         assert sentence.startswith("Waiting on the network inside huggingface_hub (a hub download or API call)")
         assert "-> 127.0.0.1:%d ESTABLISHED" % port in sentence
     finally:
@@ -74,7 +77,9 @@ def test_frozen_native_call(tmp_path: Path) -> None:
         stall = wait_for(
             lambda: detect(read_journal(path), time.time_ns(), alive=True, frozen_after_s=2), what="frozen", timeout=15
         )
-        sentence = diagnose(stall, evidence_for(tmp_path, proc.pid, native=True))
+        evidence = evidence_for(tmp_path, proc.pid, native=True)
+        sentence = diagnose(stall, evidence)
+        cases.record_explained(stall, evidence, read_journal(path), "tests/test_diagnose.py")
         if py_spy_path() is not None:  # the GIL is said held only when py-spy's stacks show it
             assert sentence.startswith("Holding the GIL in native code while blocked"), sentence
         else:

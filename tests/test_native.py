@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import evidence_cases as cases
 import pytest
 from procs import journals, lora_otel_cli, run_traced, wait_for
 from test_local_beat import launch_detached, messages, stop
@@ -325,39 +326,13 @@ def test_the_object_of_a_system_call() -> None:
 
 
 def _journals(case: dict[str, Any], tmp: Path) -> list[Journal]:
-    out = []
-    for name, records in case["journals"].items():
-        path = tmp / ("%s.otel.jsonl" % name)
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-        out.append(read_journal(path))
-    return out
+    """The recorded job's journal, then its children's (tests/evidence_cases.py)."""
+    job, peers = cases.journals_of(case)
+    assert job is not None
+    return [job, *peers]
 
 
-@pytest.mark.parametrize(
-    "name", ["pool_worker_openmp_after_fork", "main_thread_openmp_team_wait", "main_thread_openmp_team_spin"]
-)
-def test_the_recorded_cases(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    case = json.loads((EVIDENCE / ("%s.json" % name)).read_text())
-    journals = _journals(case, tmp_path)
-    # The journals' processes ran when the evidence was gathered (the analysis still asks /proc).
-    running = {j.path: "running" for j in journals if j.exit is None and j.exec is None}
-    for module in (pools, diagnose):
-        monkeypatch.setattr(
-            module, "process_state", lambda j, real=module.process_state: running.get(j.path) or real(j)
-        )
-    job = journals[0]
-    assert job.root is not None
-    stall = Stall(case["stall"]["kind"], job.root, case["stall"]["open_for_s"], case["stall"]["limit_s"], "")
-    found = explain(stall, case["evidence"], job, journals, now_ns=case["now_ns"])
-    assert found.attrs["lora_otel.diagnosis.rule"] == case["expect"]["rule"]
-    for fragment in case["expect"]["sentence"]:
-        assert fragment in found.sentence, found.sentence
-    for fragment in case["expect"]["advice"]:
-        assert fragment in found.advice, found.advice
-    if case["expect"]["advice"]:
-        assert found.attrs["lora_otel.diagnosis.advice"] == found.advice
-    else:
-        assert found.advice == "" and "lora_otel.diagnosis.advice" not in found.attrs
+# The recorded cases themselves are explained in tests/test_rules_over_evidence.py.
 
 
 # --- the real case --------------------------------------------------------------------------------
@@ -440,7 +415,7 @@ def test_a_pool_worker_forked_after_openmp_ran(tmp_path: Path) -> None:
         found = explain(Stall("between", job.root, open_s, 4.0, ""), evidence, job, journals, now_ns=now)
         assert found.attrs["lora_otel.diagnosis.rule"] == "worker pool"
         assert "multiprocessing.set_start_method('spawn')" in found.advice and "OMP_NUM_THREADS=1" in found.advice
-        if os.environ.get("LORA_OTEL_RECORD_EVIDENCE") == "1":
+        if cases.record_dir() is not None:
             record(tmp_path, job, journals, evidence, open_s, now)
     finally:
         stop(proc)
@@ -471,41 +446,48 @@ def record(
     description: str = "",
     expect: Optional[dict[str, Any]] = None,
 ) -> None:
-    """Write a real case's evidence to ``path`` (``LORA_OTEL_RECORD_EVIDENCE=1``): the job's and its
-    children's journals (every record but the beats, and each journal's last beat), the evidence,
-    the stall, and what the diagnosis must say."""
+    """Write a real case's evidence as ``path``'s name in the directory ``LORA_OTEL_RECORD_EVIDENCE``
+    names: the job's and its children's journals (every record but the beats, and each journal's
+    last beat), the evidence, the stall, and what the diagnosis must say."""
     keep = (PREFIX + "process.", PREFIX + "python.", PREFIX + "py_spy.", PREFIX + "native.")
     ordered = [job] + [j for j in journals if j.path != job.path]
-    records: dict[str, list[Any]] = {}
+    records: list[dict[str, Any]] = []
     for i, journal in enumerate(ordered):
         rows = [json.loads(line) for line in Path(journal.path).read_text().splitlines() if line.strip()]
         beats = [r for r in rows if r.get("k") == "beat"]
         rows = [r for r in rows if r.get("k") not in ("beat", "stall")] + beats[-1:]
-        records["job" if i == 0 else "child%d" % i] = rows
+        name = "job" if i == 0 else "child%d" % i
+        records.append({"path": "/job/lora-otel/%s.otel.jsonl" % name, "records": rows})
+    expect = expect or {
+        "rule": "worker pool",
+        "sentence": [
+            "holds a task",
+            "it waits in OpenMP (libgomp",
+            "called by MKL's mkl_",
+            "which its parent started before it forked this worker",
+            "a forked child does not have",
+        ],
+        "advice": ["multiprocessing.set_start_method('spawn')", "OMP_NUM_THREADS=1", "torch.set_num_threads(1)"],
+    }
     case = {
-        "case": description
+        "case": path.stem,
+        "description": description
         or "a multiprocessing.Pool worker forked after the parent ran OpenMP (torch matmul on 2 threads): "
         "its matmul waits in libgomp for the pool's threads, which the fork did not copy",
         "source": "tests/test_native.py (real run, paths made generic)",
-        "stall": {"kind": "between", "open_for_s": round(open_s, 3), "limit_s": 4.0},
+        "stall": {"kind": "between", "stage": "process", "open_for_s": round(open_s, 3), "limit_s": 4.0},
         "now_ns": now,
         "evidence": {k: v for k, v in evidence.items() if k.startswith(keep)},
-        "journals": records,
-        "expect": expect
-        or {
-            "rule": "worker pool",
-            "sentence": [
-                "holds a task",
-                "it waits in OpenMP (libgomp",
-                "called by MKL's mkl_",
-                "which its parent started before it forked this worker",
-                "a forked child does not have",
-            ],
-            "advice": ["multiprocessing.set_start_method('spawn')", "OMP_NUM_THREADS=1", "torch.set_num_threads(1)"],
+        "journal": records[0],
+        "peers": records[1:],
+        "expect": {
+            "rule": expect["rule"],
+            "sentence": [cases.literal(x) for x in expect["sentence"]],
+            "advice": [cases.literal(x) for x in expect["advice"]] or "",
         },
     }
-    EVIDENCE.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_generic(case, tmp), indent=1, sort_keys=False) + "\n")
+    out = cases.record_dir() or EVIDENCE
+    (out / path.name).write_text(json.dumps(_generic(case, tmp), indent=1, sort_keys=False) + "\n")
 
 
 TEAM_PY = """import argparse, ctypes, ctypes.util, glob, os, sys, time
@@ -562,7 +544,7 @@ def test_the_main_thread_waits_in_openmp(tmp_path: Path, policy: str) -> None:
         open_s = (now - job.root.start_ns) / 1e9
         found = explain(Stall("between", job.root, open_s, 4.0, ""), evidence, job, [job], now_ns=now)
         assert found.attrs["lora_otel.diagnosis.rule"] == "native wait" and found.advice == ""
-        if os.environ.get("LORA_OTEL_RECORD_EVIDENCE") == "1":
+        if cases.record_dir() is not None:
             record(
                 tmp_path,
                 job,

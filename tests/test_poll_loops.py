@@ -23,6 +23,7 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
+import evidence_cases as cases
 import pytest
 from procs import PYTHON, clean_env, journals, wait_for
 
@@ -127,9 +128,10 @@ def advice_of(record: dict) -> tuple[str, str, str]:
 
 
 def record_case(name: str, record: dict, tmp_path: Path, pids: dict[int, int], expect: dict) -> None:
-    """With ``LORA_OTEL_RECORD_EVIDENCE=<dir>``: the case's evidence, generic, as ``<dir>/<name>.json``."""
-    out = os.environ.get("LORA_OTEL_RECORD_EVIDENCE")
-    if not out:
+    """With ``LORA_OTEL_RECORD_EVIDENCE=<dir>``: the case's evidence, generic, as ``<dir>/<name>.json``
+    (tests/evidence_cases.py's format)."""
+    out = cases.record_dir()
+    if out is None:
         return
     text = json.dumps(record, sort_keys=True)
     text = text.replace(str(tmp_path), "/work/job").replace(PYTHON, "python")
@@ -146,11 +148,16 @@ def record_case(name: str, record: dict, tmp_path: Path, pids: dict[int, int], e
             "limit_s": generic["limit_s"],
         },
         "now_ns": generic["ts"],
+        "journal": None,
         "evidence": {PREFIX + key: value for key, value in generic["evidence"].items()},
-        "diagnosis": generic["diagnosis"],
-        "expect": expect,
+        "expect": {
+            "rule": expect["rule"],
+            "sentence": [cases.literal(x) for x in expect["sentence"]],
+            "advice": [cases.literal(x) for x in expect["advice"]] or "",
+        },
+        "diagnosis": {"sentence": generic["diagnosis"]},
     }
-    Path(out, name + ".json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    Path(out, name + ".json").write_text(json.dumps(case, indent=1) + "\n", encoding="utf-8")
 
 
 # --- a lock file nobody holds ------------------------------------------------------------------

@@ -10,8 +10,8 @@ The slow tests run real programs that really hang, traced (``LORA_OTEL=1``), ins
 - a job in ``subprocess.run`` of a child that reads its standard input, a pipe nobody writes.
 
 Each also gathers the evidence itself (`evidence.gather`, no signal) and, with
-``LORA_OTEL_RECORD_EVIDENCE=1``, records it (paths made generic) as ``tests/data/evidence/<case>.json``;
-the fast tests run `explain` over those recordings.
+``LORA_OTEL_RECORD_EVIDENCE=<dir>``, records it (paths made generic) as ``<dir>/<case>.json``;
+tests/test_rules_over_evidence.py runs `explain` over the recordings in tests/data/evidence.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import evidence_cases as cases
 import pytest
 from procs import PYTHON, REPO, clean_env, lora_otel_cli, wait_for
 
@@ -36,7 +37,6 @@ from lora_otel.analysis.waits import KEY
 from lora_otel.journal.reader import Journal, read_journal
 from lora_otel.journal.records import Span
 
-DATA = Path(__file__).resolve().parent / "data" / "evidence"
 STAGE = "ask"
 LIMIT = "%s=2" % STAGE
 
@@ -93,18 +93,23 @@ KEEP = ("process.state", "process.wait_channel", "python.stacks", "py_spy.dump")
 
 
 def record(case: str, tmp_path: Path, evidence: dict[str, Any], journal: Journal, expect: dict[str, Any]) -> None:
-    """With ``LORA_OTEL_RECORD_EVIDENCE=1``: the evidence the rule reads, as ``tests/data/evidence/<case>.json``,
-    the test's directory and the interpreter's path made generic."""
-    if os.environ.get("LORA_OTEL_RECORD_EVIDENCE") != "1":
+    """With ``LORA_OTEL_RECORD_EVIDENCE=<dir>``: the evidence the rule reads, as ``<dir>/<case>.json`` in
+    tests/evidence_cases.py's format, the test's directory and the interpreter's path made generic."""
+    out = cases.record_dir()
+    if out is None:
         return
     kept = {k: v for k, v in evidence.items() if k.startswith(KEY) or k[len(PREFIX) :] in KEEP}
+    stall = a_stall()
     raw = json.dumps(
         {
             "case": case,
-            "stage": STAGE,
-            "journal": {"pid": journal.pid, "main_frames": journal.main_frames},
+            "source": "tests/test_waits.py (real run, paths made generic)",
+            "stall": {"kind": stall.kind, "stage": STAGE, "open_for_s": stall.open_for_s, "limit_s": stall.limit_s},
+            "now_ns": None,
+            "journal": {"pid": journal.pid, "main_frames": journal.main_frames, "root_attrs": {}},
             "evidence": kept,
-            "expect": expect,
+            "expect": {k: v for k, v in expect.items() if k != "no_advice"}
+            | ({"advice": ""} if expect.get("no_advice") else {}),
         },
         indent=1,
         ensure_ascii=False,
@@ -116,8 +121,7 @@ def record(case: str, tmp_path: Path, evidence: dict[str, Any], journal: Journal
         (sys.base_prefix, "/usr"),
     ):
         raw = raw.replace(mine, generic)
-    DATA.mkdir(parents=True, exist_ok=True)
-    (DATA / ("%s.json" % case)).write_text(raw + "\n", encoding="utf-8")
+    (out / ("%s.json" % case)).write_text(raw + "\n", encoding="utf-8")
 
 
 def check_now(case: str, tmp_path: Path, pid: int, expect: dict[str, Any]) -> None:
@@ -136,9 +140,9 @@ def assert_expected(found: Any, expect: dict[str, Any], evidence: Any = None) ->
     assert found.attrs["lora_otel.diagnosis.rule"] == expect["rule"], shown
     for fragment in expect.get("sentence", []):
         assert re.search(fragment, found.sentence), (fragment, shown)
-    for fragment in expect.get("advice", []):
+    for fragment in expect.get("advice") or []:
         assert re.search(fragment, found.advice), (fragment, shown)
-    if expect.get("no_advice"):
+    if expect.get("no_advice") or expect.get("advice") == "":
         assert found.advice == "", shown
 
 
@@ -374,21 +378,6 @@ def test_a_parent_waiting_for_a_child_that_reads_its_stdin(tmp_path: Path, how: 
         check_now(case, tmp_path, parent.pid, CHILD_STDIN if how == "wait" else CHILD_CAPTURED)
     finally:
         stop(parent)
-
-
-# --- the rule over recorded evidence (milliseconds) ---------------------------------------------
-
-
-def recorded() -> list[Path]:
-    return sorted(p for p in DATA.glob("*.json") if json.loads(p.read_text(encoding="utf-8")).get("stage") == STAGE)
-
-
-@pytest.mark.parametrize("path", recorded(), ids=lambda p: p.stem)
-def test_recorded_case(path: Path) -> None:
-    case = json.loads(path.read_text(encoding="utf-8"))
-    journal = Journal(path="recorded", pid=case["journal"]["pid"], main_frames=case["journal"]["main_frames"])
-    found = explain(a_stall(), case["evidence"], journal)
-    assert_expected(found, case["expect"], case["evidence"])
 
 
 # --- a file on a FUSE mount whose server never answers --------------------------------------------

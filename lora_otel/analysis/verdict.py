@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lora_otel.analysis import evidence as ev
-from lora_otel.analysis import waitfacts
+from lora_otel.analysis import recording, waitfacts
 from lora_otel.analysis.ages import aged
 from lora_otel.analysis.diagnose import advice_line, explain
 from lora_otel.analysis.evidence import PREFIX
@@ -225,6 +225,8 @@ def current(
     peers = [peer for peer in peers if peer is not journal]
     peer_stacks = {peer.path: text for peer in peers if (text := last_dump(peer))}
     diagnosis = explain(stall, evidence, journal, peers, peer_stacks, now_ns, frozen_after_s)
+    if os.environ.get(recording.ENV):
+        recording.record(stall, evidence, journal, diagnosis, peers, peer_stacks, now_ns, frozen_after_s, by)
     kind = stall.kind
     if kind == "frozen":
         last = journal.last_life_ns or 0

@@ -520,6 +520,7 @@ def diagnose_stall(
     (``limits``/``frozen_after_s``: the follower's own, `journal_limits`); the drift from
     ``baseline`` (`configured_baseline`'s answer; None: none configured). A peer that cannot be
     read leaves ``peers.error`` in ``evidence``; the diagnosis goes on."""
+    from lora_otel.analysis import recording
     from lora_otel.analysis.diagnose import collective_in, explain, stacks_text, with_baseline
     from lora_otel.analysis.evidence import PREFIX
 
@@ -535,6 +536,8 @@ def diagnose_stall(
         evidence[PREFIX + "peers.error"] = "%s: %s" % (type(e).__name__, e)
     _, frozen_after = journal_limits(journal, limits, frozen_after_s)
     found = explain(stall, evidence, journal, peers, others, frozen_after_s=frozen_after)
+    if os.environ.get(recording.ENV):
+        recording.record(stall, evidence, journal, found, peers, others, now, frozen_after, "the sidecar's diagnosis")
     return Diagnosed(with_baseline(found, stall, journal, baseline, now), peers, others)
 
 
