@@ -114,8 +114,9 @@ def in_task(tmp: Path, sleeping: bool = False) -> Optional[Journal]:
 def stalled_with(log: Path, words: str) -> list[str]:
     """The job's STALLED line, or the why line after it, that has ``words`` (the watchdog names a
     cause in another process in the why line)."""
-    lines = messages(log, "STALLED") + messages(log, "why ")
-    return [line for line in lines if words in line] if log.exists() else []
+    if not log.exists():
+        return []
+    return [line for line in messages(log, "STALLED") + messages(log, "why ") if words in line]
 
 
 def inspect_text(tmp: Path) -> str:
