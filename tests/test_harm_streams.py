@@ -86,7 +86,9 @@ def test_pip_list_json_is_parseable_under_lora_otel_1(tmp_path: Path) -> None:
     with subprocess.Popen(
         [PYTHON, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
         cwd=tmp_path,
-        env=clean_env(LORA_OTEL="1"),
+        # a short run says nothing until its first beat: 30 s away, so that a loaded machine's slow pip
+        # (over a second in a busy CI run) is still a short run here
+        env=clean_env(LORA_OTEL="1", LORA_OTEL_BEAT_S="30"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     ) as pip:

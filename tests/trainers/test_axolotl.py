@@ -27,7 +27,7 @@ from lora_otel.journal.reader import read_journal
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "axo_job.py"
-LIMITS = "between=30,training=8,exit=6,import=600"
+LIMITS = "between=120,training=60,exit=30,import=600"  # far from what a loaded machine takes: a false STALLED fails the test
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
