@@ -20,13 +20,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from lora_otel._boot.seam import duration
 from lora_otel.analysis import evidence as ev
 from lora_otel.analysis import waitfacts
 from lora_otel.analysis.ages import aged
 from lora_otel.analysis.diagnose import advice_line, explain
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
-from lora_otel.journal.reader import Journal, Span, format_duration, process_state
+from lora_otel.journal.reader import Journal, Span, process_state
 
 STACK_LINES = 12
 """Lines of the stacks file a view shows (the relevant thread first)."""
@@ -34,7 +35,7 @@ STACK_LINES = 12
 
 def seconds(value: Optional[float]) -> str:
     """``12 s``, ``2.31 s``, ``312 s``: every view's way of writing a limit or a time in seconds."""
-    return format_duration(round((value or 0.0) * 1e9))
+    return duration(value)
 
 
 def what_phrase(stage: Optional[str], kind: str, open_s: Optional[float], limit_s: Optional[float]) -> str:

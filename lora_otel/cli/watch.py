@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lora_otel._boot.seam import JOURNAL_SUFFIX
+from lora_otel._boot.seam import JOURNAL_SUFFIX, iso_time
 from lora_otel.analysis import job as jobs_mod
 from lora_otel.analysis.stall import (
     FROZEN_AFTER_S,
@@ -326,8 +326,8 @@ def alert_payload(f: Followed, stall: Stall, now_ns: int) -> dict[str, Any]:
 
 
 def _iso(ns: int) -> str:
-    """``2024-05-01T12:00:00.123Z`` (UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + ".%03dZ" % (ns // 1_000_000 % 1000)
+    """``2024-05-01T12:00:00.123Z`` (UTC, `seam.iso_time`)."""
+    return iso_time(ns)
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -161,8 +161,9 @@ def append_record(journal_path: str, record: dict[str, Any]) -> str:
 
 
 def _iso_ms(ns: int) -> str:
-    s, rem = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + ".%03dZ" % (rem // 1_000_000)
+    from lora_otel._boot.seam import iso_time
+
+    return iso_time(ns)
 
 
 def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
@@ -386,7 +387,9 @@ def _create_log(journal: Journal, data: bytes) -> bool:
 
 
 def seconds(s: float) -> str:
-    return "%d s" % s if s >= 10 else "%.1f s" % s
+    from lora_otel._boot.seam import duration
+
+    return duration(s)
 
 
 def stalled_line(stall: Stall, diagnosis: str) -> str:
