@@ -29,7 +29,7 @@ from lora_otel._boot.paths import JOURNAL_SUFFIX
 from lora_otel._boot.redact import redact_text, redact_value
 from lora_otel._boot.spawn import exports as starts_sidecar
 from lora_otel._boot.where import text as frames_text
-from lora_otel._boot.words import duration, iso_time
+from lora_otel._boot.words import duration, iso_time, learned_why, stall_what, stalled_line
 
 __all__ = [
     "JOURNAL_SUFFIX",
@@ -41,6 +41,7 @@ __all__ = [
     "frames_text",
     "image_identity",
     "iso_time",
+    "learned_why",
     "limits",
     "memory_cgroup",
     "normalize_package",
@@ -51,6 +52,8 @@ __all__ = [
     "redact_text",
     "redact_value",
     "stack_signal",
+    "stall_what",
+    "stalled_line",
     "starts_sidecar",
     "waits_for_ranks",
     "words",
