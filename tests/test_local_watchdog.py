@@ -121,7 +121,7 @@ def test_sigstop_is_called_stalled(tmp_path: Path) -> None:
             timeout=30,
             what="the STALLED line",
         )[0]
-        assert "load data open for" in line and "The process is stopped (SIGSTOP" in line, line
+        assert "STALLED: frozen in load data: no beat for " in line and "The process is stopped (SIGSTOP" in line, line
         time.sleep(1.5)
         assert text(tmp_path / "run.log").count("STALLED:") == 1
     finally:
@@ -449,7 +449,7 @@ def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
             timeout=30,
             what="the slow line",
         )[0]
-        assert "import quickmod: 10 s so far, usually" in slow and "over the last 3 runs" in slow, slow
+        assert re.search(r"import quickmod: 1\d(\.\d+)? s so far, usually .* over the last 3 runs", slow), slow
         line = wait_for(
             lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
             timeout=45,
