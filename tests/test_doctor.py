@@ -416,7 +416,7 @@ def test_render_text_one_line_per_check() -> None:
     assert lines[0] == "ok    import torch          2.6.0 in 1.1 s"
     assert lines[1] == "warn  cuda                  no CUDA \u2014 get a GPU"
     assert lines[2] == "not installed (not checked): xformers"
-    assert lines[3] == "doctor: 1 ok, 1 warn, 0 fail in 2.0 s; journal: none"
+    assert lines[3] == "doctor: 1 ok, 1 warn, 0 fail in 2 s; journal: none"
 
 
 def test_import_timeouts_per_module() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -91,7 +92,7 @@ def test_gil_held_import_is_called_stalled_in_the_panel(tmp_path: Path) -> None:
         )[0]
         assert proc.poll() is None
         assert line.startswith("[lora-otel][%d][" % proc.pid), line
-        assert "import frozenmod open for" in line and "frozen (no beat for 2.0 s)" in line
+        assert re.search(r"STALLED: frozen in import frozenmod: no beat for [\d.]+ s \(limit 2 s\) — ", line), line
         if py_spy_path() is not None:  # the GIL is said held only when py-spy's stacks show it
             assert "Holding the GIL" in line, line
         else:
@@ -120,7 +121,7 @@ def test_sigstop_is_called_stalled(tmp_path: Path) -> None:
             timeout=30,
             what="the STALLED line",
         )[0]
-        assert "load data open for" in line and "The process is stopped (SIGSTOP" in line, line
+        assert "STALLED: frozen in load data: no beat for " in line and "The process is stopped (SIGSTOP" in line, line
         time.sleep(1.5)
         assert text(tmp_path / "run.log").count("STALLED:") == 1
     finally:
@@ -448,14 +449,14 @@ def test_learned_limits_from_three_earlier_runs(tmp_path: Path) -> None:
             timeout=30,
             what="the slow line",
         )[0]
-        assert "import quickmod: 10 s so far, usually" in slow and "over the last 3 runs" in slow, slow
+        assert re.search(r"import quickmod: 1\d(\.\d+)? s so far, usually .* over the last 3 runs", slow), slow
         line = wait_for(
             lambda: [x for x in text(tmp_path / "log.txt").splitlines() if "STALLED:" in x],
             timeout=45,
             what="the STALLED line",
         )[0]
         print("learned limit: called stalled %.1f s after the job started" % (time.monotonic() - started))
-        assert "import quickmod open for" in line and "learned from the last 3 runs" in line, line
+        assert "import quickmod open for" in line and "limit 30 s: learned from 3 earlier runs, usually " in line, line
         [record] = journal_of(tmp_path).stalls
         assert record["limit_s"] == 30.0 and record["learned"]["from"] == "3 earlier runs"
         assert record["learned"]["longest_s"] < 1

@@ -164,7 +164,7 @@ class TestTrainingLimit:
         late = journal.ns(51 + 201)
         by_steps = detect(j, late, alive=True, limits=parse_limits("between=5"))
         assert by_steps is not None and by_steps.limit_s == 200, by_steps
-        assert by_steps.limit_why == "20x the median step of 10.00 s", by_steps
+        assert by_steps.limit_why == "20x the median step of 10 s", by_steps
         every = detect(j, late, alive=True, limits=parse_limits("150"))  # one number for all: given too
         assert every is not None and every.limit_s == 150 and every.limit_why == "", every
 
@@ -193,7 +193,7 @@ class TestTrainingLimit:
                 timeout=60,
                 what="the job's STALLED line",
             )
-            assert re.search(r"STALLED: training, no optimizer step for \d\.\d s \(limit 2 s\)", line), line
+            assert re.search(r"STALLED: training: no optimizer step for \d(\.\d+)? s \(limit 2 s\)", line), line
         finally:
             proc.kill()
             proc.wait(timeout=30)

@@ -21,7 +21,7 @@ import time
 from _thread import RLock, allocate_lock, get_ident
 from sys import modules as _modules
 
-from lora_otel._boot import jsonl
+from lora_otel._boot import jsonl, words
 from lora_otel._boot.jsonl import dumps_line, printable
 
 # --- clocks ----------------------------------------------------------------------------------
@@ -296,8 +296,7 @@ def new_trace_id() -> str:
 
 def iso_ms(ns: int) -> str:
     """``2026-11-30T22:13:48.123Z`` for a Unix time in nanoseconds."""
-    s, rem = divmod(ns, 1_000_000_000)
-    return _CLOCKS[5]("%Y-%m-%dT%H:%M:%S", _CLOCKS[4](s)) + ".%03dZ" % (rem // 1_000_000)
+    return words.iso_time(ns)
 
 
 # --- writing ---------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ Standard library only, no imports at all: the training process parses these in i
 
 from __future__ import annotations
 
+from lora_otel._boot.words import duration
+
 DEFAULT_LIMITS_S = {
     "arguments": 60.0,
     "import": 120.0,
@@ -100,14 +102,14 @@ def training_limit(limits: Mapping[str, float], median_step_s: float | None) -> 
     """(the training limit, why it is not the one given or the floor — "" when it is).
 
     Given (``training=N``, `GIVEN_TRAINING`): N, whatever the steps. Else the floor (120 s, or a
-    ``default=``) or 20 × the median step when that is longer: ``20x the median step of 2.00 s``."""
+    ``default=``) or 20 × the median step when that is longer: ``20x the median step of 2 s``."""
     floor = limits.get("training") or limits.get("default") or DEFAULT_LIMITS_S["training"]
     if GIVEN_TRAINING in limits or not median_step_s:
         return floor, ""
     by_steps = TRAINING_STEP_FACTOR * median_step_s
     if by_steps <= floor:
         return floor, ""
-    return by_steps, "%dx the median step of %.2f s" % (TRAINING_STEP_FACTOR, median_step_s)
+    return by_steps, "%dx the median step of %s" % (TRAINING_STEP_FACTOR, duration(median_step_s))
 
 
 def limit_for(name: str, limits: Mapping[str, float]) -> float | None:

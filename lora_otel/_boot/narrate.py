@@ -38,6 +38,7 @@ from _thread import allocate_lock
 
 from lora_otel._boot import core
 from lora_otel._boot import limits as _lim
+from lora_otel._boot.words import duration, stall_what, stalled_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -127,7 +128,7 @@ def configure(env: Mapping[str, str] | None = None) -> None:
 
 
 def _secs(seconds: float) -> str:
-    return "%d s" % seconds if seconds >= 10 else "%.1f s" % seconds
+    return duration(seconds)
 
 
 def _median_step_s() -> float | None:
@@ -334,18 +335,16 @@ def _still(ep: _Episode, open_s: float, frames: list[Frame] | None) -> str:
 
 
 def _stalled(ep: _Episode, open_s: float, limit: float, frames: list[Frame] | None) -> str:
-    why = ""
-    if ep.kind == "training":
-        what = "training, no optimizer step for %s" % _secs(open_s)
-        why = _lim.training_limit(_limits, _median_step_s())[1]
-    elif ep.kind == "between":
-        what = "no stage open for %s since %s" % (_secs(open_s), "%s ended" % ep.name if ep.name else "start")
-    else:
-        what = "%s open for %s" % (ep.name, _secs(open_s))
-    # The time and its limit rounded alike (`_secs`, monotonic; a whole number of seconds as given):
+    # In the views' words (`words.stall_what`); the time and its limit rounded alike (monotonic):
     # never "12 s (limit 12.5516 s)", which reads as below its limit.
-    shown = "%d s" % limit if limit == int(limit) else _secs(limit)
-    return "STALLED: %s (limit %s%s)%s" % (what, shown, ": " + why if why else "", _where(frames))
+    if ep.kind == "training":
+        why = _lim.training_limit(_limits, _median_step_s())[1]
+        what = stall_what("training", "alive", open_s, limit, limit_why=why)
+    elif ep.kind == "between":
+        what = stall_what(None, "between", open_s, limit, since="%s ended" % ep.name if ep.name else "start")
+    else:
+        what = stall_what(ep.name, "alive", open_s, limit)
+    return stalled_line(what, None) + _where(frames)
 
 
 def _ended(ep: _Episode, now_ns: int, subject: Subject | None) -> str | None:

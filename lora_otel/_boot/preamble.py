@@ -27,6 +27,7 @@ import time
 
 from lora_otel._boot import core, jsonl, paths, stages
 from lora_otel._boot.image import image_identity
+from lora_otel._boot.words import duration
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never true at runtime: no typing import
@@ -1790,12 +1791,12 @@ def _end() -> None:
             # CLI's usage error, `python -c 'import x'`); a job's on the terminal too (a code
             # unknown as a warning: `python -m pytest` ends so).
             say_end = core.note_line if not core.promoted else core.error_line if how != "unknown" else core.warn_line
-            say_end("exiting: %s after %.1f s" % (message, elapsed))
+            say_end("exiting: %s after %s" % (message, duration(elapsed)))
         else:
             # A process that never became a job ends as quietly as it would without lora_otel.
             say = core.info_line if core.promoted else core.note_line
             below = _steps_below() if core.promoted and not core.steps else ""
-            say("exiting normally after %.1f s (%d optimizer steps%s)" % (elapsed, core.steps, below))
+            say("exiting normally after %s (%d optimizer steps%s)" % (duration(elapsed), core.steps, below))
         core.beat(force=True)
         if how == "unknown":  # neither failed nor 0: said so, no code claimed
             core.span_end(core.root_id, "ok", None, {"lora_otel.exit.code_unknown": message})

@@ -39,8 +39,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from lora_otel._boot.seam import duration
 from lora_otel.analysis.stall import median
-from lora_otel.journal.reader import Journal, Span, format_duration, process_state
+from lora_otel.journal.reader import Journal, Span, process_state
 
 FORMAT = "lora-otel baseline"
 VERSION = 1
@@ -525,7 +526,7 @@ def diff_environment(base: Optional[Mapping[str, Any]], current: Optional[Mappin
 
 
 def _seconds(s: float) -> str:
-    return format_duration(round(s * 1e9))
+    return duration(s)
 
 
 def diff_phases(

@@ -22,6 +22,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from lora_otel._boot.seam import duration
 from lora_otel.analysis.baseline import STARTUP, journal_phases
 from lora_otel.analysis.stall import median as median_of
 from lora_otel.journal.reader import Journal, JournalError, read_journal
@@ -66,9 +67,7 @@ class Learned:
 
 
 def seconds_text(s: float) -> str:
-    if s < 1:
-        return "%d ms" % max(round(s * 1000), 1)
-    return "%.1f s" % s if s < 10 else "%d s" % round(s)
+    return duration(s)
 
 
 def _first_record(path: str) -> Optional[dict[str, Any]]:

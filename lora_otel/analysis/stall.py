@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from lora_otel._boot.seam import duration
 from lora_otel._boot.seam import limits as _limits  # one definition, shared with the job itself
 from lora_otel.journal.reader import Journal, Span
 from lora_otel.journal.tree import deepest_open_span, last_stage_end
@@ -74,7 +75,8 @@ class Stall:
     learned: Any = None  # the `learned.Learned` whose limit applied, or None
     after: Optional[str] = None  # "between": the stage that ended last (None: none has)
     since_ns: Optional[int] = None  # "between": when it ended (or the process started)
-    limit_why: str = ""  # why the limit is not the one given: "20x the median step of 2.00 s" ("": it is)
+    limit_why: str = ""  # why the limit is not the one given: "20x the median step of 2 s" ("": it is)
+    silent_s: Optional[float] = None  # "frozen": seconds since its last beat
 
     @property
     def stage(self) -> str:
@@ -88,11 +90,11 @@ class Stall:
     @property
     def status_message(self) -> str:
         if self.kind == "between":
-            return "stalled: no stage open for %d s%s" % (
-                self.open_for_s,
+            return "stalled: no stage open for %s%s" % (
+                duration(self.open_for_s),
                 " since %s ended" % self.after if self.after else "",
             )
-        return "stalled: %s open for %d s" % (self.span.name, self.open_for_s)
+        return "stalled: %s open for %s" % (self.span.name, duration(self.open_for_s))
 
 
 def parse_limits(text: Optional[str]) -> dict[str, float]:
@@ -193,8 +195,9 @@ def detect(
             span,
             (now_ns - span.start_ns) / 1e9,
             frozen_after_s,
-            "the process exists but has not beaten for %d s (frozen: GIL held in native code, "
-            "stopped, or in uninterruptible I/O)" % silent_s,
+            "the process exists but has not beaten for %s (frozen: GIL held in native code, "
+            "stopped, or in uninterruptible I/O)" % duration(silent_s),
+            silent_s=silent_s,
         )
     if (span is journal.root or span.name == "arguments") and not idle_may_be_stuck(journal):
         return None
@@ -222,7 +225,8 @@ def detect(
                 span,
                 gap,
                 step_limit,
-                "no optimizer step for %d s (limit %d s%s)" % (gap, step_limit, ", " + why if why else ""),
+                "no optimizer step for %s (limit %s%s)"
+                % (duration(gap), duration(step_limit), ", " + why if why else ""),
                 limit_why=why,
             )
         return None
@@ -237,8 +241,13 @@ def detect(
             span,
             open_for,
             limit,
-            "%s open for %d s, limit %d s%s"
-            % (span.name, open_for, limit, " (learned: %s)" % used.describe() if used is not None else ""),
+            "%s open for %s, limit %s%s"
+            % (
+                span.name,
+                duration(open_for),
+                duration(limit),
+                " (learned: %s)" % used.describe() if used is not None else "",
+            ),
             learned=used,
         )
     return None
@@ -290,7 +299,8 @@ def _between(journal: Journal, root: Span, now_ns: int, limits: dict[str, float]
         root,
         quiet_s,
         limit,
-        "no stage open for %d s%s, limit %d s" % (quiet_s, " since %s ended" % after if after else "", limit),
+        "no stage open for %s%s, limit %s"
+        % (duration(quiet_s), " since %s ended" % after if after else "", duration(limit)),
         after=after,
         since_ns=since,
     )

@@ -20,13 +20,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from lora_otel._boot.seam import duration, learned_why, stall_what, stalled_line
 from lora_otel.analysis import evidence as ev
 from lora_otel.analysis import recording, waitfacts
 from lora_otel.analysis.ages import aged
 from lora_otel.analysis.diagnose import advice_line, explain
 from lora_otel.analysis.evidence import PREFIX
 from lora_otel.analysis.stall import FROZEN_AFTER_S, Stall
-from lora_otel.journal.reader import Journal, Span, format_duration, process_state
+from lora_otel.journal.reader import Journal, Span, process_state
 
 STACK_LINES = 12
 """Lines of the stacks file a view shows (the relevant thread first)."""
@@ -34,23 +35,14 @@ STACK_LINES = 12
 
 def seconds(value: Optional[float]) -> str:
     """``12 s``, ``2.31 s``, ``312 s``: every view's way of writing a limit or a time in seconds."""
-    return format_duration(round((value or 0.0) * 1e9))
+    return duration(value)
 
 
 def what_phrase(stage: Optional[str], kind: str, open_s: Optional[float], limit_s: Optional[float]) -> str:
     """``import x open for 131 s (limit 120 s)``, ``training: no optimizer step for 19 s (limit 3 s)``,
     ``frozen in cuda init: no beat for 12 s (limit 10 s)``, ``no stage open for 130 s (limit 120 s)``,
-    ``died in load model after 45 s``: the stall, in the same words in every view."""
-    limit = f" (limit {seconds(limit_s)})" if limit_s else ""
-    if kind == "died":
-        return f"died in {stage or 'no stage'}" + (f" after {seconds(open_s)}" if open_s is not None else "")
-    if kind == "frozen":
-        return f"frozen{' in ' + stage if stage else ''}: no beat for {seconds(open_s)}{limit}"
-    if kind == "between" or not stage:
-        return f"no stage open for {seconds(open_s)}{limit}"
-    if stage == "training":
-        return f"training: no optimizer step for {seconds(open_s)}{limit}"
-    return f"{stage} open for {seconds(open_s)}{limit}"
+    ``died in load model after 45 s``: the stall, in the same words in every view (`seam.stall_what`)."""
+    return stall_what(None if stage == "between stages" else stage, kind, open_s, limit_s)
 
 
 @dataclass
@@ -66,17 +58,25 @@ class Verdict:
     learned: Optional[dict[str, Any]] = None
     evidence: dict[str, Any] = field(default_factory=dict)
     advice: str = ""  # what to do (`Diagnosis.advice`, a stall record's ``advice``); "" when none
+    limit_why: str = ""  # why the limit is not the one given (`Stall.limit_why`, a record's ``limit_why``)
 
     @property
     def what(self) -> str:
         return what_phrase(self.stage, self.kind, self.open_s, self.limit_s)
 
     def line(self) -> str:
-        """``STALLED: import x open for 131 s (limit 120 s) — Waiting on the network (…).``"""
-        learned = ""
+        """``STALLED: import x open for 131 s (limit 120 s) — Waiting on the network (…).``, the
+        watchdog's own line for it (`seam.stalled_line`)."""
+        why = self.limit_why
         if isinstance(self.learned, dict) and self.learned.get("from"):
-            learned = f" (limit learned from {self.learned['from']})"
-        return f"STALLED: {self.what}{learned} — {self.diagnosis or 'Cannot tell from the evidence.'}"
+            usual = self.learned.get("usual_s")
+            usual_s = float(usual) if isinstance(usual, (int, float)) and not isinstance(usual, bool) else None
+            why = learned_why(str(self.learned["from"]), usual_s)
+        stage = None if self.stage == "between stages" else self.stage
+        last = self.evidence.get("last_stage") if isinstance(self.evidence, dict) else None
+        since = f"{last} ended" if self.kind == "between" and isinstance(last, str) and last else ""
+        what = stall_what(stage, self.kind, self.open_s, self.limit_s, since=since, limit_why=why)
+        return stalled_line(what, self.diagnosis)
 
     def advice_line(self) -> str:
         """``what to do: <advice>``, the line under `line`; "" when the evidence supports no step."""
@@ -140,6 +140,7 @@ def from_record(journal: Journal, now_ns: Optional[int] = None) -> Optional[Verd
         record.get("learned"),
         record.get("evidence") or {},
         advice or "",
+        record["limit_why"] if isinstance(record.get("limit_why"), str) else "",
     )
 
 
@@ -233,6 +234,9 @@ def current(
         open_s = (now_ns - last) / 1e9 if last else stall.open_for_s
     else:
         open_s = stall.open_for_s
+    if kind == "between" and stall.after:
+        evidence["last_stage"] = stall.after  # as the watchdog's record has it
+    learned = getattr(stall.learned, "to_json", None)
     return Verdict(
         stall.span.name if stall.span is not journal.root else None,
         kind,
@@ -240,9 +244,10 @@ def current(
         stall.limit_s,
         diagnosis.sentence,
         by,
-        None,
+        learned() if callable(learned) else None,
         evidence,
         diagnosis.advice,
+        stall.limit_why,
     )
 
 

@@ -33,7 +33,7 @@ import os
 import re
 from typing import Any, Optional
 
-from lora_otel._boot.seam import redact, redact_text
+from lora_otel._boot.seam import redact, redact_text, stalled_line
 from lora_otel._version import __version__
 from lora_otel.analysis import job as jobs_mod
 from lora_otel.analysis import verdict as verdict_mod
@@ -233,7 +233,7 @@ def _lane_data(proc: jobs_mod.Proc, job: jobs_mod.Job, t0: int) -> dict[str, Any
         details.append(_span_details(span, proc, t0, show_stacks=span is stalled or span is deepest))
     diagnosis = None
     if stalled is not None:
-        diagnosis = _text(verdict.line() if verdict is not None else f"STALLED: {proc.view.stuck()}")
+        diagnosis = _text(verdict.line() if verdict is not None else stalled_line(proc.view.stuck(), None))
     elif verdict is not None:  # a death the watchdog recorded
         diagnosis = _text(verdict.line())
     diag_at = stalled if stalled is not None else deepest if diagnosis is not None else None

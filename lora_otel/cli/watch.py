@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lora_otel._boot.seam import JOURNAL_SUFFIX
+from lora_otel._boot.seam import JOURNAL_SUFFIX, iso_time, stalled_line
 from lora_otel.analysis import job as jobs_mod
 from lora_otel.analysis.stall import (
     FROZEN_AFTER_S,
@@ -326,8 +326,8 @@ def alert_payload(f: Followed, stall: Stall, now_ns: int) -> dict[str, Any]:
 
 
 def _iso(ns: int) -> str:
-    """``2024-05-01T12:00:00.123Z`` (UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 1_000_000_000)) + ".%03dZ" % (ns // 1_000_000 % 1000)
+    """``2024-05-01T12:00:00.123Z`` (UTC, `seam.iso_time`)."""
+    return iso_time(ns)
 
 
 def _short(text: str, limit: int = 120) -> str:
@@ -685,7 +685,8 @@ class Watcher:
                 from lora_otel.analysis.verdict import what_phrase
 
                 stage = None if stall.span is journal.root else stall.span.name  # type: ignore[union-attr]
-                out.append(f"STALLED: {_display(what_phrase(stage, stall.kind, stall.open_for_s, stall.limit_s))}")
+                what = what_phrase(stage, stall.kind, stall.open_for_s, stall.limit_s)
+                out.append(_display(stalled_line(what, None)))
         if f.error and f.once(f"!{f.error}"):
             out.append(f"note: {_display(f.error)}")
         if not f.running and f.once("end"):

@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lora_otel._boot.seam import redact, redact_text
+from lora_otel._boot.seam import redact, redact_text, stalled_line
 from lora_otel._version import __version__
 from lora_otel.analysis.job import Job, Proc, attach_verdicts, group_jobs, make_proc
 from lora_otel.analysis.verdict import what_phrase
@@ -389,7 +389,7 @@ class _Writer:
             }
             if isinstance(record.get("evidence"), dict):
                 args["lora_otel.stall.evidence"] = _args(record["evidence"])
-            title = f"died: {what}" if kind == "died" else f"STALLED: {what}"
+            title = f"died: {what}" if kind == "died" else stalled_line(what, None)
             self.events.append(_instant(_clean(title), "stall", ts, pid, tid, args, scope="p"))
         stall = proc.stall
         if stall is not None and not proc.journal.stalls:
@@ -399,7 +399,9 @@ class _Writer:
             )
             args = {"lora_otel.stall.kind": stall.kind, "lora_otel.stall.diagnosis": _clean(diagnosis)}
             args["lora_otel.stall.by"] = by
-            self.events.append(_instant(_clean(f"STALLED: {what}"), "stall", proc.end_ns, pid, tid, args, scope="p"))
+            self.events.append(
+                _instant(_clean(stalled_line(what, None)), "stall", proc.end_ns, pid, tid, args, scope="p")
+            )
 
     def _lines(self, journal: Journal, pid: int, tid: int) -> None:
         for line in journal.lines:

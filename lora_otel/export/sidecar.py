@@ -64,10 +64,10 @@ def other_journals(followers: dict[str, Follower], path: str) -> list[Journal]:
 def _say(msg: str) -> None:
     """One line in the sidecar's log, redacted: an endpoint URL with credentials or an API key in
     its query, quoted by an exporter error, and every value the traced process redacted."""
-    from lora_otel._boot.seam import redact_text
+    from lora_otel._boot.seam import iso_time, redact_text
 
     msg = redact_text(" ".join(msg.splitlines()))  # one line per message, whatever the journal's exit message holds
-    sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+    sys.stderr.write("[lora-otel sidecar][%d][%s] %s\n" % (os.getpid(), iso_time(time.time_ns()), msg))
     sys.stderr.flush()
 
 

@@ -118,6 +118,8 @@ def stall_record(
         "diagnosis": diagnosis,
         "by": by,
     }
+    if stall.limit_why:
+        record["limit_why"] = stall.limit_why
     if ages:
         record["ages"] = ages
     if advice:
@@ -161,8 +163,9 @@ def append_record(journal_path: str, record: dict[str, Any]) -> str:
 
 
 def _iso_ms(ns: int) -> str:
-    s, rem = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s)) + ".%03dZ" % (rem // 1_000_000)
+    from lora_otel._boot.seam import iso_time
+
+    return iso_time(ns)
 
 
 def format_line(pid: int, msg: str, now_ns: Optional[int] = None) -> str:
@@ -386,25 +389,26 @@ def _create_log(journal: Journal, data: bytes) -> bool:
 
 
 def seconds(s: float) -> str:
-    return "%d s" % s if s >= 10 else "%.1f s" % s
+    from lora_otel._boot.seam import duration
+
+    return duration(s)
 
 
 def stalled_line(stall: Stall, diagnosis: str) -> str:
-    """``STALLED: import x open for 12 s, frozen (no beat for 10 s): <diagnosis>``."""
-    if stall.kind == "between":
-        what = "no stage open for %s%s" % (
-            seconds(stall.open_for_s),
-            " since %s ended" % stall.after if stall.after else "",
-        )
-    else:
-        what = "%s open for %s" % (stall.stage, seconds(stall.open_for_s))
+    """``STALLED: import x open for 12.3 s (limit 10 s) — <diagnosis>``, ``STALLED: frozen in import x:
+    no beat for 10.4 s (limit 10 s) — …``: the views' line (`seam.stalled_line`)."""
+    from lora_otel._boot.seam import learned_why, stall_what
+    from lora_otel._boot.seam import stalled_line as line
+
+    open_s = stall.open_for_s
     if stall.kind == "frozen":
-        why = "frozen (no beat for %s)" % seconds(stall.limit_s)
-    elif isinstance(stall.learned, Learned):
-        why = "%s, limit %s learned from %s" % (stall.learned.describe(), seconds(stall.limit_s), stall.learned.over())
-    else:
-        why = "limit %s" % seconds(stall.limit_s) + (": %s" % stall.limit_why if stall.limit_why else "")
-    return "STALLED: %s, %s \u2014 %s" % (what, why, diagnosis)
+        open_s = stall.silent_s if stall.silent_s is not None else stall.limit_s
+    why = stall.limit_why
+    if isinstance(stall.learned, Learned):
+        why = learned_why(stall.learned.source, stall.learned.usual_s)
+    stage = None if stall.kind == "between" or stall.stage == "between stages" else stall.stage
+    since = "%s ended" % stall.after if stall.kind == "between" and stall.after else ""
+    return line(stall_what(stage, stall.kind, open_s, stall.limit_s, since=since, limit_why=why), diagnosis)
 
 
 def death_line(journal: Journal, oom: Optional[str], now_ns: int, end: Optional[ChildEnd] = None) -> str:

@@ -19,7 +19,7 @@ import os
 import stat
 from typing import Any, Literal, Optional
 
-from lora_otel._boot.seam import JOURNAL_SUFFIX
+from lora_otel._boot.seam import JOURNAL_SUFFIX, duration
 from lora_otel.journal.records import (
     EVENTS_DROPPED,
     FORMAT_VERSION,
@@ -345,18 +345,9 @@ def start_ticks_from_stat(stat: str) -> Optional[int]:
 
 
 def format_duration(ns: int) -> str:
-    """A short human duration: ``14 ms``, ``2.31 s``, ``12.3 s``, ``312 s``. Negative counts as 0."""
-    seconds = max(ns, 0) / 1e9
-    if seconds >= 100:
-        return f"{seconds:.0f} s"
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    ms = seconds * 1000
-    if ms >= 100:
-        return f"{ms:.0f} ms"
-    if ms >= 1:
-        return f"{ms:.3g} ms"
-    return f"{ms:.2g} ms"
+    """A short human duration: ``14 ms``, ``2.31 s``, ``12.3 s``, ``312 s`` (`seam.duration`, the one
+    way every view and the job's own lines write one). Negative counts as 0."""
+    return duration(max(ns, 0) / 1e9)
 
 
 def pid_runs(pid: int, start_ticks: Optional[int]) -> bool:

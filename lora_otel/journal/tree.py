@@ -404,12 +404,10 @@ def key_attributes(span: Span) -> list[tuple[str, Any]]:
 
 
 def iso_time(ns: int) -> str:
-    """``2026-11-30T22:13:48.123Z``: ISO-8601 UTC with milliseconds."""
-    from datetime import datetime, timezone  # here: the sidecar loads this module and never formats a time
+    """``2026-11-30T22:13:48.123Z``: ISO-8601 UTC with milliseconds (`seam.iso_time`)."""
+    from lora_otel._boot.seam import iso_time as written
 
-    seconds, rest = divmod(ns, 1_000_000_000)
-    moment = datetime.fromtimestamp(seconds, tz=timezone.utc)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{rest // 1_000_000:03d}Z"
+    return written(ns)
 
 
 def _scalar(value: Any) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 
-from lora_otel._boot import core, stages
+from lora_otel._boot import core, stages, words
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - never true at runtime: no typing import in the process
@@ -299,8 +299,8 @@ class TrainingRun:
             core.span_end(sid, status, message, final)
             if status == "ok":
                 core.info_line(
-                    "training ended (%s) after %.2f s, %d optimizer steps"
-                    % (self.started_by, core.monotonic_ns() / 1e9 - self._started, core.steps)
+                    "training ended (%s) after %s, %d optimizer steps"
+                    % (self.started_by, words.duration(core.monotonic_ns() / 1e9 - self._started), core.steps)
                 )
         elif extra and sid in core.open_spans:
             core.span_attrs(sid, extra)

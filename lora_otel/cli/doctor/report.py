@@ -78,13 +78,9 @@ def format_bytes(n: float) -> str:
 
 
 def _secs(s: float) -> str:
-    if s < 0.01:
-        return "%.0f ms" % (s * 1000)
-    if s < 1:
-        return "%.2f s" % s
-    if s < 100:
-        return "%.1f s" % s
-    return "%.0f s" % s
+    from lora_otel._boot.seam import duration
+
+    return duration(s)
 
 
 def _limit(s: float) -> str:
