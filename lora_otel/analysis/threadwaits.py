@@ -1,0 +1,334 @@
+"""Which thread of a process waits for which: a waits-for graph read from its Python stacks, and a
+cycle in it told as a deadlock.
+
+Each edge is read from one thread's own frames, only where they show what it waits for:
+
+- a thread in ``Thread.join`` (``threading.py`` ``join`` / ``_wait_for_tstate_lock``, not the
+  interpreter's exit join) waits for the thread it joins: named when the evidence allows — the one
+  other thread of the program the stacks show (with several, which one is not in the stacks: no
+  edge);
+- a thread in importlib's module lock (``<frozen importlib._bootstrap>`` ``acquire``, reached from
+  ``_lock_unlock_module`` or ``_find_and_load``) waits for the thread that is importing a module:
+  the threads whose stacks hold ``<module>`` frames run by importlib hold those modules' locks until
+  their imports end. The module is named by the waiter's source line (``import foomodule``) when it
+  can be read; otherwise the only other importing thread is the holder;
+- a thread waiting on a pool's results (in ``multiprocessing``/``multiprocess``' pool, manager,
+  queue or pipe, or in ``concurrent.futures``) waits for the pool's own threads in this process:
+  the handler thread that hands its tasks to the workers, the executor's worker threads.
+
+A cycle (`deadlock`) is a deadlock: no thread in it can go on. A cycle through a module's import
+lock is the classic import-time deadlock (work that starts and waits for threads or pools run in
+a module's top level, whose threads import that module): the advice is to move that work out of
+the import. Pure: the frames come parsed (`lora_otel.analysis.diagnose`), the source through a
+callable (none in recorded evidence).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+
+class FrameLike(Protocol):
+    @property
+    def file(self) -> str: ...
+    @property
+    def line(self) -> str: ...
+    @property
+    def func(self) -> str: ...
+    @property
+    def python(self) -> bool: ...
+
+
+Thread = tuple[str, Sequence[FrameLike]]
+"""A thread's header line and its frames, innermost first."""
+
+_BOOTSTRAP = ("importlib._bootstrap", "importlib/_bootstrap")
+_OURS = "lora_otel/_boot/"
+_MACHINERY = ("threading.py", "queue.py", "selectors.py", "multiprocessing/", "multiprocess/", "concurrent/futures/")
+"""The modules a thread waits with: a thread's own line is outside them."""
+_POOL_WAIT = ("multiprocessing/", "multiprocess/", "concurrent/futures/")
+_POOL_THREADS = (
+    # (path fragment, function, what the thread is)
+    ("pool.py", "_handle_tasks", "the pool's task handler thread, which hands its tasks to the worker processes"),
+    ("pool.py", "_handle_results", "the pool's result handler thread"),
+    ("concurrent/futures/thread.py", "_worker", "a worker thread of its ThreadPoolExecutor"),
+    ("concurrent/futures/process.py", "run", "its ProcessPoolExecutor's manager thread"),
+)
+_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))")
+_IMPORT_CALL = re.compile(r"(?:__import__|import_module)\(\s*['\"]([\w.]+)['\"]")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``waiter`` waits for ``target`` (indexes into the threads): ``kind`` ``join``, ``import`` or
+    ``pool``; ``module`` the module whose import it waits for (``import``, "" when not named)."""
+
+    waiter: int
+    target: int
+    kind: str
+    module: str = ""
+
+
+@dataclass(frozen=True)
+class Deadlock:
+    sentence: str
+    advice: str
+
+
+def _in(path: str, fragment: str) -> bool:
+    path = path.replace("\\", "/")
+    return path.startswith(fragment) or ("/" + fragment) in path
+
+
+def _bootstrap(frame: FrameLike) -> bool:
+    return any(b in frame.file for b in _BOOTSTRAP)
+
+
+def _ours(frame: FrameLike) -> bool:
+    return _OURS in frame.file.replace("\\", "/")
+
+
+def _short(frame: FrameLike) -> str:
+    return "%s:%s in %s" % (frame.file.replace("\\", "/").rsplit("/", 1)[-1], frame.line, frame.func)
+
+
+def _module_name(path: str) -> str:
+    """``foomodule`` for ``/src/foomodule.py``; ``pkg`` for ``/src/pkg/__init__.py``."""
+    parts = path.replace("\\", "/").rsplit("/", 2)
+    stem = parts[-1].rsplit(".", 1)[0]
+    return parts[-2] if stem == "__init__" and len(parts) > 1 else stem
+
+
+def importing(frames: Sequence[FrameLike]) -> list[tuple[str, FrameLike]]:
+    """The modules this thread is importing, innermost first, with each one's ``<module>`` frame:
+    a ``<module>`` frame that importlib runs (its caller is importlib's bootstrap). The thread holds
+    each one's module lock until that import ends."""
+    out = []
+    for i, frame in enumerate(frames):
+        if frame.func == "<module>" and i + 1 < len(frames) and _bootstrap(frames[i + 1]):
+            out.append((_module_name(frame.file), frame))
+    return out
+
+
+def _program(frame: FrameLike) -> bool:
+    path = frame.file.replace("\\", "/")
+    if not frame.python or path.startswith("<") or _OURS in path:
+        return False
+    return not any(s in path for s in ("site-packages/", "dist-packages/")) and not re.search(
+        r"/lib/python3[.\d]*/", path
+    )
+
+
+def own_line(frames: Sequence[FrameLike]) -> Optional[FrameLike]:
+    """Where a thread waits, in its own words: the innermost frame of the program's own code; with
+    none (a library's thread), the innermost frame outside the modules it waits with."""
+    program = next((fr for fr in frames if _program(fr)), None)
+    if program is not None:
+        return program
+    return next(
+        (
+            fr
+            for fr in frames
+            if fr.python
+            and not _bootstrap(fr)
+            and not _ours(fr)
+            and not fr.file.startswith("<")
+            and not any(_in(fr.file, m) for m in _MACHINERY)
+        ),
+        None,
+    )
+
+
+def is_main(frames: Sequence[FrameLike], head: str) -> bool:
+    return bool(frames) and (frames[-1].func == "<module>" or '"MainThread"' in head)
+
+
+def thread_name(frames: Sequence[FrameLike], head: str) -> str:
+    if is_main(frames, head):
+        return "the main thread"
+    for fragment, func, what in _POOL_THREADS:
+        if any(_in(fr.file, fragment) and fr.func == func for fr in frames):
+            return what.split(",")[0]
+    outer = [f for f in frames if f.python and "threading.py" not in f.file]
+    return "thread %s()" % outer[-1].func if outer else "a thread"
+
+
+def _joins(frames: Sequence[FrameLike]) -> bool:
+    """In ``Thread.join`` called by code outside ``threading.py`` (not the interpreter's exit join)."""
+    inner = 0
+    while inner < len(frames) and frames[inner].python and _in(frames[inner].file, "threading.py"):
+        inner += 1
+    return (
+        0 < inner < len(frames)
+        and any(fr.func == "join" for fr in frames[:inner])
+        and not any(fr.func == "_shutdown" for fr in frames[:inner])
+    )
+
+
+def _import_wait(frames: Sequence[FrameLike]) -> bool:
+    """In importlib's module lock: the innermost frames importlib's, ``acquire`` first."""
+    i = 0
+    while i < len(frames) and _ours(frames[i]):
+        i += 1
+    return (
+        i < len(frames)
+        and _bootstrap(frames[i])
+        and frames[i].func.endswith("acquire")
+        and any(
+            _bootstrap(fr) and fr.func in ("_lock_unlock_module", "_find_and_load", "__enter__") for fr in frames[i:]
+        )
+    )
+
+
+def _imported_by_source(frames: Sequence[FrameLike], source: Callable[[Any], str]) -> str:
+    caller = next((fr for fr in frames if fr.python and not _bootstrap(fr) and not _ours(fr)), None)
+    if caller is None:
+        return ""
+    text = source(caller)
+    m = _IMPORT.match(text) or _IMPORT_CALL.search(text)
+    return next((g for g in (m.groups() if m else ()) if g), "")
+
+
+def _pool_waits(frames: Sequence[FrameLike]) -> bool:
+    """Waits on a pool's results: its innermost frames, past threading's and queue's, are a pool's."""
+    rest = [fr for fr in frames if not (_in(fr.file, "threading.py") or _in(fr.file, "queue.py") or _ours(fr))]
+    return (
+        bool(rest)
+        and any(_in(rest[0].file, m) for m in _POOL_WAIT)
+        and not any(_in(fr.file, "pool.py") and fr.func.startswith("_handle_") for fr in frames)
+    )
+
+
+def _pool_thread(frames: Sequence[FrameLike]) -> bool:
+    return any(_in(fr.file, fragment) and fr.func == func for fragment, func, _ in _POOL_THREADS for fr in frames)
+
+
+def edges(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr: "") -> list[Edge]:
+    """The waits-for edges the stacks show (see the module's text); a wait whose other end the
+    evidence does not name gives no edge."""
+    out: list[Edge] = []
+    holders = {i: importing(frames) for i, (_, frames) in enumerate(threads)}
+    for i, (_, frames) in enumerate(threads):
+        if not frames:
+            continue
+        if _import_wait(frames):
+            module = _imported_by_source(frames, source)
+            others = [j for j, mods in holders.items() if j != i and mods]
+            if module:
+                named = [j for j in others if any(m == module or module.endswith("." + m) for m, _ in holders[j])]
+                others = named or others
+            if len(others) == 1:
+                j = others[0]
+                if not module and len(holders[j]) == 1:
+                    module = holders[j][0][0]
+                out.append(Edge(i, j, "import", module))
+        elif _joins(frames):
+            others = [
+                j
+                for j, (head, fr) in enumerate(threads)
+                if j != i and fr and not is_main(fr, head) and not _pool_thread(fr) and not _helper(fr)
+            ]
+            if len(others) == 1:
+                out.append(Edge(i, others[0], "join"))
+        elif _pool_waits(frames):
+            for j, (_, fr) in enumerate(threads):
+                if j != i and _pool_thread(fr):
+                    out.append(Edge(i, j, "pool"))
+    return out
+
+
+_HELPERS = ("tqdm/_monitor.py", "torch/utils/data/_utils/pin_memory.py")
+
+
+def _helper(frames: Sequence[FrameLike]) -> bool:
+    return any(_in(fr.file, h) for fr in frames for h in _HELPERS)
+
+
+def _cycle(edges_: Sequence[Edge], start_first: int) -> list[Edge]:
+    """A cycle of edges, begun at thread ``start_first`` when it is on one; [] when none."""
+    out: dict[int, list[Edge]] = {}
+    for e in edges_:
+        out.setdefault(e.waiter, []).append(e)
+    for start in [start_first, *sorted(out)]:
+        path = _path(out, start, start, set())
+        if path:
+            return path
+    return []
+
+
+def _path(out: dict[int, list[Edge]], node: int, goal: int, seen: set[int]) -> list[Edge]:
+    """Edges from ``node`` back to ``goal`` (depth first), [] when none."""
+    for e in out.get(node, []):
+        if e.target == goal:
+            return [e]
+        if e.target not in seen:
+            seen.add(e.target)
+            rest = _path(out, e.target, goal, seen)
+            if rest:
+                return [e, *rest]
+    return []
+
+
+def deadlock(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr: "") -> Optional[Deadlock]:
+    """A cycle of waits between the threads (`edges`), told with each thread's own line, and what
+    breaks it when the cycle runs through a module's import; None when the stacks show no cycle."""
+    found = edges(threads, source)
+    main = next((i for i, (head, frames) in enumerate(threads) if is_main(frames, head)), 0)
+    cycle = _cycle(found, main)
+    if not cycle:
+        return None
+    names = {i: thread_name(frames, head) for i, (head, frames) in enumerate(threads)}
+    parts = []
+    for e in cycle:
+        frames = threads[e.waiter][1]
+        who = names[e.waiter]
+        mods = importing(frames)
+        if mods:
+            who += ", importing %s," % mods[0][0]
+        mine = own_line(frames)
+        where = " at %s" % _short(mine) if mine is not None else ""
+        target = names[e.target]
+        if e.kind == "join":
+            parts.append("%s waits%s for %s to end (Thread.join)" % (who, where, target))
+        elif e.kind == "import":
+            what = "the import of %s" % e.module if e.module else "a module's import"
+            parts.append(
+                "%s waits%s for %s, which %s is running (importlib's lock on that module is released only "
+                "when that import ends)" % (who, where, what, target)
+            )
+        else:
+            role = next(
+                (
+                    what
+                    for frag, func, what in _POOL_THREADS
+                    for fr in threads[e.target][1]
+                    if _in(fr.file, frag) and fr.func == func
+                ),
+                target,
+            )
+            parts.append("%s waits%s for its pool's results, which depend on %s" % (who, where, role))
+    rest = "neither can go on" if len({e.waiter for e in cycle}) == 2 else "none of them can go on"
+    sentence = "Deadlock between threads: %s; %s." % ("; ".join(parts), rest)
+    return Deadlock(sentence, _advice(threads, cycle))
+
+
+def _advice(threads: Sequence[Thread], cycle: Sequence[Edge]) -> str:
+    """For a cycle through a module's import lock: the line in that module's top level that starts
+    the waiting work, and to move it out of the import."""
+    for e in cycle:
+        if e.kind != "import":
+            continue
+        mods = importing(threads[e.target][1])
+        held = next((m for m in mods if m[0] == e.module), mods[0] if mods else None)
+        if held is None:
+            return ""
+        name, frame = held
+        return (
+            "Do not start threads or pools and wait for them while a module is being imported: move the work "
+            "at %s (the top level of %s, run by its import) into a function the program calls after the import, "
+            'or under `if __name__ == "__main__":`.' % (_short(frame).rsplit(" in ", 1)[0], name)
+        )
+    return ""
