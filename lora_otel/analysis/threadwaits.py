@@ -149,10 +149,10 @@ def is_main(frames: Sequence[FrameLike], head: str) -> bool:
 def thread_name(frames: Sequence[FrameLike], head: str) -> str:
     if is_main(frames, head):
         return "the main thread"
-    for fragment, func, what in _POOL_THREADS:
+    for fragment, func, what in _POOL_THREADS[:2]:  # a pool's handler threads run no code of the program
         if any(_in(fr.file, fragment) and fr.func == func for fr in frames):
             return what.split(",")[0]
-    outer = [f for f in frames if f.python and "threading.py" not in f.file]
+    outer = [f for f in frames if f.python and not any(_in(f.file, m) for m in _MACHINERY)]
     return "thread %s()" % outer[-1].func if outer else "a thread"
 
 
@@ -218,8 +218,8 @@ def edges(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr: "
             module = _imported_by_source(frames, source)
             others = [j for j, mods in holders.items() if j != i and mods]
             if module:
-                named = [j for j in others if any(m == module or module.endswith("." + m) for m, _ in holders[j])]
-                others = named or others
+                # the lock of any package on its dotted path may be the one waited for
+                others = [j for j in others if any(m in module.split(".") for m, _ in holders[j])]
             if len(others) == 1:
                 j = others[0]
                 if not module and len(holders[j]) == 1:
@@ -227,9 +227,7 @@ def edges(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr: "
                 out.append(Edge(i, j, "import", module))
         elif _joins(frames):
             others = [
-                j
-                for j, (head, fr) in enumerate(threads)
-                if j != i and fr and not is_main(fr, head) and not _pool_thread(fr) and not _helper(fr)
+                j for j, (head, fr) in enumerate(threads) if j != i and fr and not _pool_thread(fr) and not _helper(fr)
             ]
             if len(others) == 1:
                 out.append(Edge(i, others[0], "join"))
@@ -309,6 +307,7 @@ def deadlock(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr
                 ),
                 target,
             )
+            role = role if role.startswith(target) else "%s, %s" % (target, role)
             parts.append("%s waits%s for its pool's results, which depend on %s" % (who, where, role))
     rest = "neither can go on" if len({e.waiter for e in cycle}) == 2 else "none of them can go on"
     sentence = "Deadlock between threads: %s; %s." % ("; ".join(parts), rest)
