@@ -163,3 +163,51 @@ def record_case(name: str, record: dict, tmp_path: Path, pids: dict[int, int]) -
         },
     }
     Path(out, name + ".json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+IMPORT_ME = """\
+import datasets
+ds = datasets.Dataset.from_dict({"text": ["row %d" % i for i in range(200)]})
+the_dataset = ds.map(lambda item: item, num_proc=2)
+"""
+
+
+def test_a_datasets_map_with_workers_at_import_is_a_deadlock(tmp_path: Path) -> None:
+    """datasets#7756: ``map(num_proc=2)`` in a module's top level. The pool's task handler thread
+    pickles the mapped function (dill) and imports its module, whose import the main thread holds
+    while it waits for the pool's results."""
+    pytest.importorskip("datasets")
+    (tmp_path / "import_me.py").write_text(IMPORT_ME, encoding="utf-8")
+    (tmp_path / "job.py").write_text("import import_me\nprint(len(import_me.the_dataset))\n", encoding="utf-8")
+    with open(tmp_path / "log.txt", "wb") as out:
+        job = subprocess.Popen(
+            [PYTHON, "job.py"],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=clean_env(
+                LORA_OTEL="1",
+                LORA_OTEL_DIR=str(tmp_path / "j"),
+                LORA_OTEL_STALL_AFTER="import=4,prepare dataset=4",
+                HF_DATASETS_CACHE=str(tmp_path / "cache"),
+                HF_DATASETS_OFFLINE="1",
+            ),
+            start_new_session=True,
+        )
+    try:
+
+        def lines() -> Optional[tuple[str, str]]:
+            text = (tmp_path / "log.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+            why = [line for line in text if " is stalled: " in line]
+            todo = [line for line in text if "] what to do: " in line]
+            return (why[0], todo[0]) if why and todo else None
+
+        why, todo = wait_for(lines, timeout=150, what="the job's why and what-to-do lines")
+        assert (
+            "Deadlock between threads: the main thread, importing import_me, waits at import_me.py:3 in <module> "
+            "for its pool's results, which depend on the pool's task handler thread" in why
+        ), why
+        assert "for the import of import_me, which the main thread is running" in why, why
+        assert "move the work at import_me.py:3 (the top level of import_me, run by its import)" in todo, todo
+    finally:
+        stop(job)
