@@ -189,3 +189,22 @@ def test_the_module_named_by_the_waiters_source_line(tmp_path: Path) -> None:
     assert [(e.kind, e.module) for e in threadwaits.edges(threads, source("    import other\n"))] == [("join", "")]
     found = threadwaits.edges(threads, source("    from foo.sub import x\n"))
     assert sorted((e.kind, e.module) for e in found) == [("import", "foo.sub"), ("join", "")], found
+
+
+def test_an_event_waited_at_import_for_the_only_thread_that_could_set_it() -> None:
+    main = [
+        (THREADING, 331, "wait"),
+        (THREADING, 629, "wait"),
+        ("/work/job/plugins/__init__.py", 7, "<module>"),
+        *IMPORTING_MAIN,
+    ]
+    worker = [*IMPORT_WAIT, ("/work/job/plugins/loader.py", 3, "load"), *THREAD_RUN]
+    found = explain_stacks(dump(main, worker))
+    assert rule(found) == "thread deadlock", found.sentence
+    assert (
+        "the main thread, importing plugins, waits at __init__.py:7 in <module> in Event.wait() for thread load(), "
+        "the only other thread that could set or fill what it waits on" in found.sentence
+    ), found.sentence
+    assert "move the work at __init__.py:7 (the top level of plugins" in found.advice
+    other = [("/usr/lib/python3.11/socket.py", 700, "recv"), ("/work/job/net.py", 5, "serve"), *THREAD_RUN]
+    assert rule(explain_stacks(dump(main, worker, other))) != "thread deadlock"

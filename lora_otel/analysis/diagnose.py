@@ -881,7 +881,8 @@ RULES: tuple[Rule, ...] = (
         "thread deadlock",
         "each thread's stack: Thread.join and the one other thread it can join; importlib's module lock "
         "(_ModuleLock.acquire) and the thread whose <module> frames hold it (the module from the waiter's "
-        "source line); a wait on a pool's results and the pool's handler or worker threads",
+        "source line); a wait on a pool's results and the pool's handler or worker threads; Event.wait, Queue.get "
+        "and the one other thread that could set or fill it",
         "Deadlock between threads: the main thread, importing foomodule, waits at foomodule.py:6 in <module> for "
         "thread baz() to end (Thread.join); thread baz() waits at barmodule.py:2 in baz for the import of "
         "foomodule, which the main thread is running (...); none of them can go on.",

@@ -14,7 +14,10 @@ Each edge is read from one thread's own frames, only where they show what it wai
   can be read; otherwise the only other importing thread is the holder;
 - a thread waiting on a pool's results (in ``multiprocessing``/``multiprocess``' pool, manager,
   queue or pipe, or in ``concurrent.futures``) waits for the pool's own threads in this process:
-  the handler thread that hands its tasks to the workers, the executor's worker threads.
+  the handler thread that hands its tasks to the workers, the executor's worker threads;
+- a thread of the program in ``Event.wait()``, ``Queue.get()`` or ``Condition.wait()`` waits for the
+  one other thread of the program the stacks show, the only one that could set or fill it (with
+  several: no edge).
 
 A cycle (`deadlock`) is a deadlock: no thread in it can go on. A cycle through a module's import
 lock is the classic import-time deadlock (work that starts and waits for threads or pools run in
@@ -63,8 +66,9 @@ _IMPORT_CALL = re.compile(r"(?:__import__|import_module)\(\s*['\"]([\w.]+)['\"]"
 
 @dataclass(frozen=True)
 class Edge:
-    """``waiter`` waits for ``target`` (indexes into the threads): ``kind`` ``join``, ``import`` or
-    ``pool``; ``module`` the module whose import it waits for (``import``, "" when not named)."""
+    """``waiter`` waits for ``target`` (indexes into the threads): ``kind`` ``join``, ``import``,
+    ``pool`` or ``signal``; ``module`` the module whose import it waits for (``import``, "" when not
+    named), or what it waits in (``signal``: ``Event.wait()``)."""
 
     waiter: int
     target: int
@@ -235,7 +239,30 @@ def edges(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr: "
             for j, (_, fr) in enumerate(threads):
                 if j != i and _pool_thread(fr):
                     out.append(Edge(i, j, "pool"))
+        elif what := _signal_wait(frames):
+            others = [
+                j for j, (head, fr) in enumerate(threads) if j != i and fr and not _pool_thread(fr) and not _helper(fr)
+            ]
+            if len(others) == 1:
+                out.append(Edge(i, others[0], "signal", what))
     return out
+
+
+def _signal_wait(frames: Sequence[FrameLike]) -> str:
+    """``Event.wait()``, ``Queue.get()``, ``Condition.wait()``: a wait of the program's own code for
+    another thread to set, fill or notify something; "" otherwise."""
+    inner = [fr for fr in frames if fr.python and not _ours(fr)]
+    if not inner or inner[0].func != "wait" or not _in(inner[0].file, "threading.py"):
+        return ""
+    rest = [fr for fr in inner if not _in(fr.file, "threading.py")]
+    if not rest:
+        return ""
+    if _in(rest[0].file, "queue.py"):
+        return "Queue.%s()" % rest[0].func if len(rest) > 1 and _program(rest[1]) else ""
+    if not _program(rest[0]):
+        return ""
+    waits = [fr.func for fr in inner if _in(fr.file, "threading.py")]
+    return "Event.wait()" if len(waits) > 1 and waits[1] == "wait" else "Condition.wait()"
 
 
 _HELPERS = ("tqdm/_monitor.py", "torch/utils/data/_utils/pin_memory.py")
@@ -291,6 +318,11 @@ def deadlock(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr
         target = names[e.target]
         if e.kind == "join":
             parts.append("%s waits%s for %s to end (Thread.join)" % (who, where, target))
+        elif e.kind == "signal":
+            parts.append(
+                "%s waits%s in %s for %s, the only other thread that could set or fill what it waits on"
+                % (who, where, e.module, target)
+            )
         elif e.kind == "import":
             what = "the import of %s" % e.module if e.module else "a module's import"
             parts.append(
