@@ -208,3 +208,24 @@ def test_an_event_waited_at_import_for_the_only_thread_that_could_set_it() -> No
     assert "move the work at __init__.py:7 (the top level of plugins" in found.advice
     other = [("/usr/lib/python3.11/socket.py", 700, "recv"), ("/work/job/net.py", 5, "serve"), *THREAD_RUN]
     assert rule(explain_stacks(dump(main, worker, other))) != "thread deadlock"
+
+
+def test_an_executors_own_join_is_a_wait_for_its_workers_not_for_another_thread() -> None:
+    """``shutdown(wait=True)`` joins the executor's workers: not the one other thread of the program."""
+    main = [
+        *JOIN,
+        ("/usr/lib/python3.11/concurrent/futures/thread.py", 235, "shutdown"),
+        ("/work/job/plugins/__init__.py", 8, "<module>"),
+        *IMPORTING_MAIN,
+    ]
+    worker = [
+        *IMPORT_WAIT,
+        ("/work/job/plugins/extra.py", 4, "register"),
+        ("/usr/lib/python3.11/concurrent/futures/thread.py", 58, "run"),
+        ("/usr/lib/python3.11/concurrent/futures/thread.py", 83, "_worker"),
+        *THREAD_RUN,
+    ]
+    other = [*JOIN, ("/work/job/net.py", 5, "serve"), *THREAD_RUN]
+    found = threadwaits.edges(_threads(dump(main, worker, other)))
+    assert [(e.waiter, e.target, e.kind) for e in found] == [(0, 1, "pool"), (1, 0, "import"), (2, 0, "join")], found
+    assert rule(explain_stacks(dump(main, worker, other))) == "thread deadlock"

@@ -172,6 +172,12 @@ def _joins(frames: Sequence[FrameLike]) -> bool:
     )
 
 
+def _pool_joins(frames: Sequence[FrameLike]) -> bool:
+    """The join is a pool's or executor's own: its caller is in their modules, not the program."""
+    caller = next((fr for fr in frames if fr.python and not _in(fr.file, "threading.py") and not _ours(fr)), None)
+    return caller is not None and any(_in(caller.file, m) for m in _POOL_WAIT)
+
+
 def _import_wait(frames: Sequence[FrameLike]) -> bool:
     """In importlib's module lock: the innermost frames importlib's, ``acquire`` first."""
     i = 0
@@ -229,6 +235,9 @@ def edges(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr: "
                 if not module and len(holders[j]) == 1:
                     module = holders[j][0][0]
                 out.append(Edge(i, j, "import", module))
+        elif _joins(frames) and _pool_joins(frames):
+            # a pool's or executor's own join (shutdown(wait=True), Pool.join): its threads
+            out += [Edge(i, j, "pool") for j, (_, fr) in enumerate(threads) if j != i and _pool_thread(fr)]
         elif _joins(frames):
             others = [
                 j for j, (head, fr) in enumerate(threads) if j != i and fr and not _pool_thread(fr) and not _helper(fr)
