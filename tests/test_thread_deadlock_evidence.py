@@ -229,3 +229,19 @@ def test_an_executors_own_join_is_a_wait_for_its_workers_not_for_another_thread(
     found = threadwaits.edges(_threads(dump(main, worker, other)))
     assert [(e.waiter, e.target, e.kind) for e in found] == [(0, 1, "pool"), (1, 0, "import"), (2, 0, "join")], found
     assert rule(explain_stacks(dump(main, worker, other))) == "thread deadlock"
+
+
+def test_event_and_queue_waits_alone_are_no_deadlock() -> None:
+    """A main thread polling with ``stop.wait(1)`` and a worker waiting for work on a queue: each
+    waits on something only the other could set by elimination, but no import lock closes the
+    cycle: not told as a deadlock."""
+    main = [(THREADING, 331, "wait"), (THREADING, 629, "wait"), ("/work/job/train.py", 12, "<module>")]
+    worker = [
+        (THREADING, 327, "wait"),
+        ("/usr/lib/python3.11/queue.py", 171, "get"),
+        ("/work/job/train.py", 5, "work"),
+        *THREAD_RUN,
+    ]
+    assert [e.kind for e in threadwaits.edges(_threads(dump(main, worker)))] == ["signal", "signal"]
+    assert threadwaits.deadlock(_threads(dump(main, worker))) is None
+    assert rule(explain_stacks(dump(main, worker))) != "thread deadlock"

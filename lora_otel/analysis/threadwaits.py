@@ -311,9 +311,14 @@ def deadlock(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr
     breaks it when the cycle runs through a module's import; None when the stacks show no cycle."""
     found = edges(threads, source)
     main = next((i for i, (head, frames) in enumerate(threads) if is_main(frames, head)), 0)
-    cycle = _cycle(found, main)
+    # A wait on an Event or a Queue names its other end only by elimination (the one other thread
+    # the stacks show; a native thread would not be seen), and a timed one may be a poll: such an
+    # edge counts only in a cycle that an import's lock closes.
+    cycle = _cycle([e for e in found if e.kind != "signal"], main)
     if not cycle:
-        return None
+        cycle = _cycle(found, main)
+        if not any(e.kind == "import" for e in cycle):
+            return None
     names = {i: thread_name(frames, head) for i, (head, frames) in enumerate(threads)}
     parts = []
     for e in cycle:
