@@ -245,3 +245,16 @@ def test_event_and_queue_waits_alone_are_no_deadlock() -> None:
     assert [e.kind for e in threadwaits.edges(_threads(dump(main, worker)))] == ["signal", "signal"]
     assert threadwaits.deadlock(_threads(dump(main, worker))) is None
     assert rule(explain_stacks(dump(main, worker))) != "thread deadlock"
+
+
+def test_a_join_without_a_cycle_says_which_thread_and_where_it_is() -> None:
+    """Not "Waiting for a lock … in _wait_for_tstate_lock": the thread it joins and where that is."""
+    main = [*JOIN, ("/work/job/train.py", 9, "<module>")]
+    worker = [("/usr/lib/python3.11/socket.py", 700, "recv_into"), ("/work/job/train.py", 4, "fetch"), *THREAD_RUN]
+    found = explain_stacks(dump(main, worker))
+    assert rule(found) == "thread locks", found.sentence
+    assert found.sentence == (
+        "The main thread waits at train.py:9 in <module> for thread fetch() to end (Thread.join); thread fetch() is "
+        "at train.py:4 in fetch (in socket.py:700 in recv_into)."
+    ), found.sentence
+    assert found.advice == ""

@@ -529,6 +529,9 @@ def exit_handler(stall: Stall, stacks: str) -> str:
 
 
 def _locks(f: Facts) -> Optional[Diagnosis]:
+    joined = threadwaits.join_wait(_threads(f.stacks))
+    if joined is not None:  # a join is the thread's end, not a lock: say which thread, and where it is
+        return Diagnosis(joined)
     found = lock_waits(f.stacks)
     if found is None:
         return None

@@ -377,3 +377,24 @@ def _advice(threads: Sequence[Thread], cycle: Sequence[Edge]) -> str:
             'or under `if __name__ == "__main__":`.' % (_short(frame).rsplit(" in ", 1)[0], name)
         )
     return ""
+
+
+def join_wait(threads: Sequence[Thread]) -> Optional[str]:
+    """``The main thread waits at job.py:6 in <module> for thread baz() to end (Thread.join); thread
+    baz() is at job.py:3 in baz → time.sleep.``: the main thread's join of the one thread it can
+    join, and where that thread is; None when the main thread is not in such a join."""
+    found = edges(threads)
+    main = next((i for i, (head, frames) in enumerate(threads) if is_main(frames, head)), None)
+    edge = next((e for e in found if e.waiter == main and e.kind == "join"), None)
+    if edge is None:
+        return None
+    frames = threads[edge.waiter][1]
+    target = threads[edge.target][1]
+    mine, theirs = own_line(frames), own_line(target)
+    name = thread_name(target, threads[edge.target][0])
+    where = " at %s" % _short(mine) if mine is not None else ""
+    at = _short(theirs) if theirs is not None else _short(target[0])
+    inner = next((fr for fr in target if fr.python), None)
+    if inner is not None and theirs is not None and inner is not theirs:
+        at += " (in %s)" % _short(inner)
+    return "The main thread waits%s for %s to end (Thread.join); %s is at %s." % (where, name, name, at)
