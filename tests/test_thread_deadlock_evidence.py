@@ -258,3 +258,24 @@ def test_a_join_without_a_cycle_says_which_thread_and_where_it_is() -> None:
         "at train.py:4 in fetch (in socket.py:700 in recv_into)."
     ), found.sentence
     assert found.advice == ""
+
+
+def test_nested_imports_the_advice_names_the_top_level_that_waits() -> None:
+    """train.py imports a, whose top level imports b, whose top level joins a thread that imports a:
+    the lock waited for is a's, the work to move is b's join."""
+    main = [
+        *JOIN,
+        ("/work/job/b.py", 5, "<module>"),
+        *IMPORTING_MAIN[:-1],
+        ("/work/job/a.py", 2, "<module>"),
+        *IMPORTING_MAIN,
+    ]
+    waiter = [*IMPORT_WAIT, ("/work/job/worker.py", 2, "run_a"), *THREAD_RUN]
+    threads = _threads(dump(main, waiter))
+    found = threadwaits.deadlock(threads, lambda fr: "    import a\n" if fr.func == "run_a" else "")
+    assert found is not None
+    assert "the main thread, importing b, waits at b.py:5 in <module> for thread run_a() to end" in found.sentence
+    assert "for the import of a, which the main thread is running" in found.sentence, found.sentence
+    assert "move the work at b.py:5 (the top level of b, run by its import)" in found.advice, found.advice
+    unnamed = threadwaits.deadlock(threads)
+    assert unnamed is not None and "for a module's import, which the main thread is running" in unnamed.sentence

@@ -361,16 +361,17 @@ def deadlock(threads: Sequence[Thread], source: Callable[[Any], str] = lambda fr
 
 
 def _advice(threads: Sequence[Thread], cycle: Sequence[Edge]) -> str:
-    """For a cycle through a module's import lock: the line in that module's top level that starts
-    the waiting work, and to move it out of the import."""
+    """For a cycle through a module's import lock: the line of the top level being imported where
+    the thread holding the lock waits (its innermost ``<module>`` frame run by importlib: the module
+    whose top level starts and waits for the work; an outer module's lock may be the one held), and
+    to move that work out of the import."""
     for e in cycle:
         if e.kind != "import":
             continue
         mods = importing(threads[e.target][1])
-        held = next((m for m in mods if m[0] == e.module), mods[0] if mods else None)
-        if held is None:
+        if not mods:
             return ""
-        name, frame = held
+        name, frame = mods[0]
         return (
             "Do not start threads or pools and wait for them while a module is being imported: move the work "
             "at %s (the top level of %s, run by its import) into a function the program calls after the import, "
