@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks, hubcache, native, pipes, polling
+from lora_otel.analysis import ages, filelocks, hubcache, native, pipes, polling, threadwaits
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -529,10 +529,18 @@ def exit_handler(stall: Stall, stacks: str) -> str:
 
 
 def _locks(f: Facts) -> Optional[Diagnosis]:
+    joined = threadwaits.join_wait(_threads(f.stacks))
+    if joined is not None:  # a join is the thread's end, not a lock: say which thread, and where it is
+        return Diagnosis(joined)
     found = lock_waits(f.stacks)
     if found is None:
         return None
     return Diagnosis(found, advice=deadlock_advice(f.stacks) if found.startswith("Deadlock: ") else "")
+
+
+def _thread_deadlock(f: Facts) -> Optional[Diagnosis]:
+    found = threadwaits.deadlock(_threads(f.stacks), _source)
+    return Diagnosis(found.sentence, advice=found.advice) if found is not None else None
 
 
 def _cuda_init(f: Facts) -> Optional[Diagnosis]:
@@ -871,6 +879,20 @@ RULES: tuple[Rule, ...] = (
         "The main thread waits for a DataLoader batch (at job.py:18 in <module>) for 4 s; worker pid ...",
         _dataloader,
         "See where worker pid 4711 is (py-spy dump --pid 4711); ... run with num_workers=0 ...",
+    ),
+    Rule(
+        "thread deadlock",
+        "each thread's stack: Thread.join and the one other thread it can join; importlib's module lock "
+        "(_ModuleLock.acquire) and the thread whose <module> frames hold it (the module from the waiter's "
+        "source line); a wait on a pool's results and the pool's handler or worker threads; Event.wait, Queue.get "
+        "and the one other thread that could set or fill it",
+        "Deadlock between threads: the main thread, importing foomodule, waits at foomodule.py:6 in <module> for "
+        "thread baz() to end (Thread.join); thread baz() waits at barmodule.py:2 in baz for the import of "
+        "foomodule, which the main thread is running (...); none of them can go on.",
+        _thread_deadlock,
+        "Do not start threads or pools and wait for them while a module is being imported: move the work at "
+        "foomodule.py:6 (the top level of foomodule, run by its import) into a function the program calls after "
+        'the import, or under `if __name__ == "__main__":`.',
     ),
     Rule(
         "descriptor wait",
