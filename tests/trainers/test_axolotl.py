@@ -27,7 +27,8 @@ from lora_otel.journal.reader import read_journal
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "axo_job.py"
-LIMITS = "between=120,training=60,exit=30,import=600"  # far from what a loaded machine takes: a false STALLED fails the test
+# far from what a loaded machine takes: a false STALLED fails the test
+LIMITS = "between=120,training=60,exit=30,import=600"
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
