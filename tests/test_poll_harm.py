@@ -289,3 +289,26 @@ def test_a_dead_fuse_mount_hangs_no_look(tmp_path: Path) -> None:
         told = facts[name][KEY + "unchecked"]
         assert told.startswith("it is on a fuse.deadfs mount at %s, which is not looked at" % mnt), facts
     assert mnt in facts["files"], facts
+
+
+@pytest.mark.slow
+def test_a_real_job_waiting_on_another_users_leftover_is_not_told_to_remove_it(tmp_path: Path, other_user) -> None:
+    """A real ``LORA_OTEL=1`` job (torch's file baton) waits for a lock file nobody has open, but it
+    is another user's: the sidecar says so and advises asking its owner, not removing it (item 1)."""
+    from test_poll_loops import BATON, JOB_BATON, advice_of, job_lines, launch, stall_record, stop
+
+    (tmp_path / "file_baton.py").write_text(BATON, encoding="utf-8")
+    (tmp_path / "build").mkdir()
+    lock = tmp_path / "build" / "lock"
+    lock.write_bytes(b"")
+    os.chown(lock, other_user.pw_uid, other_user.pw_gid)
+    job = launch(tmp_path, JOB_BATON)
+    try:
+        _, why = job_lines(tmp_path)
+        assert "owner %s) and no process has it open, but it belongs to another user than the job's" % OTHER in why
+        rule, _, advice = advice_of(stall_record(tmp_path, job.pid))
+        assert rule == "poll loop" and advice == (
+            "Ask its owner %s whether a run of theirs uses %s; the job goes on when it is removed." % (OTHER, lock)
+        ), advice
+    finally:
+        stop(job)
