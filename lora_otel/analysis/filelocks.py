@@ -95,13 +95,11 @@ class Openers(NamedTuple):
     incomplete: str
 
 
-_DEVICES: dict[int, tuple[int, int]] = {}
-
-
-def _mount_device(pid: int, mnt_id: int) -> Optional[tuple[int, int]]:
-    """The device (major, minor) of mount ``mnt_id`` (mount ids are unique on the machine), from
-    this process's or ``pid``'s ``mountinfo``; None when neither lists it."""
-    if mnt_id not in _DEVICES:
+def _mount_device(pid: int, mnt_id: int, devices: dict[int, tuple[int, int]]) -> Optional[tuple[int, int]]:
+    """The device (major, minor) of mount ``mnt_id`` (unique on the machine while it is mounted), from
+    ``devices`` (filled from this process's or ``pid``'s ``mountinfo``, for one look only: an id is
+    reused after an unmount); None when neither lists it."""
+    if mnt_id not in devices:
         for source in ("/proc/self/mountinfo", "/proc/%d/mountinfo" % pid):
             try:
                 rows = _read(source, 4 << 20).splitlines()
@@ -111,12 +109,12 @@ def _mount_device(pid: int, mnt_id: int) -> Optional[tuple[int, int]]:
                 cols = row.split(" ", 3)
                 try:
                     major, minor = cols[2].split(":")
-                    _DEVICES[int(cols[0])] = (int(major), int(minor))
+                    devices[int(cols[0])] = (int(major), int(minor))
                 except (IndexError, ValueError):
                     continue
-            if mnt_id in _DEVICES:
+            if mnt_id in devices:
                 break
-    return _DEVICES.get(mnt_id)
+    return devices.get(mnt_id)
 
 
 def open_files(pid: int, deadline: Optional[float] = None) -> dict[tuple[tuple[int, int], int], str]:
@@ -125,13 +123,16 @@ def open_files(pid: int, deadline: Optional[float] = None) -> dict[tuple[tuple[i
 
 
 def open_files_of(
-    pid: int, deadline: Optional[float] = None
+    pid: int, deadline: Optional[float] = None, devices: Optional[dict[int, tuple[int, int]]] = None
 ) -> tuple[dict[tuple[tuple[int, int], int], str], Optional[OSError]]:
     """The files ``pid`` has open, by ((major, minor), inode), with their paths, and the error that
     kept its descriptors from being read (None when they were: a process gone meanwhile reads as
     none). Each descriptor's link and ``fdinfo`` (``mnt_id``, ``ino``) are read, never ``stat``: a
-    stat of a file on a FUSE or NFS mount that does not answer waits as long as the mount."""
+    stat of a file on a FUSE or NFS mount that does not answer waits as long as the mount. A file
+    whose device is not known is kept under ((-1, -1), -fd-1), which no real file matches.
+    ``devices``: the mount ids' devices known so far in this look."""
     out: dict[tuple[tuple[int, int], int], str] = {}
+    devices = {} if devices is None else devices
     fd_dir = "/proc/%d/fd" % pid
     try:
         fds = os.listdir(fd_dir)
@@ -153,9 +154,11 @@ def open_files_of(
                     info[key] = int(value.strip())
         except OSError:
             continue
-        device = _mount_device(pid, info["mnt_id"]) if "mnt_id" in info else None
+        device = _mount_device(pid, info["mnt_id"], devices) if "mnt_id" in info else None
         if device is not None and "ino" in info:
             out.setdefault((device, info["ino"]), target)
+        elif fd.isdigit():
+            out[(-1, -1), -int(fd) - 1] = target
     return out, None
 
 
@@ -297,6 +300,7 @@ def _openers(
         return Openers(found, "/proc cannot be listed: %s" % (e.strerror or e))
     unreadable = 0
     incomplete = ""
+    devices: dict[int, tuple[int, int]] = {}
     if len(pids) > SCAN_PROCESSES_MAX:
         incomplete = "only %d of %d processes were looked at" % (SCAN_PROCESSES_MAX, len(pids))
         pids = [p for p in pids if p == exclude] + [p for p in pids if p != exclude][:SCAN_PROCESSES_MAX]
@@ -306,7 +310,7 @@ def _openers(
             break
         if pid == exclude:
             continue
-        files, error = open_files_of(pid, end)
+        files, error = open_files_of(pid, end, devices)
         if isinstance(error, TimeoutError):
             incomplete = "the look at other processes ran out of time (%g s)" % SCAN_S
         elif error is not None and _alive(pid):
