@@ -8,8 +8,10 @@ attributes, which py-spy cannot show) — names the object polled (`polling.read
 from outside:
 
 - a path: exists or not, type, size, last change, owner; which live processes have it open
-  (``/proc/*/fd``); the pid written in it (a soft lock's) and whether that process lives; for a path
-  that is not there, whether its folder is;
+  (``/proc/*/fd`` links and ``fdinfo``, at most `filelocks.SCAN_S`, and whether that look missed
+  some); the pid written in it (a soft lock's) and whether that process lives; for a path that is
+  not there, whether its folder is. Only as the job's user, in its mount namespace, and never on a
+  FUSE or network mount (`filelocks.checkable`: ``unchecked`` says why not);
 - a pid: alive (state, command line), a zombie (and its parent), or gone;
 - a port (or a URL's host and port): on this machine, whether a socket listens on it in the
   process's network namespace (``/proc/<pid>/net/tcp{,6}``) and whose it is; a child of the process
