@@ -121,7 +121,15 @@ def test_file_lock_held_by_a_live_process_vs_nobody() -> None:
         "Wait for pid 4711 (python prefetch.py) to finish with /data/m.lock, or stop it if it should not be "
         "running: the kernel frees its lock when it ends."
     ), found.advice
-    stale = lock_evidence(how="soft", path="/data/m.lock", recorded_pid=999999, recorded_alive=False, stale=True)
+    stale = lock_evidence(
+        how="soft",
+        path="/data/m.lock",
+        recorded_pid=999999,
+        recorded_alive=False,
+        stale=True,
+        owner_uid=1000,
+        job_uid=1000,
+    )
     found = explain(a_stall(), stale, a_journal(4712))
     assert found.advice == (
         "Remove /data/m.lock: no process holds it or has it open and pid 999999 written in it is gone, so nothing "

@@ -221,6 +221,8 @@ BASE = {
     KEY + "type": "file",
     KEY + "size": 0,
     KEY + "owner": "ann",
+    KEY + "owner_uid": 1000,
+    KEY + "job_uid": 1000,
 }
 
 
@@ -238,7 +240,10 @@ def test_no_advice_without_the_evidence_for_it() -> None:
     said, advice = polling.sentence(held)
     assert "held open by pid 4711 (python build.py)" in said and "Remove" not in advice
     unknown = {**BASE, KEY + "open_by_error": "cannot read /proc"}
-    assert polling.sentence(unknown)[1] == ""
+    said, advice = polling.sentence(unknown)
+    assert "no process this user can see has it open (cannot read /proc)" in said
+    assert "no process has it open" not in said and not advice.startswith("Remove")
+    assert advice.startswith("See who has /c/ext/lock open (as root: fuser -v /c/ext/lock)")
     not_a_lock = {**BASE, KEY + "value": "/data/pause"}
     assert polling.sentence(not_a_lock)[1] == ""
     no_value = {k: v for k, v in BASE.items() if k != KEY + "value"}

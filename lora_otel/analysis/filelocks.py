@@ -26,9 +26,11 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Optional
 
@@ -81,22 +83,174 @@ def _file_id(st: os.stat_result) -> tuple[tuple[int, int], int]:
     return (os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino
 
 
-def open_files(pid: int) -> dict[tuple[tuple[int, int], int], str]:
-    """The regular files ``pid`` has open, by ((major, minor), inode), with their paths."""
+SCAN_S = 2.0
+"""Seconds one look for the processes that have a file open may take (as `waitfacts.fd_index`)."""
+
+
+class Openers(NamedTuple):
+    """The live processes with a file open, and why the look may have missed some ("" when it looked
+    at every process): another user's descriptors that cannot be read, the process cap, the deadline."""
+
+    pids: list[int]
+    incomplete: str
+
+
+def _mount_device(pid: int, mnt_id: int, devices: dict[int, tuple[int, int]]) -> Optional[tuple[int, int]]:
+    """The device (major, minor) of mount ``mnt_id`` (unique on the machine while it is mounted), from
+    ``devices`` (filled from this process's or ``pid``'s ``mountinfo``, for one look only: an id is
+    reused after an unmount); None when neither lists it."""
+    if mnt_id not in devices:
+        for source in ("/proc/self/mountinfo", "/proc/%d/mountinfo" % pid):
+            try:
+                rows = _read(source, 4 << 20).splitlines()
+            except OSError:
+                continue
+            for row in rows:
+                cols = row.split(" ", 3)
+                try:
+                    major, minor = cols[2].split(":")
+                    devices[int(cols[0])] = (int(major), int(minor))
+                except (IndexError, ValueError):
+                    continue
+            if mnt_id in devices:
+                break
+    return devices.get(mnt_id)
+
+
+def open_files(pid: int, deadline: Optional[float] = None) -> dict[tuple[tuple[int, int], int], str]:
+    """The files ``pid`` has open, by ((major, minor), inode), with their paths (`open_files_of`)."""
+    return open_files_of(pid, deadline)[0]
+
+
+def open_files_of(
+    pid: int, deadline: Optional[float] = None, devices: Optional[dict[int, tuple[int, int]]] = None
+) -> tuple[dict[tuple[tuple[int, int], int], str], Optional[OSError]]:
+    """The files ``pid`` has open, by ((major, minor), inode), with their paths, and the error that
+    kept its descriptors from being read (None when they were: a process gone meanwhile reads as
+    none). Each descriptor's link and ``fdinfo`` (``mnt_id``, ``ino``) are read, never ``stat``: a
+    stat of a file on a FUSE or NFS mount that does not answer waits as long as the mount. A file
+    whose device is not known is kept under ((-1, -1), -fd-1), which no real file matches.
+    ``devices``: the mount ids' devices known so far in this look."""
     out: dict[tuple[tuple[int, int], int], str] = {}
+    devices = {} if devices is None else devices
     fd_dir = "/proc/%d/fd" % pid
     try:
         fds = os.listdir(fd_dir)
-    except OSError:
-        return out
+    except FileNotFoundError:
+        return out, None
+    except OSError as e:
+        return out, e
     for fd in fds:
+        if deadline is not None and time.monotonic() > deadline:
+            return out, TimeoutError("the time for the look ran out")
         try:
-            st = os.stat(os.path.join(fd_dir, fd))
-            if (st.st_mode & 0o170000) == 0o100000:
-                out.setdefault(_file_id(st), os.readlink(os.path.join(fd_dir, fd)))
+            target = os.readlink(os.path.join(fd_dir, fd))
+            if not target.startswith("/"):
+                continue  # pipe:[…], socket:[…], anon_inode:…
+            info: dict[str, int] = {}
+            for line in _read("/proc/%d/fdinfo/%s" % (pid, fd), 4096).splitlines():
+                key, _, value = line.partition(":")
+                if key in ("mnt_id", "ino") and value.strip().isdigit():
+                    info[key] = int(value.strip())
         except OSError:
             continue
-    return out
+        device = _mount_device(pid, info["mnt_id"], devices) if "mnt_id" in info else None
+        if device is not None and "ino" in info:
+            out.setdefault((device, info["ino"]), target)
+        elif fd.isdigit():
+            out[(-1, -1), -int(fd) - 1] = target
+    return out, None
+
+
+def process_uid(pid: int) -> Optional[int]:
+    """The effective uid ``pid`` runs as (``/proc/<pid>/status``), None when it cannot be read."""
+    try:
+        for line in _read("/proc/%d/status" % pid, 8192).splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return "uid %d" % uid
+
+
+SYMLINKS_MAX = 40
+
+
+def checkable(pid: int, path: str) -> tuple[str, str]:
+    """(``path`` as ``pid`` sees it, absolute, symlinks resolved, "") when this process may look at
+    it for ``pid``: it runs as ``pid``'s user (a look as root at a path a job's locals name would
+    judge, and could advise removing, a file that is not the job's), in ``pid``'s mount namespace and
+    root (else the same name is another file), and no part of it lies on a FUSE or network mount
+    (`waits.NETWORK_FS`: a stat there waits as long as the server does not answer; only ``lstat``
+    of parts on other mounts is done here). ("", why not) otherwise."""
+    uid = process_uid(pid)
+    if uid is None:
+        return "", "the process cannot be looked at (gone, or another user's), so its files are not either"
+    if uid != os.geteuid():
+        return "", "not looked at: this look runs as %s, not as the job's user %s" % (_user(os.geteuid()), _user(uid))
+    try:
+        same = os.readlink("/proc/self/ns/mnt") == os.readlink("/proc/%d/ns/mnt" % pid)
+        same = same and os.readlink("/proc/%d/root" % pid) == "/"
+    except OSError:
+        same = False
+    if not same:
+        return "", "not looked at: the process sees other files (another mount namespace or root: a container)"
+    if not os.path.isabs(path):
+        try:
+            path = os.path.join(os.readlink("/proc/%d/cwd" % pid), path)
+        except OSError:
+            return "", "a relative path, and the process's working directory cannot be read"
+    from lora_otel.analysis import waitfacts
+    from lora_otel.analysis.waits import NETWORK_FS
+
+    try:
+        rows = waitfacts.mounts(pid)
+    except OSError as e:
+        return "", "its mounts cannot be read: %s" % (e.strerror or e)
+    parts = [p for p in path.split("/") if p]
+    done, hops = "/", 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            done = os.path.dirname(done.rstrip("/")) or "/"
+            continue
+        here = os.path.join(done, part)
+        mount = waitfacts.mount_of(rows, here)
+        if mount is not None and mount["fstype"].startswith(NETWORK_FS):
+            return (
+                "",
+                "it is on a %s mount at %s, which is not looked at: a look there waits as long as its server "
+                "does not answer" % (mount["fstype"], mount["point"]),
+            )
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return os.path.join(here, *parts), ""  # not there: the rest is not looked at
+        if (st.st_mode & 0o170000) == 0o120000:
+            hops += 1
+            if hops > SYMLINKS_MAX:
+                return "", "too many symbolic links"
+            try:
+                link = os.readlink(here)
+            except OSError as e:
+                return "", "cannot read the link %s: %s" % (here, e.strerror or e)
+            parts = [p for p in link.split("/") if p] + parts
+            if link.startswith("/"):
+                done = "/"
+            continue
+        done = here
+    return done, ""
 
 
 def command_line(pid: int) -> Optional[str]:
@@ -131,17 +285,44 @@ def _who(pid: int) -> str:
     return "pid %d (%s)" % (pid, cmd) if cmd else "pid %d" % pid
 
 
-def _openers(file_id: tuple[tuple[int, int], int], exclude: int) -> list[int]:
-    """Live processes (of this user, as far as /proc lets us read) with the file open."""
+def _openers(
+    file_id: tuple[tuple[int, int], int], exclude: int, path: str = "", deadline: Optional[float] = None
+) -> Openers:
+    """Live processes with the file open (its ((major, minor), inode), or a descriptor whose link
+    is ``path``), and why the look is incomplete ("" when every process was looked at): another
+    user's descriptors this user cannot read, more than `SCAN_PROCESSES_MAX` processes, or
+    ``deadline`` (``time.monotonic()``; `SCAN_S` from now when None) passed."""
     found: list[int] = []
+    end = deadline if deadline is not None else time.monotonic() + SCAN_S
     try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return found
-    for pid in sorted(pids)[:SCAN_PROCESSES_MAX]:
-        if pid != exclude and file_id in open_files(pid) and _alive(pid):
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    except OSError as e:
+        return Openers(found, "/proc cannot be listed: %s" % (e.strerror or e))
+    unreadable = 0
+    incomplete = ""
+    devices: dict[int, tuple[int, int]] = {}
+    if len(pids) > SCAN_PROCESSES_MAX:
+        incomplete = "only %d of %d processes were looked at" % (SCAN_PROCESSES_MAX, len(pids))
+        pids = [p for p in pids if p == exclude] + [p for p in pids if p != exclude][:SCAN_PROCESSES_MAX]
+    for pid in pids:
+        if time.monotonic() > end:
+            incomplete = "the look at other processes ran out of time (%g s)" % SCAN_S
+            break
+        if pid == exclude:
+            continue
+        files, error = open_files_of(pid, end, devices)
+        if isinstance(error, TimeoutError):
+            incomplete = "the look at other processes ran out of time (%g s)" % SCAN_S
+        elif error is not None and _alive(pid):
+            unreadable += 1
+        if (file_id in files or (path and path in files.values())) and _alive(pid):
             found.append(pid)
-    return found
+    if unreadable and not incomplete:
+        incomplete = "%d process%s of other users cannot be looked at from here" % (
+            unreadable,
+            "" if unreadable == 1 else "es",
+        )
+    return Openers(found, incomplete)
 
 
 # --- where the wait is, from the stacks ---------------------------------------------------------
@@ -223,7 +404,9 @@ def locals_paths(pid: int, py_spy: Optional[str] = None) -> tuple[list[str], Opt
         if not value or not ("lock" in name.lower() or value.endswith(".lock")):
             continue
         path = value if os.path.isabs(value) or not cwd else os.path.join(cwd, value)
-        if os.path.isfile(path) and path not in found:
+        if path in found or not checkable(pid, path)[0]:  # (never a stat on a FUSE or network mount)
+            continue
+        if os.path.isfile(path):
             found.append(path)
     return found, None if found else "the waiting frames' locals name no lock file that exists"
 
@@ -279,7 +462,7 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
                 return unknown
             path, found_by = paths[0], "py-spy locals"
             try:
-                file_id = _file_id(os.stat(path))
+                file_id = _file_id(os.stat(checkable(pid, path)[0] or path))
             except OSError as e:
                 return {KEY + "how": _polling_how(stacks), KEY + "path": path, KEY + "error": str(e)}
         else:
@@ -301,7 +484,11 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
         out[KEY + "holder_pid"] = live[0]
         return out
     # Nobody holds a kernel lock on it (or the pid the kernel gives is gone): who else could?
-    recorded, host = _recorded_owner(path) if path else (None, None)
+    deadline = time.monotonic() + SCAN_S
+    looked, unchecked = checkable(pid, path) if path else ("", "")
+    if unchecked:
+        out[KEY + "unchecked"] = unchecked
+    recorded, host = _recorded_owner(looked) if looked else (None, None)
     if recorded is not None:
         out[KEY + "recorded_pid"] = recorded
         if host and host != this_host():
@@ -312,14 +499,24 @@ def facts(pid: int, stacks: str = "", use_py_spy: bool = True) -> dict[str, Any]
                 out[KEY + "holders"] = [_who(recorded)]
                 out[KEY + "holder_pid"] = recorded
                 return out
-    openers = _openers(file_id, pid)
-    if openers:
-        out[KEY + "open_by"] = [_who(p) for p in openers[:4]]
-        out[KEY + "holder_pid"] = openers[0]
+    openers = _openers(file_id, pid, path, deadline)
+    if openers.pids:
+        out[KEY + "open_by"] = [_who(p) for p in openers.pids[:4]]
+        out[KEY + "holder_pid"] = openers.pids[0]
         if holders:  # a kernel lock whose pid is gone is held through a descriptor it passed on
             out[KEY + "holders"] = out[KEY + "open_by"]
+    elif openers.incomplete:
+        out[KEY + "open_by_error"] = openers.incomplete  # one not looked at can have it open: not stale
     elif KEY + "recorded_host" not in out:
         out[KEY + "stale"] = True
+    if looked:
+        try:
+            out[KEY + "owner_uid"] = os.stat(looked).st_uid
+        except OSError:
+            pass
+    job_uid = process_uid(pid)
+    if job_uid is not None:
+        out[KEY + "job_uid"] = job_uid
     return out
 
 
@@ -338,12 +535,15 @@ def held_lock_files(locks: list[KernelLock], pid: int) -> list[str]:
         cwd = "\0"
     found: list[tuple[int, str]] = []
     seen: set[tuple[tuple[int, int], int]] = set()
+    deadline = time.monotonic() + SCAN_S
     for lock in locks[:256]:
+        if time.monotonic() > deadline:
+            break
         file_id = (lock.device, lock.inode)
         if lock.waiting or lock.pid <= 0 or lock.pid == pid or file_id in seen or not _alive(lock.pid):
             continue
         seen.add(file_id)
-        path = open_files(lock.pid).get(file_id, "")
+        path = open_files(lock.pid, deadline).get(file_id, "")
         if path.endswith(".lock") or "/.locks/" in path:
             rank = 0 if path.startswith(cwd) else 1 if ("/.cache/" in path or "/.locks/" in path) else 2
             found.append((rank, "%s by %s" % (path, _who(lock.pid))))
@@ -421,6 +621,10 @@ def sentence(evidence: Mapping[str, Any], where: str = "") -> Optional[str]:
     if evidence.get(KEY + "stale"):
         gone = "pid %s written in it is gone and no" % recorded if recorded is not None else "no live"
         return "%s; the lock is stale: %s process has it open." % (head, gone)
+    incomplete = evidence.get(KEY + "open_by_error")
+    if incomplete:
+        gone = "pid %s written in it is gone and " % recorded if recorded is not None else ""
+        return "%s; %sno process this user can see has it open (%s)." % (head, gone, incomplete)
     host = evidence.get(KEY + "recorded_host")
     if recorded is not None and host:
         return "%s; it was written by pid %s on %s, which cannot be looked at from here." % (head, recorded, host)
@@ -440,13 +644,24 @@ def advice(evidence: Mapping[str, Any], pid: Optional[int] = None) -> str:
         kernel = bool(evidence.get(KEY + "holders")) and not evidence.get(KEY + "recorded_alive")
         return "Wait for %s to finish with %s, or stop it if it should not be running%s." % (
             named,
-            path or "the lock",
+            shlex.quote(path) if path else "the lock",
             ": the kernel frees its lock when it ends" if kernel else "",
         )
-    if path and evidence.get(KEY + "stale"):
+    owner_uid, job_uid = evidence.get(KEY + "owner_uid"), evidence.get(KEY + "job_uid")
+    if path and evidence.get(KEY + "stale") and owner_uid is not None and owner_uid != job_uid:
+        return (
+            "Ask the owner of %s (another user than the job's) whether a run of theirs uses it; the job "
+            "goes on when it is removed." % shlex.quote(path)
+        )
+    if path and evidence.get(KEY + "open_by_error"):
+        return "See who has %s open (as root: fuser -v %s); if nobody does, removing it lets the job go on." % (
+            shlex.quote(path),
+            shlex.quote(path),
+        )
+    if path and evidence.get(KEY + "stale") and isinstance(owner_uid, int):
         recorded = evidence.get(KEY + "recorded_pid")
         return "Remove %s: no process holds it or has it open%s, so nothing else is using it." % (
-            path,
+            shlex.quote(path),
             " and pid %s written in it is gone" % recorded if recorded is not None else "",
         )
     return ""

@@ -8,8 +8,10 @@ attributes, which py-spy cannot show) — names the object polled (`polling.read
 from outside:
 
 - a path: exists or not, type, size, last change, owner; which live processes have it open
-  (``/proc/*/fd``); the pid written in it (a soft lock's) and whether that process lives; for a path
-  that is not there, whether its folder is;
+  (``/proc/*/fd`` links and ``fdinfo``, at most `filelocks.SCAN_S`, and whether that look missed
+  some); the pid written in it (a soft lock's) and whether that process lives; for a path that is
+  not there, whether its folder is. Only as the job's user, in its mount namespace, and never on a
+  FUSE or network mount (`filelocks.checkable`: ``unchecked`` says why not);
 - a pid: alive (state, command line), a zombie (and its parent), or gone;
 - a port (or a URL's host and port): on this machine, whether a socket listens on it in the
   process's network namespace (``/proc/<pid>/net/tcp{,6}``) and whose it is; a child of the process
@@ -27,6 +29,7 @@ import linecache
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -244,15 +247,18 @@ def _target(frames: list[PollFrame]) -> tuple[Optional[polling.Target], Optional
 # --- the state of what is polled -----------------------------------------------------------------
 
 
-def path_state(pid: int, path: str) -> dict[str, Any]:
-    """A path's state: ``exists``, ``type``, ``size``, ``mtime``, ``owner``, ``open_by``, the pid
-    written in it (``recorded_pid``, ``recorded_alive``, ``recorded_cmd``); ``folder_exists`` when
-    it is not there. A relative path is the process's working directory's."""
-    if not os.path.isabs(path):
-        try:
-            path = os.path.join(os.readlink("/proc/%d/cwd" % pid), path)
-        except OSError:
-            return {KEY + "error": "a relative path, and the process's working directory cannot be read"}
+def path_state(pid: int, path: str, deadline: Optional[float] = None) -> dict[str, Any]:
+    """A path's state: ``exists``, ``type``, ``size``, ``mtime``, ``owner`` (``owner_uid`` beside
+    ``job_uid``), ``open_by`` (``open_by_error``: why that look may have missed a process), the pid
+    written in it (``recorded_pid``, ``recorded_alive``, ``recorded_cmd``); ``folder_exists`` when it
+    is not there. A relative path is the process's working directory's. Only what
+    `filelocks.checkable` allows is looked at (``unchecked``: why not): as the job's user, in its
+    mount namespace, nothing on a FUSE or network mount; the look for openers ends at ``deadline``."""
+    end = deadline if deadline is not None else time.monotonic() + filelocks.SCAN_S
+    resolved, why = filelocks.checkable(pid, path)
+    if not resolved:
+        return {KEY + "unchecked": why}
+    path = resolved
     out: dict[str, Any] = {}
     try:
         st = os.stat(path)
@@ -283,14 +289,20 @@ def path_state(pid: int, path: str) -> dict[str, Any]:
         out[KEY + "owner"] = pwd.getpwuid(st.st_uid).pw_name
     except (KeyError, ImportError):
         out[KEY + "owner"] = str(st.st_uid)
+    out[KEY + "owner_uid"] = st.st_uid
+    job_uid = filelocks.process_uid(pid)
+    if job_uid is not None:
+        out[KEY + "job_uid"] = job_uid
     shared = shared_fs(pid, path)
     if shared:
         out[KEY + "shared_fs"] = shared
     if out[KEY + "type"] != "file":
         return out
-    openers = filelocks._openers(((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino), pid)
-    if openers:
-        out[KEY + "open_by"] = [filelocks._who(p) for p in openers[:4]]
+    openers = filelocks._openers(((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino), pid, path, end)
+    if openers.pids:
+        out[KEY + "open_by"] = [filelocks._who(p) for p in openers.pids[:4]]
+    if openers.incomplete:
+        out[KEY + "open_by_error"] = openers.incomplete
     recorded, host = filelocks._recorded_owner(path)
     if recorded is not None and (not host or host == filelocks.this_host()):
         out[KEY + "recorded_pid"] = recorded

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -591,6 +592,9 @@ def _path_sentence(
     goal = {"gone": " to disappear", "there": " to appear"}.get(waits, "")
     head = "%s polls for %s%s (%s)" % (who, path, goal, where)
     exists = _get(evidence, "exists")
+    unchecked = _get(evidence, "unchecked")
+    if exists is None and unchecked:
+        return "%s; its state is not known: %s." % (head, unchecked), ""
     if exists is None:
         error = _get(evidence, "error") or "its state could not be read"
         return "%s; %s." % (head, error), ""
@@ -601,7 +605,7 @@ def _path_sentence(
             return (
                 "%s; it does not exist, nor does its folder %s." % (head, parent),
                 "Check the path %s: its folder %s does not exist (a typo, another machine's path, "
-                "or a mount that is not there)." % (path, parent)
+                "or a mount that is not there)." % (shlex.quote(path), shlex.quote(parent))
                 if waits == "there"
                 else "",
             )
@@ -630,7 +634,7 @@ def _path_sentence(
         return (
             "%s; %s and is held open by %s." % (head, state, who_opens),
             "See what pid %s, which has it open, is doing (py-spy dump --pid %s): the loop goes on only when "
-            "%s is removed." % (first.group(1), first.group(1), path)
+            "%s is removed." % (first.group(1), first.group(1), shlex.quote(path))
             if waits == "gone" and first
             else "",
         )
@@ -640,8 +644,16 @@ def _path_sentence(
             % (head, state, recorded, _get(evidence, "recorded_cmd") or "a live process"),
             "",
         )
-    if _get(evidence, "open_by_error"):
-        return "%s; %s; who has it open is not known (%s)." % (head, state, _get(evidence, "open_by_error")), ""
+    incomplete = _get(evidence, "open_by_error")
+    if incomplete:
+        # Not every process could be looked at: one that was not can have it open. No removal.
+        return (
+            "%s; %s and no process this user can see has it open (%s)." % (head, state, incomplete),
+            "See who has %s open (as root: fuser -v %s); if nobody does, it is a leftover and removing it lets "
+            "the job go on." % (shlex.quote(path), shlex.quote(path))
+            if waits == "gone" and (lock_like(path) or recorded is not None)
+            else "",
+        )
     nobody = "no process has it open"
     if recorded is not None:
         nobody = "the pid written in it, %s, is gone, and no process has it open" % recorded
@@ -652,14 +664,24 @@ def _path_sentence(
             "%s; %s and %s on this machine, but it is on a file system other machines may share (%s), "
             "where a process there can be using it." % (head, state, nobody, shared),
             "If no job on another machine that mounts %s is using %s (building, downloading), remove it and "
-            "the job goes on." % (mount, path)
+            "the job goes on." % (shlex.quote(mount), shlex.quote(path))
             if waits == "gone" and (lock_like(path) or recorded is not None)
             else "",
         )
+    owner_uid, job_uid = _get(evidence, "owner_uid"), _get(evidence, "job_uid")
+    if waits == "gone" and (lock_like(path) or recorded is not None) and owner_uid is not None and owner_uid != job_uid:
+        return (
+            "%s; %s and %s, but it belongs to another user than the job's: that user's run may be using it."
+            % (head, state, nobody),
+            "Ask its owner %s whether a run of theirs uses %s; the job goes on when it is removed."
+            % (_get(evidence, "owner") or owner_uid, shlex.quote(path)),
+        )
+    if waits == "gone" and (lock_like(path) or recorded is not None) and owner_uid is None:
+        return "%s; %s and %s." % (head, state, nobody), ""  # whose it is is not known: no removal
     if waits == "gone" and (lock_like(path) or recorded is not None):
         return (
             "%s; %s and %s: a leftover from a run that ended without removing it." % (head, state, nobody),
-            "Remove %s (no process has it open, so no run is using it) and the job goes on." % path,
+            "Remove %s (no process has it open, so no run is using it) and the job goes on." % shlex.quote(path),
         )
     if waits == "gone":
         return (
