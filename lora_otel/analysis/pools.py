@@ -367,7 +367,9 @@ def pool_wait(
     children = workers_of(journal, peers, evidence_children)
     # multiprocessing's helpers (its resource tracker, a Manager's server, the fork server) are
     # children that run no task: never a worker
-    workers = [w for w in children if not w.role]
+    # a child known only from its parent's exit record, which exited 0, shows nothing of a worker
+    # (a short command the program or a library ran): only its journal or /proc row would
+    workers = [w for w in children if not w.role and not (w.ended_well and w.journal is None and w.row is None)]
     if wait.what in _FED_BY_WORKERS and not workers:
         return None  # a queue fed by threads, or by processes it did not start: not its pool
     thread_pool: Optional[list[poolmembers.ThreadWorker]] = None
