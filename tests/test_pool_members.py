@@ -28,7 +28,12 @@ from lora_otel.analysis.stall import Stall
 from lora_otel.journal.reader import Journal, read_journal
 
 EVIDENCE = Path(__file__).resolve().parent / "data" / "evidence"
-RECORDED = ["pool_thread_task_waits_on_same_pool", "pool_process_executor_worker_retired"]
+RECORDED = [
+    "pool_thread_task_waits_on_same_pool",
+    "pool_process_executor_worker_retired",
+    "pool_datasets_map_manager_server",
+    "pool_spawn_child_died_at_start",
+]
 
 # --- the reading, over frames ---------------------------------------------------------------------
 
@@ -127,7 +132,9 @@ def test_the_recorded_cases(name: str, tmp_path: Path, monkeypatch: pytest.Monke
     case = json.loads((EVIDENCE / ("%s.json" % name)).read_text())
     journals = _journals(case, tmp_path)
     # The journals' processes ran when the evidence was gathered (the analysis still asks /proc).
-    running = {j.path: "running" for j in journals if j.exit is None and j.exec is None}
+    # (those the case lists as gone were gone by then: no exit record, not in /proc)
+    gone = set(case.get("gone", []))
+    running = {j.path: "gone" if j.pid in gone else "running" for j in journals if j.exit is None and j.exec is None}
     for module in (pools, diagnose):
         monkeypatch.setattr(
             module, "process_state", lambda j, real=module.process_state: running.get(j.path) or real(j)
