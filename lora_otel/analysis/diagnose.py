@@ -455,7 +455,13 @@ def _worker_pool(f: Facts) -> Optional[Diagnosis]:
     main = _main_thread(f.stacks) or []
     frames = [(frame.file, frame.line, frame.func) for frame in main if frame.python]
     children = f.evidence.get(PREFIX + "process.children") or ()
-    found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns)
+    # its other threads, from its stacks (None: not read): a thread pool's workers are among them
+    threads = [
+        (head, [(fr.file, fr.line, fr.func) for fr in frames if fr.python])
+        for head, frames in _threads(f.stacks)
+        if frames is not main
+    ]
+    found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns, threads if main else None)
     if found is None:
         return None
     sentence, attrs = found

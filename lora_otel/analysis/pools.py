@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lora_otel.analysis import ages, native
+from lora_otel.analysis import ages, native, poolmembers
 from lora_otel.journal.reader import Journal, process_state, where_text
 from lora_otel.journal.tree import iso_time
 
@@ -168,6 +168,7 @@ class Worker:
     end: Optional[str] = None  # how it ended abnormally ("killed by SIGKILL"), None while it runs or ended well
     ended_ns: Optional[int] = None
     ended_well: bool = False
+    role: str = ""  # one of multiprocessing's helpers (its resource tracker, a Manager's server): not a worker
 
 
 def _int(value: Any) -> Optional[int]:
@@ -250,6 +251,16 @@ def workers_of(journal: Journal, peers: Iterable[Journal], evidence_children: It
     for worker in by_pid.values():
         if worker.end is None and not worker.ended_well and worker.journal is not None:
             worker.end, worker.ended_ns = _watchdog_end(worker.journal)
+            exit_ = worker.journal.exit
+            if worker.end is None and exit_ is not None:  # its exit record: it ended, and well
+                worker.ended_well = True
+                worker.ended_ns = exit_.get("ts") if isinstance(exit_.get("ts"), int) else None
+        frames = list(worker.journal.main_frames or ()) if worker.journal is not None else []
+        cmdline = str(worker.row.get("cmdline") or "") if worker.row else ""
+        if not cmdline and worker.journal is not None and worker.journal.root is not None:
+            args = worker.journal.root.attrs.get("process.command_args")
+            cmdline = " ".join(str(a) for a in args) if isinstance(args, list) else ""
+        worker.role = poolmembers.helper_role(frames + _outside_frames(worker), cmdline)
     return sorted(by_pid.values(), key=lambda w: w.pid)
 
 
@@ -284,7 +295,12 @@ def _outside_frames(worker: Worker) -> list[Any]:
     """The worker's main-thread frames as the watchdog read them from outside (``frames`` of its
     ``process.children`` row: `evidence.children_facts`), outermost first; [] when not read."""
     frames = worker.row.get("frames") if worker.row else None
-    return [f for f in frames if isinstance(f, list) and len(f) == 3] if isinstance(frames, list) else []
+    # a forked child's stack begins with its parent's frames, copied at the fork: not where it is
+    return (
+        poolmembers.own_frames([f for f in frames if isinstance(f, list) and len(f) == 3])
+        if isinstance(frames, list)
+        else []
+    )
 
 
 def idle_frames_only(frames: Sequence[Any]) -> bool:
@@ -334,24 +350,42 @@ def pool_wait(
     evidence_children: Iterable[Any],
     open_for_s: float,
     now_ns: int,
+    threads: Optional[Sequence[tuple[str, Sequence[PoolFrame]]]] = None,
 ) -> Optional[tuple[str, dict[str, Any]]]:
     """The sentence (and attributes) for a main thread waiting on its workers, or None when it does
     not wait on any (module docstring). ``main_frames``: the main thread's frames, innermost first
     (its stacks, else its journal's beat sample); ``evidence_children``: the evidence's
-    ``process.children`` rows; ``open_for_s``: how long the stall has lasted."""
+    ``process.children`` rows; ``open_for_s``: how long the stall has lasted; ``threads``: the
+    waiting process's other threads from its stacks (header, Python frames innermost first), None
+    when its stacks were not read: a ``ThreadPoolExecutor``'s workers are among them
+    (`lora_otel.analysis.poolmembers`), a ``ProcessPoolExecutor`` runs its manager thread there."""
     wait = waiting_in(main_frames)
     if wait is None and journal is not None:
         wait = waiting_in(beat_frames(journal))
     if wait is None or journal is None:
         return None
-    workers = workers_of(journal, peers, evidence_children)
+    children = workers_of(journal, peers, evidence_children)
+    # multiprocessing's helpers (its resource tracker, a Manager's server, the fork server) are
+    # children that run no task: never a worker
+    # a child known only from its parent's exit record, which exited 0, shows nothing of a worker
+    # (a short command the program or a library ran): only its journal or /proc row would
+    workers = [w for w in children if not w.role and not (w.ended_well and w.journal is None and w.row is None)]
     if wait.what in _FED_BY_WORKERS and not workers:
         return None  # a queue fed by threads, or by processes it did not start: not its pool
-    if wait.what == "concurrent.futures executor" and any(
-        w.journal is not None and any(_in(f[0], "concurrent/futures/process.py") for f in beat_frames(w.journal))
-        for w in workers
-    ):
-        wait = dataclasses.replace(wait, what="ProcessPoolExecutor")  # its workers' frames say which executor
+    thread_pool: Optional[list[poolmembers.ThreadWorker]] = None
+    if wait.what == "concurrent.futures executor":
+        if poolmembers.process_pool_thread(threads or ()) or any(
+            w.journal is not None and any(_in(f[0], "concurrent/futures/process.py") for f in beat_frames(w.journal))
+            for w in workers
+        ):
+            wait = dataclasses.replace(wait, what="ProcessPoolExecutor")  # its threads or workers' frames say which
+        elif threads is not None:
+            # the stacks were read and show no process pool's manager thread: its children are not
+            # this executor's workers; a thread pool's workers are its threads
+            thread_pool = poolmembers.thread_workers(threads)
+            workers = []
+            if thread_pool:
+                wait = dataclasses.replace(wait, what="ThreadPoolExecutor")
     call = "%s, " % wait.call if wait.call and wait.call not in ("wait", "get") and wait.call[0] != "_" else ""
     head = "The main thread waits for its %s (%scalled at %s) for %s" % (
         wait.what,
@@ -366,6 +400,18 @@ def pool_wait(
             ages.growing(open_for_s * 1e9),
         )
     attrs: dict[str, Any] = {"lora_otel.pool.kind": wait.what}
+    if thread_pool is not None:
+        if not thread_pool:
+            return (
+                head + "; no worker thread of a ThreadPoolExecutor nor a process pool's manager thread is in its "
+                "stacks (cannot tell what should complete the future it waits for).",
+                attrs,
+            )
+        attrs["lora_otel.pool.worker.threads"] = len(thread_pool)
+        tparts, advice = poolmembers.thread_pool_parts(thread_pool, MAX_WORKERS_NAMED)
+        if advice:
+            attrs[ADVICE] = advice
+        return head + "; " + "; ".join(tparts) + ".", attrs
     subprocess = wait.what == "subprocess" or wait.what.endswith(".Process") or "spawn" in wait.what
     since = journal.root.start_ns if journal.root is not None else 0
     died = [w for w in workers if w.end is not None and (w.ended_ns or now_ns) >= since]
@@ -373,17 +419,22 @@ def pool_wait(
         w for w in died if subprocess or w.journal is None or _busy(beat_frames(w.journal)) or not w.journal.main_frames
     ]
     running = [w for w in workers if w.end is None and not w.ended_well and _alive(w)]
+    # a spawned worker still running the program's main module again has taken no task yet
+    starting = [w for w in running if not subprocess and poolmembers.starting(_frames_of(w))]
     busy = [
         w
         for w in running
-        if subprocess
-        or (w.journal is not None and _busy(beat_frames(w.journal)))
-        or (
-            w.journal is None
-            and w.row is not None
-            and (w.row.get("state") in ("R", "D") or not str(w.row.get("wchan", "")).startswith(_IDLE_WCHAN))
+        if w not in starting
+        and (
+            subprocess
+            or (w.journal is not None and _busy(beat_frames(w.journal)))
+            or (
+                w.journal is None
+                and w.row is not None
+                and (w.row.get("state") in ("R", "D") or not str(w.row.get("wchan", "")).startswith(_IDLE_WCHAN))
+            )
+            or native.in_library(w.row)  # its main thread waits in a known library: not in the pool's wait for work
         )
-        or native.in_library(w.row)  # its main thread waits in a known library: not in the pool's wait for work
     ]
     parts: list[str] = []
     if lost:
@@ -431,7 +482,13 @@ def pool_wait(
             if found.advice and ADVICE not in attrs:
                 attrs[ADVICE] = found.advice
         parts.append(text + (": " + "; ".join(details) if details else ""))
-    idle = [w for w in running if w not in busy]
+    for worker in starting[: max(0, MAX_WORKERS_NAMED - len(parts))]:
+        where = _where(worker, now_ns)
+        parts.append(
+            "worker pid %d is still starting: a spawned worker runs the program's main module again before it "
+            "takes a task%s" % (worker.pid, " (%s)" % where if where else "")
+        )
+    idle = [w for w in running if w not in busy and w not in starting]
     if not parts:
         if not workers:
             return head + "; none of its worker processes is seen (not in /proc, no journal names it).", attrs
@@ -444,11 +501,22 @@ def pool_wait(
                     w.pid,
                     ("waits for work" + (" at %s" % _program_frame(w) if fed and _program_frame(w) else ""))
                     if w in idle
-                    else (w.end or "ended"),
+                    else (w.end or _ended_well(w)),
                 )
                 for w in workers[:4]
             )
         )
+        if not running and any(w.ended_well for w in workers) and not subprocess:
+            parts.append(
+                "no worker of the pool is running to take the tasks it waits for, and none replaced %s"
+                % ("it" if len(workers) == 1 else "them")
+            )
+            if wait.what == "ProcessPoolExecutor":
+                attrs[ADVICE] = (
+                    "A ProcessPoolExecutor worker that exits normally while tasks wait was retired by "
+                    "max_tasks_per_child, and the executor may not start its replacement (CPython gh-115634): "
+                    "leave max_tasks_per_child unset, or use a Python release with that fix."
+                )
         if fed and idle:
             parts.append(
                 "each side waits for the other: the main thread for what its workers send, they for work "
@@ -460,6 +528,24 @@ def pool_wait(
             % (len(idle), "" if len(idle) == 1 else "s", "s" if len(idle) == 1 else "")
         )
     return head + "; " + "; ".join(parts) + ".", attrs
+
+
+def _frames_of(worker: Worker) -> list[Any]:
+    """The worker's main-thread frames, outermost first: its journal's last beat, else as read from outside."""
+    frames = list(worker.journal.main_frames or ()) if worker.journal is not None else []
+    return frames or _outside_frames(worker)
+
+
+def _ended_well(worker: Worker) -> str:
+    """``exited normally (exit code 0) at 12:00:03.120Z`` for a worker whose exit record or parent says so."""
+    exit_ = worker.journal.exit if worker.journal is not None else None
+    code = exit_.get("code") if exit_ else None
+    if not worker.ended_well:
+        return "ended"
+    return "exited normally%s%s" % (
+        " (exit code %s)" % code if code is not None else "",
+        " at %s" % iso_time(worker.ended_ns) if worker.ended_ns else "",
+    )
 
 
 def _alive(worker: Worker) -> bool:
