@@ -243,9 +243,15 @@ def test_network_read_frozen_at_zero_bytes_names_host_port(tmp_path: Path) -> No
         assert r.returncode == 0, r.stderr
         second = r.stdout.splitlines()[1]
         assert second.startswith("STALLED: download open for "), r.stdout
+        # A local peer is a process: the descriptor wait names the connection and who holds its other
+        # end (this test's own process); a remote one is the network rule's "has gone quiet".
         assert re.search(
             r"Waiting on the network: 127\.0\.0\.1:%d has gone quiet \(the process read [\d.]+ k?B/s in "
             r"all over the [\d.]+ m?s sampled\) and it has waited on it for [\d.]+ s\." % server.port,
+            second,
+        ) or re.search(
+            r"waits to read descriptor \d+ \(a TCP connection 127\.0\.0\.1:\d+ → 127\.0\.0\.1:%d\) at job\.py:4 in "
+            r"<module> → recv; the other end is held by pid %d " % (server.port, os.getpid()),
             second,
         ), second
     finally:

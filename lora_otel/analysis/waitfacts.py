@@ -647,7 +647,9 @@ def other_end(
     wait: dict[str, Any], depth: int, seen: set[int], ctx: Optional[dict[str, Any]] = None
 ) -> Optional[list[dict[str, Any]]]:
     """The waits of the processes at the other end of ``wait``: the holders of a pipe's or FIFO's other
-    end, a socket's local peer, the child waited for; None when it has no other end to look for."""
+    end, a socket's local peer, the child waited for; None when it has no other end to look for. The
+    process reading the evidence (the sidecar, ``inspect``) is never one of them: it holds what it
+    reads only to read it."""
     pid, what = wait["pid"], wait.get("what") or {}
     ctx = ctx if ctx is not None else {}
     if wait.get("op") == "poll":
@@ -672,12 +674,16 @@ def other_end(
         return None
     if wait.get("op") == "open" and wait.get("path") and str(wait.get("wchan")).startswith(FIFO_OPEN_WCHAN):
         held = holders([wait["path"]], _ancestors(pid), ctx).get(wait["path"], [])
-        pids = list(dict.fromkeys(p for p, _, _ in held if p != pid))
+        pids = list(dict.fromkeys(p for p, _, _ in held if p != pid and p != os.getpid()))
         return [_process_wait(p, "holder", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
     if kind in ("pipe", "fifo") and wait.get("op") in ("read", "write"):
         want = "w" if wait["op"] == "read" else "r"
         held = holders([what["target"]], _ancestors(pid), ctx).get(what["target"], [])
-        ends = [(p, fd) for p, fd, access in held if want in access and not (p == pid and fd == wait.get("fd"))]
+        ends = [
+            (p, fd)
+            for p, fd, access in held
+            if want in access and not (p == pid and fd == wait.get("fd")) and p != os.getpid()
+        ]
         pids = sorted(dict.fromkeys(p for p, _ in ends), key=lambda p: p == pid)  # others first, then itself
         out = [_process_wait(p, "writer" if want == "w" else "reader", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
         if len(pids) > MAX_OTHERS:
@@ -692,7 +698,7 @@ def other_end(
         if not peer:
             return None
         held = holders([peer], _ancestors(pid), ctx).get(peer, [])
-        pids = list(dict.fromkeys(p for p, _, _ in held))
+        pids = list(dict.fromkeys(p for p, _, _ in held if p != os.getpid()))
         return [_process_wait(p, "peer", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
     return None
 
