@@ -137,14 +137,47 @@ def _stat(pid: int) -> list[str]:
     return raw[raw.rindex(")") + 2 :].split()
 
 
-def cmdline(pid: int) -> str:
+def cmdline(pid: int, job: Optional[int] = None) -> str:
     """The process's command line, secret-named options' values removed (`redact_argv`); "" when
-    it cannot be read."""
+    it cannot be read. With ``job``: for a process that is not part of that job (not the job, one of
+    its descendants, or the launcher that started it), its program and script only (`program_name`):
+    another program's arguments are not the job's to record (a password ``redact_argv`` does not
+    know would reach the journal, the job's log and an OTLP backend)."""
     try:
         argv = _read("/proc/%d/cmdline" % pid).rstrip("\0").split("\0")
     except OSError:
         return ""
+    if job is not None and not related(pid, job):
+        return program_name(argv)
     return " ".join(redact.redact_argv(argv)).strip()[:200]
+
+
+INTERPRETERS = ("python", "pypy", "node", "bash", "sh", "dash", "zsh", "perl", "ruby", "php", "Rscript", "java")
+
+
+def program_name(argv: Sequence[str]) -> str:
+    """``hold.py`` for ``python hold.py -p X``, ``python -m pkg.mod`` for ``python -m pkg.mod --x``,
+    ``redis-cli`` for ``/usr/bin/redis-cli -a X``: the program's basename, and for an interpreter
+    its script's basename (or ``-m`` module, or ``-c``); never an argument."""
+    prog = (argv[0] if argv else "").rsplit("/", 1)[-1][:60]
+    base = prog.rstrip("0123456789.")
+    if not prog or not base.startswith(INTERPRETERS):
+        return prog
+    for i, arg in enumerate(argv[1:8], 1):
+        if arg in ("-m", "-c") and i + 1 < len(argv):
+            return "%s %s" % (prog, arg if arg == "-c" else "-m " + argv[i + 1].rsplit("/", 1)[-1][:60])
+        if arg and not arg.startswith("-"):
+            return "%s %s" % (prog, arg.rsplit("/", 1)[-1][:60])
+    return prog
+
+
+def related(pid: int, job: int) -> bool:
+    """Whether ``pid`` is part of ``job``: the job itself, one of its descendants, or its parent (the
+    launcher that started it)."""
+    if pid == job:
+        return True
+    parents = _ancestors(job, 1)
+    return pid in parents or job in _ancestors(pid, 32)
 
 
 def syscall(pid: int, tid: int) -> dict[str, Any]:
@@ -615,7 +648,7 @@ def _process_wait(pid: int, role: str, depth: int, seen: set[int], ctx: dict[str
     """``pid``'s wait as seen from the process before it on the chain (``role``: what it is to that
     one), its main thread's, then its other end, to ``depth`` more processes; ``seen``: the pids
     already described (a loop ends at the one met again)."""
-    out: dict[str, Any] = {"pid": pid, "role": role, "cmdline": cmdline(pid)}
+    out: dict[str, Any] = {"pid": pid, "role": role, "cmdline": cmdline(pid, ctx.get("job"))}
     try:
         out["state"] = _stat(pid)[0]
     except (OSError, IndexError) as e:
@@ -650,6 +683,7 @@ def other_end(
     end, a socket's local peer, the child waited for; None when it has no other end to look for."""
     pid, what = wait["pid"], wait.get("what") or {}
     ctx = ctx if ctx is not None else {}
+    ctx.setdefault("job", pid)  # (the chain starts at the job: others are named by program only)
     if wait.get("op") == "poll":
         if not wait.get("polled"):
             return None
@@ -733,7 +767,7 @@ def _wait_facts(pid: int, depth: int) -> dict[str, Any]:
         out[KEY + "error"] = "cannot read the threads' system calls: %s" % errors[0]
         return out
     seen = {pid}
-    ctx: dict[str, Any] = {}
+    ctx: dict[str, Any] = {"job": pid}
     for wait in found[:8]:
         wait["cmdline"] = cmdline(pid)
         try:
