@@ -202,12 +202,48 @@ def syscall(pid: int, tid: int) -> dict[str, Any]:
 def _mem_string(pid: int, address: int, limit: int = 4096) -> str:
     """The NUL-terminated string at ``address`` in the process's memory (``/proc/<pid>/mem``: read
     access as ptrace grants it; the process is not stopped). Raises OSError when refused."""
+    return _mem_bytes(pid, address, limit).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+MEM_MAX = 4096
+"""Bytes read from a process's memory at once (a path, a ``pollfd`` array, ``fd_set`` bitmaps)."""
+
+
+def _mem_bytes(pid: int, address: int, size: int) -> bytes:
+    """At most `MEM_MAX` bytes at ``address`` of the process's memory. A read of ``/proc/<pid>/mem``
+    faults the page in as the process would: an anonymous page, or one under userfaultfd, answers at
+    once (EIO), but a page of a file mapped from a FUSE or network mount can block the reader as long
+    as that server does not answer. Such addresses are not read (OSError), judged from
+    ``/proc/<pid>/maps`` (the mapping's device) and ``mountinfo`` (that device's file system type)."""
+    size = max(0, min(size, MEM_MAX))
+    if _on_remote_mapping(pid, address, size):
+        raise OSError(0, "the memory is a file mapped from a FUSE or network mount: not read (it could block)")
     fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        data = os.pread(fd, limit, address)
+        return os.pread(fd, size, address)
     finally:
         os.close(fd)
-    return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _on_remote_mapping(pid: int, address: int, size: int) -> bool:
+    """Whether ``[address, address + size)`` touches a mapping of a file on a FUSE or network mount."""
+    devices: set[str] = set()
+    for line in _read("/proc/%d/maps" % pid).splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[4] == "0":  # (anonymous: inode 0)
+            continue
+        start, _, end = fields[0].partition("-")
+        if int(start, 16) < address + max(size, 1) and address < int(end, 16):
+            major, _, minor = fields[3].partition(":")
+            devices.add("%d:%d" % (int(major, 16), int(minor, 16)))
+    if not devices:
+        return False
+    for line in _read("/proc/%d/mountinfo" % pid).splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) > 2 and r and f[2] in devices and r[0].startswith(NETWORK_FS):
+            return True
+    return False
 
 
 # --- mounts -------------------------------------------------------------------------------------
@@ -634,14 +670,6 @@ def _polled(pid: int, how: str, args: list[int]) -> list[tuple[int, str]]:
                 events = int(fields[3], 16)
                 out.append((int(fields[1]), "write" if events & 4 and not events & 3 else "read"))
     return out
-
-
-def _mem_bytes(pid: int, address: int, size: int) -> bytes:
-    fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.pread(fd, size, address)
-    finally:
-        os.close(fd)
 
 
 def _process_wait(pid: int, role: str, depth: int, seen: set[int], ctx: dict[str, Any]) -> dict[str, Any]:
