@@ -916,12 +916,16 @@ LOCAL_CHARS = 300
 
 def _simple_locals(frame: Any) -> list[str]:
     """``    local path = '/x/y.lock'`` lines: the frame's locals of simple types (str, bytes, int,
-    float, bool, a pathlib path) and those attributes of ``self`` (its ``__dict__``, read with
-    ``object.__getattribute__``), and the module globals of those types its code names (a
+    float, bool, a pathlib path) and those attributes of ``self`` (its ``__dict__``, read through
+    the C slot of ``object``'s layout only), and the module globals of those types its code names (a
     ``<module>`` frame: only those), so that what a poll loop polls can be read (the sidecar's
-    `lora_otel.analysis.pollfacts`): py-spy shows no attribute. No code of the program runs: exact
-    types only (a subclass's ``__repr__`` is the program's), no property, no ``__getattr__``.
-    Secret-named values are left out, long ones cut, each value redacted. Fail-open: [] on error."""
+    `lora_otel.analysis.pollfacts`): py-spy shows no attribute. No code of the program runs: names
+    and values of exact types only (a ``str`` subclass's ``__str__``/``__format__``/``__repr__`` is
+    the program's; ``type(...) is``, never ``==`` or ``in`` on types, whose metaclass may define
+    ``__eq__``), no property, no ``__getattr__``. Secret-named values are left out, long ones cut,
+    each value redacted; an int too long to print is ``<int of N bits>``. Each value is guarded on
+    its own (``BaseException``: a ``SystemExit`` raised anyhow stays here): one that fails is left
+    out, the others stay. Fail-open: [] on any other error."""
     from lora_otel._boot.redact import is_secret_name, redact_value
 
     paths = sys.modules.get("pathlib")
@@ -930,21 +934,28 @@ def _simple_locals(frame: Any) -> list[str]:
         for t in (getattr(paths, n, None) for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"))
         if isinstance(t, type)
     )
-    simple = (str, bytes, int, float, bool)
 
-    def said(name: str, value: object) -> str:
-        kind = type(value)
-        if kind in path_types:
-            value = object.__getattribute__(value, "__fspath__")()  # (pathlib's own method, not a subclass's)
-            kind = str
-        if kind not in simple or not isinstance(name, str) or is_secret_name(name):
-            return ""
-        if isinstance(value, bytes):
-            value = value[:LOCAL_CHARS].decode("utf-8", "replace")
-        if kind in (str, bytes):
-            text = redact_value(str(value)[:LOCAL_CHARS])
-            return "    local %s = %r\n" % (name, text)
-        return "    local %s = %r\n" % (name, value)
+    def said(name: object, value: object) -> str:
+        try:
+            if type(name) is not str or is_secret_name(name):
+                return ""
+            kind = type(value)
+            if any(kind is t for t in path_types):
+                value = object.__getattribute__(value, "__fspath__")()  # (pathlib's own method, not a subclass's)
+                kind = type(value)
+            if kind is bytes:
+                value = value[:LOCAL_CHARS].decode("utf-8", "replace")  # type: ignore[index]
+                kind = str
+            if kind is str:
+                return "    local %s = %s\n" % (name, repr(redact_value(value[:LOCAL_CHARS])))  # type: ignore[index]
+            if kind is int and value.bit_length() > 1000:  # type: ignore[attr-defined]
+                # (printing costs quadratic time and raises past sys.get_int_max_str_digits())
+                return "    local %s = <int of %d bits>\n" % (name, value.bit_length())  # type: ignore[attr-defined]
+            if kind is int or kind is float or kind is bool:
+                return "    local %s = %s\n" % (name, repr(value))
+        except BaseException:  # noqa: BLE001 - this value only; the beat and the program go on
+            pass
+        return ""
 
     out: list[str] = []
     try:
@@ -954,26 +965,44 @@ def _simple_locals(frame: Any) -> list[str]:
         if type(local) is not dict:  # (3.13's proxy: a plain dict of it)
             local = dict(local)
         for name, value in list(local.items())[: LOCALS_MAX * 2]:
-            if name == "self":
-                try:
-                    attrs = object.__getattribute__(value, "__dict__")
-                except (AttributeError, TypeError):
-                    continue
-                if type(attrs) is dict:
-                    out.extend(
-                        said("self.%s" % k, v) for k, v in list(attrs.items())[:LOCALS_MAX] if isinstance(k, str)
-                    )
+            if type(name) is str and name == "self":
+                attrs = _instance_dict(value)
+                if attrs is not None:
+                    out.extend(said("self." + k, v) for k, v in list(attrs.items())[:LOCALS_MAX] if type(k) is str)
                 continue
             out.append(said(name, value))
         # The module globals the code names (``while os.path.exists(PIDFILE)``), where no local hides them.
         glob = frame.f_globals
         if type(glob) is dict:
             for name in code.co_names[: LOCALS_MAX * 4]:
-                if type(name) is str and name not in local and name in glob:
-                    out.append(said(name, glob[name]))
-    except Exception:  # noqa: BLE001 - fail open: the stack without locals
+                try:
+                    if type(name) is str and name not in local and name in glob:
+                        out.append(said(name, glob[name]))
+                except BaseException:  # noqa: BLE001 - this name only
+                    pass
+    except BaseException:  # noqa: BLE001 - fail open: the stack without locals
         return []
     return [line for line in out if line][:LOCALS_MAX]
+
+
+def _instance_dict(value: object) -> dict[str, Any] | None:
+    """``value.__dict__`` when it is the plain C slot (a ``getset_descriptor`` found on its type's
+    MRO) holding an exact dict; None otherwise (a class defining its own ``__dict__`` property runs
+    program code to answer). Reads types through ``type``'s own descriptors: no metaclass code."""
+    try:
+        mro = type.__dict__["__mro__"].__get__(type(value))
+        type_dict = type.__dict__["__dict__"]
+        for base in mro:
+            found = type_dict.__get__(base).get("__dict__")
+            if found is None:
+                continue
+            if type(found) is not type(type_dict):  # (not a getset_descriptor)
+                return None
+            attrs = found.__get__(value)
+            return attrs if type(attrs) is dict else None
+    except BaseException:  # noqa: BLE001 - no attributes then
+        pass
+    return None
 
 
 def _stack_dump() -> str:

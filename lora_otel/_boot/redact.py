@@ -113,8 +113,11 @@ What is NOT caught (limits)
   AWS *secret* access key (40 base64 chars), a random password, passed as a positional
   argument, under an unusual name (``--wandb_blob x``), or in ``DATABASE_URL`` without the
   ``user:pass@`` form. Name rules and shapes are heuristics, not a guarantee.
-* Short options other than ``-p`` and ``-k``, and the attached form ``-phunter2``: their meaning
-  is program specific. (``-p 8080`` for a port is redacted too: fail closed.)
+* Short options other than ``-p``, ``-P``, ``-k`` (and ``-a`` of ``redis-cli``): their meaning
+  is program specific. ``-p``/``-P`` are redacted attached too (``-phunter2`` -> ``-p[REDACTED]``,
+  so ``-print`` loses its tail: fail closed; a port or path value is kept, as ``-p 8080`` is not).
+  After ``-u``/``--user`` (curl) the password of ``user:password`` is redacted, unless it is all
+  digits (``docker -u 1000:1000``): a password of digits only is kept there.
 * URL passwords containing an unescaped ``/ ? #`` or whitespace (RFC 3986 requires them
   percent-encoded); credentials without a scheme (``user:pass@host``) (an ``@`` inside the
   path or query is not user-info).
@@ -234,7 +237,13 @@ _ABBREVIATIONS = {
 }
 # Short options that mean a password or a key in nearly every program (``mysql -p``, ``-k KEY``),
 # unless their value has a shape no secret has (`_plain_short_value`) or the program is pytest.
-_SHORT_SECRET_OPTIONS = frozenset(("p", "k"))
+# ``-P`` too (a password in sshpass, mysqladmin-style tools; ``mysql -P 3306``, a port, is kept by shape),
+# and both attached (``-pS3CRET``). Per program: ``redis-cli -a PASSWORD`` (`_PROGRAM_SHORTS`).
+_SHORT_SECRET_OPTIONS = frozenset(("p", "k", "P"))
+_ATTACHED_SECRET_OPTIONS = frozenset(("p", "P"))
+_PROGRAM_SHORTS = {"redis-cli": frozenset(("a",)), "keydb-cli": frozenset(("a",))}
+# ``user:password`` after these (curl, wget, httpie, docker's ``-u uid:gid`` kept by shape).
+_USER_OPTIONS = frozenset(("-u", "--user", "--proxy-user", "--http-user", "--auth", "-U"))
 _PORT_CHARS = frozenset("0123456789.:/")
 _PYTESTS = frozenset(("pytest", "py.test", "pytest-3"))
 # A secret word followed by one of these describes something else (a path to the secret,
@@ -1077,11 +1086,18 @@ def redact_argv(argv: list[str]) -> list[str]:
     n = len(items)
     i = 0
     pytest = _is_pytest(items)
+    shorts = _SHORT_SECRET_OPTIONS.union(
+        *(_PROGRAM_SHORTS.get(a.rpartition("/")[2], ()) for a in items[:2] if type(a) is str)
+    )
     while i < n:
         try:
             item = _coerce(items[i])
             nxt = _coerce(items[i + 1]) if i + 1 < n else None
-            text, takes_value = _redact_arg(item, nxt, pytest)
+            if item in _USER_OPTIONS and nxt and nxt[0] != "-" and not pytest:
+                out.extend((item, _user_password(nxt)))
+                i += 2
+                continue
+            text, takes_value = _redact_arg(item, nxt, pytest, shorts)
             out.append(text)
             if takes_value:
                 out.append(REDACTED if nxt else "")
@@ -1114,13 +1130,39 @@ def _plain_short_value(value: str) -> bool:
     return len(parts) > 1 and all(p.isidentifier() for p in parts)
 
 
-def _redact_arg(item: str, nxt: str | None, pytest: bool = False) -> tuple[str, bool]:
+def _user_password(value: str) -> str:
+    """``user:password`` -> ``user:[REDACTED]`` (the password remembered); a ``uid:gid`` (digits after
+    the colon) and a value without a colon stay, through `redact_text`."""
+    user, colon, password = value.partition(":")
+    if not colon or not password or password.isdigit():
+        return redact_text(value)
+    _remember(password)
+    return redact_text(user) + ":" + REDACTED
+
+
+def _redact_arg(
+    item: str, nxt: str | None, pytest: bool = False, shorts: frozenset[str] = _SHORT_SECRET_OPTIONS
+) -> tuple[str, bool]:
     """Redact one argv item; the flag says whether it consumes *nxt* as its secret value."""
     if len(item) > 1 and item[0] == "-":
         name, eq, val = item.partition("=")
         bare = name.lstrip("-")
         dashes = len(name) - len(bare)
-        short = dashes == 1 and bare in _SHORT_SECRET_OPTIONS
+        if dashes == 2 and eq and name in _USER_OPTIONS and not pytest:  # --user=admin:pw
+            return name + "=" + _user_password(val), False
+        if dashes == 1 and len(item) > 2 and not pytest:
+            if item[:2] in ("-u", "-U") and ":" in item:  # -uadmin:pw (curl)
+                return item[:2] + _user_password(item[2:]), False
+            if (
+                item[1] in _ATTACHED_SECRET_OPTIONS
+                and len(bare) > 1
+                and not is_secret_name(bare)
+                and not _plain_short_value(item[2:])
+            ):
+                # -pS3CRET (mysql): fail closed, so ``-print`` or ``-pthread`` lose their tail too
+                _remember(item[2:])
+                return item[:2] + REDACTED, False
+        short = dashes == 1 and bare in shorts
         if short and (pytest or _plain_short_value(val if eq else nxt or "") or (not eq and nxt and nxt[0] == "-")):
             return redact_text(item), False  # `-p no:cacheprovider`, `-p 2222`, `-p -v`: no password
         # long options (--x), single-dash words of 2+ characters (-password, Go style), and the

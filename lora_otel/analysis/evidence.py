@@ -1278,12 +1278,13 @@ def _ancestors(pid: int, depth: int = 8) -> list[int]:
 
 
 def pipe_readers(
-    inodes: set[int], first: Sequence[int] = (), budget_s: float = PIPE_SCAN_S
+    inodes: set[int], first: Sequence[int] = (), budget_s: float = PIPE_SCAN_S, job: Optional[int] = None
 ) -> dict[int, list[dict[str, Any]]]:
     """The processes (that this user can see) holding the read end of each pipe in ``inodes``, by
     inode: ``{"pid", "fd", "cmdline", "state", "wchan", "reading"}``, ``reading`` meaning that one of
     its threads waits in a pipe read. ``first``: pids to look at before the rest of /proc (the
-    writer's parents, which usually are the reader)."""
+    writer's parents, which usually are the reader). ``job``: a reader not part of it is named by
+    its program only (`waitfacts.cmdline`)."""
     found: dict[int, list[dict[str, Any]]] = {inode: [] for inode in inodes}
     try:
         everyone = [int(p) for p in os.listdir("/proc") if p.isdigit()]
@@ -1320,8 +1321,9 @@ def pipe_readers(
             continue
         try:
             state = _stat_fields(pid)[0]
-            # another program's command line: secret-named options' values removed (`redact_argv`)
-            cmd = " ".join(redact.redact_argv(_read("/proc/%d/cmdline" % pid).rstrip("\0").split("\0"))).strip()
+            # another program's command line: secret-named options' values removed (`redact_argv`);
+            # of a process not part of the job, its program only
+            cmd = waitfacts.cmdline(pid, job)
         except (OSError, IndexError):
             continue
         try:
@@ -1379,7 +1381,7 @@ def pipe_facts(pid: int) -> dict[str, Any]:
                 out[PREFIX + "pipe.main_thread_writing"] = True
     if writing:
         out[PREFIX + "pipe.writing_threads"] = writing[:16]
-    readers = pipe_readers(set(inodes.values()), _ancestors(pid))
+    readers = pipe_readers(set(inodes.values()), _ancestors(pid), job=pid)
     for fd, inode in inodes.items():
         rows = readers.get(inode) or []
         out[PREFIX + "pipe.fd%d.readers" % fd] = rows[:8]

@@ -260,15 +260,15 @@ def command_line(pid: int) -> Optional[str]:
         raw = _read("/proc/%d/cmdline" % pid, 4096)
     except OSError:
         return None
-    text = raw.replace("\0", " ").strip()
+    from lora_otel._boot.seam import redact
+
+    # (by argument: ``redact_argv`` knows ``-p PW``, ``--user a:PW``, which free text cannot tell)
+    text = " ".join(redact.redact_argv(raw.rstrip("\0").split("\0"))).strip() if raw.strip("\0") else ""
     if not text:
         try:
-            text = "[%s]" % _read("/proc/%d/comm" % pid, 64).strip()
+            text = redact.redact_text("[%s]" % _read("/proc/%d/comm" % pid, 64).strip())
         except OSError:
             return None
-    from lora_otel._boot.seam import redact_text
-
-    text = redact_text(text)
     return text if len(text) <= CMDLINE_MAX else text[: CMDLINE_MAX - 1] + "\u2026"
 
 

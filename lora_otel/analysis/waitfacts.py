@@ -137,14 +137,47 @@ def _stat(pid: int) -> list[str]:
     return raw[raw.rindex(")") + 2 :].split()
 
 
-def cmdline(pid: int) -> str:
+def cmdline(pid: int, job: Optional[int] = None) -> str:
     """The process's command line, secret-named options' values removed (`redact_argv`); "" when
-    it cannot be read."""
+    it cannot be read. With ``job``: for a process that is not part of that job (not the job, one of
+    its descendants, or the launcher that started it), its program and script only (`program_name`):
+    another program's arguments are not the job's to record (a password ``redact_argv`` does not
+    know would reach the journal, the job's log and an OTLP backend)."""
     try:
         argv = _read("/proc/%d/cmdline" % pid).rstrip("\0").split("\0")
     except OSError:
         return ""
+    if job is not None and not related(pid, job):
+        return program_name(argv)
     return " ".join(redact.redact_argv(argv)).strip()[:200]
+
+
+INTERPRETERS = ("python", "pypy", "node", "bash", "sh", "dash", "zsh", "perl", "ruby", "php", "Rscript", "java")
+
+
+def program_name(argv: Sequence[str]) -> str:
+    """``hold.py`` for ``python hold.py -p X``, ``python -m pkg.mod`` for ``python -m pkg.mod --x``,
+    ``redis-cli`` for ``/usr/bin/redis-cli -a X``: the program's basename, and for an interpreter
+    its script's basename (or ``-m`` module, or ``-c``); never an argument."""
+    prog = (argv[0] if argv else "").rsplit("/", 1)[-1][:60]
+    base = prog.rstrip("0123456789.")
+    if not prog or not base.startswith(INTERPRETERS):
+        return prog
+    for i, arg in enumerate(argv[1:8], 1):
+        if arg in ("-m", "-c") and i + 1 < len(argv):
+            return "%s %s" % (prog, arg if arg == "-c" else "-m " + argv[i + 1].rsplit("/", 1)[-1][:60])
+        if arg and not arg.startswith("-"):
+            return "%s %s" % (prog, arg.rsplit("/", 1)[-1][:60])
+    return prog
+
+
+def related(pid: int, job: int) -> bool:
+    """Whether ``pid`` is part of ``job``: the job itself, one of its descendants, or its parent (the
+    launcher that started it)."""
+    if pid == job:
+        return True
+    parents = _ancestors(job, 1)
+    return pid in parents or job in _ancestors(pid, 32)
 
 
 def syscall(pid: int, tid: int) -> dict[str, Any]:
@@ -169,12 +202,48 @@ def syscall(pid: int, tid: int) -> dict[str, Any]:
 def _mem_string(pid: int, address: int, limit: int = 4096) -> str:
     """The NUL-terminated string at ``address`` in the process's memory (``/proc/<pid>/mem``: read
     access as ptrace grants it; the process is not stopped). Raises OSError when refused."""
+    return _mem_bytes(pid, address, limit).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+MEM_MAX = 4096
+"""Bytes read from a process's memory at once (a path, a ``pollfd`` array, ``fd_set`` bitmaps)."""
+
+
+def _mem_bytes(pid: int, address: int, size: int) -> bytes:
+    """At most `MEM_MAX` bytes at ``address`` of the process's memory. A read of ``/proc/<pid>/mem``
+    faults the page in as the process would: an anonymous page, or one under userfaultfd, answers at
+    once (EIO), but a page of a file mapped from a FUSE or network mount can block the reader as long
+    as that server does not answer. Such addresses are not read (OSError), judged from
+    ``/proc/<pid>/maps`` (the mapping's device) and ``mountinfo`` (that device's file system type)."""
+    size = max(0, min(size, MEM_MAX))
+    if _on_remote_mapping(pid, address, size):
+        raise OSError(0, "the memory is a file mapped from a FUSE or network mount: not read (it could block)")
     fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        data = os.pread(fd, limit, address)
+        return os.pread(fd, size, address)
     finally:
         os.close(fd)
-    return data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _on_remote_mapping(pid: int, address: int, size: int) -> bool:
+    """Whether ``[address, address + size)`` touches a mapping of a file on a FUSE or network mount."""
+    devices: set[str] = set()
+    for line in _read("/proc/%d/maps" % pid).splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[4] == "0":  # (anonymous: inode 0)
+            continue
+        start, _, end = fields[0].partition("-")
+        if int(start, 16) < address + max(size, 1) and address < int(end, 16):
+            major, _, minor = fields[3].partition(":")
+            devices.add("%d:%d" % (int(major, 16), int(minor, 16)))
+    if not devices:
+        return False
+    for line in _read("/proc/%d/mountinfo" % pid).splitlines():
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) > 2 and r and f[2] in devices and r[0].startswith(NETWORK_FS):
+            return True
+    return False
 
 
 # --- mounts -------------------------------------------------------------------------------------
@@ -603,19 +672,11 @@ def _polled(pid: int, how: str, args: list[int]) -> list[tuple[int, str]]:
     return out
 
 
-def _mem_bytes(pid: int, address: int, size: int) -> bytes:
-    fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.pread(fd, size, address)
-    finally:
-        os.close(fd)
-
-
 def _process_wait(pid: int, role: str, depth: int, seen: set[int], ctx: dict[str, Any]) -> dict[str, Any]:
     """``pid``'s wait as seen from the process before it on the chain (``role``: what it is to that
     one), its main thread's, then its other end, to ``depth`` more processes; ``seen``: the pids
     already described (a loop ends at the one met again)."""
-    out: dict[str, Any] = {"pid": pid, "role": role, "cmdline": cmdline(pid)}
+    out: dict[str, Any] = {"pid": pid, "role": role, "cmdline": cmdline(pid, ctx.get("job"))}
     try:
         out["state"] = _stat(pid)[0]
     except (OSError, IndexError) as e:
@@ -652,6 +713,7 @@ def other_end(
     reads only to read it."""
     pid, what = wait["pid"], wait.get("what") or {}
     ctx = ctx if ctx is not None else {}
+    ctx.setdefault("job", pid)  # (the chain starts at the job: others are named by program only)
     if wait.get("op") == "poll":
         if not wait.get("polled"):
             return None
@@ -739,7 +801,7 @@ def _wait_facts(pid: int, depth: int) -> dict[str, Any]:
         out[KEY + "error"] = "cannot read the threads' system calls: %s" % errors[0]
         return out
     seen = {pid}
-    ctx: dict[str, Any] = {}
+    ctx: dict[str, Any] = {"job": pid}
     for wait in found[:8]:
         wait["cmdline"] = cmdline(pid)
         try:
