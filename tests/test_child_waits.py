@@ -105,3 +105,23 @@ def test_a_real_join_before_the_queue_is_read(tmp_path: Path) -> None:
         assert "feeder thread" in text and "Queue.get()" in text, text
     finally:
         stop(proc)
+
+
+def test_a_child_reading_a_pipe_the_parent_holds_gets_the_step_to_write_or_close_it() -> None:
+    threads = copy.deepcopy(_case("join_before_draining_a_queue")["evidence"][KEY])
+    child = threads[0]["other"][0]
+    child.update(op="read", syscall="read", main=True, tid=child["pid"])
+    for other in child["other"]:
+        other["role"] = "writer"
+    said = childwaits.descriptor_wait(threads, threads[0]["pid"], child["pid"])
+    assert said is not None and said.phrase.startswith("its main thread waits to read a pipe"), said
+    assert "whose write end this process holds" in said.phrase and "each waits for the other" in said.phrase
+    assert said.advice == childwaits.PIPE_WRITE_ADVICE
+
+
+def test_a_pipe_held_by_another_process_is_named_without_a_step() -> None:
+    threads = copy.deepcopy(_case("join_before_draining_a_queue")["evidence"][KEY])
+    child = threads[0]["other"][0]
+    child["other"] = [{"pid": 99999, "role": "reader", "state": "S", "wchan": "do_select", "loop": False}]
+    said = childwaits.descriptor_wait(threads, threads[0]["pid"], child["pid"])
+    assert said is not None and "whose read end is held by pid 99999" in said.phrase and not said.advice

@@ -36,6 +36,10 @@ PIPE_ADVICE = (
     "Read the pipe's end in the parent before it waits for the child to exit (or read it from another "
     "thread): the child cannot finish writing, and so cannot end, while nobody reads."
 )
+PIPE_WRITE_ADVICE = (
+    "Write what the child reads (or close the parent's write end, so that it reads end-of-file) before "
+    "the parent waits for the child to exit: the child waits for data only the parent can send."
+)
 FORK_LOCK_ADVICE = (
     "Start the child with the spawn start method (multiprocessing.get_context('spawn')), or take no lock "
     "in a thread while the process forks (os.register_at_fork to take it around the fork)."
@@ -63,11 +67,18 @@ def _entry(evidence_threads: Any, parent: Optional[int], child: int) -> Optional
     return None
 
 
-def _frames_files(row: Optional[Mapping[str, Any]], journal_frames: Sequence[Any]) -> list[str]:
-    files = [str(f[0]) for f in journal_frames if isinstance(f, (list, tuple)) and f]
-    if row:
-        files += [str(f[0]) for f in row.get("frames") or () if isinstance(f, (list, tuple)) and f]
-    return [f.replace("\\", "/") for f in files]
+def _joins_feeder(row: Optional[Mapping[str, Any]], journal_frames: Sequence[Any]) -> bool:
+    """Whether the child's main thread (its journal's beat, or as read from outside) is joining a
+    ``multiprocessing`` queue's feeder thread (``queues.py`` ``_finalize_join``: a process's exit
+    waits until what it put on a queue is written to the queue's pipe)."""
+    frames = list(journal_frames) + list((row or {}).get("frames") or ())
+    return any(
+        isinstance(f, (list, tuple))
+        and len(f) == 3
+        and f[2] == "_finalize_join"
+        and any(q in str(f[0]).replace("\\", "/") for q in _FEEDER_JOIN)
+        for f in frames
+    )
 
 
 def _thing(what: Mapping[str, Any], op: str) -> str:
@@ -91,8 +102,7 @@ def descriptor_wait(
         return None
     op = str(entry["op"])
     what = entry.get("what") or {}
-    files = _frames_files(row, child_frames)
-    feeder = entry.get("main") is False and any(any(q in f for q in _FEEDER_JOIN) for f in files)
+    feeder = entry.get("main") is False and op == "write" and _joins_feeder(row, child_frames)
     if entry.get("main") is True:
         who = "its main thread"
     elif feeder:
@@ -114,7 +124,7 @@ def descriptor_wait(
                 "read" if op == "write" else "write",
             )
         )
-        return ChildWait(phrase, QUEUE_ADVICE if feeder else PIPE_ADVICE)
+        return ChildWait(phrase, QUEUE_ADVICE if feeder else PIPE_ADVICE if op == "write" else PIPE_WRITE_ADVICE)
     if others:
         o = others[0]
         phrase += ", whose %s is held by pid %s (state %s, wait channel %s)" % (
