@@ -461,7 +461,16 @@ def _worker_pool(f: Facts) -> Optional[Diagnosis]:
         for head, frames in _threads(f.stacks)
         if frames is not main
     ]
-    found = pool_wait(frames, f.journal, f.peers, children, f.stall.open_for_s, f.now_ns, threads if main else None)
+    found = pool_wait(
+        frames,
+        f.journal,
+        f.peers,
+        children,
+        f.stall.open_for_s,
+        f.now_ns,
+        threads if main else None,
+        f.evidence.get(PREFIX + "wait.threads"),
+    )
     if found is None:
         return None
     sentence, attrs = found

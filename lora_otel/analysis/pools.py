@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lora_otel.analysis import ages, native, poolmembers
+from lora_otel.analysis import ages, childwaits, native, poolmembers
 from lora_otel.journal.reader import Journal, process_state, where_text
 from lora_otel.journal.tree import iso_time
 
@@ -351,6 +351,7 @@ def pool_wait(
     open_for_s: float,
     now_ns: int,
     threads: Optional[Sequence[tuple[str, Sequence[PoolFrame]]]] = None,
+    wait_threads: Any = None,
 ) -> Optional[tuple[str, dict[str, Any]]]:
     """The sentence (and attributes) for a main thread waiting on its workers, or None when it does
     not wait on any (module docstring). ``main_frames``: the main thread's frames, innermost first
@@ -358,7 +359,8 @@ def pool_wait(
     ``process.children`` rows; ``open_for_s``: how long the stall has lasted; ``threads``: the
     waiting process's other threads from its stacks (header, Python frames innermost first), None
     when its stacks were not read: a ``ThreadPoolExecutor``'s workers are among them
-    (`lora_otel.analysis.poolmembers`), a ``ProcessPoolExecutor`` runs its manager thread there."""
+    (`lora_otel.analysis.poolmembers`), a ``ProcessPoolExecutor`` runs its manager thread there;
+    ``wait_threads``: the evidence's ``wait.threads`` (a child's own wait, `lora_otel.analysis.childwaits`)."""
     wait = waiting_in(main_frames)
     if wait is None and journal is not None:
         wait = waiting_in(beat_frames(journal))
@@ -481,6 +483,19 @@ def pool_wait(
                 attrs.setdefault(key, value)
             if found.advice and ADVICE not in attrs:
                 attrs[ADVICE] = found.advice
+        elif subprocess:  # the child's own wait: a descriptor and its other end, or a lock
+            own = childwaits.child_wait(
+                wait_threads,
+                journal.pid,
+                worker.pid,
+                worker.row,
+                worker.journal.main_frames or () if worker.journal is not None else (),
+                native.fork_of(worker.journal) if worker.journal is not None else None,
+            )
+            if own is not None:
+                details.append(own.phrase)
+                if own.advice and ADVICE not in attrs:
+                    attrs[ADVICE] = own.advice
         parts.append(text + (": " + "; ".join(details) if details else ""))
     for worker in starting[: max(0, MAX_WORKERS_NAMED - len(parts))]:
         where = _where(worker, now_ns)
