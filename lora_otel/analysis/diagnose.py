@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks, hubcache, native, pipes, polling, threadwaits
+from lora_otel.analysis import ages, filelocks, hubcache, mplocks, native, pipes, polling, threadwaits
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -449,6 +449,13 @@ def _descriptor_wait(f: Facts) -> Optional[Diagnosis]:
     if found.end_pid is not None:
         attrs["lora_otel.diagnosis.wait_end_pid"] = found.end_pid
     return Diagnosis(found.sentence, attrs, advice=found.advice)
+
+
+def _process_lock(f: Facts) -> Optional[Diagnosis]:
+    found = mplocks.lock_wait(
+        _main_thread(f.stacks) or [], f.journal, f.peers, f.evidence.get(PREFIX + "process.children") or (), _source
+    )
+    return Diagnosis(found.sentence, advice=found.advice) if found is not None else None
 
 
 def _worker_pool(f: Facts) -> Optional[Diagnosis]:
@@ -910,6 +917,17 @@ RULES: tuple[Rule, ...] = (
         _descriptor_wait,
         "The program asks for input on its standard input (...): answer it, or pass the program's option that "
         "skips the prompt; started from a UI or a script, its standard input must be /dev/null ...",
+    ),
+    Rule(
+        "process lock",
+        "the main thread in multiprocessing's synchronize (SemLock __enter__/acquire); its children's ends (child "
+        "exit events, their journals' last beat sample and exit records, /proc/<pid>/task/*/children)",
+        "The main thread waits for a multiprocessing lock (lock) at job.py:22 in <module> — a semaphore shared "
+        "between processes; its child pid 4711 was killed by SIGKILL at 2026-12-07T12:00:03.120Z, and no other "
+        "child of it is alive to release it: a process killed while holding a multiprocessing lock never "
+        "releases it ...",
+        _process_lock,
+        "Restart the job: the lock cannot be freed now. Find why pid 4711 was killed (the OOM killer, a timeout) ...",
     ),
     Rule(
         "worker pool",
