@@ -64,8 +64,7 @@ def semlock_wait(frames: Sequence[Any]) -> Optional[int]:
 def _in_lock(frames: Iterable[Any]) -> bool:
     """A beat sample (``[file, line, function]``, any order) inside multiprocessing's synchronize."""
     return any(
-        isinstance(fr, (list, tuple)) and len(fr) >= 3 and any(_in(str(fr[0] or ""), s) for s in _SYNC)
-        for fr in frames
+        isinstance(fr, (list, tuple)) and len(fr) >= 3 and any(_in(str(fr[0] or ""), s) for s in _SYNC) for fr in frames
     )
 
 
@@ -100,7 +99,7 @@ def lock_wait(
     alive = [w for w in workers if w.end is None and not w.ended_well and (w.journal is not None or w.row)]
     alive = [w for w in alive if pools._alive(w)]
     if not killed:
-        return Found(head + "; no child process of it was killed, so its holder is not known from the evidence.", "")
+        return Found(head + ".", "")
     parts = []
     for w in killed[:3]:
         when = " at %s" % iso_time(w.ended_ns) if w.ended_ns else ""
@@ -114,7 +113,8 @@ def lock_wait(
     if alive:
         live = ", ".join("pid %d" % w.pid for w in alive[:3])
         return Found(
-            "%s; %s%s; %s still run%s and may hold it." % (head, its, "; ".join(parts), live, "" if len(alive) > 1 else "s"),
+            "%s; %s%s; %s still run%s and may hold it."
+            % (head, its, "; ".join(parts), live, "" if len(alive) > 1 else "s"),
             "",
         )
     sentence = (
@@ -125,7 +125,6 @@ def lock_wait(
     advice = (
         "Restart the job: the lock cannot be freed now. Find why pid %d was killed (the OOM killer, a "
         "timeout) so workers do not die holding the lock; or take it with a timeout "
-        "(lock.acquire(timeout=...)) so a lost holder becomes an error."
-        % killed[0].pid
+        "(lock.acquire(timeout=...)) so a lost holder becomes an error." % killed[0].pid
     )
     return Found(sentence, advice)
