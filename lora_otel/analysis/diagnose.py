@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks, hubcache, mplocks, native, pipes, polling, threadwaits
+from lora_otel.analysis import ages, filelocks, hubcache, mplocks, native, pipes, polling, threadends, threadwaits
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -551,6 +551,17 @@ def _locks(f: Facts) -> Optional[Diagnosis]:
     return Diagnosis(found, advice=deadlock_advice(f.stacks) if found.startswith("Deadlock: ") else "")
 
 
+def _thread_ended(f: Facts) -> Optional[Diagnosis]:
+    errors = threadends.thread_errors(f.journal)
+    if not errors:
+        return None
+    found = lock_waits(f.stacks)
+    if found is None or not found.startswith("Waiting for an event:"):
+        return None
+    sentence, advice = threadends.told(found, errors)
+    return Diagnosis(sentence, advice=advice)
+
+
 def _thread_deadlock(f: Facts) -> Optional[Diagnosis]:
     found = threadwaits.deadlock(_threads(f.stacks), _source)
     return Diagnosis(found.sentence, advice=found.advice) if found is not None else None
@@ -958,6 +969,19 @@ RULES: tuple[Rule, ...] = (
         "file_baton.py:42 in wait, every 0.1 s); the file exists (...) and no process has it open: a leftover ...",
         _poll_loop,
         "Remove /data/.cache/ext/lock (no process has it open, so no run is using it) and the job goes on.",
+    ),
+    Rule(
+        "thread ended",
+        "the main thread in Event.wait, Queue.get or Condition.wait with no thread the stacks show to set or fill "
+        "it; the job's thread exception events (a thread that ended by an uncaught exception: its name, the "
+        "exception, where it was raised)",
+        "Waiting for an event: the main thread waits in Queue.get() at job.py:22 in <module> for another thread to "
+        "set or notify it; no thread the stacks show is doing so; thread prefetch ended at 2026-12-07T12:00:03.120Z "
+        'by an uncaught OSError ("corrupt shard: data/shard-0003.tar") raised at job.py:12 in prefetch, so it will '
+        "not put or set anything more.",
+        _thread_ended,
+        "Fix the OSError that thread prefetch raised at job.py:12 in prefetch; and make that thread pass its failure "
+        "on — put a sentinel or the exception on the queue (or set the event) in an except or finally block — ...",
     ),
     Rule(
         "thread locks",
