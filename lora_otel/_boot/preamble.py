@@ -1264,7 +1264,7 @@ def _watch_thread_errors() -> None:
 
     excepthook._lora_otel = True  # type: ignore[attr-defined]
     excepthook.__wrapped__ = hook  # type: ignore[attr-defined]
-    threading.excepthook = excepthook
+    threading.excepthook = excepthook  # type: ignore[attr-defined]
 
 
 def _journal_thread_error(args: Any) -> None:

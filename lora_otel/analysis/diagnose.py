@@ -555,10 +555,10 @@ def _thread_ended(f: Facts) -> Optional[Diagnosis]:
     errors = threadends.thread_errors(f.journal)
     if not errors:
         return None
-    found = lock_waits(f.stacks)
-    if found is None or not found.startswith("Waiting for an event:"):
-        return None
-    sentence, advice = threadends.told(found, errors)
+    main = [fr for fr in _main_thread(f.stacks) or [] if fr.python]
+    if not main or not (main[0].func == "wait" and _in(main[0].file, "threading.py")):
+        return None  # not in Condition.wait (an Event's, a Queue's): some other wait
+    sentence, advice = threadends.told(_event_wait(main), errors)
     return Diagnosis(sentence, advice=advice)
 
 
