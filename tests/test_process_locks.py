@@ -89,3 +89,42 @@ def test_a_child_still_alive_may_hold_it() -> None:
     assert found.attrs.get(cases.RULE) == "process lock", found.sentence
     assert "pid %d still runs and may hold it" % (pid + 100) in found.sentence, found.sentence
     assert found.advice == ""
+
+
+def _with_stacks(case: dict, stacks: str) -> dict:
+    case = copy.deepcopy(case)
+    case["evidence"]["lora_otel.evidence.python.stacks"] = stacks
+    case["evidence"].pop("lora_otel.evidence.py_spy.dump", None)
+    return case
+
+
+def test_another_thread_at_work_may_hold_it() -> None:
+    """A thread of the parent itself, at work in the program's code, could hold the lock: no dead
+    holder is concluded, no advice."""
+    case = cases.load(CASE)
+    stacks = case["evidence"]["lora_otel.evidence.python.stacks"] + (
+        '\nThread 0x0000000000001350 (most recent call first):\n  File "/job/job.py", line 30 in writer\n'
+        '  File "/python/lib/python3.11/threading.py", line 975 in run\n'
+        '  File "/python/lib/python3.11/threading.py", line 1038 in _bootstrap_inner\n'
+        '  File "/python/lib/python3.11/threading.py", line 995 in _bootstrap\n'
+    )
+    found = cases.run(_with_stacks(case, stacks))
+    assert found.attrs.get(cases.RULE) == "process lock", found.sentence
+    assert "thread writer() of this process still runs and may hold it" in found.sentence, found.sentence
+    assert found.advice == ""
+
+
+def test_the_main_thread_holds_it_itself(tmp_path: Path) -> None:
+    """``with lock:`` inside ``with lock:`` (a Lock, not an RLock): the main thread is its own
+    holder, whatever became of the children."""
+    job = tmp_path / "job.py"
+    job.write_text("import multiprocessing\nlock = multiprocessing.Lock()\nwith lock:\n    with lock:\n        pass\n")
+    stacks = (
+        "Current thread 0x0000000000001347 (most recent call first):\n"
+        '  File "/python/lib/python3.11/multiprocessing/synchronize.py", line 95 in __enter__\n'
+        '  File "%s", line 4 in <module>\n' % job
+    )
+    found = cases.run(_with_stacks(cases.load(CASE), stacks))
+    assert found.attrs.get(cases.RULE) == "process lock", found.sentence
+    assert "holds that lock already" in found.sentence and "killed" not in found.sentence, found.sentence
+    assert "RLock" in found.advice

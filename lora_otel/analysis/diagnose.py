@@ -452,9 +452,18 @@ def _descriptor_wait(f: Facts) -> Optional[Diagnosis]:
 
 
 def _process_lock(f: Facts) -> Optional[Diagnosis]:
-    found = mplocks.lock_wait(
-        _main_thread(f.stacks) or [], f.journal, f.peers, f.evidence.get(PREFIX + "process.children") or (), _source
-    )
+    main = _main_thread(f.stacks) or []
+    if mplocks.semlock_wait(main) is None:
+        return None
+    others = [
+        _thread_name(frames)
+        for _, frames in _threads(f.stacks)
+        if frames != main
+        and not _idle_helper(frames)
+        and any(fr.python and "lora_otel/_boot/" not in fr.file.replace("\\", "/") for fr in frames)
+    ]
+    children = f.evidence.get(PREFIX + "process.children") or ()
+    found = mplocks.lock_wait(main, f.journal, f.peers, children, _source, _holds(main), others)
     return Diagnosis(found.sentence, advice=found.advice) if found is not None else None
 
 

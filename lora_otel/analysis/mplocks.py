@@ -74,9 +74,15 @@ def lock_wait(
     peers: Iterable[Journal],
     evidence_children: Iterable[Any],
     source: Callable[[Any], str] = lambda frame: "",
+    held: Sequence[str] = (),
+    other_threads: Sequence[str] = (),
 ) -> Optional[Found]:
     """What a main thread waiting for a multiprocessing lock waits on and, when a child of the
-    process was killed and none is left alive to release the lock, why it never comes."""
+    process was killed and none is left alive to release the lock, why it never comes.
+
+    ``held``: the ``with`` blocks the main thread is inside (its source); one on the same name
+    means it holds that lock itself. ``other_threads``: the process's other threads the stacks show
+    at work (not idle helpers): one of them may hold it, so no dead holder is concluded."""
     at = semlock_wait(frames)
     if at is None:
         return None
@@ -92,6 +98,13 @@ def lock_wait(
         name,
         where,
     )
+    lock = match.group(1) if match else ""
+    if lock and lock in held:
+        return Found(
+            "%s, inside a `with %s:` block of its own: it holds that lock already, and a multiprocessing.Lock "
+            "taken twice by one holder waits forever (an RLock does not)." % (head, lock),
+            "Do not take %s again while holding it (or make it a multiprocessing.RLock)." % lock,
+        )
     if journal is None:
         return Found(head + ".", "")
     workers = [w for w in pools.workers_of(journal, peers, evidence_children) if not w.role]
@@ -110,11 +123,11 @@ def lock_wait(
         )
         parts.append("pid %d was %s%s%s" % (w.pid, w.end, when, inside))
     its = "its child " if len(killed) == 1 else "its children "
-    if alive:
-        live = ", ".join("pid %d" % w.pid for w in alive[:3])
+    if alive or other_threads:
+        live = ", ".join(["pid %d" % w.pid for w in alive[:3]] + ["%s of this process" % t for t in other_threads[:3]])
+        many = len(alive) + len(other_threads) > 1
         return Found(
-            "%s; %s%s; %s still run%s and may hold it."
-            % (head, its, "; ".join(parts), live, "" if len(alive) > 1 else "s"),
+            "%s; %s%s; %s still run%s and may hold it." % (head, its, "; ".join(parts), live, "" if many else "s"),
             "",
         )
     sentence = (
