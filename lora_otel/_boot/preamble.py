@@ -1257,9 +1257,11 @@ def _watch_thread_errors() -> None:
     if not callable(hook) or getattr(hook, "_lora_otel", False):
         return
 
+    from lora_otel._boot import redact  # now, in the beat: the hook must not import (another thread may hold that lock)
+
     def excepthook(args: Any) -> object:
         with core.fail_open("thread exception"):
-            _journal_thread_error(args)
+            _journal_thread_error(args, redact.redact_text)
         return hook(args)
 
     excepthook._lora_otel = True  # type: ignore[attr-defined]
@@ -1267,20 +1269,18 @@ def _watch_thread_errors() -> None:
     threading.excepthook = excepthook  # type: ignore[attr-defined]
 
 
-def _journal_thread_error(args: Any) -> None:
+def _journal_thread_error(args: Any, scrub: Callable[[str], str]) -> None:
     exc_type, exc, tb, thread = (getattr(args, k, None) for k in ("exc_type", "exc_value", "exc_traceback", "thread"))
     if not (core.active and core.promoted and os.getpid() == core.pid) or exc_type is None:
         return
     if issubclass(exc_type, SystemExit):  # threading ends such a thread quietly: not an error
         return
-    from lora_otel._boot import redact
-
     name = getattr(exc_type, "__name__", "exception")
     said = str(exc) if exc is not None else ""
     attrs: dict[str, object] = {
         "thread.name": str(getattr(thread, "name", "") or ""),
         "exception.type": name,
-        "exception.message": redact.redact_text(said[:300]),
+        "exception.message": scrub(said[:300]),
     }
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
