@@ -596,6 +596,8 @@ def promote(reason: str) -> None:
             _start_sidecar(os.environ)
         with core.fail_open("promotion"):
             core.span_attrs(core.root_id, _promotion_attrs())
+        with core.fail_open("thread exceptions"):
+            _watch_thread_errors()
         with core.fail_open("process description"):
             for attempt in range(3):
                 try:  # (maybe in the beat thread, while the program's threads change os.environ)
@@ -1230,6 +1232,62 @@ def _watch_exit() -> None:
     _shutdown.__wrapped__ = shutdown  # type: ignore[attr-defined]
     threading._shutdown = _shutdown  # type: ignore[attr-defined]
     _exit_watched = os.getpid()
+
+
+THREAD_EXCEPTION = "thread exception"
+"""The root span event for a thread of the program that ended by an uncaught exception
+(`_watch_thread_errors`): ``thread.name``, ``exception.type``, ``exception.message`` (redacted,
+clipped), and where it was raised (``code.filepath``, ``code.lineno``, ``code.function``)."""
+_thread_errors_watched = 0
+"""The pid in which ``threading.excepthook`` is wrapped (0: not yet)."""
+
+
+def _watch_thread_errors() -> None:
+    """In a job, once ``threading`` is loaded: wrap ``threading.excepthook`` (whatever it is now:
+    the default or the program's own), so that a thread ending by an uncaught exception is journaled
+    (`THREAD_EXCEPTION`) before the hook it wraps runs — a consumer left waiting on a queue that
+    thread filled is then told why. The wrapped hook always runs, with the same argument; a program
+    that installs its own hook later replaces the wrapper (and is not journaled). Never raises."""
+    global _thread_errors_watched
+    threading = sys.modules.get("threading")
+    if _thread_errors_watched == os.getpid() or threading is None:
+        return
+    _thread_errors_watched = os.getpid()
+    hook = getattr(threading, "excepthook", None)
+    if not callable(hook) or getattr(hook, "_lora_otel", False):
+        return
+
+    from lora_otel._boot import redact  # now, in the beat: the hook must not import (another thread may hold that lock)
+
+    def excepthook(args: Any) -> object:
+        with core.fail_open("thread exception"):
+            _journal_thread_error(args, redact.redact_text)
+        return hook(args)
+
+    excepthook._lora_otel = True  # type: ignore[attr-defined]
+    excepthook.__wrapped__ = hook  # type: ignore[attr-defined]
+    threading.excepthook = excepthook  # type: ignore[attr-defined]
+
+
+def _journal_thread_error(args: Any, scrub: Callable[[str], str]) -> None:
+    exc_type, exc, tb, thread = (getattr(args, k, None) for k in ("exc_type", "exc_value", "exc_traceback", "thread"))
+    if not (core.active and core.promoted and os.getpid() == core.pid) or exc_type is None:
+        return
+    if issubclass(exc_type, SystemExit):  # threading ends such a thread quietly: not an error
+        return
+    name = getattr(exc_type, "__name__", "exception")
+    said = str(exc) if exc is not None else ""
+    attrs: dict[str, object] = {
+        "thread.name": str(getattr(thread, "name", "") or ""),
+        "exception.type": name,
+        "exception.message": scrub(said[:300]),
+    }
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        code = tb.tb_frame.f_code
+        attrs.update({"code.filepath": code.co_filename, "code.lineno": tb.tb_lineno, "code.function": code.co_name})
+    core.span_event(core.root_id, THREAD_EXCEPTION, attrs)
 
 
 MAX_EXIT_THREADS = 8
@@ -2683,6 +2741,8 @@ def _beat_loop(my_pid: int, wake: Any = None, begun: Any = None) -> None:
             _answer_stack_ask()
             if _exit_watched != my_pid and core.promoted:
                 _watch_exit()
+            if _thread_errors_watched != my_pid and core.promoted:
+                _watch_thread_errors()
             _exit_tick()
             if not hooks._importing:
                 hooks._after_import()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from lora_otel.analysis import ages, filelocks, hubcache, native, pipes, polling, threadwaits
+from lora_otel.analysis import ages, filelocks, hubcache, mplocks, native, pipes, polling, threadends, threadwaits
 from lora_otel.analysis.evidence import FROM_OUTSIDE, PREFIX
 from lora_otel.analysis.gil import gil_held, has_native_stacks
 from lora_otel.analysis.pipes import full_pipe
@@ -451,6 +451,22 @@ def _descriptor_wait(f: Facts) -> Optional[Diagnosis]:
     return Diagnosis(found.sentence, attrs, advice=found.advice)
 
 
+def _process_lock(f: Facts) -> Optional[Diagnosis]:
+    main = _main_thread(f.stacks) or []
+    if mplocks.semlock_wait(main) is None:
+        return None
+    others = [
+        _thread_name(frames)
+        for _, frames in _threads(f.stacks)
+        if frames != main
+        and not _idle_helper(frames)
+        and any(fr.python and "lora_otel/_boot/" not in fr.file.replace("\\", "/") for fr in frames)
+    ]
+    children = f.evidence.get(PREFIX + "process.children") or ()
+    found = mplocks.lock_wait(main, f.journal, f.peers, children, _source, _holds(main), others)
+    return Diagnosis(found.sentence, advice=found.advice) if found is not None else None
+
+
 def _worker_pool(f: Facts) -> Optional[Diagnosis]:
     main = _main_thread(f.stacks) or []
     frames = [(frame.file, frame.line, frame.func) for frame in main if frame.python]
@@ -551,6 +567,17 @@ def _locks(f: Facts) -> Optional[Diagnosis]:
     if found is None:
         return None
     return Diagnosis(found, advice=deadlock_advice(f.stacks) if found.startswith("Deadlock: ") else "")
+
+
+def _thread_ended(f: Facts) -> Optional[Diagnosis]:
+    errors = threadends.thread_errors(f.journal)
+    if not errors:
+        return None
+    main = [fr for fr in _main_thread(f.stacks) or [] if fr.python]
+    if not main or not (main[0].func == "wait" and _in(main[0].file, "threading.py")):
+        return None  # not in Condition.wait (an Event's, a Queue's): some other wait
+    sentence, advice = threadends.told(_event_wait(main), errors)
+    return Diagnosis(sentence, advice=advice)
 
 
 def _thread_deadlock(f: Facts) -> Optional[Diagnosis]:
@@ -921,6 +948,17 @@ RULES: tuple[Rule, ...] = (
         "skips the prompt; started from a UI or a script, its standard input must be /dev/null ...",
     ),
     Rule(
+        "process lock",
+        "the main thread in multiprocessing's synchronize (SemLock __enter__/acquire); its children's ends (child "
+        "exit events, their journals' last beat sample and exit records, /proc/<pid>/task/*/children)",
+        "The main thread waits for a multiprocessing lock (lock) at job.py:22 in <module> — a semaphore shared "
+        "between processes; its child pid 4711 was killed by SIGKILL at 2026-12-07T12:00:03.120Z, and no other "
+        "child of it is alive to release it: a process killed while holding a multiprocessing lock never "
+        "releases it ...",
+        _process_lock,
+        "Restart the job: the lock cannot be freed now. Find why pid 4711 was killed (the OOM killer, a timeout) ...",
+    ),
+    Rule(
         "worker pool",
         "the main thread waits in a pool (multiprocessing, concurrent.futures, subprocess); its workers' journals, "
         "child exit events and /proc/<pid>/task/*/children; a worker's native frames (py-spy --native), its threads' "
@@ -949,6 +987,19 @@ RULES: tuple[Rule, ...] = (
         "file_baton.py:42 in wait, every 0.1 s); the file exists (...) and no process has it open: a leftover ...",
         _poll_loop,
         "Remove /data/.cache/ext/lock (no process has it open, so no run is using it) and the job goes on.",
+    ),
+    Rule(
+        "thread ended",
+        "the main thread in Event.wait, Queue.get or Condition.wait with no thread the stacks show to set or fill "
+        "it; the job's thread exception events (a thread that ended by an uncaught exception: its name, the "
+        "exception, where it was raised)",
+        "Waiting for an event: the main thread waits in Queue.get() at job.py:22 in <module> for another thread to "
+        "set or notify it; no thread the stacks show is doing so; thread prefetch ended at 2026-12-07T12:00:03.120Z "
+        'by an uncaught OSError ("corrupt shard: data/shard-0003.tar") raised at job.py:12 in prefetch, so it will '
+        "not put or set anything more.",
+        _thread_ended,
+        "Fix the OSError that thread prefetch raised at job.py:12 in prefetch; and make that thread pass its failure "
+        "on — put a sentinel or the exception on the queue (or set the event) in an except or finally block — ...",
     ),
     Rule(
         "thread locks",
