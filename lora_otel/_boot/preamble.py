@@ -2445,10 +2445,14 @@ def _before_fork() -> None:
     if _PAUSE_AT_FORK and core.active:
         with _FORK_HOOK:
             _pause_beat()
-    if core.active:
-        # (one read of /proc/self/stat, ~10 µs: the forking thread and a running beat are not counted)
+    if core.active and _thread.get_ident() == core.main_ident:
+        # (one read of /proc/self/stat, ~10 µs: the forking thread and a running beat are not counted;
+        # not from another thread, where a read gives up the GIL and the main thread runs on into its
+        # finalization before the fork: 3.12+ then refuse the child a thread, `_load_for_children`)
         threads = _os_threads()
         _fork_other_threads = threads - 1 - (_beat_stop is not None) if threads else -1
+    else:
+        _fork_other_threads = -1
 
 
 _fork_other_threads = -1

@@ -704,6 +704,16 @@ def _process_wait(pid: int, role: str, depth: int, seen: set[int], ctx: dict[str
     return out
 
 
+def _observer(pid: int, ctx: dict[str, Any]) -> bool:
+    """Whether ``pid`` is the process reading the evidence (the sidecar, ``inspect``) and no ancestor
+    of the job: it holds what it reads only to read it, and is never at the other end of a wait. (A
+    launcher that reads the evidence itself, as a test does, is the job's ancestor: kept.)"""
+    if pid != os.getpid():
+        return False
+    job = ctx.get("job")
+    return not (isinstance(job, int) and pid in _ancestors(job))
+
+
 def other_end(
     wait: dict[str, Any], depth: int, seen: set[int], ctx: Optional[dict[str, Any]] = None
 ) -> Optional[list[dict[str, Any]]]:
@@ -736,7 +746,7 @@ def other_end(
         return None
     if wait.get("op") == "open" and wait.get("path") and str(wait.get("wchan")).startswith(FIFO_OPEN_WCHAN):
         held = holders([wait["path"]], _ancestors(pid), ctx).get(wait["path"], [])
-        pids = list(dict.fromkeys(p for p, _, _ in held if p != pid and p != os.getpid()))
+        pids = list(dict.fromkeys(p for p, _, _ in held if p != pid and not _observer(p, ctx)))
         return [_process_wait(p, "holder", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
     if kind in ("pipe", "fifo") and wait.get("op") in ("read", "write"):
         want = "w" if wait["op"] == "read" else "r"
@@ -744,7 +754,7 @@ def other_end(
         ends = [
             (p, fd)
             for p, fd, access in held
-            if want in access and not (p == pid and fd == wait.get("fd")) and p != os.getpid()
+            if want in access and not (p == pid and fd == wait.get("fd")) and not _observer(p, ctx)
         ]
         pids = sorted(dict.fromkeys(p for p, _ in ends), key=lambda p: p == pid)  # others first, then itself
         out = [_process_wait(p, "writer" if want == "w" else "reader", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
@@ -760,7 +770,7 @@ def other_end(
         if not peer:
             return None
         held = holders([peer], _ancestors(pid), ctx).get(peer, [])
-        pids = list(dict.fromkeys(p for p, _, _ in held if p != os.getpid()))
+        pids = list(dict.fromkeys(p for p, _, _ in held if not _observer(p, ctx)))
         return [_process_wait(p, "peer", depth, seen, ctx) for p in pids[:MAX_OTHERS]]
     return None
 

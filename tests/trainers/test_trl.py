@@ -130,7 +130,7 @@ CASES = {
     "collator": ("in wait_for_release", "The DataLoader makes its batch in the main process"),
     "worker": ("sft_job.py:", "The main thread waits for a DataLoader batch"),  # a worker in the collator
     "hub": ("", "Waiting on the network inside huggingface_hub"),
-    "exit": ("sft_job.py:", "The main thread is sleeping (time.sleep)"),  # an exit handler that never returns
+    "exit": ("sft_job.py:", "The main thread polls for "),  # an exit handler that polls for a file never made
 }
 
 
