@@ -1266,6 +1266,13 @@ def _watch_thread_errors() -> None:
 
     excepthook._lora_otel = True  # type: ignore[attr-defined]
     excepthook.__wrapped__ = hook  # type: ignore[attr-defined]
+    # named as the hook it wraps: a program (CPython's test__all__ on 3.9) that reads where
+    # `threading.excepthook` comes from sees the module it came from
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(excepthook, name, getattr(hook, name))
+        except (AttributeError, TypeError):
+            pass
     threading.excepthook = excepthook  # type: ignore[attr-defined]
 
 
